@@ -1,0 +1,91 @@
+"""Base settings. Production differs only through environment variables (DJANGO_ prefix for Django's own)."""
+from __future__ import annotations
+
+import dj_database_url
+
+from config.env import BASE_DIR, env_bool, env_list, env_str, journal_url_for
+from config.settings.celery import *  # noqa: F401,F403
+from config.settings.connector import *  # noqa: F401,F403
+from config.settings.drf import *  # noqa: F401,F403
+from config.settings.logging import *  # noqa: F401,F403
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-development-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_fsm",
+    "connector",
+    "effects",
+    "cutover",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_DEFAULT_DB_URL = "postgres://postgres@127.0.0.1:5432/connector"
+DATABASE_URL = env_str("DATABASE_URL", _DEFAULT_DB_URL)
+# The journal (CutoverDecision, RestoreAttempt) lives in its own database on the same server unless told
+# otherwise: it must survive a restore of `default`.
+JOURNAL_DATABASE_URL = env_str("JOURNAL_DATABASE_URL", journal_url_for(DATABASE_URL))
+
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0),
+    "journal": dj_database_url.parse(JOURNAL_DATABASE_URL, conn_max_age=0),
+}
+for _db in DATABASES.values():
+    _db.setdefault("OPTIONS", {})
+    _db["TEST"] = {"NAME": "test_" + _db["NAME"]}
+DATABASE_ROUTERS = ["config.routers.JournalRouter"]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGIN_URL = "admin:login"
+SESSION_COOKIE_AGE = 8 * 3600
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+CSRF_COOKIE_HTTPONLY = True

@@ -1,0 +1,20 @@
+"""Celery: Redis only wakes workers; every worker re-reads and claims from PostgreSQL."""
+from config.env import env_str
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "sweeper"
+CELERY_TASK_ROUTES = {
+    "connector.tasks.*": {"queue": "sweeper"},
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sweeper-serving-epochs": {
+        "task": "connector.tasks.serving_epoch_sweep",
+        "schedule": 30.0,
+    },
+}

@@ -1,0 +1,7 @@
+"""The product's own knobs, read through connector.conf.connector_settings() (never at import time)."""
+from config.env import BASE_DIR, env_int, env_str
+
+CONNECTOR = {
+    "SECRET_BACKEND_DIR": env_str("CONNECTOR_SECRET_DIR", str(BASE_DIR / ".data" / "secrets")),
+    "GUARD_RETRY_LIMIT": env_int("CONNECTOR_GUARD_RETRY_LIMIT", 1),
+}

@@ -1,0 +1,73 @@
+"""Closed vocabularies. Each state's comment names the transition that enters it (STYLE R5)."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class BindingKind(models.TextChoices):
+    """The four closed Catalog binding kinds (CV2-02-011)."""
+
+    INBOUND_ROUTE = "inbound_route"
+    CALLOUT_PROFILE = "callout_profile"
+    FIELD_MAPPING = "field_mapping"
+    PUSH_CONTRACT = "push_contract"
+
+
+class EpochState(models.TextChoices):
+    PREPARED = "prepared"  # initial (epoch_prepare)
+    VERIFIED = "verified"  # prepared -> verified (epoch_verify)
+    REJECTED = "rejected"  # prepared|verified -> rejected (epoch_verify, epoch_reject)
+    ACTIVE = "active"  # verified -> active (activation)
+    DRAINING = "draining"  # active -> draining (successor activation)
+    RETIRED = "retired"  # draining -> retired (epoch_retire)
+
+
+EPOCH_TRANSITIONS: tuple[tuple[str, str], ...] = (
+    (EpochState.PREPARED, EpochState.VERIFIED),
+    (EpochState.PREPARED, EpochState.REJECTED),
+    (EpochState.VERIFIED, EpochState.ACTIVE),
+    (EpochState.VERIFIED, EpochState.REJECTED),
+    (EpochState.ACTIVE, EpochState.DRAINING),
+    (EpochState.DRAINING, EpochState.RETIRED),
+)
+# An epoch some admitted work may still resume under: its owners must stay readable (CV2-02-013).
+EPOCH_RESUMABLE = (EpochState.PREPARED, EpochState.VERIFIED, EpochState.ACTIVE, EpochState.DRAINING)
+
+
+class GateMode(models.TextChoices):
+    V1_SERVING = "v1_serving"  # initial; halting_v1 -> v1_serving (abort); v1_drained -> v1_serving (cold abort)
+    HALTING_V1 = "halting_v1"  # v1_serving -> halting_v1 (maintenance barriers close)
+    V1_STOPPED = "v1_stopped"  # halting_v1 -> v1_stopped (termination + egress isolation receipts)
+    V1_DRAINED = "v1_drained"  # v1_stopped -> v1_drained (V1ShutdownCertificate); v2_validating -> v1_drained (restore)
+    V2_VALIDATING = "v2_validating"  # v1_drained -> v2_validating (restore point durable)
+    V2_SERVING = "v2_serving"  # v2_validating -> v2_serving (first activation); v2_halted -> v2_serving
+    HALTING_V2 = "halting_v2"  # v2_serving -> halting_v2
+    V2_HALTED = "v2_halted"  # halting_v2 -> v2_halted (open-permit set empty)
+
+
+GATE_TRANSITIONS: tuple[tuple[str, str], ...] = (
+    (GateMode.V1_SERVING, GateMode.HALTING_V1),
+    (GateMode.HALTING_V1, GateMode.V1_SERVING),
+    (GateMode.HALTING_V1, GateMode.V1_STOPPED),
+    (GateMode.V1_STOPPED, GateMode.V1_DRAINED),
+    (GateMode.V1_DRAINED, GateMode.V1_SERVING),
+    (GateMode.V1_DRAINED, GateMode.V2_VALIDATING),
+    (GateMode.V2_VALIDATING, GateMode.V1_DRAINED),
+    (GateMode.V2_VALIDATING, GateMode.V2_SERVING),
+    (GateMode.V2_SERVING, GateMode.HALTING_V2),
+    (GateMode.HALTING_V2, GateMode.V2_HALTED),
+    (GateMode.V2_HALTED, GateMode.V2_SERVING),
+)
+# Modes in which the gate names an exact epoch.
+GATE_V2_MODES = (GateMode.V2_SERVING, GateMode.HALTING_V2, GateMode.V2_HALTED)
+
+
+class CredentialGateMode(models.TextChoices):
+    ENABLED = "enabled"  # initial (created with its CredentialGeneration); revoked -> enabled (reenable)
+    REVOKED = "revoked"  # enabled -> revoked (revoke)
+
+
+CREDENTIAL_GATE_TRANSITIONS: tuple[tuple[str, str], ...] = (
+    (CredentialGateMode.ENABLED, CredentialGateMode.REVOKED),
+    (CredentialGateMode.REVOKED, CredentialGateMode.ENABLED),
+)

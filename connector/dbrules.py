@@ -1,0 +1,115 @@
+"""State and immutability rules enforced by PostgreSQL itself (procrastinate style), so that no path around the
+service layer (raw SQL, a shell, a future bug) can break them. Migrations install them with `RunSQL`.
+
+Every rule raises SQLSTATE 23xxx with a named CONSTRAINT, so Django surfaces it as IntegrityError and services
+translate it by constraint name (STYLE R10).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+FUNCTIONS_SQL = r"""
+CREATE OR REPLACE FUNCTION connector_forbid_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'immutable fact: % rows are never updated', TG_TABLE_NAME
+    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_immutable';
+END $$;
+
+CREATE OR REPLACE FUNCTION connector_forbid_update_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'append-only: % rows are never % d', TG_TABLE_NAME, lower(TG_OP)
+    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_append_only';
+END $$;
+
+-- Only the columns named in TG_ARGV may change.
+CREATE OR REPLACE FUNCTION connector_only_columns_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (to_jsonb(NEW) - TG_ARGV) IS DISTINCT FROM (to_jsonb(OLD) - TG_ARGV) THEN
+    RAISE EXCEPTION 'immutable columns of % changed (only % may change)', TG_TABLE_NAME, TG_ARGV
+      USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_immutable_columns';
+  END IF;
+  RETURN NEW;
+END $$;
+
+-- TG_ARGV[0] is the state column; the rest are the allowed 'from>to' edges.
+CREATE OR REPLACE FUNCTION connector_enforce_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  old_s text := to_jsonb(OLD) ->> TG_ARGV[0];
+  new_s text := to_jsonb(NEW) ->> TG_ARGV[0];
+BEGIN
+  IF old_s IS NOT DISTINCT FROM new_s THEN
+    RETURN NEW;
+  END IF;
+  FOR i IN 1 .. array_length(TG_ARGV, 1) - 1 LOOP
+    IF TG_ARGV[i] = old_s || '>' || new_s THEN
+      RETURN NEW;
+    END IF;
+  END LOOP;
+  RAISE EXCEPTION 'transition % -> % is not allowed on %', old_s, new_s, TG_TABLE_NAME
+    USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_transition';
+END $$;
+
+-- A fenced row changes only by a transition, and every transition advances `fence` by exactly one.
+-- TG_ARGV[0] is the state column, TG_ARGV[1] the auto-updated timestamp column.
+CREATE OR REPLACE FUNCTION connector_fenced_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (to_jsonb(NEW) ->> TG_ARGV[0]) IS DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0]) THEN
+    IF NEW.fence <> OLD.fence + 1 THEN
+      RAISE EXCEPTION 'fence of % must advance by exactly one on a transition (% -> %)',
+        TG_TABLE_NAME, OLD.fence, NEW.fence
+        USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_fence_advance';
+    END IF;
+  ELSIF (to_jsonb(NEW) - TG_ARGV[1]) IS DISTINCT FROM (to_jsonb(OLD) - TG_ARGV[1]) THEN
+    RAISE EXCEPTION '% changes only through a fenced transition', TG_TABLE_NAME
+      USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_fence_advance';
+  END IF;
+  RETURN NEW;
+END $$;
+"""
+
+DROP_FUNCTIONS_SQL = """
+DROP FUNCTION IF EXISTS connector_forbid_update() CASCADE;
+DROP FUNCTION IF EXISTS connector_forbid_update_delete() CASCADE;
+DROP FUNCTION IF EXISTS connector_only_columns_change() CASCADE;
+DROP FUNCTION IF EXISTS connector_enforce_transition() CASCADE;
+DROP FUNCTION IF EXISTS connector_fenced_row() CASCADE;
+"""
+
+
+def _quote_args(args: Iterable[str]) -> str:
+    return ", ".join("'" + a.replace("'", "''") + "'" for a in args)
+
+
+def immutable(table: str) -> tuple[str, str]:
+    name = f"{table}_immutable"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION connector_forbid_update();",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def append_only(table: str) -> tuple[str, str]:
+    name = f"{table}_append_only"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_forbid_update_delete();",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def only_columns_change(table: str, columns: Iterable[str]) -> tuple[str, str]:
+    name = f"{table}_immutable_columns"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_only_columns_change({_quote_args(columns)});",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def transitions(table: str, column: str, edges: Iterable[tuple[str, str]]) -> tuple[str, str]:
+    name = f"{table}_transition"
+    args = [column, *(f"{a}>{b}" for a, b in edges)]
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_enforce_transition({_quote_args(args)});",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def fenced(table: str, state_column: str, timestamp_column: str) -> tuple[str, str]:
+    name = f"{table}_fence_advance"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_fenced_row({_quote_args([state_column, timestamp_column])});",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")

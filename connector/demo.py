@@ -1,0 +1,133 @@
+"""A small, complete world built only through the services: two accounts, two pack generations, a Catalog
+view with one binding of each of the four kinds, credential generations whose secrets live in the secret
+backend, one L2 configuration generation, an active ServingEpoch (gates walked to v2_serving) and a second,
+verified candidate. Used by `manage.py demo_load` and by the tests (with a distinct prefix)."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from connector.actors import Actor
+from connector.choices import BindingKind, GateMode
+from connector.models import (
+    ConnectorAccount,
+    IntegrationBindingView,
+    PackGeneration,
+    ServiceConfigurationGeneration,
+    ServingEpoch,
+)
+from connector.services import gates as gate_services
+from connector.services import owners, serving
+
+ROUTE_DEFINITION = {"ordering_contract": "latest_source_position", "extract": {"events": "$.events[*]"},
+                    "source_event_key": "$.id", "source_position": "$.sequence", "partition": "$.record_id"}
+MAPPING_DEFINITION = {"fields": [{"source": "$.name", "target": "display_name"},
+                                 {"source": "$.email", "target": "email"}]}
+CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_id}", "timeout_ms": 5000}
+PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
+
+
+@dataclass
+class World:
+    prefix: str
+    accounts: list[ConnectorAccount] = field(default_factory=list)
+    packs: list[PackGeneration] = field(default_factory=list)
+    view: IntegrationBindingView | None = None
+    configuration: ServiceConfigurationGeneration | None = None
+    credential_generation_ids: list[str] = field(default_factory=list)
+    active_epoch: ServingEpoch | None = None
+    verified_epoch: ServingEpoch | None = None
+
+
+CREDENTIAL_REFS = {"inbound": "webhook-signing", "outbound": "crm-api"}
+
+
+def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "globex-us"),
+                 actor: Actor | None = None) -> World:
+    """Accounts, packs, Catalog view, credential generations and one configuration generation."""
+    actor = actor or Actor.system("demo")
+    world = World(prefix=prefix)
+    for key in account_keys:
+        world.accounts.append(owners.account_create(account_key=f"{prefix}{key}", provider_scope="demo-provider",
+                                                    display_name=key.replace("-", " ").title(), actor=actor))
+    world.packs.append(owners.pack_generation_install(
+        generation_id=f"{prefix}webhook-pack.g1", owner_pack="webhook-pack", pack_installation_id=f"{prefix}inst-1",
+        definitions=[
+            {"kind": BindingKind.INBOUND_ROUTE, "business_key": "records.webhook", "version": 1,
+             "definition": ROUTE_DEFINITION},
+            {"kind": BindingKind.FIELD_MAPPING, "business_key": "records.mapping", "version": 1,
+             "definition": MAPPING_DEFINITION},
+        ], actor=actor))
+    world.packs.append(owners.pack_generation_install(
+        generation_id=f"{prefix}callout-pack.g1", owner_pack="callout-pack", pack_installation_id=f"{prefix}inst-2",
+        definitions=[
+            {"kind": BindingKind.CALLOUT_PROFILE, "business_key": "records.callout", "version": 1,
+             "definition": CALLOUT_DEFINITION},
+            {"kind": BindingKind.PUSH_CONTRACT, "business_key": "records.push", "version": 1,
+             "definition": PUSH_DEFINITION},
+        ], actor=actor))
+    webhook, callout = world.packs
+    world.view = owners.catalog_view_publish(
+        view_key=f"{prefix}catalog-view", organization="demo-org", application_installation="crm-app-install-1",
+        authorized_workload="connector-v2", lineage_revision="1.0",
+        source_snapshot_digest=hashlib.sha256(f"{prefix}snapshot-1".encode()).digest(), security_epoch=1,
+        capability_version="cap.v1", actor=actor, bindings=[
+            {"kind": BindingKind.INBOUND_ROUTE, "pack_generation_id": webhook.generation_id,
+             "business_key": "records.webhook", "definition_version": 1,
+             "credential_refs": [CREDENTIAL_REFS["inbound"]], "runtime": ("runtime.records.apply", 1)},
+            {"kind": BindingKind.FIELD_MAPPING, "pack_generation_id": webhook.generation_id,
+             "business_key": "records.mapping", "definition_version": 1, "credential_refs": []},
+            {"kind": BindingKind.CALLOUT_PROFILE, "pack_generation_id": callout.generation_id,
+             "business_key": "records.callout", "definition_version": 1,
+             "credential_refs": [CREDENTIAL_REFS["outbound"]]},
+            {"kind": BindingKind.PUSH_CONTRACT, "pack_generation_id": callout.generation_id,
+             "business_key": "records.push", "definition_version": 1,
+             "credential_refs": [CREDENTIAL_REFS["outbound"]], "runtime": ("runtime.records.push", 1)},
+        ])
+    relation = []
+    for account in world.accounts:
+        for ref in sorted(CREDENTIAL_REFS.values()):
+            generation_id = f"{account.account_key}.{ref}.g1"
+            owners.credential_generation_create(
+                generation_id=generation_id, credential_identity=ref, account_key=account.account_key,
+                secret=hashlib.sha256(f"demo-secret:{generation_id}".encode()).hexdigest().encode(),
+                transport_config={"base_url": "http://127.0.0.1:8900", "auth": "bearer", "timeout_ms": 5000},
+                actor=actor)
+            world.credential_generation_ids.append(generation_id)
+            relation.append((account.account_key, ref, generation_id))
+    world.configuration = owners.service_configuration_create(
+        generation_id=f"{prefix}config.g1", catalog_view_key=world.view.view_key, catalog_revision=world.view.revision,
+        accounts=[{"account_key": a.account_key, "enabled_routes": ["records.webhook"],
+                   "mapping_selections": {"records.mapping": "default"},
+                   "policy_values": {"max_batch": 100, "retry_limit": 5}} for a in world.accounts],
+        credential_relation=relation, actor=actor)
+    return world
+
+
+def walk_gates_to_validating(world: World, actor: Actor) -> None:
+    """The demo has no V1 to drain: it walks each gate through the V1 modes with audited, evidence-free
+    transitions. A real cutover reaches v2_validating only with certificates (cutover app)."""
+    for account in world.accounts:
+        for action in ("halt_v1", "stop_v1", "certify_drained", "begin_validation"):
+            gate_services.gate_transition(account_id=account.pk, action=action, expected_fence=None, actor=actor,
+                                          reason="demo world: no V1 deployment to drain")
+
+
+def build_world(prefix: str = "", *, actor: Actor | None = None) -> World:
+    actor = actor or Actor.system("demo")
+    world = build_owners(prefix, actor=actor)
+    epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-1",
+                                              configuration_generation_id=world.configuration.generation_id,
+                                              actor=actor)
+    epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=actor)
+    walk_gates_to_validating(world, actor)
+    world.active_epoch = serving.epoch_activate_first(epoch_pk=epoch.pk, actor=actor)
+    candidate = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-2",
+                                                  configuration_generation_id=world.configuration.generation_id,
+                                                  actor=actor)
+    world.verified_epoch = serving.epoch_verify(epoch_pk=candidate.pk, actor=actor)
+    return world
+
+
+def gates_serving(world: World) -> bool:
+    return all(a.serving_gate.mode == GateMode.V2_SERVING for a in world.accounts)

@@ -1,0 +1,132 @@
+"""The connector's closed error catalog: code, HTTP status, retryability, operator action.
+
+Every domain exception carries one catalog entry; views, admin actions and commands report `code` and the
+exception's message unchanged. A rejection changes nothing: services raise before or instead of writing, and
+the enclosing transaction rolls back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    code: str
+    http_status: int
+    retryable: bool
+    operator_action: str
+
+
+class ConnectorError(Exception):
+    """Base of every connector domain error."""
+
+    code = "CONNECTOR_ERROR"
+    http_status = 400
+    retryable = False
+    operator_action = "Inspect the request; nothing was written."
+
+    def __init__(self, detail: str | None = None, **context: object) -> None:
+        self.detail = detail or (self.__doc__ or self.code).strip()
+        self.context = context
+        super().__init__(self.detail)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"code": self.code, "detail": self.detail}
+
+
+
+
+class IdentityInvalid(ConnectorError):
+    """An identity or locator is not canonical (whitespace, empty, invalid encoding, null/blank ambiguity)."""
+
+    code = "IDENTITY_INVALID"
+    operator_action = "Send the exact canonical value; the service never trims or folds case."
+
+
+class OwnerUnavailable(ConnectorError):
+    """An owner could not be read right now; the candidate stays as it was."""
+
+    code = "OWNER_UNAVAILABLE"
+    http_status = 503
+    retryable = True
+    operator_action = "Retry later; the sweeper retries prepared epochs automatically."
+
+
+class OwnerFactInvalid(ConnectorError):
+    """An owner fact is absent, mutable, malformed or disagrees with its receipt."""
+
+    code = "OWNER_FACT_INVALID"
+    operator_action = "Author a new immutable generation; existing generations are never edited."
+
+
+class CredentialMappingInvalid(ConnectorError):
+    """The (account, binding CredentialRef) -> CredentialGenerationID relation is not exhaustive and exact."""
+
+    code = "CREDENTIAL_MAPPING_INVALID"
+    operator_action = "Author a configuration generation that maps every account and binding CredentialRef once."
+
+
+class EpochCandidateInvalid(ConnectorError):
+    """The ServingEpoch candidate is incomplete, mixed or not authored under the V2 profile."""
+
+    code = "EPOCH_CANDIDATE_INVALID"
+    operator_action = "Prepare a new candidate from the exact owner generations."
+
+
+class EpochNotFound(ConnectorError):
+    """No ServingEpoch has that exact ID and digest."""
+
+    code = "EPOCH_NOT_FOUND"
+    http_status = 404
+
+
+class TransitionRefused(ConnectorError):
+    """The requested transition is not allowed from the current state, or its guard failed."""
+
+    code = "TRANSITION_REFUSED"
+    http_status = 409
+    operator_action = "Reload: the item is not in a state that allows this action."
+
+
+class FenceStale(ConnectorError):
+    """The caller acted on an older fence than the row now holds; nothing was written."""
+
+    code = "FENCE_STALE"
+    http_status = 409
+    retryable = True
+    operator_action = "Reload the current state and decide again."
+
+
+class GateNotServing(ConnectorError):
+    """The account gate is not v2_serving on an exact active epoch; no V2 production write is allowed."""
+
+    code = "GATE_NOT_SERVING"
+    http_status = 503
+    retryable = True
+    operator_action = "Wait for the gate to serve again or check the cutover console."
+
+
+class PermissionRefused(ConnectorError):
+    """The actor lacks the permission this transition requires."""
+
+    code = "PERMISSION_REFUSED"
+    http_status = 403
+    operator_action = "Ask a user holding the permission."
+
+
+class SecretBackendError(ConnectorError):
+    """The secret backend refused the request."""
+
+    code = "SECRET_BACKEND_ERROR"
+    http_status = 503
+    retryable = True
+    operator_action = "Check the secret backend directory and its version references."
+
+
+ERROR_CATALOG = MappingProxyType({
+    cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
+    for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CredentialMappingInvalid,
+                EpochCandidateInvalid, EpochNotFound, TransitionRefused, FenceStale, GateNotServing,
+                PermissionRefused, SecretBackendError)
+})

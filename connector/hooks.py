@@ -1,0 +1,34 @@
+"""Extension points through which later aggregates block gate transitions without connector importing them.
+
+`effects` registers the open-permit check (halting_v2 -> v2_halted needs an empty open-permit set) and
+`cutover` registers the OrderingHandoff check (v2_halted -> v2_serving on the predecessor needs no handoff).
+Each blocker returns human-readable reasons; an empty list means clear.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Blocker = Callable[[object], list[str]]
+
+_HALT_BLOCKERS: list[Blocker] = []
+_RESUME_BLOCKERS: list[Blocker] = []
+
+
+def register_halt_blocker(fn: Blocker) -> Blocker:
+    if fn not in _HALT_BLOCKERS:
+        _HALT_BLOCKERS.append(fn)
+    return fn
+
+
+def register_resume_blocker(fn: Blocker) -> Blocker:
+    if fn not in _RESUME_BLOCKERS:
+        _RESUME_BLOCKERS.append(fn)
+    return fn
+
+
+def halt_blockers(gate) -> list[str]:
+    return [reason for fn in _HALT_BLOCKERS for reason in fn(gate)]
+
+
+def resume_blockers(gate) -> list[str]:
+    return [reason for fn in _RESUME_BLOCKERS for reason in fn(gate)]

@@ -1,0 +1,58 @@
+"""Every row lock of the connector app, in the canonical order (docs/locking.md):
+
+  1. publication barrier set  2. ServingEpoch(s)  3. AccountServingGate (by account id)
+  4. CredentialGenerationDispatchGate  5. OrderingLane  6. entity rows
+
+Within one model, rows are locked by ascending primary key. Transitions of gates and epochs take FOR UPDATE;
+production writes that only need them to stay as they are take FOR SHARE (docs/architecture.md, "Lock modes").
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
+
+
+def epoch_for_update(epoch_pk: int) -> ServingEpoch:
+    return ServingEpoch.objects.select_for_update().get(pk=epoch_pk)
+
+
+def epochs_for_update(epoch_pks: Iterable[int]) -> list[ServingEpoch]:
+    return list(ServingEpoch.objects.filter(pk__in=set(epoch_pks)).order_by("pk").select_for_update())
+
+
+def epoch_for_share(epoch_pk: int) -> ServingEpoch:
+    return _share_one(ServingEpoch.objects.filter(pk=epoch_pk))
+
+
+def gate_for_update(account_id: int) -> AccountServingGate:
+    return AccountServingGate.objects.select_for_update(of=("self",)).get(account_id=account_id)
+
+
+def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
+    return list(AccountServingGate.objects.filter(account_id__in=set(account_ids)).order_by("account_id")
+                .select_for_update(of=("self",)))
+
+
+def gate_for_share(account_id: int) -> AccountServingGate:
+    return _share_one(AccountServingGate.objects.filter(account_id=account_id))
+
+
+def credential_gate_for_update(credential_generation_pk: int) -> CredentialGenerationDispatchGate:
+    return CredentialGenerationDispatchGate.objects.select_for_update(of=("self",)).get(
+        credential_generation_id=credential_generation_pk)
+
+
+def credential_gate_for_share(credential_generation_pk: int) -> CredentialGenerationDispatchGate:
+    return _share_one(CredentialGenerationDispatchGate.objects.filter(
+        credential_generation_id=credential_generation_pk))
+
+
+def _share_one(queryset):
+    """`SELECT ... FOR SHARE` of exactly one row. Django's select_for_update has no share mode, so the lock
+    clause is appended to the compiled single-table query."""
+    sql, params = queryset.order_by().query.sql_with_params()
+    rows = list(queryset.model.objects.raw(sql + " FOR SHARE", params))
+    if len(rows) != 1:
+        raise queryset.model.DoesNotExist(f"{queryset.model.__name__} matching query does not exist")
+    return rows[0]

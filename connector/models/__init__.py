@@ -1,0 +1,3 @@
+from connector.models.audit import *  # noqa: F401,F403
+from connector.models.owners import *  # noqa: F401,F403
+from connector.models.serving import *  # noqa: F401,F403

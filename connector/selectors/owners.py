@@ -1,0 +1,351 @@
+"""Exact-generation owner readers: the sole read path of every owner fact (CV2-02-001, CV2-02-010).
+
+Each reader loads one exact generation, recomputes the owner's digests and receipt from the stored bytes under
+the owner's protocol and byte-compares them with what the owner recorded at authoring, validates the fact under
+its owner's rules, and returns an immutable value. Authoritative absence, mutation or mismatch raises
+`OwnerFactInvalid`; a transient failure to read raises `OwnerUnavailable` (retryable).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from functools import wraps
+
+from django.db import DatabaseError, OperationalError
+
+from connector import receipts
+from connector.choices import BindingKind
+from connector.errors import CredentialMappingInvalid, OwnerFactInvalid, OwnerUnavailable
+from connector.models import (
+    BindingDefinition,
+    CatalogBinding,
+    CredentialGeneration,
+    IntegrationBindingView,
+    PackGeneration,
+    ServiceConfigurationGeneration,
+)
+from connector.secrets import secret_backend
+
+
+def _same(a: bytes | memoryview | None, b: bytes | memoryview | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return hmac.compare_digest(bytes(a), bytes(b))
+
+
+def _retryable(fn):
+    """A database that cannot answer now is retryable unavailability, not authoritative absence."""
+
+    @wraps(fn)
+    def inner(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OperationalError as exc:
+            raise OwnerUnavailable(f"{fn.__name__}: owner store unavailable: {exc}") from exc
+        except DatabaseError as exc:  # pragma: no cover - other driver failures are retryable too
+            raise OwnerUnavailable(f"{fn.__name__}: {exc}") from exc
+
+    return inner
+
+
+# -- binding-definition owners, one reader per closed kind ---------------------------------------------------
+
+_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    BindingKind.INBOUND_ROUTE: ("ordering_contract", "extract"),
+    BindingKind.CALLOUT_PROFILE: ("method", "path_template"),
+    BindingKind.FIELD_MAPPING: ("fields",),
+    BindingKind.PUSH_CONTRACT: ("effect_definition", "effect_version"),
+}
+ORDERING_CONTRACTS = ("order_independent", "latest_source_position", "strict_source_sequence")
+
+
+@dataclass(frozen=True)
+class DefinitionProof:
+    pack_generation_pk: int
+    pack_generation_id: str
+    definition_envelope_version: int
+    definition_receipt_version: int
+    canonical_definition_digest: bytes
+    owner_receipt: bytes
+    owner_receipt_digest: bytes
+    definition: bytes
+
+
+def _validate_definition(kind: str, definition: bytes) -> None:
+    try:
+        document = json.loads(definition)
+    except ValueError as exc:
+        raise OwnerFactInvalid(f"{kind} definition is not JSON") from exc
+    if not isinstance(document, dict):
+        raise OwnerFactInvalid(f"{kind} definition must be an object")
+    missing = [key for key in _REQUIRED_KEYS[kind] if key not in document]
+    if missing:
+        raise OwnerFactInvalid(f"{kind} definition lacks {', '.join(missing)}")
+    if kind == BindingKind.INBOUND_ROUTE and document["ordering_contract"] not in ORDERING_CONTRACTS:
+        raise OwnerFactInvalid(f"inbound route ordering contract {document['ordering_contract']!r} is not closed")
+    if receipts.canonical_json(document) != bytes(definition):
+        raise OwnerFactInvalid(f"{kind} definition bytes are not canonical")
+
+
+@_retryable
+def binding_definition_read(*, kind: str, pack_generation_id: str, pack_payload_digest: bytes, business_key: str,
+                            definition_version: int) -> DefinitionProof:
+    """The kind-specific owner reader, keyed by the complete Catalog binding identity and payload digest."""
+    if kind not in BindingKind.values:
+        raise OwnerFactInvalid(f"binding kind {kind!r} is not one of the four closed kinds")
+    pack = PackGeneration.objects.filter(generation_id=pack_generation_id).first()
+    if pack is None:
+        raise OwnerFactInvalid(f"pack generation {pack_generation_id} is absent")
+    if not _same(receipts.sha256(bytes(pack.payload)), pack.payload_digest) or not _same(
+            pack.payload_digest, pack_payload_digest):
+        raise OwnerFactInvalid(f"pack generation {pack_generation_id} payload digest mismatch")
+    receipt, receipt_digest = receipts.pack_receipt(
+        generation_id=pack.generation_id, owner_pack=pack.owner_pack, pack_installation_id=pack.pack_installation_id,
+        envelope_version=pack.definition_envelope_version, receipt_version=pack.definition_receipt_version,
+        payload_digest=bytes(pack.payload_digest))
+    if not (_same(receipt, pack.receipt) and _same(receipt_digest, pack.receipt_digest)):
+        raise OwnerFactInvalid(f"pack generation {pack_generation_id} receipt mismatch")
+    definition = BindingDefinition.objects.filter(pack_generation=pack, kind=kind, business_key=business_key,
+                                                  definition_version=definition_version).first()
+    if definition is None:
+        raise OwnerFactInvalid(f"{kind} {business_key} v{definition_version} is absent from {pack_generation_id}")
+    body = bytes(definition.definition)
+    _validate_definition(kind, body)
+    digest = receipts.definition_digest(kind=kind, business_key=business_key, definition_version=definition_version,
+                                        definition=body)
+    d_receipt, d_receipt_digest = receipts.definition_receipt(
+        pack_generation_id=pack.generation_id, kind=kind, business_key=business_key,
+        definition_version=definition_version, canonical_definition_digest=digest)
+    if not (_same(digest, definition.canonical_definition_digest) and _same(d_receipt, definition.receipt)
+            and _same(d_receipt_digest, definition.receipt_digest)):
+        raise OwnerFactInvalid(f"{kind} {business_key} v{definition_version} digest or receipt mismatch")
+    return DefinitionProof(pack.pk, pack.generation_id, pack.definition_envelope_version,
+                           pack.definition_receipt_version, digest, d_receipt, d_receipt_digest, body)
+
+
+# -- Catalog -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BindingFact:
+    pk: int
+    ordinal: int
+    row_id: str
+    identity_digest: bytes
+    kind: str
+    owner_pack: str
+    pack_generation_id: str
+    pack_installation_id: str
+    pack_payload_digest: bytes
+    business_key: str
+    definition_version: int
+    credential_refs: tuple[str, ...]
+    runtime: tuple[str, int] | None
+
+
+@dataclass(frozen=True)
+class CatalogFact:
+    pk: int
+    view_key: str
+    revision: int
+    organization: str
+    application_installation: str
+    authorized_workload: str
+    lineage_revision: str
+    source_snapshot_digest: bytes
+    view_digest: bytes
+    receipt_protocol: str
+    security_epoch: int
+    capability_version: str
+    receipt: bytes
+    receipt_digest: bytes
+    bindings: tuple[BindingFact, ...]
+
+    def credential_refs(self) -> tuple[str, ...]:
+        return tuple(sorted({ref for b in self.bindings for ref in b.credential_refs}))
+
+    def route_keys(self) -> tuple[str, ...]:
+        return tuple(b.business_key for b in self.bindings if b.kind == BindingKind.INBOUND_ROUTE)
+
+
+def _catalog_fact(view: IntegrationBindingView) -> CatalogFact:
+    facts = []
+    rows = list(CatalogBinding.objects.filter(view=view).select_related("pack_generation").order_by("ordinal"))
+    for expected, row in enumerate(rows):
+        if row.ordinal != expected:
+            raise OwnerFactInvalid(f"catalog view {view} binding ordinals are not dense")
+        runtime = None if row.runtime_command_definition_id is None else (
+            row.runtime_command_definition_id, row.runtime_command_version)
+        identity = receipts.catalog_binding_identity(
+            view_key=view.view_key, kind=row.kind, owner_pack=row.owner_pack,
+            pack_installation_id=row.pack_installation_id, pack_payload_digest=bytes(row.pack_payload_digest),
+            business_key=row.business_key, definition_version=row.definition_version,
+            credential_refs=list(row.credential_refs), runtime=runtime)
+        if not _same(identity, row.identity_digest) or row.row_id != identity[:16].hex():
+            raise OwnerFactInvalid(f"catalog binding {row} identity mismatch")
+        if row.pack_generation.owner_pack != row.owner_pack or not _same(
+                row.pack_generation.payload_digest, row.pack_payload_digest):
+            raise OwnerFactInvalid(f"catalog binding {row} names a different pack generation")
+        facts.append(BindingFact(row.pk, row.ordinal, row.row_id, identity, row.kind, row.owner_pack,
+                                 row.pack_generation.generation_id, row.pack_installation_id,
+                                 bytes(row.pack_payload_digest), row.business_key, row.definition_version,
+                                 tuple(row.credential_refs), runtime))
+    view_digest = receipts.catalog_view_digest(
+        view_key=view.view_key, revision=view.revision, organization=view.organization,
+        application_installation=view.application_installation, authorized_workload=view.authorized_workload,
+        lineage_revision=view.lineage_revision, source_snapshot_digest=bytes(view.source_snapshot_digest),
+        binding_identity_digests=[f.identity_digest for f in facts])
+    receipt, receipt_digest = receipts.catalog_receipt(
+        view_key=view.view_key, revision=view.revision, view_digest=view_digest,
+        receipt_protocol=view.receipt_protocol, security_epoch=view.security_epoch,
+        capability_version=view.capability_version)
+    if not (_same(view_digest, view.view_digest) and _same(receipt, view.receipt)
+            and _same(receipt_digest, view.receipt_digest)):
+        raise OwnerFactInvalid(f"catalog view {view} digest or receipt mismatch")
+    return CatalogFact(view.pk, view.view_key, view.revision, view.organization, view.application_installation,
+                       view.authorized_workload, view.lineage_revision, bytes(view.source_snapshot_digest),
+                       view_digest, view.receipt_protocol, view.security_epoch, view.capability_version, receipt,
+                       receipt_digest, tuple(facts))
+
+
+@_retryable
+def catalog_view_read_current(*, view_key: str) -> CatalogFact:
+    """The complete current view of a lineage (its highest revision)."""
+    view = IntegrationBindingView.objects.filter(view_key=view_key).order_by("-revision").first()
+    if view is None:
+        raise OwnerFactInvalid(f"catalog view {view_key} is absent")
+    return _catalog_fact(view)
+
+
+@_retryable
+def catalog_view_read_exact(*, view_key: str, revision: int) -> CatalogFact:
+    view = IntegrationBindingView.objects.filter(view_key=view_key, revision=revision).first()
+    if view is None:
+        raise OwnerFactInvalid(f"catalog view {view_key} r{revision} is absent")
+    return _catalog_fact(view)
+
+
+# -- credential generations ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CredentialFact:
+    pk: int
+    generation_id: str
+    credential_identity: str
+    provider_scope: str
+    account_key: str
+    secret_version_ref: str
+    transport_config_digest: bytes
+    receipt_protocol: str
+    receipt: bytes
+    receipt_digest: bytes
+
+
+@_retryable
+def credential_generation_read(*, generation_id: str) -> CredentialFact:
+    """Exact generation metadata; checks the secret version exists without reading secret bytes."""
+    row = CredentialGeneration.objects.select_related("account").filter(generation_id=generation_id).first()
+    if row is None:
+        raise OwnerFactInvalid(f"credential generation {generation_id} is absent")
+    receipt, receipt_digest = receipts.credential_receipt(
+        generation_id=row.generation_id, credential_identity=row.credential_identity,
+        provider_scope=row.provider_scope, account_key=row.account.account_key,
+        secret_version_ref=row.secret_version_ref, transport_config_digest=bytes(row.transport_config_digest))
+    if row.receipt_protocol != receipts.CREDENTIAL_RECEIPT_PROTOCOL or not (
+            _same(receipt, row.receipt) and _same(receipt_digest, row.receipt_digest)):
+        raise OwnerFactInvalid(f"credential generation {generation_id} receipt mismatch")
+    if not secret_backend().version_exists(row.secret_version_ref):
+        raise OwnerFactInvalid(f"credential generation {generation_id}: secret version "
+                               f"{row.secret_version_ref} is absent from the secret backend")
+    return CredentialFact(row.pk, row.generation_id, row.credential_identity, row.provider_scope,
+                          row.account.account_key, row.secret_version_ref, bytes(row.transport_config_digest),
+                          row.receipt_protocol, receipt, receipt_digest)
+
+
+# -- L2 service configuration ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConfigurationFact:
+    pk: int
+    generation_id: str
+    generation_protocol: str
+    receipt_protocol: str
+    catalog_view_key: str
+    catalog_revision: int
+    generation_digest: bytes
+    receipt: bytes
+    receipt_digest: bytes
+    account_keys: tuple[str, ...]
+    relation: tuple[tuple[str, str, str], ...]
+
+    def credential_generation_ids(self) -> tuple[str, ...]:
+        return tuple(sorted({g for _, _, g in self.relation}, key=lambda g: g.encode("utf-8")))
+
+
+def check_credential_relation(*, accounts: list[tuple[str, str]], required_refs: tuple[str, ...],
+                              relation: list[tuple[str, str, str]],
+                              generations: dict[str, tuple[str, str, str]]) -> None:
+    """The exhaustive (account, CredentialRef) -> generation relation: every pair exactly once, nothing extra,
+    each generation's stable identity and account/provider scope equal to the reference (CV2-02-016).
+    `accounts` are (account_key, provider_scope); `generations` map id -> (identity, account_key, provider)."""
+    required = {(account, ref) for account, _ in accounts for ref in required_refs}
+    seen: set[tuple[str, str]] = set()
+    for account, ref, generation_id in relation:
+        if (account, ref) in seen:
+            raise CredentialMappingInvalid(f"duplicate mapping for ({account}, {ref})")
+        seen.add((account, ref))
+        if (account, ref) not in required:
+            raise CredentialMappingInvalid(f"extra mapping for ({account}, {ref})")
+        if generation_id not in generations:
+            raise CredentialMappingInvalid(f"({account}, {ref}) maps to absent generation {generation_id}")
+        identity, gen_account, gen_provider = generations[generation_id]
+        provider = dict(accounts)[account]
+        if identity != ref or gen_account != account or gen_provider != provider:
+            raise CredentialMappingInvalid(
+                f"({account}, {ref}) maps to {generation_id} scoped ({identity}, {gen_account}, {gen_provider})")
+    missing = sorted(required - seen)
+    if missing:
+        raise CredentialMappingInvalid(f"missing mapping for {', '.join(f'({a}, {r})' for a, r in missing)}")
+
+
+@_retryable
+def service_configuration_read(*, generation_id: str) -> ConfigurationFact:
+    """The exact L2 generation, its byte-stable receipt reconstructed and compared (CV2-02-017)."""
+    row = (ServiceConfigurationGeneration.objects.select_related("catalog_view")
+           .filter(generation_id=generation_id).first())
+    if row is None:
+        raise OwnerFactInvalid(f"configuration generation {generation_id} is absent")
+    accounts = list(row.accounts.select_related("account").order_by("ordinal"))
+    mappings = list(row.credential_mappings.select_related("account", "credential_generation__account"))
+    account_dicts = [{"account_key": a.account.account_key, "provider_scope": a.account.provider_scope,
+                      "enabled_routes": a.enabled_routes, "mapping_selections": a.mapping_selections,
+                      "policy_values": a.policy_values} for a in accounts]
+    relation = [(m.account.account_key, m.credential_ref, m.credential_generation.generation_id) for m in mappings]
+    payload = receipts.configuration_payload(
+        generation_id=row.generation_id, catalog_view_key=row.catalog_view.view_key,
+        catalog_revision=row.catalog_view.revision, accounts=account_dicts, relation=relation)
+    digest = receipts.sha256(payload)
+    receipt, receipt_digest = receipts.configuration_receipt(
+        generation_protocol=row.generation_protocol, generation_id=row.generation_id, generation_digest=digest)
+    if not (_same(payload, row.payload) and _same(digest, row.generation_digest) and _same(receipt, row.receipt)
+            and _same(receipt_digest, row.receipt_digest)):
+        raise OwnerFactInvalid(f"configuration generation {generation_id} payload, digest or receipt mismatch")
+    catalog = _catalog_fact(row.catalog_view)
+    routes = set(catalog.route_keys())
+    for a in account_dicts:
+        unknown = [r for r in a["enabled_routes"] if r not in routes]
+        if unknown:
+            raise OwnerFactInvalid(f"configuration {generation_id} enables unknown routes {unknown}")
+    generations = {m.credential_generation.generation_id: (m.credential_generation.credential_identity,
+                                                           m.credential_generation.account.account_key,
+                                                           m.credential_generation.provider_scope)
+                   for m in mappings}
+    try:
+        check_credential_relation(accounts=[(a["account_key"], a["provider_scope"]) for a in account_dicts],
+                                  required_refs=catalog.credential_refs(), relation=relation,
+                                  generations=generations)
+    except CredentialMappingInvalid as exc:
+        raise OwnerFactInvalid(f"configuration {generation_id}: {exc.detail}") from exc
+    return ConfigurationFact(row.pk, row.generation_id, row.generation_protocol, row.receipt_protocol,
+                             row.catalog_view.view_key, row.catalog_view.revision, digest, receipt, receipt_digest,
+                             tuple(a["account_key"] for a in account_dicts), tuple(sorted(relation)))

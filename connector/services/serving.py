@@ -1,0 +1,273 @@
+"""ServingEpoch lifecycle: prepare, verify (fresh owner reads, then a compare-and-swap), reject, and the atomic
+first activation transaction that cutover coordinators wrap with barriers and the CutoverDecision."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+
+from django.db import IntegrityError, transaction
+from django_fsm import can_proceed
+
+from connector import locks
+from connector.actors import Actor
+from connector.canonical.encoding import decode
+from connector.canonical.profiles import DigestProfileError, authoring_profile, profile_for
+from connector.choices import EpochState, GateMode
+from connector.errors import (
+    EpochCandidateInvalid,
+    EpochNotFound,
+    FenceStale,
+    OwnerFactInvalid,
+    OwnerUnavailable,
+    TransitionRefused,
+)
+from connector.models import (
+    CatalogBinding,
+    CredentialGeneration,
+    IntegrationBindingView,
+    PackGeneration,
+    ServiceConfigurationGeneration,
+    ServingEpoch,
+    ServingEpochBindingProof,
+    ServingEpochCredentialProof,
+)
+from connector.selectors.epoch_candidate import EpochCandidate, candidate_from_owners, epoch_preimage
+from connector.services.audit import audit_record
+from connector.services.owners import ident
+
+log = logging.getLogger(__name__)
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and hmac.compare_digest(bytes(a), bytes(b))
+
+
+# -- prepare --------------------------------------------------------------------------------------------------
+
+def _check_structure(candidate: EpochCandidate) -> None:
+    try:
+        authoring_profile(candidate.profile_id)
+    except DigestProfileError as exc:
+        raise EpochCandidateInvalid(f"{exc.code}: {exc}", reason=exc.code) from exc
+    labels = {p.profile_id for p in (*candidate.bindings, *candidate.credentials)}
+    if labels - {candidate.profile_id}:
+        raise EpochCandidateInvalid(f"mixed-profile graph: proofs labelled {sorted(map(str, labels))}, header "
+                                    f"{candidate.profile_id}")
+    if not candidate.bindings:
+        raise EpochCandidateInvalid("a candidate binds at least one Catalog binding")
+    if [b.ordinal for b in candidate.bindings] != list(range(len(candidate.bindings))):
+        raise EpochCandidateInvalid("binding ordinals must be dense from 0 in Catalog order")
+    if [p.ordinal for p in candidate.credentials] != list(range(len(candidate.credentials))):
+        raise EpochCandidateInvalid("credential proof ordinals must be dense from 0")
+    ids = [p.generation_id.encode("utf-8") for p in candidate.credentials]
+    if len(set(ids)) != len(ids):
+        raise EpochCandidateInvalid("credential proofs repeat a generation")
+    if ids != sorted(ids):
+        raise EpochCandidateInvalid("credential proofs must be in ascending generation-ID byte order")
+
+
+@transaction.atomic
+def epoch_prepare(*, candidate: EpochCandidate, actor: Actor) -> ServingEpoch:
+    """Store a V2-profiled candidate as a `prepared` ServingEpoch with its frozen proof rows.
+
+    Refuses (writing nothing) a non-authoring or unknown profile, a mixed-profile graph, broken ordinals, and
+    references to generations that do not exist exactly. Re-preparing identical bytes returns the existing
+    epoch. Preparation proves nothing about the owners: only `epoch_verify` can."""
+    ident(candidate.epoch_id, "epoch_id")
+    _check_structure(candidate)
+    preimage = epoch_preimage(candidate)
+    digest = hashlib.sha256(preimage).digest()
+    existing = ServingEpoch.objects.filter(epoch_id=candidate.epoch_id).first()
+    if existing is not None:
+        if _same(existing.digest, digest):
+            return existing
+        raise EpochCandidateInvalid(f"epoch {candidate.epoch_id} exists with different bytes; mint a new epoch ID")
+    c = candidate.catalog
+    view = IntegrationBindingView.objects.filter(view_key=c.view_key, revision=c.revision).first()
+    config = ServiceConfigurationGeneration.objects.filter(generation_id=candidate.configuration.generation_id).first()
+    if view is None or config is None:
+        raise EpochCandidateInvalid("the candidate names a Catalog view or configuration generation that does not "
+                                    "exist exactly")
+    bindings = {b.ordinal: b for b in CatalogBinding.objects.filter(view=view)}
+    packs = {p.generation_id: p for p in PackGeneration.objects.filter(
+        generation_id__in=[b.pack_generation_id for b in candidate.bindings])}
+    credentials = {g.generation_id: g for g in CredentialGeneration.objects.filter(
+        generation_id__in=[p.generation_id for p in candidate.credentials])}
+    missing = ([f"binding #{b.ordinal}" for b in candidate.bindings if b.ordinal not in bindings]
+               + [f"pack generation {b.pack_generation_id}" for b in candidate.bindings
+                  if b.pack_generation_id not in packs]
+               + [f"credential generation {p.generation_id}" for p in candidate.credentials
+                  if p.generation_id not in credentials])
+    if missing:
+        raise EpochCandidateInvalid(f"not exact generations: {', '.join(missing)}")
+    try:
+        epoch = ServingEpoch.objects.create(
+            epoch_id=candidate.epoch_id, profile_id=candidate.profile_id,
+            serving_scope_digest=candidate.serving_scope_digest, catalog_view=view, configuration=config,
+            configuration_receipt=candidate.configuration.owner_receipt,
+            configuration_receipt_digest=candidate.configuration.owner_receipt_digest,
+            preimage=preimage, digest=digest)
+    except IntegrityError as exc:
+        raise EpochCandidateInvalid(f"epoch refused by the database: {exc.__cause__}") from exc
+    ServingEpochBindingProof.objects.bulk_create([ServingEpochBindingProof(
+        epoch=epoch, ordinal=b.ordinal, binding=bindings[b.ordinal], pack_generation=packs[b.pack_generation_id],
+        canonical_definition_digest=b.canonical_definition_digest, owner_receipt=b.owner_receipt,
+        owner_receipt_digest=b.owner_receipt_digest) for b in candidate.bindings])
+    ServingEpochCredentialProof.objects.bulk_create([ServingEpochCredentialProof(
+        epoch=epoch, ordinal=p.ordinal, credential_generation=credentials[p.generation_id],
+        owner_receipt=p.owner_receipt, owner_receipt_digest=p.owner_receipt_digest) for p in candidate.credentials])
+    audit_record(actor=actor, entity=epoch, action="epoch_prepare", to_state=epoch.state, evidence_digest=digest)
+    return epoch
+
+
+def epoch_prepare_from_owners(*, epoch_id: str, configuration_generation_id: str, actor: Actor) -> ServingEpoch:
+    """Prepare a candidate built from fresh exact owner reads (the L2 authoring path)."""
+    candidate = candidate_from_owners(epoch_id=epoch_id, configuration_generation_id=configuration_generation_id)
+    return epoch_prepare(candidate=candidate, actor=actor)
+
+
+# -- verify ---------------------------------------------------------------------------------------------------
+
+def _first_difference(stored: bytes, fresh: bytes) -> str:
+    try:
+        _, a = decode(stored)
+        _, b = decode(fresh)
+        for (name, left), (_, right) in zip(a, b):
+            if left != right:
+                return name
+    except Exception:  # a preimage that does not decode differs everywhere
+        return "preimage"
+    return "preimage"
+
+
+def _verification_outcome(epoch: ServingEpoch) -> tuple[str, str] | None:
+    """None when every prepared field byte-equals the fresh owner reads; else (reason code, detail). Raises
+    OwnerUnavailable for retryable unavailability (the candidate then stays `prepared`)."""
+    try:
+        profile = profile_for(epoch.profile_id)
+    except DigestProfileError as exc:
+        return exc.code, str(exc)
+    if not profile.authoring:
+        return "EPOCH_PROFILE_NOT_AUTHORING", (f"profile {epoch.profile_id or 'legacy unprofiled'} is read-only; "
+                                               "the candidate is inert and must be replaced")
+    if epoch.configuration_id is None or epoch.catalog_view_id is None:
+        return "EPOCH_REPRODUCIBILITY_HEADER_MISSING", "the candidate lacks its configuration or Catalog reference"
+    if not _same(hashlib.sha256(bytes(epoch.preimage)).digest(), epoch.digest):
+        return "EPOCH_DIGEST_MISMATCH", "stored digest is not the digest of the stored preimage"
+    try:
+        fresh = candidate_from_owners(epoch_id=epoch.epoch_id,
+                                      configuration_generation_id=epoch.configuration.generation_id,
+                                      profile_id=epoch.profile_id)
+    except OwnerFactInvalid as exc:
+        return "OWNER_FACT_INVALID", exc.detail
+    fresh_preimage = epoch_preimage(fresh)
+    if not _same(fresh_preimage, epoch.preimage):
+        return "EPOCH_OWNER_MISMATCH", (f"prepared {_first_difference(bytes(epoch.preimage), fresh_preimage)} "
+                                        "differs from the owners' exact generations")
+    if (epoch.catalog_view.view_key, epoch.catalog_view.revision) != (fresh.catalog.view_key, fresh.catalog.revision):
+        return "EPOCH_OWNER_MISMATCH", "prepared Catalog view reference differs from the current view"
+    rows = list(epoch.binding_proofs.select_related("binding", "pack_generation").order_by("ordinal"))
+    if [(r.binding.row_id, r.pack_generation.generation_id, bytes(r.owner_receipt)) for r in rows] != [
+            (b.row_id, b.pack_generation_id, b.owner_receipt) for b in fresh.bindings]:
+        return "EPOCH_OWNER_MISMATCH", "frozen binding proof rows differ from the owners"
+    crows = list(epoch.credential_proofs.select_related("credential_generation").order_by("ordinal"))
+    if [(r.credential_generation.generation_id, bytes(r.owner_receipt)) for r in crows] != [
+            (p.generation_id, p.owner_receipt) for p in fresh.credentials]:
+        return "EPOCH_OWNER_MISMATCH", "frozen credential proof rows differ from the owners"
+    return None
+
+
+def epoch_verify(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
+    """`prepared -> verified | rejected` by fresh reads of every owner, never from caller-supplied receipts.
+
+    The reads happen before the transaction; the transaction locks the epoch (FOR UPDATE) and compare-and-swaps
+    the unchanged prepared candidate. Retryable owner unavailability raises OwnerUnavailable and leaves the
+    epoch `prepared`; authoritative absence or mismatch rejects it with a reason code (CV2-02-035..038)."""
+    epoch = ServingEpoch.objects.select_related("configuration", "catalog_view").filter(pk=epoch_pk).first()
+    if epoch is None:
+        raise EpochNotFound()
+    if epoch.state != EpochState.PREPARED:
+        raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}, not prepared")
+    observed = bytes(epoch.digest)
+    try:
+        outcome = _verification_outcome(epoch)
+    except OwnerUnavailable:
+        log.warning("epoch verification deferred: owner unavailable", extra={"epoch": epoch.epoch_id})
+        raise
+    with transaction.atomic():
+        locked = locks.epoch_for_update(epoch_pk)
+        if locked.state != EpochState.PREPARED or not _same(locked.digest, observed):
+            raise FenceStale(f"epoch {locked.epoch_id} changed during verification; nothing was written")
+        if outcome is None:
+            locked.verify()
+        else:
+            locked.reject(code=outcome[0], detail=outcome[1])
+        locked.save()
+        audit_record(actor=actor, entity=locked, action="epoch_verify", from_state=EpochState.PREPARED,
+                     to_state=locked.state, evidence_digest=observed,
+                     reason="" if outcome is None else f"{outcome[0]}: {outcome[1]}")
+    return locked
+
+
+@transaction.atomic
+def epoch_reject(*, epoch_pk: int, reason: str, actor: Actor) -> ServingEpoch:
+    """An explicit, audited operator decision rejecting an abandoned `prepared` or `verified` candidate
+    (decision 10). Active epochs are never rejected."""
+    epoch = locks.epoch_for_update(epoch_pk)
+    if not can_proceed(epoch.reject):
+        raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}; only prepared or verified epochs can be "
+                                "rejected")
+    if not reason.strip():
+        raise TransitionRefused("a rejection needs a reason")
+    from_state = epoch.state
+    epoch.reject(code="OPERATOR_REJECTED", detail=reason)
+    epoch.save()
+    audit_record(actor=actor, entity=epoch, action="epoch_reject", from_state=from_state, to_state=epoch.state,
+                 evidence_digest=bytes(epoch.digest), reason=reason)
+    return epoch
+
+
+# -- activation -----------------------------------------------------------------------------------------------
+
+def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
+    """The atomic first activation: reread every owner, then in one transaction lock the epoch (FOR UPDATE),
+    then every gate of the configuration's exhaustive account set in account order (FOR UPDATE), require the
+    epoch still `verified` with the same digest and every gate `v2_validating`, and move the epoch
+    `verified -> active` and every gate to `v2_serving` naming it (new fence each). Retryable unavailability
+    refuses and leaves the epoch `verified`; authoritative mismatch rejects it (CV2-02-039/040)."""
+    epoch = ServingEpoch.objects.select_related("configuration", "catalog_view").filter(pk=epoch_pk).first()
+    if epoch is None:
+        raise EpochNotFound()
+    if epoch.state != EpochState.VERIFIED:
+        raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}; only a verified epoch activates")
+    observed = bytes(epoch.digest)
+    outcome = _verification_outcome(epoch)  # OwnerUnavailable propagates: stays verified
+    account_ids = list(epoch.configuration.accounts.values_list("account_id", flat=True))
+    with transaction.atomic():
+        locked = locks.epoch_for_update(epoch_pk)
+        if locked.state != EpochState.VERIFIED or not _same(locked.digest, observed):
+            raise FenceStale(f"epoch {locked.epoch_id} changed during activation; nothing was written")
+        if outcome is not None:
+            locked.reject(code=outcome[0], detail=outcome[1])
+            locked.save()
+            audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
+                         to_state=locked.state, evidence_digest=observed, reason=f"{outcome[0]}: {outcome[1]}")
+            return locked
+        gates = locks.gates_for_update(account_ids)
+        if len(gates) != len(account_ids):
+            raise TransitionRefused("an account of the configuration has no serving gate")
+        not_ready = [g for g in gates if g.mode != GateMode.V2_VALIDATING]
+        if not_ready:
+            raise TransitionRefused("every gate must be v2_validating; not ready: "
+                                    + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
+        locked.activate()
+        locked.save()
+        audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
+                     to_state=EpochState.ACTIVE, evidence_digest=observed)
+        for gate in gates:
+            gate.activate_first(epoch=locked)
+            gate.save()
+            audit_record(actor=actor, entity=gate, action="gate_activate_first", from_state=GateMode.V2_VALIDATING,
+                         to_state=gate.mode, fence=gate.fence, evidence_digest=observed)
+    return locked

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class CutoverConfig(AppConfig):
+    name = "cutover"
+    verbose_name = "Cutover (V1 drain, certificates, restore points, activation)"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,1 @@
+from cutover.models.journal import *  # noqa: F401,F403
