@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import transaction
+
 from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
 
 
@@ -36,6 +38,19 @@ def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
 
 def gate_for_share(account_id: int) -> AccountServingGate:
     return _share_one(AccountServingGate.objects.filter(account_id=account_id))
+
+
+def wait_for_gate(account_id: int) -> None:
+    """Wait until no transaction holds the gate FOR UPDATE, without keeping a lock: the share lock is taken in
+    a savepoint that is rolled back, which releases it. Used by the guard before it locks in canonical order
+    (epoch, then gate)."""
+    sid = transaction.savepoint()
+    try:
+        _share_one(AccountServingGate.objects.filter(account_id=account_id))
+    except AccountServingGate.DoesNotExist:
+        pass
+    finally:
+        transaction.savepoint_rollback(sid)
 
 
 def credential_gate_for_update(credential_generation_pk: int) -> CredentialGenerationDispatchGate:

@@ -5,3 +5,12 @@ import pytest
 def _secret_dir(settings, tmp_path):
     """Each test gets its own secret backend directory (secrets never live in PostgreSQL)."""
     settings.CONNECTOR = {**settings.CONNECTOR, "SECRET_BACKEND_DIR": str(tmp_path / "secrets")}
+
+
+@pytest.fixture
+def world(db):
+    """The demo world built through the services: two accounts v2_serving on an active epoch, a second verified
+    epoch, four binding kinds, credential generations with secrets in the backend."""
+    from connector.demo import build_world
+
+    return build_world("w-")

@@ -68,7 +68,8 @@ DATABASES = {
 }
 for _db in DATABASES.values():
     _db.setdefault("OPTIONS", {})
-    _db["TEST"] = {"NAME": "test_" + _db["NAME"]}
+    # TEST_DB_SUFFIX lets several suites run side by side on one server (e.g. a fallback proof, a helper).
+    _db["TEST"] = {"NAME": "test_" + _db["NAME"] + env_str("TEST_DB_SUFFIX", "")}
 DATABASE_ROUTERS = ["config.routers.JournalRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

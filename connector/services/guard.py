@@ -32,6 +32,10 @@ class ServingContext:
     epoch_digest: bytes
 
 
+def _named_epoch(account_id: int) -> int | None:
+    return AccountServingGate.objects.filter(account_id=account_id).values_list("epoch_id", flat=True).first()
+
+
 def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: bytes | None = None,
                  expected_fence: int | None = None) -> ServingContext:
     """Lock and check the gate and its exact epoch inside the caller's transaction.
@@ -43,7 +47,11 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
     attempts = 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))
     for _ in range(attempts):
-        named = AccountServingGate.objects.filter(account_id=account_id).values_list("epoch_id", flat=True).first()
+        named = _named_epoch(account_id)
+        if named is None:
+            # An activation may be committing right now: wait for the gate row, then look again.
+            locks.wait_for_gate(account_id)
+            named = _named_epoch(account_id)
         if named is None:
             mode = AccountServingGate.objects.filter(account_id=account_id).values_list("mode", flat=True).first()
             raise GateNotServing(f"account {account_id} gate is {mode or 'absent'}; no epoch serves it")

@@ -1,0 +1,49 @@
+"""Real concurrent transactions: each worker runs in its own thread with its own database connection."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+
+
+class Worker(threading.Thread):
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+        finally:
+            self.finished_at = time.monotonic()
+            connections.close_all()
+
+
+def start(fn: Callable[[], Any], name: str = "worker") -> Worker:
+    worker = Worker(fn, name)
+    worker.start()
+    return worker
+
+
+def backend_pid_waiting(using: str = "default") -> list[int]:
+    """PIDs of sessions currently waiting on a row lock (pg_locks not granted)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_locks WHERE NOT granted")
+        return [r[0] for r in cursor.fetchall()]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
