@@ -4,7 +4,7 @@ deterministic, byte-stable receipt. Used at authoring (services) and by the exac
 
 All owner protocols use the delivery kernel `canonical_typed_length_delimited_v1` + sha256 with the protocol
 name as domain separator. Connector-owned epoch digests use the ServingEpoch's digest profile instead
-(connector.services.epoch_candidate); owner bytes enter them only as opaque exact values.
+(connector.selectors.epoch_candidate); owner bytes enter them only as opaque exact values.
 """
 from __future__ import annotations
 

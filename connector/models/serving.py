@@ -13,6 +13,7 @@ from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 from connector import hooks
 from connector.choices import CredentialGateMode, EpochState, GATE_V2_MODES, GateMode
 from connector.models.owners import (
+    BindingDefinition,
     CatalogBinding,
     ConnectorAccount,
     CredentialGeneration,
@@ -65,6 +66,7 @@ class ServingEpoch(ConcurrentTransitionMixin, models.Model):
         permissions = [
             ("verify_servingepoch", "Can verify a prepared ServingEpoch"),
             ("reject_servingepoch", "Can reject an abandoned verified ServingEpoch"),
+            ("activate_servingepoch", "Can run the first activation of a verified ServingEpoch"),
         ]
 
     def __str__(self) -> str:
@@ -100,6 +102,7 @@ class ServingEpochBindingProof(models.Model):
     ordinal = models.PositiveIntegerField()
     binding = models.ForeignKey(CatalogBinding, on_delete=models.PROTECT, related_name="+")
     pack_generation = models.ForeignKey(PackGeneration, on_delete=models.PROTECT, related_name="+")
+    definition = models.ForeignKey(BindingDefinition, on_delete=models.PROTECT, related_name="+")
     canonical_definition_digest = models.BinaryField(max_length=32)
     owner_receipt = models.BinaryField()
     owner_receipt_digest = models.BinaryField(max_length=32)

@@ -55,10 +55,15 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
         if named is None:
             mode = AccountServingGate.objects.filter(account_id=account_id).values_list("mode", flat=True).first()
             raise GateNotServing(f"account {account_id} gate is {mode or 'absent'}; no epoch serves it")
+        # The savepoint lets a lost race release both share locks before retrying, so the retry again locks
+        # epoch before gate (never gate before epoch).
+        sid = transaction.savepoint()
         epoch = locks.epoch_for_share(named)
         gate = locks.gate_for_share(account_id)
         if gate.epoch_id == epoch.pk:
+            transaction.savepoint_commit(sid)
             break
+        transaction.savepoint_rollback(sid)
     else:
         raise GateNotServing(f"account {account_id} gate kept moving between epochs; retry")
     if gate.mode != GateMode.V2_SERVING:

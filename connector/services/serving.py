@@ -12,7 +12,12 @@ from django_fsm import can_proceed
 from connector import locks
 from connector.actors import Actor
 from connector.canonical.encoding import decode
-from connector.canonical.profiles import DigestProfileError, authoring_profile, profile_for
+from connector.canonical.profiles import (
+    EPOCH_AUTHORING_PROFILE_ID,
+    DigestProfileError,
+    authoring_profile,
+    profile_for,
+)
 from connector.choices import EpochState, GateMode
 from connector.errors import (
     EpochCandidateInvalid,
@@ -20,9 +25,11 @@ from connector.errors import (
     FenceStale,
     OwnerFactInvalid,
     OwnerUnavailable,
+    PermissionRefused,
     TransitionRefused,
 )
 from connector.models import (
+    BindingDefinition,
     CatalogBinding,
     CredentialGeneration,
     IntegrationBindingView,
@@ -43,6 +50,12 @@ def _same(a, b) -> bool:
     return a is not None and b is not None and hmac.compare_digest(bytes(a), bytes(b))
 
 
+def _require_perm(actor: Actor, perm: str) -> None:
+    """People need the permission; system actors (coordinators, the sweeper) act under their own authority."""
+    if actor.user is not None and not actor.user.has_perm(perm):
+        raise PermissionRefused(f"{actor} lacks {perm}")
+
+
 # -- prepare --------------------------------------------------------------------------------------------------
 
 def _check_structure(candidate: EpochCandidate) -> None:
@@ -50,6 +63,9 @@ def _check_structure(candidate: EpochCandidate) -> None:
         authoring_profile(candidate.profile_id)
     except DigestProfileError as exc:
         raise EpochCandidateInvalid(f"{exc.code}: {exc}", reason=exc.code) from exc
+    if candidate.profile_id != EPOCH_AUTHORING_PROFILE_ID:
+        raise EpochCandidateInvalid(f"profile {candidate.profile_id} authors other digests, not ServingEpochs; "
+                                    f"only {EPOCH_AUTHORING_PROFILE_ID} authors epoch candidates")
     labels = {p.profile_id for p in (*candidate.bindings, *candidate.credentials)}
     if labels - {candidate.profile_id}:
         raise EpochCandidateInvalid(f"mixed-profile graph: proofs labelled {sorted(map(str, labels))}, header "
@@ -110,8 +126,15 @@ def epoch_prepare(*, candidate: EpochCandidate, actor: Actor) -> ServingEpoch:
             preimage=preimage, digest=digest)
     except IntegrityError as exc:
         raise EpochCandidateInvalid(f"epoch refused by the database: {exc.__cause__}") from exc
+    definitions = {(d.pack_generation_id, d.kind, d.business_key, d.definition_version): d
+                   for d in BindingDefinition.objects.filter(pack_generation__in=packs.values())}
+    missing = [f"{b.kind} {b.business_key} v{b.definition_version}" for b in candidate.bindings
+               if (packs[b.pack_generation_id].pk, b.kind, b.business_key, b.definition_version) not in definitions]
+    if missing:
+        raise EpochCandidateInvalid(f"no exact binding definition for: {', '.join(missing)}")
     ServingEpochBindingProof.objects.bulk_create([ServingEpochBindingProof(
         epoch=epoch, ordinal=b.ordinal, binding=bindings[b.ordinal], pack_generation=packs[b.pack_generation_id],
+        definition=definitions[(packs[b.pack_generation_id].pk, b.kind, b.business_key, b.definition_version)],
         canonical_definition_digest=b.canonical_definition_digest, owner_receipt=b.owner_receipt,
         owner_receipt_digest=b.owner_receipt_digest) for b in candidate.bindings])
     ServingEpochCredentialProof.objects.bulk_create([ServingEpochCredentialProof(
@@ -148,7 +171,7 @@ def _verification_outcome(epoch: ServingEpoch) -> tuple[str, str] | None:
         profile = profile_for(epoch.profile_id)
     except DigestProfileError as exc:
         return exc.code, str(exc)
-    if not profile.authoring:
+    if not profile.authoring or profile.profile_id != EPOCH_AUTHORING_PROFILE_ID:
         return "EPOCH_PROFILE_NOT_AUTHORING", (f"profile {epoch.profile_id or 'legacy unprofiled'} is read-only; "
                                                "the candidate is inert and must be replaced")
     if epoch.configuration_id is None or epoch.catalog_view_id is None:
@@ -189,6 +212,7 @@ def epoch_verify(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
         raise EpochNotFound()
     if epoch.state != EpochState.PREPARED:
         raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}, not prepared")
+    _require_perm(actor, "connector.verify_servingepoch")
     observed = bytes(epoch.digest)
     try:
         outcome = _verification_outcome(epoch)
@@ -220,6 +244,7 @@ def epoch_reject(*, epoch_pk: int, reason: str, actor: Actor) -> ServingEpoch:
                                 "rejected")
     if not reason.strip():
         raise TransitionRefused("a rejection needs a reason")
+    _require_perm(actor, "connector.reject_servingepoch")
     from_state = epoch.state
     epoch.reject(code="OPERATOR_REJECTED", detail=reason)
     epoch.save()
@@ -241,6 +266,7 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
         raise EpochNotFound()
     if epoch.state != EpochState.VERIFIED:
         raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}; only a verified epoch activates")
+    _require_perm(actor, "connector.activate_servingepoch")
     observed = bytes(epoch.digest)
     outcome = _verification_outcome(epoch)  # OwnerUnavailable propagates: stays verified
     account_ids = list(epoch.configuration.accounts.values_list("account_id", flat=True))

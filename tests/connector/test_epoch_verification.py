@@ -162,6 +162,7 @@ def test_mutable_credential_locator_cannot_be_prepared(owners_world):
 
 
 @pytest.mark.parametrize("profile", ["", "nexuscrm.connector-digest-profile.v3", V1_PROFILE_ID, None,
+                                     "canonical_typed_length_delimited_v1",
                                      " " + V2_PROFILE_ID, V2_PROFILE_ID.upper()])
 def test_only_the_v2_profile_authors_candidates(owners_world, profile):
     """Empty, unknown, case/whitespace variants, V1 and legacy unprofiled are refused for authoring, writing
