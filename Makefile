@@ -1,0 +1,62 @@
+# Development entry points. Two commands are enough:
+#   make run    # venv, PostgreSQL + Redis, migrations, demo data, then web + worker + beat
+#   make test   # venv, PostgreSQL + Redis, import contracts, pytest
+# See docs/_readme_running.md (README, "Running") for the details.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -ec
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ENV_FILE := .data/services.env
+# Load the URLs written by `scripts/services.py ensure`; must sit on the same recipe line as the command.
+LOAD_ENV := set -a; . ./$(ENV_FILE); set +a
+RUN_SETTINGS ?= config.django.local
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: help venv services migrate demo run test stop
+
+help:
+	@echo "make run      start everything (web on http://127.0.0.1:$(PORT)/admin/, worker, beat)"
+	@echo "make test     import contracts + pytest (PYTEST_ARGS='-x -q' to pass options)"
+	@echo "make stop     stop the private PostgreSQL/Redis servers started under .data/"
+	@echo "other targets: venv services migrate demo"
+
+venv: $(STAMP)
+
+# Re-install only when pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml
+	@if [ ! -x $(VPY) ]; then \
+	  $(PYTHON) -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 13)))' \
+	    || { echo "make: $(PYTHON) is not Python 3.11/3.12; run e.g. make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }; \
+	  echo "creating $(VENV) with $$($(PYTHON) --version)"; \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+	$(VPY) -m pip install -e '.[test]'
+	@touch $@
+
+services: venv
+	$(VPY) scripts/services.py ensure
+
+migrate: services
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database default --noinput
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database journal --noinput
+
+demo: migrate
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py demo_load
+
+run: venv services migrate demo
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) PORT=$(PORT) exec $(VPY) scripts/run.py
+
+# pytest takes config.django.test from pyproject.toml, so a DJANGO_SETTINGS_MODULE in the caller's
+# environment must not override it.
+test: venv services
+	$(LOAD_ENV); $(VENV)/bin/lint-imports
+	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
+
+stop:
+	@if [ -x $(VPY) ]; then $(VPY) scripts/services.py stop; else $(PYTHON) scripts/services.py stop; fi

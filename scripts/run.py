@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Run the web server, a Celery worker and Celery beat together, in the foreground.
+
+    python scripts/run.py            # PORT=8000 by default
+
+Each child runs in its own process group with this process's environment; its output is prefixed with
+its name. Ctrl-C (SIGINT), SIGTERM or SIGHUP stops every child (SIGTERM to its process group, SIGKILL
+after 10 s) and exits 0. If a child exits on its own, the others are stopped and this exits non-zero,
+naming it. Standard library only.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GRACE_SECONDS = 10.0
+QUEUES = "sweeper,claims,egress,delivery"
+
+
+def describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def children(port: int) -> list[tuple[str, list[str]]]:
+    py = sys.executable
+    return [
+        ("web", [py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]),
+        ("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", QUEUES, "-l", "INFO",
+                    "--concurrency", "2", "-n", "worker@%h"]),
+        ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
+                  "--schedule", ".data/celerybeat-schedule"]),
+    ]
+
+
+class Supervisor:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pumps: list[threading.Thread] = []
+        self.width = max(len(name) for name, _ in children(port))
+        self.out_lock = threading.Lock()
+        self.signalled: int | None = None
+        self.hurry = False
+
+    # ------------------------------------------------------------------ output
+    def emit(self, name: str, text: str) -> None:
+        with self.out_lock:
+            sys.stdout.write(f"{name:<{self.width}} | {text}\n")
+            sys.stdout.flush()
+
+    def note(self, text: str) -> None:
+        self.emit("run", text)
+
+    def _pump(self, name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            self.emit(name, raw.decode(errors="replace").rstrip("\r\n"))
+        stream.close()
+
+    # ----------------------------------------------------------------- signals
+    def _on_signal(self, signum, _frame) -> None:
+        if self.signalled is not None:
+            self.hurry = True  # a second Ctrl-C: don't wait for the grace period
+        self.signalled = signum
+
+    # ------------------------------------------------------------------- start
+    def start(self) -> None:
+        (ROOT / ".data").mkdir(exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name, cmd in children(self.port):
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, process_group=0,
+            )
+            self.procs[name] = proc
+            self.note(f"started {name} (pid {proc.pid}): {' '.join(cmd[1:])}")
+            pump = threading.Thread(target=self._pump, args=(name, proc.stdout), daemon=True)
+            pump.start()
+            self.pumps.append(pump)
+
+    def web_ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    # -------------------------------------------------------------------- stop
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop_all(self) -> None:
+        groups = {name: proc.pid for name, proc in self.procs.items()}  # process_group=0: pgid == pid
+        for name, pgid in groups.items():
+            if self._group_alive(pgid):
+                try:
+                    os.killpg(pgid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and not self.hurry:
+            for proc in self.procs.values():
+                proc.poll()  # reap leaders so their groups can disappear
+            if not any(self._group_alive(pgid) for pgid in groups.values()):
+                break
+            time.sleep(0.1)
+        for name, pgid in groups.items():
+            if self._group_alive(pgid):
+                self.note(f"{name} did not stop within {GRACE_SECONDS:.0f}s: SIGKILL")
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        for pump in self.pumps:
+            pump.join(timeout=1)
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> int:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        self.start()
+        announced = False
+        died: tuple[str, int] | None = None
+        while self.signalled is None and died is None:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    died = (name, proc.returncode)
+                    break
+            if died is None and not announced and self.web_ready():
+                announced = True
+                self.note(f"Admin: http://127.0.0.1:{self.port}/admin/")
+            time.sleep(0.2)
+        if died is not None:
+            name, code = died
+            self.note(f"{name} {describe(code)} on its own; stopping the others")
+            self.stop_all()
+            self.note(f"stopped everything because {name} {describe(code)}")
+            return code if 0 < code < 256 else 1
+        self.note(f"received {signal.Signals(self.signalled).name}; stopping web, worker and beat")
+        self.stop_all()
+        self.note("all stopped")
+        return 0
+
+
+def main() -> int:
+    raw = os.environ.get("PORT", "8000")
+    try:
+        port = int(raw)
+    except ValueError:
+        print(f"run.py: PORT={raw!r} is not a number", file=sys.stderr)
+        return 2
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            print(f"run.py: something already listens on 127.0.0.1:{port}; stop it or set PORT=<free port>",
+                  file=sys.stderr)
+            return 2
+    except OSError:
+        pass
+    return Supervisor(port).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
