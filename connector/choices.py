@@ -71,3 +71,74 @@ CREDENTIAL_GATE_TRANSITIONS: tuple[tuple[str, str], ...] = (
     (CredentialGateMode.ENABLED, CredentialGateMode.REVOKED),
     (CredentialGateMode.REVOKED, CredentialGateMode.ENABLED),
 )
+
+
+class ReceiptKind(models.TextChoices):
+    TRANSPORT = "transport"  # admitted over REST with a transport idempotency key
+    REPLAY = "replay"  # created with its ReplayRequest
+
+
+class ComponentDisposition(models.TextChoices):
+    EVENT = "event"  # the component produced a new Event
+    DUPLICATE_EVENT = "duplicate_event"  # identical bytes of a live SourceEventKey seen before (decision 14)
+    QUARANTINED = "quarantined"  # EVENT_KEY_CONFLICT: same key, different bytes (decision 14)
+
+
+class OrderingContract(models.TextChoices):
+    ORDER_INDEPENDENT = "order_independent"
+    LATEST_SOURCE_POSITION = "latest_source_position"
+    STRICT_SOURCE_SEQUENCE = "strict_source_sequence"
+
+
+class LaneState(models.TextChoices):
+    OPEN = "open"
+    HALTED = "halted"  # a gap deadline with quarantine_partition, or a quarantined execution blocks the partition
+
+
+class WindowState(models.TextChoices):
+    OPEN = "open"  # initial
+    SEALED = "sealed"  # open -> sealed (window_seal)
+    QUARANTINED = "quarantined"  # open -> quarantined (window_quarantine)
+
+
+WINDOW_TRANSITIONS = ((WindowState.OPEN, WindowState.SEALED), (WindowState.OPEN, WindowState.QUARANTINED))
+
+
+class ExecutionState(models.TextChoices):
+    READY = "ready"  # initial; waiting_dependency -> ready (dependency satisfied)
+    WAITING_DEPENDENCY = "waiting_dependency"  # ready -> waiting_dependency
+    COMPLETED = "completed"  # ready -> completed (Runtime result receipt recorded)
+    QUARANTINED = "quarantined"  # ready|waiting_dependency -> quarantined
+
+
+EXECUTION_TRANSITIONS = (
+    (ExecutionState.READY, ExecutionState.WAITING_DEPENDENCY),
+    (ExecutionState.READY, ExecutionState.COMPLETED),
+    (ExecutionState.READY, ExecutionState.QUARANTINED),
+    (ExecutionState.WAITING_DEPENDENCY, ExecutionState.READY),
+    (ExecutionState.WAITING_DEPENDENCY, ExecutionState.QUARANTINED),
+)
+EXECUTION_ACTIVE = (ExecutionState.READY, ExecutionState.WAITING_DEPENDENCY)
+
+
+class DependencyState(models.TextChoices):
+    WAITING = "waiting"  # initial
+    SATISFIED = "satisfied"  # waiting -> satisfied
+    EXPIRED = "expired"  # waiting -> expired (deadline passed)
+    REJECTED = "rejected"  # waiting -> rejected
+
+
+DEPENDENCY_TRANSITIONS = ((DependencyState.WAITING, DependencyState.SATISFIED),
+                          (DependencyState.WAITING, DependencyState.EXPIRED),
+                          (DependencyState.WAITING, DependencyState.REJECTED))
+
+
+class ResultOutcome(models.TextChoices):
+    APPLIED = "applied"
+    NOOP = "noop"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+class ReplayMode(models.TextChoices):
+    SUPPRESS_EXTERNAL_EFFECTS = "suppress_external_effects"  # the sole valid mode

@@ -19,10 +19,19 @@ from connector.models import (
 from connector.services import gates as gate_services
 from connector.services import owners, serving
 
-ROUTE_DEFINITION = {"ordering_contract": "latest_source_position", "extract": {"events": "$.events[*]"},
-                    "source_event_key": "$.id", "source_position": "$.sequence", "partition": "$.record_id"}
-MAPPING_DEFINITION = {"fields": [{"source": "$.name", "target": "display_name"},
-                                 {"source": "$.email", "target": "email"}]}
+ROUTE_DEFINITION = {
+    "ordering_contract": "latest_source_position",
+    "extract": {"format": "json", "components": "/events"},
+    "normalize": {"event_kind": "/type", "source_event_key": "/id", "source_locator": "/record_id",
+                  "occurred_at": "/occurred_at", "payload": "/data"},
+    "ordering": {"partition": "/record_id", "position": "/sequence", "position_kind": "integer",
+                 "tie_breaker": "/id"},
+    "projection": {"record_key": "/record_id"},
+    "mapping": "records.mapping",
+    "terminal_disposition": {"applied": "advance", "noop": "advance", "rejected": "advance", "failed": "quarantine"},
+}
+MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
+                                 {"source": "/email", "target": "email"}]}
 CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_id}", "timeout_ms": 5000}
 PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
 

@@ -71,3 +71,43 @@ def _share_one(queryset):
     if len(rows) != 1:
         raise queryset.model.DoesNotExist(f"{queryset.model.__name__} matching query does not exist")
     return rows[0]
+
+
+# -- inbound chain (entity rows come last in the canonical order) ----------------------------------------------
+
+def lane_for_update(lane_pk: int):
+    from connector.models import OrderingLane
+
+    return OrderingLane.objects.select_for_update(of=("self",)).get(pk=lane_pk)
+
+
+def receipt_for_update(receipt_pk: int):
+    from connector.models import Receipt
+
+    return Receipt.objects.select_for_update(of=("self",)).get(pk=receipt_pk)
+
+
+def open_window_for_update(*, epoch_pk: int, route: str, grouping_key: str):
+    from connector.models import ProjectionWindow
+
+    return (ProjectionWindow.objects.select_for_update(of=("self",))
+            .filter(epoch_id=epoch_pk, route=route, grouping_key=grouping_key, state="open").first())
+
+
+def window_for_update(window_pk: int):
+    from connector.models import ProjectionWindow
+
+    return ProjectionWindow.objects.select_for_update(of=("self",)).get(pk=window_pk)
+
+
+def execution_for_update(execution_pk: int, *, skip_locked: bool = False):
+    from connector.models import Execution
+
+    return (Execution.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+            .filter(pk=execution_pk).first())
+
+
+def dependency_for_update(dependency_pk: int):
+    from connector.models import ExecutionDependency
+
+    return ExecutionDependency.objects.select_for_update(of=("self",)).get(pk=dependency_pk)

@@ -1,0 +1,74 @@
+"""Exact route and mapping resolution through the frozen epoch only (CV2-02-026): the epoch's binding proofs
+name the exact pack generation and definition; the definition is read through its owner reader. No fallback to
+a current pack, route name or mutable mapping. Compiled programs are cached by exact identity (epoch digest),
+which is safe because every input is immutable."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from connector.choices import BindingKind
+from connector.errors import ConnectorError
+from connector.interpreters.inbound import RouteProgram, compile_route
+from connector.models import ServiceConfigurationAccount, ServingEpochBindingProof
+from connector.selectors.owners import binding_definition_read
+
+
+class ChannelNotFound(ConnectorError):
+    """The account's active epoch has no enabled inbound route with that channel name."""
+
+    code = "CHANNEL_NOT_FOUND"
+    http_status = 404
+    operator_action = "Use a channel enabled for the account in its active configuration generation."
+
+
+def _definition(epoch_pk: int, kind: str, business_key: str):
+    proof = (ServingEpochBindingProof.objects.select_related("binding", "pack_generation")
+             .filter(epoch_id=epoch_pk, binding__kind=kind, binding__business_key=business_key).first())
+    if proof is None:
+        return None
+    b = proof.binding
+    return b, binding_definition_read(kind=kind, pack_generation_id=proof.pack_generation.generation_id,
+                                      pack_payload_digest=bytes(b.pack_payload_digest), business_key=b.business_key,
+                                      definition_version=b.definition_version)
+
+
+@lru_cache(maxsize=1024)
+def _route(epoch_digest: bytes, epoch_pk: int, account_id: int, channel: str) -> RouteProgram | None:
+    enabled = (ServiceConfigurationAccount.objects.filter(generation__epochs__pk=epoch_pk, account_id=account_id)
+               .values_list("enabled_routes", flat=True).first())
+    if not enabled or channel not in enabled:
+        return None
+    found = _definition(epoch_pk, BindingKind.INBOUND_ROUTE, channel)
+    if found is None:
+        return None
+    binding, proof = found
+    return compile_route(business_key=binding.business_key, version=binding.definition_version,
+                         definition_bytes=proof.definition, definition_digest=proof.canonical_definition_digest,
+                         pack_generation_id=proof.pack_generation_id)
+
+
+def route_for(*, epoch_pk: int, epoch_digest: bytes, account_id: int, channel: str) -> RouteProgram:
+    program = _route(bytes(epoch_digest), epoch_pk, account_id, channel)
+    if program is None:
+        raise ChannelNotFound(f"channel {channel!r} is not an enabled inbound route of this account's epoch")
+    return program
+
+
+@lru_cache(maxsize=1024)
+def _mapping(epoch_digest: bytes, epoch_pk: int, business_key: str) -> tuple[tuple[str, str], ...] | None:
+    import json
+
+    found = _definition(epoch_pk, BindingKind.FIELD_MAPPING, business_key)
+    if found is None:
+        return None
+    fields = json.loads(found[1].definition)["fields"]
+    return tuple((f["source"], f["target"]) for f in fields)
+
+
+def mapping_for(*, epoch_pk: int, epoch_digest: bytes, business_key: str) -> tuple[tuple[str, str], ...] | None:
+    return _mapping(bytes(epoch_digest), epoch_pk, business_key)
+
+
+def clear_caches() -> None:
+    _route.cache_clear()
+    _mapping.cache_clear()
