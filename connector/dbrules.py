@@ -65,6 +65,17 @@ BEGIN
   END IF;
   RETURN NEW;
 END $$;
+
+-- TG_ARGV[0] names a numeric column that may only grow (a lane high-water never moves back).
+CREATE OR REPLACE FUNCTION connector_never_decreases() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (to_jsonb(OLD) ->> TG_ARGV[0]) IS NOT NULL AND ((to_jsonb(NEW) ->> TG_ARGV[0]) IS NULL
+      OR (to_jsonb(NEW) ->> TG_ARGV[0])::numeric < (to_jsonb(OLD) ->> TG_ARGV[0])::numeric) THEN
+    RAISE EXCEPTION '%.% never decreases', TG_TABLE_NAME, TG_ARGV[0]
+      USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_monotonic';
+  END IF;
+  RETURN NEW;
+END $$;
 """
 
 DROP_FUNCTIONS_SQL = """
@@ -73,6 +84,7 @@ DROP FUNCTION IF EXISTS connector_forbid_update_delete() CASCADE;
 DROP FUNCTION IF EXISTS connector_only_columns_change() CASCADE;
 DROP FUNCTION IF EXISTS connector_enforce_transition() CASCADE;
 DROP FUNCTION IF EXISTS connector_fenced_row() CASCADE;
+DROP FUNCTION IF EXISTS connector_never_decreases() CASCADE;
 """
 
 
@@ -112,4 +124,11 @@ def fenced(table: str, state_column: str, timestamp_column: str) -> tuple[str, s
     name = f"{table}_fence_advance"
     return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
             f"EXECUTE FUNCTION connector_fenced_row({_quote_args([state_column, timestamp_column])});",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def never_decreases(table: str, column: str) -> tuple[str, str]:
+    name = f"{table}_monotonic"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_never_decreases({_quote_args([column])});",
             f"DROP TRIGGER IF EXISTS {name} ON {table};")

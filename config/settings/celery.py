@@ -9,6 +9,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "sweeper"
 CELERY_TASK_ROUTES = {
+    "connector.tasks.execution_claim_and_run": {"queue": "claims"},
+    "connector.tasks.lane_advance": {"queue": "claims"},
+    "connector.tasks.receipt_materialize": {"queue": "claims"},
     "connector.tasks.*": {"queue": "sweeper"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -16,5 +19,9 @@ CELERY_BEAT_SCHEDULE = {
     "sweeper-serving-epochs": {
         "task": "connector.tasks.serving_epoch_sweep",
         "schedule": 30.0,
+    },
+    "sweeper-inbound": {
+        "task": "connector.tasks.inbound_sweep",
+        "schedule": 5.0,
     },
 }

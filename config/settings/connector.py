@@ -4,4 +4,6 @@ from config.env import BASE_DIR, env_int, env_str
 CONNECTOR = {
     "SECRET_BACKEND_DIR": env_str("CONNECTOR_SECRET_DIR", str(BASE_DIR / ".data" / "secrets")),
     "GUARD_RETRY_LIMIT": env_int("CONNECTOR_GUARD_RETRY_LIMIT", 1),
+    "SIGNATURE_TOLERANCE_SECONDS": env_int("CONNECTOR_SIGNATURE_TOLERANCE_SECONDS", 300),
+    "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
 }

@@ -13,6 +13,7 @@ Route definition shape (JSON, frozen in a pack generation):
                   "gap_disposition": "quarantine_partition" | "skip_with_evidence"},
      "window": {"grouping_key": ptr, "max_members": int, "max_age_seconds": int} | absent (immediate),
      "projection": {"record_key": ptr},
+     "depends_on": {"source_event_key": ptr, "deadline_seconds": int} | absent (order_independent routes),
      "mapping": "<field_mapping business key>",
      "terminal_disposition": {"applied": "advance", "noop": "advance", "rejected": "advance",
                               "failed": "quarantine"}}
@@ -82,6 +83,7 @@ class NormalizedEvent:
     tie_breaker: bytes | None
     grouping_key: str
     record_key: str
+    depends_on: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,15 @@ class RouteProgram:
         record_key = ""
         if "projection" in self.definition:
             record_key = self._text(component, self.definition["projection"]["record_key"], "record_key")
+        depends_on = ""
+        spec = self.definition.get("depends_on")
+        if spec:
+            try:
+                depends_on = self._text(component, spec["source_event_key"], "depends_on")
+            except BodyUnparseable:
+                depends_on = ""  # the component declares no prerequisite
         return NormalizedEvent(
+            depends_on=depends_on,
             component=component_bytes,
             event_kind=self._text(component, n["event_kind"], "event_kind"),
             source_event_key=self._text(component, n["source_event_key"], "source_event_key"),
@@ -224,6 +234,9 @@ def compile_route(*, business_key: str, version: int, definition_bytes: bytes, d
     if definition["ordering_contract"] == "strict_source_sequence":
         if ordering.get("gap_disposition", "quarantine_partition") not in GAP_DISPOSITIONS:
             raise RouteDefinitionInvalid("gap_disposition is not closed")
+    if definition.get("depends_on") and (definition["ordering_contract"] != "order_independent"
+                                         or definition.get("window")):
+        raise RouteDefinitionInvalid("dependencies are supported on immediate order_independent routes")
     if definition.get("window") and definition["ordering_contract"] != "order_independent":
         raise RouteDefinitionInvalid("grouped windows are supported on order_independent routes")
     return RouteProgram(business_key, version, definition, bytes(definition_digest), pack_generation_id)

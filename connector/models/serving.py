@@ -147,6 +147,7 @@ class AccountServingGate(ConcurrentTransitionMixin, models.Model):
 
     class Meta:
         ordering = ["account_id"]
+        permissions = [("operate_accountservinggate", "Can apply serving-gate transitions")]
         constraints = [
             models.CheckConstraint(condition=Q(mode__in=GateMode.values), name="connector_gate_mode"),
             models.CheckConstraint(condition=Q(fence__gte=1), name="connector_gate_fence_positive"),
@@ -172,53 +173,65 @@ class AccountServingGate(ConcurrentTransitionMixin, models.Model):
         self.epoch_digest = None
         self._advance()
 
-    @transition(field=mode, source=GateMode.V1_SERVING, target=GateMode.HALTING_V1)
+    @transition(field=mode, source=GateMode.V1_SERVING, target=GateMode.HALTING_V1,
+                permission="connector.operate_accountservinggate")
     def halt_v1(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.HALTING_V1, target=GateMode.V1_SERVING)
+    @transition(field=mode, source=GateMode.HALTING_V1, target=GateMode.V1_SERVING,
+                permission="connector.operate_accountservinggate")
     def abort_halt_v1(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.HALTING_V1, target=GateMode.V1_STOPPED)
+    @transition(field=mode, source=GateMode.HALTING_V1, target=GateMode.V1_STOPPED,
+                permission="connector.operate_accountservinggate")
     def stop_v1(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V1_STOPPED, target=GateMode.V1_DRAINED)
+    @transition(field=mode, source=GateMode.V1_STOPPED, target=GateMode.V1_DRAINED,
+                permission="connector.operate_accountservinggate")
     def certify_drained(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V1_DRAINED, target=GateMode.V1_SERVING)
+    @transition(field=mode, source=GateMode.V1_DRAINED, target=GateMode.V1_SERVING,
+                permission="connector.operate_accountservinggate")
     def cold_abort(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V1_DRAINED, target=GateMode.V2_VALIDATING)
+    @transition(field=mode, source=GateMode.V1_DRAINED, target=GateMode.V2_VALIDATING,
+                permission="connector.operate_accountservinggate")
     def begin_validation(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V2_VALIDATING, target=GateMode.V1_DRAINED)
+    @transition(field=mode, source=GateMode.V2_VALIDATING, target=GateMode.V1_DRAINED,
+                permission="connector.operate_accountservinggate")
     def restore_v1(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V2_VALIDATING, target=GateMode.V2_SERVING)
+    @transition(field=mode, source=GateMode.V2_VALIDATING, target=GateMode.V2_SERVING,
+                permission="connector.operate_accountservinggate")
     def activate_first(self, *, epoch: ServingEpoch) -> None:
         self._bind(epoch)
 
-    @transition(field=mode, source=GateMode.V2_SERVING, target=GateMode.HALTING_V2)
+    @transition(field=mode, source=GateMode.V2_SERVING, target=GateMode.HALTING_V2,
+                permission="connector.operate_accountservinggate")
     def halt_v2(self) -> None:
         self._advance()
 
     @transition(field=mode, source=GateMode.HALTING_V2, target=GateMode.V2_HALTED,
+                permission="connector.operate_accountservinggate",
                 conditions=[lambda gate: not hooks.halt_blockers(gate)])
     def confirm_halted(self) -> None:
         self._advance()
 
     @transition(field=mode, source=GateMode.V2_HALTED, target=GateMode.V2_SERVING,
+                permission="connector.operate_accountservinggate",
                 conditions=[lambda gate: not hooks.resume_blockers(gate)])
     def resume_predecessor(self) -> None:
         self._advance()
 
-    @transition(field=mode, source=GateMode.V2_HALTED, target=GateMode.V2_SERVING)
+    @transition(field=mode, source=GateMode.V2_HALTED, target=GateMode.V2_SERVING,
+                permission="connector.operate_accountservinggate")
     def activate_successor(self, *, epoch: ServingEpoch) -> None:
         self._bind(epoch)
 

@@ -38,7 +38,7 @@ def _route(epoch_digest: bytes, epoch_pk: int, account_id: int, channel: str) ->
                .values_list("enabled_routes", flat=True).first())
     if not enabled or channel not in enabled:
         return None
-    found = _definition(epoch_pk, BindingKind.INBOUND_ROUTE, channel)
+    found = _definition(epoch_pk, BindingKind.INBOUND_ROUTE.value, channel)
     if found is None:
         return None
     binding, proof = found
@@ -58,7 +58,7 @@ def route_for(*, epoch_pk: int, epoch_digest: bytes, account_id: int, channel: s
 def _mapping(epoch_digest: bytes, epoch_pk: int, business_key: str) -> tuple[tuple[str, str], ...] | None:
     import json
 
-    found = _definition(epoch_pk, BindingKind.FIELD_MAPPING, business_key)
+    found = _definition(epoch_pk, BindingKind.FIELD_MAPPING.value, business_key)
     if found is None:
         return None
     fields = json.loads(found[1].definition)["fields"]

@@ -14,6 +14,7 @@ from connector.actors import Actor
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import ReceiptKind
 from connector.errors import ConnectorError
+from connector.faults import fault_point
 from connector.models import ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey
 from connector.selectors.routes import route_for
 from connector.services.guard import lock_serving
@@ -116,6 +117,7 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
         if found is None:  # pragma: no cover - the unique violation proves a committed row
             raise
         return found
+    fault_point("admission.after_receipt_commit")
     log.info("receipt admitted", extra={"receipt": receipt.pk, "account": account.account_key,
                                         "components": receipt.component_count, "epoch": ctx.epoch_id})
     return Admission("created", receipt, admission_key)

@@ -37,12 +37,15 @@ def _named_epoch(account_id: int) -> int | None:
 
 
 def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: bytes | None = None,
-                 expected_fence: int | None = None) -> ServingContext:
+                 expected_fence: int | None = None, settling: bool = False) -> ServingContext:
     """Lock and check the gate and its exact epoch inside the caller's transaction.
 
     Requires: gate `v2_serving`; `expected_fence` (if the caller acts on an observed fence) equal to the
     current fence; the gate's epoch ID and digest equal to the epoch row's and to the caller's (if given); the
     epoch `active`. Raises GateNotServing or FenceStale otherwise; the caller's transaction then writes nothing.
+
+    `settling=True` is for recording the outcome of already-claimed work (a Runtime result receipt), which the
+    seed lets finish while the gate drains: it also accepts `halting_v2` on the same exact epoch.
     """
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
     attempts = 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))
@@ -66,7 +69,8 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
         transaction.savepoint_rollback(sid)
     else:
         raise GateNotServing(f"account {account_id} gate kept moving between epochs; retry")
-    if gate.mode != GateMode.V2_SERVING:
+    allowed = (GateMode.V2_SERVING, GateMode.HALTING_V2) if settling else (GateMode.V2_SERVING,)
+    if gate.mode not in allowed:
         raise GateNotServing(f"account {account_id} gate is {gate.mode}, not v2_serving")
     if expected_fence is not None and gate.fence != expected_fence:
         raise FenceStale(f"account {account_id} gate fence is {gate.fence}, the writer observed {expected_fence}")

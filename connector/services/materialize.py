@@ -14,10 +14,12 @@ from django.utils import timezone
 from connector import locks
 from connector.canonical.profiles import profile_for
 from connector.choices import ComponentDisposition, ReceiptKind
+from connector.faults import fault_point
 from connector.interpreters.inbound import NormalizedEvent, RouteProgram
 from connector.models import (
     Event,
     Execution,
+    ExecutionDependency,
     MaterializationDue,
     OrderingLane,
     Projection,
@@ -110,7 +112,14 @@ def _immediate(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: Servi
         position=n.position, tie_breaker=n.tie_breaker, input=payload, input_digest=hashlib.sha256(payload).digest(),
         suppress_external_effects=suppress, lane_status="pending" if lane is not None else "")
     if lane is None:
-        out.executions.append(mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id).pk)
+        execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id)
+        if n.depends_on:
+            ExecutionDependency.objects.create(
+                execution=execution, requirement_key=n.depends_on,
+                deadline=timezone.now() + timedelta(seconds=int(route.definition["depends_on"]["deadline_seconds"])))
+            execution.wait_dependency()
+            execution.save()
+        out.executions.append(execution.pk)
     else:
         out.lanes.add(lane.pk)  # lane routes mint at claim time (lane_advance)
 
@@ -216,6 +225,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
                 payload_digest=hashlib.sha256(n.component).digest(), disposition=disposition,
                 event=None if disposition == ComponentDisposition.QUARANTINED else event, reason_code=reason)
             out.components += 1
+            fault_point("materialize.after_components")
             if disposition != ComponentDisposition.EVENT:
                 continue
             out.events.append(event.pk)

@@ -1,0 +1,20 @@
+"""Named crash points for the crash-injection tests. When CONNECTOR_FAULT_POINT names a point, the process
+kills itself with SIGKILL at that point (no cleanup, no rollback handlers: a real crash). Unset in production,
+where `fault_point` is a dictionary lookup and nothing else."""
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "admission.after_receipt_commit",  # Receipt durable, HTTP answer not sent, children not materialized
+    "materialize.after_components",  # some children written in an uncommitted transaction
+    "claim.after_commit",  # Execution claimed, Runtime not called
+    "runtime.after_commit",  # Runtime committed the result, connector has not recorded it
+    "result.before_commit",  # connector recording the result, not yet committed
+)
+
+
+def fault_point(name: str) -> None:
+    if os.environ.get("CONNECTOR_FAULT_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

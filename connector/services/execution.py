@@ -1,0 +1,239 @@
+"""Lanes, claims and results: the claimant's write paths.
+
+- `lane_advance` applies the lane's ordering contract and mints at most one active Execution per lane.
+- `execution_claim` takes a ready Execution with `FOR UPDATE SKIP LOCKED`, appends an Attempt and a fenced lease.
+- `execution_run` submits the command with its ExecutionRef to Runtime and records the result.
+- `execution_record_result` closes the Execution from the Runtime result receipt only, and advances the lane
+  high-water in the same fenced transaction (CV2-06-014, CV2-07, CV2-08).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from connector import locks
+from connector.choices import ExecutionState, LaneState, OrderingContract
+from connector.errors import ConnectorError, TransitionRefused
+from connector.faults import fault_point
+from connector.models import (
+    Execution,
+    ExecutionAttempt,
+    GapDecision,
+    OrderingLane,
+    Projection,
+    ProjectionWindow,
+    SupersededDecision,
+)
+from connector.selectors.routes import route_for
+from connector.services import runtime
+from connector.services.guard import lock_serving
+from connector.services.materialize import mint_execution, window_seal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimToken:
+    execution_pk: int
+    lease_fence: int
+    holder: str
+
+
+def _supersede(lane: OrderingLane, projection: Projection, reason: str, selected: Decimal | None) -> None:
+    SupersededDecision.objects.create(lane=lane, projection=projection, position=projection.position,
+                                      high_water_at_decision=lane.high_water, selected_position=selected,
+                                      reason=reason)
+    Projection.objects.filter(pk=projection.pk, lane_status="pending").update(lane_status="superseded")
+
+
+def lane_advance(*, lane_pk: int) -> Execution | None:
+    """One fenced step of a lane: for `latest_source_position`, supersede everything but the greatest pending
+    position above the high-water and mint its Execution; for `strict_source_sequence`, supersede positions
+    at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
+    lease is held while it waits). Nothing happens while the lane has an active Execution or is halted."""
+    lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
+    with transaction.atomic():
+        ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
+                           epoch_digest=bytes(lane.epoch.digest))
+        lane = locks.lane_for_update(lane_pk)
+        if lane.active_execution_id is not None or lane.state != LaneState.OPEN:
+            return None
+        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
+                          channel=lane.route)
+        pending = list(Projection.objects.filter(lane=lane, lane_status="pending")
+                       .order_by("position", "tie_breaker", "pk"))
+        if not pending:
+            return None
+        chosen = None
+        hw = lane.high_water
+        if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
+            settle = int(route.ordering.get("settle_seconds", 0))
+            if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
+                return None  # the settle window is still open
+            top = pending[-1]
+            for p in pending:
+                if hw is not None and p.position <= hw:
+                    _supersede(lane, p, "at_or_below_high_water", None)
+                elif p is not top:
+                    _supersede(lane, p, "lower_than_selected", top.position)
+            if hw is None or top.position > hw:
+                chosen = top
+        else:  # strict_source_sequence
+            expected = (hw + 1) if hw is not None else Decimal(route.ordering.get("first_position", 1))
+            for p in pending:
+                if p.position < expected:
+                    _supersede(lane, p, "at_or_below_high_water", None)
+                elif p.position == expected and chosen is None:
+                    chosen = p
+            if chosen is None:
+                if lane.gap_since is None:
+                    OrderingLane.objects.filter(pk=lane.pk).update(gap_since=timezone.now(), fence=lane.fence + 1)
+                return None
+        if chosen is None:
+            OrderingLane.objects.filter(pk=lane.pk).update(fence=lane.fence + 1)
+            return None
+        execution = mint_execution(projection=chosen, route=route, ctx=ctx, profile_id=lane.epoch.profile_id,
+                                   lane=lane)
+        OrderingLane.objects.filter(pk=lane.pk).update(active_execution=execution, gap_since=None,
+                                                       fence=lane.fence + 1)
+        return execution
+
+
+def lane_gap_deadline(*, lane_pk: int) -> str | None:
+    """Apply the frozen gap disposition once a strict lane's gap outlived its deadline: `quarantine_partition`
+    halts the lane with a reason code; `skip_with_evidence` appends a GapDecision and moves past the gap."""
+    lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
+    with transaction.atomic():
+        ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
+                           epoch_digest=bytes(lane.epoch.digest))
+        lane = locks.lane_for_update(lane_pk)
+        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
+                          channel=lane.route)
+        deadline = int(route.ordering.get("gap_deadline_seconds", 300))
+        if (lane.contract != OrderingContract.STRICT_SOURCE_SEQUENCE or lane.gap_since is None
+                or lane.active_execution_id or lane.state != LaneState.OPEN
+                or lane.gap_since > timezone.now() - timedelta(seconds=deadline)):
+            return None
+        expected = (lane.high_water + 1) if lane.high_water is not None else Decimal(
+            route.ordering.get("first_position", 1))
+        nxt = (Projection.objects.filter(lane=lane, lane_status="pending", position__gt=expected)
+               .order_by("position").values_list("position", flat=True).first())
+        disposition = route.ordering.get("gap_disposition", "quarantine_partition")
+        GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
+        if disposition == "skip_with_evidence" and nxt is not None:
+            OrderingLane.objects.filter(pk=lane.pk).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
+        else:
+            OrderingLane.objects.filter(pk=lane.pk).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
+                                                           fence=lane.fence + 1)
+        return disposition
+
+
+def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | None = None) -> ClaimToken | None:
+    """Claim one ready Execution whose lease is free or expired: lock gate and epoch (guard), then the Execution
+    `FOR UPDATE SKIP LOCKED`, append an Attempt and a new lease fence. An expired lease is reacquired with the
+    same Execution identity and command (CV2-07)."""
+    now = timezone.now()
+    candidates = Execution.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+                                          state=ExecutionState.READY)
+    if account_id is not None:
+        candidates = candidates.filter(account_id=account_id)
+    for pk, acct, epoch_pk in candidates.order_by("pk").values_list("pk", "account_id", "epoch_id")[:20]:
+        try:
+            with transaction.atomic():
+                ctx = lock_serving(account_id=acct)
+                if ctx.epoch_pk != epoch_pk:
+                    continue
+                execution = locks.execution_for_update(pk, skip_locked=True)
+                now = timezone.now()
+                if (execution is None or execution.state != ExecutionState.READY
+                        or (execution.lease_expires_at is not None and execution.lease_expires_at >= now)):
+                    continue
+                ordinal = execution.attempt_count + 1
+                fence = execution.lease_fence + 1
+                expires = now + timedelta(seconds=lease_seconds)
+                ExecutionAttempt.objects.create(execution=execution, ordinal=ordinal, holder=holder, lease_fence=fence,
+                                                lease_expires_at=expires)
+                Execution.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence, lease_holder=holder,
+                                                       lease_expires_at=expires)
+                token = ClaimToken(pk, fence, holder)
+        except ConnectorError as exc:
+            log.info("claim skipped", extra={"execution": pk, "code": exc.code})
+            continue
+        fault_point("claim.after_commit")
+        return token
+    return None
+
+
+def execution_run(*, token: ClaimToken) -> Execution:
+    """Submit the claimed command to Runtime (its own transaction) and record the result. Safe to repeat."""
+    execution = Execution.objects.select_related("projection").get(pk=token.execution_pk)
+    receipt = runtime.runtime_command_apply(command_id=execution.command_id,
+                                            execution_ref=bytes(execution.execution_ref),
+                                            input=bytes(execution.projection.input), account_id=execution.account_id)
+    fault_point("runtime.after_commit")
+    return execution_record_result(execution_pk=execution.pk, command_id=receipt.command_id,
+                                   execution_ref_digest=receipt.execution_ref_digest)
+
+
+def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes) -> Execution:
+    """Close an Execution from the Runtime result receipt (read back from Runtime, never from the caller's
+    word), and under the route's frozen terminal-disposition policy either complete it and advance the lane
+    high-water, or quarantine it and halt the partition, in one fenced transaction. Idempotent."""
+    execution = Execution.objects.select_related("epoch", "projection").get(pk=execution_pk)
+    if execution.command_id != command_id:
+        raise TransitionRefused("the result names another command")
+    result = runtime.runtime_result_get(command_id=command_id, execution_ref_digest=execution_ref_digest)
+    if result is None or bytes(execution.execution_ref_digest) != bytes(execution_ref_digest):
+        raise TransitionRefused("no Runtime result receipt for this exact command and ExecutionRef")
+    with transaction.atomic():
+        ctx = lock_serving(account_id=execution.account_id, epoch_id=execution.epoch.epoch_id,
+                           epoch_digest=bytes(execution.epoch.digest), settling=True)
+        lane = locks.lane_for_update(execution.lane_id) if execution.lane_id else None
+        execution = locks.execution_for_update(execution_pk)
+        if execution.state in (ExecutionState.COMPLETED, ExecutionState.QUARANTINED):
+            return execution
+        if execution.state != ExecutionState.READY:
+            raise TransitionRefused(f"execution is {execution.state}")
+        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=execution.account_id,
+                          channel=execution.projection.route)
+        if route.terminal_disposition(result.outcome) == "advance":
+            execution.complete(outcome=result.outcome, result_digest=result.result_digest,
+                               runtime_receipt=result.receipt)
+        else:
+            execution.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
+                                 result_digest=result.result_digest, runtime_receipt=result.receipt)
+        execution.save()
+        if lane is not None:
+            position = execution.projection.position
+            if execution.state == ExecutionState.COMPLETED:
+                high = position if lane.high_water is None or position > lane.high_water else lane.high_water
+                OrderingLane.objects.filter(pk=lane.pk).update(
+                    high_water=high, high_water_tie=execution.projection.tie_breaker, active_execution=None,
+                    fence=lane.fence + 1)
+            else:
+                OrderingLane.objects.filter(pk=lane.pk).update(active_execution=None, state=LaneState.HALTED,
+                                                               halt_reason=execution.quarantine_reason,
+                                                               fence=lane.fence + 1)
+        fault_point("result.before_commit")
+        return execution
+
+
+def window_seal_due(*, window_pk: int) -> Execution | None:
+    """Seal a window whose max age passed (the sweeper's close policy). Races new input on the window row lock:
+    whichever commits first decides the membership; later input opens a successor window."""
+    window = ProjectionWindow.objects.select_related("epoch").get(pk=window_pk)
+    with transaction.atomic():
+        ctx = lock_serving(account_id=window.account_id, epoch_id=window.epoch.epoch_id,
+                           epoch_digest=bytes(window.epoch.digest))
+        window = locks.window_for_update(window_pk)
+        if window.state != "open" or window.closes_at > timezone.now() or window.member_count == 0:
+            return None
+        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=window.account_id,
+                          channel=window.route)
+        return window_seal(window, route, ctx, window.epoch.profile_id)

@@ -1,0 +1,112 @@
+"""Replay admission: an immutable ReplayRequest and its inert replay Receipt in one guarded transaction
+(CV2-09). Only `suppress_external_effects` is accepted. The same request ID byte-compares and returns the same
+request; a mismatch fails closed; a different ID is a separate generation. The predecessor stays byte-identical."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from connector.actors import Actor
+from connector.canonical.encoding import encode
+from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode
+from connector.errors import ConnectorError
+from connector.models import MaterializationDue, Receipt, ReceiptComponent, ReplayRequest
+from connector.receipts import rec
+from connector.services.admission import account_get
+from connector.services.guard import lock_serving
+from connector.services.owners import ident
+
+REPLAY_PROTOCOL = "nexuscrm.connector.replay-request.v1"
+
+
+class ReplayModeRefused(ConnectorError):
+    """Only `suppress_external_effects` replays are accepted."""
+
+    code = "REPLAY_MODE_REFUSED"
+    http_status = 400
+
+
+class ReplayMismatch(ConnectorError):
+    """This ReplayRequest ID exists with different bytes; nothing was written."""
+
+    code = "REPLAY_MISMATCH"
+    http_status = 409
+
+
+class ReplayPredecessorInvalid(ConnectorError):
+    """The predecessor ref does not name an exact event with the authorized payload digest."""
+
+    code = "REPLAY_PREDECESSOR_INVALID"
+    http_status = 422
+
+
+@dataclass(frozen=True)
+class ReplayAdmission:
+    outcome: str  # "created" | "duplicate"
+    request: ReplayRequest
+    receipt: Receipt
+
+
+def _request_digest(*, account_key: str, request_id: str, epoch_id: str, epoch_digest: bytes,
+                    predecessor_event_id: int, predecessor_payload_digest: bytes, reason: str, principal: str,
+                    mode: str) -> bytes:
+    return hashlib.sha256(encode(REPLAY_PROTOCOL, rec(
+        account_key=account_key, request_id=request_id, target_epoch_id=epoch_id, target_epoch_digest=epoch_digest,
+        predecessor_event_id=predecessor_event_id, predecessor_payload_digest=predecessor_payload_digest,
+        reason=reason, principal=principal, mode=mode))).digest()
+
+
+def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: str, target_epoch_digest: bytes,
+                         predecessor_event_id: int, predecessor_payload_digest: bytes, reason: str, principal: str,
+                         mode: str, actor: Actor) -> ReplayAdmission:
+    """Admit one ReplayRequest and its replay Receipt, which copies the exact predecessor component bytes whose
+    digest was authorized. The request and Receipt are inert until materialized under the same guard."""
+    request_id = ident(request_id, "request_id")
+    principal = ident(principal, "principal")
+    if mode != ReplayMode.SUPPRESS_EXTERNAL_EFFECTS:
+        raise ReplayModeRefused(f"replay mode {mode!r} is refused; only suppress_external_effects is valid")
+    if not reason.strip():
+        raise ReplayPredecessorInvalid("a replay needs a reason")
+    account = account_get(account_key)
+    digest = _request_digest(account_key=account.account_key, request_id=request_id, epoch_id=target_epoch_id,
+                             epoch_digest=bytes(target_epoch_digest), predecessor_event_id=predecessor_event_id,
+                             predecessor_payload_digest=bytes(predecessor_payload_digest), reason=reason,
+                             principal=principal, mode=mode)
+    existing = ReplayRequest.objects.select_related("receipt").filter(account=account, request_id=request_id).first()
+    if existing is not None:
+        if not hmac.compare_digest(bytes(existing.request_digest), digest):
+            raise ReplayMismatch(f"replay request {request_id} exists with different bytes")
+        return ReplayAdmission("duplicate", existing, existing.receipt)
+    component = (ReceiptComponent.objects.filter(event_id=predecessor_event_id, event__account=account,
+                                                 disposition=ComponentDisposition.EVENT)
+                 .select_related("event").first())
+    if component is None or not hmac.compare_digest(hashlib.sha256(bytes(component.payload)).digest(),
+                                                    bytes(predecessor_payload_digest)):
+        raise ReplayPredecessorInvalid("predecessor event and authorized payload digest do not match exactly")
+    try:
+        with transaction.atomic():
+            ctx = lock_serving(account_id=account.pk, epoch_id=target_epoch_id, epoch_digest=target_epoch_digest)
+            request = ReplayRequest.objects.create(
+                account=account, request_id=request_id, target_epoch_id=ctx.epoch_pk,
+                target_epoch_digest=ctx.epoch_digest, predecessor_event=component.event,
+                predecessor_payload_digest=bytes(predecessor_payload_digest), reason=reason, principal=principal,
+                mode=mode, request_digest=digest, gate_fence=ctx.fence)
+            receipt = Receipt.objects.create(
+                account=account, epoch_id=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, gate_fence=ctx.fence,
+                kind=ReceiptKind.REPLAY, channel=component.event.route, payload=bytes(component.payload),
+                payload_digest=bytes(predecessor_payload_digest), component_count=1, replay_request=request)
+            MaterializationDue.objects.create(receipt=receipt)
+    except IntegrityError:
+        existing = ReplayRequest.objects.select_related("receipt").filter(account=account,
+                                                                          request_id=request_id).first()
+        if existing is None:
+            raise
+        if not hmac.compare_digest(bytes(existing.request_digest), digest):
+            raise ReplayMismatch(f"replay request {request_id} exists with different bytes") from None
+        return ReplayAdmission("duplicate", existing, existing.receipt)
+    return ReplayAdmission("created", request, receipt)
+
+

@@ -1,0 +1,116 @@
+"""Runtime: the application side. It commits the CRM mutation and the immutable ApplicationResult in one
+transaction; the same command + ExecutionRef digest returns the stored result, and a mismatched digest fails
+closed (CV2-08). It resolves everything through the frozen epoch named in the ExecutionRef."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from connector.canonical.encoding import decode, encode
+from connector.errors import ConnectorError
+from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
+from connector.models import ApplicationResult, CrmRecord, ServingEpoch
+from connector.receipts import rec
+from connector.selectors.routes import mapping_for, route_for
+
+RESULT_RECEIPT_PROTOCOL = "nexuscrm.runtime.result-receipt.v1"
+
+
+class RuntimeResultMismatch(ConnectorError):
+    """A command ID was presented with a different ExecutionRef digest: indistinguishable from a missing result."""
+
+    code = "RUNTIME_RESULT_MISMATCH"
+    http_status = 409
+    operator_action = "Quarantine: the command identity and its ExecutionRef disagree."
+
+
+@dataclass(frozen=True)
+class ResultReceipt:
+    command_id: str
+    execution_ref_digest: bytes
+    outcome: str
+    result_digest: bytes
+    receipt: bytes
+
+
+def _receipt(result: ApplicationResult) -> ResultReceipt:
+    return ResultReceipt(result.command_id, bytes(result.execution_ref_digest), result.outcome,
+                         bytes(result.result_digest), bytes(result.receipt))
+
+
+def runtime_result_get(*, command_id: str, execution_ref_digest: bytes) -> ResultReceipt | None:
+    """Query a command's stored result; a digest mismatch fails closed."""
+    result = ApplicationResult.objects.filter(command_id=command_id).first()
+    if result is None:
+        return None
+    if not hmac.compare_digest(bytes(result.execution_ref_digest), bytes(execution_ref_digest)):
+        raise RuntimeResultMismatch(f"command {command_id} is bound to another ExecutionRef")
+    return _receipt(result)
+
+
+def _apply_record(account_id: int, record_key: str, values: dict, command_id: str) -> str:
+    if "email" in values and "@" not in str(values["email"]):
+        return "rejected"
+    record = CrmRecord.objects.select_for_update().filter(account_id=account_id, record_key=record_key).first()
+    if record is None:
+        CrmRecord.objects.create(account_id=account_id, record_key=record_key, fields=values, version=1,
+                                 last_command_id=command_id)
+        return "applied"
+    merged = {**record.fields, **values}
+    if merged == record.fields:
+        return "noop"
+    CrmRecord.objects.filter(pk=record.pk).update(fields=merged, version=record.version + 1,
+                                                  last_command_id=command_id)
+    return "applied"
+
+
+def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes, account_id: int) -> ResultReceipt:
+    """Apply one command exactly once. Repeating it (after a lost response, a lease expiry) returns the stored
+    result without applying anything again."""
+    ref_digest = hashlib.sha256(bytes(execution_ref)).digest()
+    found = runtime_result_get(command_id=command_id, execution_ref_digest=ref_digest)
+    if found is not None:
+        return found
+    _, ref = decode(bytes(execution_ref))
+    fields = dict(ref)
+    epoch = ServingEpoch.objects.filter(digest=fields["epoch_digest"]).first()
+    if epoch is None:
+        raise RuntimeResultMismatch("the ExecutionRef names no exact epoch")
+    route = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=account_id,
+                      channel=fields["route"])
+    mapping = mapping_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), business_key=route.mapping_key) \
+        if route.mapping_key else None
+    data = json.loads(bytes(input))
+    items = data["members"] if "members" in data else [data]
+    try:
+        with transaction.atomic():
+            outcomes = []
+            for item in items:
+                try:
+                    values = ({target: resolve_pointer(item["data"], source) for source, target in mapping}
+                              if mapping else dict(item["data"]))
+                except BodyUnparseable:
+                    outcomes.append("rejected")
+                    continue
+                if not item.get("record_key"):
+                    outcomes.append("rejected")
+                    continue
+                outcomes.append(_apply_record(account_id, item["record_key"], values, command_id))
+            outcome = ("applied" if "applied" in outcomes else "noop" if "noop" in outcomes else "rejected")
+            result_digest = hashlib.sha256(encode(RESULT_RECEIPT_PROTOCOL + "/result", rec(
+                command_id=command_id, outcome=outcome, items=list(outcomes)))).digest()
+            receipt = encode(RESULT_RECEIPT_PROTOCOL, rec(command_id=command_id, execution_ref_digest=ref_digest,
+                                                          outcome=outcome, result_digest=result_digest))
+            pending = ApplicationResult.objects.create(
+                command_id=command_id, execution_ref_digest=ref_digest, outcome=outcome, result_digest=result_digest,
+                receipt=receipt, detail=",".join(outcomes))
+            return _receipt(pending)
+    except IntegrityError:  # a concurrent apply of the same command committed first
+        found = runtime_result_get(command_id=command_id, execution_ref_digest=ref_digest)
+        if found is None:
+            raise
+        return found

@@ -1,0 +1,68 @@
+"""Transport authentication: HMAC-SHA256 over `<t>.` + the exact body, keyed by the account's exact credential
+generation for the route's inbound CredentialRef, selected through the active epoch's frozen configuration
+(never a mutable credential name or a newer secret). Header: `Connector-Signature: t=<unix>,v1=<hex>`."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+
+from django.conf import settings
+
+from connector.errors import ConnectorError
+from connector.models import AccountServingGate, ServiceConfigurationCredentialMapping, ServingEpochBindingProof
+from connector.secrets import secret_backend
+
+
+class SignatureInvalid(ConnectorError):
+    """The Connector-Signature header is missing, malformed, outside the time tolerance, or does not match."""
+
+    code = "SIGNATURE_INVALID"
+    http_status = 401
+    operator_action = "Sign `<t>.<body>` with the account's current signing credential generation."
+
+
+def parse_header(header: str | None) -> tuple[int, bytes]:
+    if not header:
+        raise SignatureInvalid("Connector-Signature header is missing")
+    parts = dict(item.split("=", 1) for item in header.split(",") if "=" in item)
+    try:
+        return int(parts["t"]), bytes.fromhex(parts["v1"])
+    except (KeyError, ValueError) as exc:
+        raise SignatureInvalid("Connector-Signature must be t=<unix>,v1=<hex>") from exc
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    mac = hmac.new(secret, f"{timestamp}.".encode() + bytes(body), hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def signing_secret(*, account_id: int, channel: str) -> bytes | None:
+    """The exact secret of the account's signing credential generation for this channel in the active epoch."""
+    gate = AccountServingGate.objects.filter(account_id=account_id).values("epoch_id").first()
+    if not gate or gate["epoch_id"] is None:
+        return None
+    proof = (ServingEpochBindingProof.objects.select_related("binding", "epoch")
+             .filter(epoch_id=gate["epoch_id"], binding__kind="inbound_route", binding__business_key=channel).first())
+    if proof is None or not proof.binding.credential_refs:
+        return None
+    mapping = (ServiceConfigurationCredentialMapping.objects.select_related("credential_generation")
+               .filter(generation_id=proof.epoch.configuration_id, account_id=account_id,
+                       credential_ref=proof.binding.credential_refs[0]).first())
+    if mapping is None:
+        return None
+    return secret_backend().read(mapping.credential_generation.secret_version_ref)
+
+
+def signature_verify(*, account_id: int, channel: str, header: str | None, body: bytes,
+                     now: float | None = None) -> None:
+    timestamp, given = parse_header(header)
+    tolerance = int(settings.CONNECTOR.get("SIGNATURE_TOLERANCE_SECONDS", 300))
+    if abs((now if now is not None else time.time()) - timestamp) > tolerance:
+        raise SignatureInvalid(f"signature timestamp is outside the {tolerance}s tolerance")
+    secret = signing_secret(account_id=account_id, channel=channel)
+    if secret is None:
+        raise SignatureInvalid("no signing credential for this account and channel in the active epoch")
+    expected = hmac.new(secret, f"{timestamp}.".encode() + bytes(body), hashlib.sha256).digest()
+    if not hmac.compare_digest(expected, given):
+        raise SignatureInvalid("signature does not match")

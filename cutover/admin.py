@@ -1,0 +1,78 @@
+"""Operator admin of the cutover journal: read-only inspection of CutoverDecision.
+
+CutoverDecision lives in the `journal` database; the admin needs nothing special for it because its default
+manager reads through `config.routers.JournalRouter` (and the change view's transaction opens on the router's
+write database). The decision changes only through the cutover coordinators, so nothing is added, edited or
+deleted here (STYLE R15). This module deliberately does not import connector's admin (apps meet only through
+services and selectors); the shared look comes from the `admin/cv2/` templates.
+"""
+from __future__ import annotations
+
+from django.contrib import admin
+from django.utils.html import format_html, format_html_join
+
+from cutover.choices import DECISION_TRANSITIONS, DecisionState
+from cutover.models import CutoverDecision
+
+_TONES = {
+    DecisionState.ROLLBACK_OPEN: "info",
+    DecisionState.ACTIVATING_V2: "warn",
+    DecisionState.V2_COMMITTED: "ok",
+    DecisionState.RESTORING_V1: "warn",
+    DecisionState.V1_RESTORED: "idle",
+}
+
+
+def _badge(value: str):
+    return format_html('<span class="cv2-badge cv2-tone-{}">{}</span>', _TONES.get(value, "idle"), value)
+
+
+@admin.register(CutoverDecision)
+class CutoverDecisionAdmin(admin.ModelAdmin):
+    fact_description = ("The sole activation-versus-restore decision of one service cutover attempt, kept in the "
+                        "journal database so it survives the restore it arbitrates. Owned by the cutover "
+                        "coordinators; the branch never changes because time passed (CV2-12-062) and the fence "
+                        "advances on every transition.")
+    change_list_template = "admin/cv2/fact_change_list.html"
+    change_form_template = "admin/cv2/fact_change_form.html"
+    list_display = ("attempt_key", "state_badge", "fence", "changed_at", "created_at")
+    list_filter = ("state",)
+    search_fields = ("attempt_key",)
+    date_hierarchy = "created_at"
+    fieldsets = (
+        (None, {"fields": ("attempt_key", "state_badge", "fence", "changed_at", "created_at")}),
+        ("Transitions", {"fields": ("available_transitions", "diagram")}),
+    )
+    readonly_fields = ("attempt_key", "state_badge", "fence", "changed_at", "created_at", "available_transitions",
+                       "diagram")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"fact_description": self.fact_description, **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url,
+                                   {"fact_description": self.fact_description, **(extra_context or {})})
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return _badge(obj.state)
+
+    @admin.display(description="next transitions (coordinators only)")
+    def available_transitions(self, obj):
+        return ", ".join(f"{t.name} → {t.target}" for t in obj.get_available_state_transitions()) or "none (final)"
+
+    @admin.display(description="state machine")
+    def diagram(self, obj):
+        rows = format_html_join("", '<tr class="{}"><td>{}</td><td>→</td><td>{}</td></tr>', (
+            ("cv2-current" if source == obj.state else "", _badge(source), _badge(target))
+            for source, target in DECISION_TRANSITIONS))
+        return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
