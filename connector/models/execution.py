@@ -39,6 +39,9 @@ class ProjectionWindow(ConcurrentTransitionMixin, models.Model):
                                     name="connector_window_one_open_per_key"),
         ]
 
+    def __str__(self) -> str:
+        return f"window #{self.pk} {self.grouping_key} ({self.state})"
+
     @transition(field=state, source=WindowState.OPEN, target=WindowState.SEALED)
     def seal(self, *, at) -> None:
         self.sealed_at = at
@@ -96,6 +99,9 @@ class Projection(models.Model):
         indexes = [models.Index(fields=["lane", "position"], name="connector_proj_lane_pending",
                                 condition=Q(lane_status="pending"))]
 
+    def __str__(self) -> str:
+        return f"projection #{self.pk} {self.route}"
+
 
 class Execution(ConcurrentTransitionMixin, models.Model):
     """One immutable execution generation of a Projection. Retry reuses its identity (new Attempt, same
@@ -134,6 +140,9 @@ class Execution(ConcurrentTransitionMixin, models.Model):
         ]
         indexes = [models.Index(fields=["account", "state", "lease_expires_at"], name="connector_exec_claimable",
                                 condition=Q(state="ready"))]
+
+    def __str__(self) -> str:
+        return f"execution #{self.pk} gen {self.generation} ({self.state})"
 
     @transition(field=state, source=ExecutionState.READY, target=ExecutionState.WAITING_DEPENDENCY)
     def wait_dependency(self) -> None:

@@ -30,6 +30,9 @@ class V1AcceptanceTombstone(models.Model):
         constraints = [models.UniqueConstraint(fields=["account", "channel", "transport_key"],
                                                name="connector_v1tombstone_unique_key")]
 
+    def __str__(self) -> str:
+        return f"V1 tombstone {self.transport_key!r}"
+
 
 class ReplayRequest(models.Model):
     """Immutable operator authorization of one replay, never an Event state. Invariant: one per (account,
@@ -54,6 +57,9 @@ class ReplayRequest(models.Model):
             models.UniqueConstraint(fields=["account", "request_id"], name="connector_replayrequest_unique_id"),
             models.CheckConstraint(condition=Q(mode__in=ReplayMode.values), name="connector_replayrequest_mode"),
         ]
+
+    def __str__(self) -> str:
+        return f"replay {self.request_id}"
 
 
 class Receipt(models.Model):
@@ -83,6 +89,9 @@ class Receipt(models.Model):
         ]
         indexes = [models.Index(fields=["account", "created_at"], name="connector_receipt_acct_time")]
 
+    def __str__(self) -> str:
+        return f"receipt #{self.pk} ({self.kind}, {self.channel})"
+
 
 class ReceiptAdmissionKey(models.Model):
     """The sole transport-idempotency authority: one per (account, channel, transport key), bound to exactly one
@@ -106,6 +115,9 @@ class ReceiptAdmissionKey(models.Model):
                                               | Q(receipt__isnull=True, tombstone__isnull=False)),
                                    name="connector_admissionkey_one_target"),
         ]
+
+    def __str__(self) -> str:
+        return f"key {self.transport_key!r} on {self.channel}"
 
 
 class ReceiptComponent(models.Model):
@@ -171,6 +183,9 @@ class Event(models.Model):
             models.CheckConstraint(condition=Q(replay_request__isnull=True) | Q(predecessor__isnull=False),
                                    name="connector_event_replay_has_predecessor"),
         ]
+
+    def __str__(self) -> str:
+        return f"event {self.source_event_key}" + (f" (replay)" if self.replay_request_id else "")
 
 
 class MaterializationDue(models.Model):

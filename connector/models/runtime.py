@@ -25,6 +25,9 @@ class CrmRecord(models.Model):
         ordering = ["pk"]
         constraints = [models.UniqueConstraint(fields=["account", "record_key"], name="connector_crmrecord_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.record_key} v{self.version}"
+
 
 class ApplicationResult(models.Model):
     """The immutable terminal application outcome of one Runtime command. Invariant: one per command ID (one per
@@ -42,3 +45,7 @@ class ApplicationResult(models.Model):
         ordering = ["pk"]
         constraints = [models.CheckConstraint(condition=models.Q(outcome__in=ResultOutcome.values),
                                               name="connector_applicationresult_outcome")]
+
+
+    def __str__(self) -> str:
+        return f"{self.command_id}: {self.outcome}"
