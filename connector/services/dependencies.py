@@ -7,6 +7,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from connector import locks
+from connector.actors import Actor
+from connector.services.audit import audit_record
 from connector.choices import DependencyState, ExecutionState
 from connector.models import Execution, ExecutionDependency
 from connector.services.guard import lock_serving
@@ -42,6 +44,8 @@ def dependency_resolve(*, dependency_pk: int, reject_evidence: str = "") -> str:
         else:
             return dependency.state
         dependency.save()
+        audit_record(actor=Actor.system("sweeper"), entity=dependency, action="dependency_resolve",
+                     from_state=DependencyState.WAITING, to_state=dependency.state, reason=dependency.evidence)
         if execution.state == ExecutionState.WAITING_DEPENDENCY:
             if dependency.state in (DependencyState.EXPIRED, DependencyState.REJECTED):
                 execution.quarantine(reason=f"DEPENDENCY_{dependency.state.upper()}")

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from connector import locks
+from connector.actors import Actor
 from connector.choices import ExecutionState, LaneState, OrderingContract
 from connector.errors import ConnectorError, TransitionRefused
 from connector.faults import fault_point
@@ -32,10 +33,12 @@ from connector.models import (
 )
 from connector.selectors.routes import route_for
 from connector.services import runtime
+from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.materialize import mint_execution, window_seal
 
 log = logging.getLogger(__name__)
+CLAIMANT = Actor.system("claimant")
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
                .order_by("position").values_list("position", flat=True).first())
         disposition = route.ordering.get("gap_disposition", "quarantine_partition")
         GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
+        audit_record(actor=CLAIMANT, entity=lane, action="lane_gap_deadline", fence=lane.fence + 1,
+                     reason=f"{disposition}: expected {expected}, next available {nxt}")
         if disposition == "skip_with_evidence" and nxt is not None:
             OrderingLane.objects.filter(pk=lane.pk).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
         else:
@@ -209,6 +214,9 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
             execution.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
                                  result_digest=result.result_digest, runtime_receipt=result.receipt)
         execution.save()
+        audit_record(actor=CLAIMANT, entity=execution, action="execution_record_result",
+                     from_state=ExecutionState.READY, to_state=execution.state,
+                     evidence_digest=bytes(result.result_digest), reason=result.outcome)
         if lane is not None:
             position = execution.projection.position
             if execution.state == ExecutionState.COMPLETED:
