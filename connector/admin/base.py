@@ -17,50 +17,35 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.http import urlencode
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-from connector import hooks
 from connector.actors import Actor
 from connector.canonical.encoding import CanonicalEncodingError, Record, decode
 from connector.choices import (
-    CREDENTIAL_GATE_TRANSITIONS,
-    EPOCH_TRANSITIONS,
-    GATE_TRANSITIONS,
     CredentialGateMode,
     EpochState,
     GateMode,
 )
-from connector.errors import ConnectorError, FenceStale, PermissionRefused, TransitionRefused
+from connector.errors import ConnectorError, FenceStale, PermissionRefused
 from connector.models import (
-    AccountServingGate,
     AuditRecord,
     BindingDefinition,
     CatalogBinding,
-    ConnectorAccount,
-    CredentialGeneration,
-    CredentialGenerationDispatchGate,
-    IntegrationBindingView,
-    PackGeneration,
     ServiceConfigurationAccount,
     ServiceConfigurationCredentialMapping,
-    ServiceConfigurationGeneration,
     ServingEpoch,
     ServingEpochBindingProof,
     ServingEpochCredentialProof,
 )
-from connector.services import gates as gate_services
-from connector.services import serving as serving_services
 
 EMPTY = "-"  # the admin's own empty_value_display
 AUDIT_TRAIL_LIMIT = 200

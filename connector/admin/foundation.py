@@ -1,51 +1,35 @@
 """Registrations of the foundation facts: owners, epochs, gates, credential gates, audit."""
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
 
 from django.apps import apps
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.contrib.admin.utils import flatten_fieldsets, unquote
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, path, reverse
-from django.utils.http import urlencode
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import mark_safe
 
 from connector import hooks
 from connector.actors import Actor
-from connector.canonical.encoding import CanonicalEncodingError, Record, decode
 from connector.choices import (
     CREDENTIAL_GATE_TRANSITIONS,
     EPOCH_TRANSITIONS,
     GATE_TRANSITIONS,
-    CredentialGateMode,
     EpochState,
     GateMode,
 )
-from connector.errors import ConnectorError, FenceStale, PermissionRefused, TransitionRefused
+from connector.errors import TransitionRefused
 from connector.models import (
     AccountServingGate,
     AuditRecord,
     BindingDefinition,
-    CatalogBinding,
     ConnectorAccount,
     CredentialGeneration,
     CredentialGenerationDispatchGate,
     IntegrationBindingView,
     PackGeneration,
-    ServiceConfigurationAccount,
-    ServiceConfigurationCredentialMapping,
     ServiceConfigurationGeneration,
     ServingEpoch,
-    ServingEpochBindingProof,
-    ServingEpochCredentialProof,
 )
 from connector.services import gates as gate_services
 from connector.services import serving as serving_services

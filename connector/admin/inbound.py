@@ -35,6 +35,7 @@ from connector.models import (
     ReplayRequest,
     SupersededDecision,
     V1AcceptanceTombstone,
+    WindowMember,
 )
 
 
@@ -217,9 +218,16 @@ class ProjectionAdmin(FactAdmin):
         lambda self, o: _links(o.executions.order_by("generation"), lambda x: f"gen {x.generation}: {x.state}"))
 
 
+class WindowMemberInline(FactInline):
+    model = WindowMember
+    fields = ("ordinal", "event_link", "record_key")
+    event_link = admin.display(description="event")(lambda self, o: admin_link(o.event))
+
+
 @admin.register(ProjectionWindow)
 class ProjectionWindowAdmin(FactAdmin):
     fact_description = "One explicit window of a grouped route; sealing fixes its membership."
+    inlines = [WindowMemberInline]
     list_display = ("id", "account", "route", "grouping_key", "state_badge", "member_count", "max_members",
                     "closes_at", "sealed_at")
     list_filter = ("state", "route")

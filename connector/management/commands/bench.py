@@ -1,0 +1,534 @@
+"""`manage.py bench <subcommand>`: measurements of the connector's hot paths on a throwaway database.
+
+Subcommands (each is one `Subcommand` in SUBCOMMANDS; add a new one by writing its `add_arguments` and
+`handle` and registering it):
+
+  history   admission latency (receipt_admit + receipt_materialize of a 1-event body) and claim latency
+            (lane_advance + execution_claim) for one account as its retained history grows from 10 to
+            1,000,000 receipts/events (CV2-14-010, CV2-14-011: the hot path must not depend on retained history).
+
+`history` creates its own database (`--database-name`, default `connector_bench`, plus `<name>_journal`) on the
+PostgreSQL server of DATABASE_URL, migrates it, builds the demo world through the services, generates the
+retained history with bulk `INSERT ... SELECT generate_series` statements, `ANALYZE`s, then times sequential
+operations with fresh keys. The database is dropped afterwards unless `--keep`. See docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, connections
+
+CHANNEL = "records.webhook"
+HISTORY_PARTITIONS = 1000  # history records: each retained event updates one of this many CRM records (lanes)
+HISTORY_BATCH = 50_000
+HISTORY_KEY_PREFIX = "hist-"
+CHECK_TOLERANCE = 0.20
+
+Progress = Callable[[str], None]
+
+
+# -- statistics -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    n: int
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, samples_ms: Sequence[float]) -> "Stats":
+        ordered = sorted(samples_ms)
+        if len(ordered) == 1:
+            only = ordered[0]
+            return cls(1, only, only, only, only, only, only)
+        cuts = statistics.quantiles(ordered, n=100, method="inclusive")
+        return cls(len(ordered), statistics.fmean(ordered), cuts[49], cuts[94], cuts[98], ordered[0], ordered[-1])
+
+
+@dataclass
+class SizeResult:
+    size: int
+    retained: dict[str, int]
+    generated_rows: int
+    generation_seconds: float
+    admission_ms: Stats
+    claim_ms: Stats
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.generated_rows / self.generation_seconds if self.generation_seconds else 0.0
+
+
+@dataclass
+class HistoryReport:
+    account_key: str
+    iterations: int
+    results: list[SizeResult] = field(default_factory=list)
+    postgres: str = ""
+    cpus: int = 0
+    database: str = ""
+
+    def as_dict(self) -> dict:
+        return {"account_key": self.account_key, "iterations": self.iterations, "postgres": self.postgres,
+                "cpus": self.cpus, "database": self.database,
+                "sizes": [{**asdict(r), "rows_per_second": round(r.rows_per_second, 1)} for r in self.results]}
+
+    def admission_ratio(self) -> float:
+        """p50 admission latency of the largest size over that of the smallest."""
+        first, last = self.results[0], self.results[-1]
+        return last.admission_ms.p50 / first.admission_ms.p50
+
+    def claim_ratio(self) -> float:
+        first, last = self.results[0], self.results[-1]
+        return last.claim_ms.p50 / first.claim_ms.p50
+
+
+# -- retained history, in bulk SQL --------------------------------------------------------------------------------
+
+def _reserve_ids(cursor, table: str, count: int) -> int:
+    """Reserve `count` consecutive ids of `table`'s identity sequence; returns the first."""
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+    sequence = cursor.fetchone()[0]
+    cursor.execute("SELECT nextval(%s)", [sequence])
+    first = cursor.fetchone()[0]
+    if count > 1:
+        cursor.execute("SELECT setval(%s, %s)", [sequence, first + count - 1])
+    return first
+
+
+# One statement per table; %(lo)s..%(hi)s is the batch of global history indexes g, and each table's ids are
+# base + (g - lo) in a reserved range, so children reference parents without a lookup. Every row satisfies the
+# table's constraints (unique keys, check constraints) and the immutable/append-only triggers (BEFORE UPDATE
+# only: inserts are allowed). Bodies look like a real 1-event webhook delivery.
+HISTORY_SQL = [
+    # lanes of the partitions this batch touches (upsert: the high-water only grows, the fence advances)
+    """
+    INSERT INTO connector_orderinglane (epoch_id, account_id, route, route_version, partition, contract,
+        baseline, baseline_origin, high_water, high_water_tie, active_execution_id, state, halt_reason, gap_since,
+        fence, changed_at)
+    SELECT %(epoch)s, %(account)s, %(route)s, 1, 'hist-r' || (g %% %(parts)s), 'latest_source_position', NULL,
+        'empty_new_partition', max(g / %(parts)s + 1), NULL, NULL, 'open', '', NULL, 1, now()
+    FROM generate_series(%(lo)s, %(hi)s) g GROUP BY g %% %(parts)s
+    ON CONFLICT (epoch_id, account_id, route, route_version, partition) DO UPDATE
+        SET high_water = GREATEST(connector_orderinglane.high_water, EXCLUDED.high_water),
+            fence = connector_orderinglane.fence + 1, changed_at = now()
+    """,
+    """
+    CREATE TEMP TABLE bench_batch ON COMMIT DROP AS
+    SELECT g, g - %(lo)s AS o, 'hist-r' || (g %% %(parts)s) AS record_id, (g / %(parts)s + 1) AS seq,
+        convert_to('{"events":[{"data":{"email":"r' || (g %% %(parts)s) || '@example.com","name":"Record '
+            || (g %% %(parts)s) || ' v' || (g / %(parts)s + 1) || '"},"id":"hist-ev-' || g
+            || '","occurred_at":"2025-01-01T00:00:00Z","record_id":"hist-r' || (g %% %(parts)s)
+            || '","sequence":' || (g / %(parts)s + 1) || ',"type":"record.updated"}]}', 'UTF8') AS body,
+        now() - interval '400 days' + g * interval '10 seconds' AS at
+    FROM generate_series(%(lo)s, %(hi)s) g
+    """,
+    """
+    INSERT INTO connector_receipt (id, account_id, epoch_id, epoch_digest, gate_fence, kind, channel, payload,
+        payload_digest, component_count, replay_request_id, created_at)
+    SELECT %(receipt)s + o, %(account)s, %(epoch)s, %(epoch_digest)s, %(fence)s, 'transport', %(route)s, body,
+        sha256(body), 1, NULL, at
+    FROM bench_batch
+    """,
+    """
+    INSERT INTO connector_receiptadmissionkey (id, account_id, channel, transport_key, receipt_id, tombstone_id)
+    SELECT %(key)s + o, %(account)s, %(route)s, %(key_prefix)s || g, %(receipt)s + o, NULL FROM bench_batch
+    """,
+    """
+    INSERT INTO connector_event (id, account_id, epoch_id, receipt_id, route, event_kind, source_locator,
+        occurred_at, source_event_key, payload, payload_digest, ordering_contract, contract_digest, partition,
+        position_kind, position, position_bytes, tie_breaker, grouping_key, replay_request_id, predecessor_id,
+        created_at)
+    SELECT %(event)s + o, %(account)s, %(epoch)s, %(receipt)s + o, %(route)s, 'record.updated', record_id,
+        '2025-01-01T00:00:00Z', 'hist-ev-' || g, p.payload, sha256(p.payload), 'latest_source_position',
+        sha256(convert_to('bench-contract', 'UTF8')), record_id, 'integer', seq, convert_to(seq::text, 'UTF8'),
+        convert_to('hist-ev-' || g, 'UTF8'), '', NULL, NULL, at
+    FROM bench_batch, LATERAL (SELECT convert_to('{"email":"r' || (g %% %(parts)s) || '@example.com","name":"Record '
+        || (g %% %(parts)s) || ' v' || seq || '"}', 'UTF8') AS payload) p
+    """,
+    """
+    INSERT INTO connector_receiptcomponent (id, receipt_id, ordinal, payload, payload_digest, disposition,
+        event_id, reason_code)
+    SELECT %(component)s + o, %(receipt)s + o, 0, body, sha256(body), 'event', %(event)s + o, '' FROM bench_batch
+    """,
+    """
+    INSERT INTO connector_projection (id, account_id, epoch_id, route, route_version, identity_digest, event_id,
+        window_id, lane_id, position, tie_breaker, input, input_digest, suppress_external_effects,
+        execution_generation, lane_status, created_at)
+    SELECT %(projection)s + o, %(account)s, %(epoch)s, %(route)s, 1,
+        sha256(convert_to('bench-projection:' || %(account)s || ':' || g, 'UTF8')), %(event)s + o, NULL, l.id, seq,
+        convert_to('hist-ev-' || g, 'UTF8'), body, sha256(body), false, 1, 'minted', at
+    FROM bench_batch JOIN connector_orderinglane l ON l.epoch_id = %(epoch)s AND l.account_id = %(account)s
+        AND l.route = %(route)s AND l.route_version = 1 AND l.partition = record_id
+    """,
+    """
+    INSERT INTO connector_execution (id, projection_id, generation, account_id, epoch_id, lane_id, state,
+        command_id, execution_ref, execution_ref_digest, lease_holder, lease_expires_at, lease_fence,
+        attempt_count, result_outcome, result_digest, runtime_receipt, quarantine_reason, created_at, changed_at)
+    SELECT %(execution)s + o, %(projection)s + o, 1, %(account)s, %(epoch)s, p.lane_id, 'completed',
+        'cmd-hist-' || %(account)s || '-' || g, convert_to('ref:' || g, 'UTF8'),
+        sha256(convert_to('ref:' || g, 'UTF8')), '', NULL, 1, 1, 'applied',
+        sha256(convert_to('result:' || g, 'UTF8')), convert_to('receipt:' || g, 'UTF8'), '', at, at
+    FROM bench_batch JOIN connector_projection p ON p.id = %(projection)s + o
+    """,
+    """
+    INSERT INTO connector_executionattempt (id, execution_id, ordinal, holder, lease_fence, claimed_at,
+        lease_expires_at)
+    SELECT %(attempt)s + o, %(execution)s + o, 1, 'bench-history', 1, at, at + interval '60 seconds'
+    FROM bench_batch
+    """,
+    """
+    INSERT INTO connector_applicationresult (id, command_id, execution_ref_digest, outcome, result_digest, receipt,
+        detail, committed_at)
+    SELECT %(result)s + o, 'cmd-hist-' || %(account)s || '-' || g, sha256(convert_to('ref:' || g, 'UTF8')),
+        'applied', sha256(convert_to('result:' || g, 'UTF8')), convert_to('receipt:' || g, 'UTF8'), 'applied', at
+    FROM bench_batch
+    """,
+    """
+    INSERT INTO connector_crmrecord (account_id, record_key, fields, version, last_command_id, updated_at)
+    SELECT %(account)s, record_id, '{}'::jsonb, count(*), 'cmd-hist-' || %(account)s || '-' || max(g), now()
+    FROM bench_batch GROUP BY record_id
+    ON CONFLICT (account_id, record_key) DO UPDATE
+        SET version = connector_crmrecord.version + EXCLUDED.version, last_command_id = EXCLUDED.last_command_id
+    """,
+]
+TABLES_PER_HISTORY_ROW = 8  # receipt, key, event, component, projection, execution, attempt, result
+
+
+def history_count(account_id: int) -> int:
+    """Retained history rows of the account (admission keys with the history prefix)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM connector_receiptadmissionkey WHERE account_id = %s "
+                       "AND transport_key LIKE %s", [account_id, HISTORY_KEY_PREFIX + "%"])
+        return cursor.fetchone()[0]
+
+
+def generate_history(*, account, epoch, start: int, count: int, progress: Progress | None = None,
+                     batch: int = HISTORY_BATCH) -> int:
+    """Insert `count` retained receipts (indexes start..start+count-1) with their admission keys, components,
+    events, projections, completed executions, attempts and application results, in batches of bulk SQL.
+    Returns the number of rows inserted (all tables)."""
+    from django.db import transaction
+
+    gate = account.serving_gate
+    rows = 0
+    began = time.monotonic()
+    done = 0
+    while done < count:
+        n = min(batch, count - done)
+        lo = start + done
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+            params = {"lo": lo, "hi": lo + n - 1, "parts": HISTORY_PARTITIONS, "account": account.pk,
+                      "epoch": epoch.pk, "epoch_digest": bytes(epoch.digest), "fence": gate.fence, "route": CHANNEL,
+                      "key_prefix": HISTORY_KEY_PREFIX}
+            for name, table in (("receipt", "connector_receipt"), ("key", "connector_receiptadmissionkey"),
+                                ("event", "connector_event"), ("component", "connector_receiptcomponent"),
+                                ("projection", "connector_projection"), ("execution", "connector_execution"),
+                                ("attempt", "connector_executionattempt"),
+                                ("result", "connector_applicationresult")):
+                params[name] = _reserve_ids(cursor, table, n)
+            for statement in HISTORY_SQL:
+                cursor.execute(statement, params)
+        done += n
+        rows += n * TABLES_PER_HISTORY_ROW
+        if progress is not None:
+            elapsed = time.monotonic() - began
+            progress(f"  history {done:,}/{count:,} receipts ({rows:,} rows, "
+                     f"{rows / elapsed if elapsed else 0:,.0f} rows/s, {elapsed:,.1f} s)")
+    return rows
+
+
+def analyze() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def retained_counts(account_id: int) -> dict[str, int]:
+    counts = {}
+    with connection.cursor() as cursor:
+        for name, table in (("receipts", "connector_receipt"), ("admission_keys", "connector_receiptadmissionkey"),
+                            ("events", "connector_event"), ("projections", "connector_projection"),
+                            ("executions", "connector_execution")):
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE account_id = %s", [account_id])  # noqa: S608
+            counts[name] = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM connector_applicationresult")
+        counts["application_results"] = cursor.fetchone()[0]
+    return counts
+
+
+# -- the timed operations ---------------------------------------------------------------------------------------
+
+def _body(tag: str) -> bytes:
+    return json.dumps({"events": [{"id": f"bench-ev-{tag}", "type": "record.updated", "record_id": f"bench-r-{tag}",
+                                   "sequence": 1, "occurred_at": "2025-01-01T00:00:00Z",
+                                   "data": {"name": f"Bench {tag}", "email": f"{tag}@example.com"}}]},
+                      sort_keys=True).encode()
+
+
+def _admit(account_key: str, tag: str):
+    from connector.actors import Actor
+    from connector.services.admission import receipt_admit
+    from connector.services.materialize import receipt_materialize
+
+    began = time.perf_counter()
+    admission = receipt_admit(account_key=account_key, channel=CHANNEL, transport_key=f"bench-{tag}",
+                              body=_body(tag), actor=Actor.system("bench"))
+    receipt_materialize(receipt_pk=admission.receipt.pk)
+    elapsed = time.perf_counter() - began
+    assert admission.outcome == "created", admission.outcome
+    return elapsed, admission.receipt.pk
+
+
+def _claim(account_id: int, receipt_pk: int) -> float:
+    from connector.models import Projection
+    from connector.services.execution import execution_claim, execution_run, lane_advance
+
+    lane_pk = Projection.objects.filter(event__receipt_id=receipt_pk).values_list("lane_id", flat=True).get()
+    began = time.perf_counter()
+    minted = lane_advance(lane_pk=lane_pk)
+    token = execution_claim(holder="bench", lease_seconds=60, account_id=account_id)
+    elapsed = time.perf_counter() - began
+    assert minted is not None and token is not None and token.execution_pk == minted.pk, (minted, token)
+    execution_run(token=token)  # untimed: completes it, so the ready set stays as small as in production
+    return elapsed
+
+
+def measure_size(*, account, size: int, iterations: int, run_tag: str, warmup: int = 5) -> tuple[Stats, Stats]:
+    """Time `iterations` sequential admissions (with materialization) and then as many claims."""
+    for i in range(warmup):
+        _, receipt_pk = _admit(account.account_key, f"{run_tag}-{size}-w{i}")
+        _claim(account.pk, receipt_pk)
+    admissions, receipts = [], []
+    for i in range(iterations):
+        elapsed, receipt_pk = _admit(account.account_key, f"{run_tag}-{size}-{i}")
+        admissions.append(elapsed * 1000)
+        receipts.append(receipt_pk)
+    claims = [_claim(account.pk, receipt_pk) * 1000 for receipt_pk in receipts]
+    return Stats.of(admissions), Stats.of(claims)
+
+
+def measure_history(*, account_key: str, sizes: Sequence[int], iterations: int,
+                    progress: Progress | None = None, warmup: int = 5) -> HistoryReport:
+    """For each size N (ascending), grow the account's retained history to N receipts/events in bulk SQL,
+    ANALYZE, and time admissions and claims. Runs on the current `default` database, which must hold a world
+    whose account `account_key` is `v2_serving` on the demo route (connector.demo.build_world)."""
+    from connector.services.admission import account_get
+
+    say = progress or (lambda _msg: None)
+    account = account_get(account_key)
+    epoch = account.serving_gate.epoch
+    report = HistoryReport(account_key=account_key, iterations=iterations, cpus=os.cpu_count() or 0,
+                           database=connection.settings_dict["NAME"])
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        report.postgres = cursor.fetchone()[0]
+    run_tag = f"{int(time.time() * 1000):x}"
+    for size in sorted(set(sizes)):
+        have = history_count(account.pk)
+        missing = max(0, size - retained_counts(account.pk)["receipts"])
+        say(f"size {size:,}: generating {missing:,} retained receipts/events")
+        began = time.monotonic()
+        rows = generate_history(account=account, epoch=epoch, start=have, count=missing, progress=say)
+        analyze()
+        seconds = time.monotonic() - began
+        retained = retained_counts(account.pk)
+        say(f"size {size:,}: {retained['receipts']:,} receipts retained; timing {iterations} admissions "
+            f"and {iterations} claims")
+        admission, claim = measure_size(account=account, size=size, iterations=iterations, run_tag=run_tag,
+                                        warmup=warmup)
+        report.results.append(SizeResult(size=size, retained=retained, generated_rows=rows,
+                                         generation_seconds=round(seconds, 3), admission_ms=admission,
+                                         claim_ms=claim))
+    return report
+
+
+def format_table(report: HistoryReport) -> str:
+    head = (f"{'retained':>12} {'operation':<10} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+            f"{'mean ms':>8} {'max ms':>8}")
+    lines = [head, "-" * len(head)]
+    for r in report.results:
+        for name, s in (("admission", r.admission_ms), ("claim", r.claim_ms)):
+            lines.append(f"{r.retained['receipts']:>12,} {name:<10} {s.n:>5} {s.p50:>8.2f} {s.p95:>8.2f} "
+                         f"{s.p99:>8.2f} {s.mean:>8.2f} {s.max:>8.2f}")
+    if len(report.results) > 1:
+        lines.append(f"p50 ratio largest/smallest: admission {report.admission_ratio():.2f}, "
+                     f"claim {report.claim_ratio():.2f}")
+    return "\n".join(lines)
+
+
+# -- the throwaway database ---------------------------------------------------------------------------------------
+
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+
+
+class ThrowawayDatabase:
+    """Create `name` and `name_journal` on the server of DATABASES['default'], point both aliases at them,
+    migrate, and on exit drop them (unless keep) and restore the settings."""
+
+    def __init__(self, name: str, *, keep: bool, say: Progress) -> None:
+        if not NAME_RE.match(name):
+            raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
+        configured = {connections[a].settings_dict["NAME"] for a in ("default", "journal")}
+        if name in configured or f"{name}_journal" in configured:
+            raise CommandError(f"refusing to use the configured database {name!r} as a throwaway")
+        self.names = {"default": name, "journal": f"{name}_journal"}
+        self.keep, self.say = keep, say
+        self.saved: dict[str, str] = {}
+        self.saved_connector = None
+
+    def _admin(self):
+        import psycopg
+
+        s = connections["default"].settings_dict
+        return psycopg.connect(host=s.get("HOST") or None, port=s.get("PORT") or None, user=s.get("USER") or None,
+                               password=s.get("PASSWORD") or None, dbname="postgres", autocommit=True)
+
+    def _drop(self, admin) -> None:
+        from psycopg import sql
+
+        for name in self.names.values():
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def __enter__(self) -> "ThrowawayDatabase":
+        from psycopg import sql
+
+        connections.close_all()
+        with self._admin() as admin:
+            self._drop(admin)
+            for name in self.names.values():
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        for alias, name in self.names.items():
+            self.saved[alias] = connections[alias].settings_dict["NAME"]
+            connections[alias].settings_dict["NAME"] = name
+            settings.DATABASES[alias]["NAME"] = name
+        self.saved_connector = settings.CONNECTOR
+        settings.CONNECTOR = {**settings.CONNECTOR, "SECRET_BACKEND_DIR": tempfile.mkdtemp(prefix="bench-secrets-")}
+        self.say(f"database {self.names['default']} (+ {self.names['journal']}): migrating")
+        for alias in self.names:
+            call_command("migrate", database=alias, interactive=False, verbosity=0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        connections.close_all()
+        for alias, name in self.saved.items():
+            connections[alias].settings_dict["NAME"] = name
+            settings.DATABASES[alias]["NAME"] = name
+        if self.saved_connector is not None:
+            settings.CONNECTOR = self.saved_connector
+        if self.keep:
+            self.say(f"kept databases {', '.join(self.names.values())}")
+            return
+        with self._admin() as admin:
+            self._drop(admin)
+
+
+# -- subcommands --------------------------------------------------------------------------------------------------
+
+def _sizes(value: str) -> list[int]:
+    try:
+        sizes = sorted({int(v.replace("_", "")) for v in value.split(",") if v.strip()})
+    except ValueError as exc:
+        raise CommandError(f"--sizes must be comma-separated integers, not {value!r}") from exc
+    if not sizes or sizes[0] < 0:
+        raise CommandError("--sizes needs at least one non-negative size")
+    return sizes
+
+
+class Subcommand:
+    name = ""
+    help = ""
+
+    def add_arguments(self, parser) -> None:
+        raise NotImplementedError
+
+    def handle(self, command: "Command", options: dict) -> None:
+        raise NotImplementedError
+
+
+class History(Subcommand):
+    name = "history"
+    help = ("Admission and claim latency for one account with N retained receipts/events of history, for each "
+            "N in --sizes, on a throwaway database.")
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--sizes", default="10,1000000",
+                            help="retained history sizes, comma-separated (default 10,1000000)")
+        parser.add_argument("--iterations", type=int, default=300,
+                            help="timed admissions and claims per size (default 300)")
+        parser.add_argument("--warmup", type=int, default=5, help="untimed rounds before each size (default 5)")
+        parser.add_argument("--database-name", default="connector_bench",
+                            help="throwaway database created and dropped by the run (default connector_bench)")
+        parser.add_argument("--keep", action="store_true", help="keep the throwaway database afterwards")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument("--check", action="store_true",
+                            help="exit non-zero if the largest size's p50 admission latency is more than "
+                                 f"{CHECK_TOLERANCE:.0%} above the smallest size's")
+
+    def handle(self, command: "Command", options: dict) -> None:
+        sizes = _sizes(options["sizes"])
+        if options["iterations"] < 1:
+            raise CommandError("--iterations must be at least 1")
+        if options["check"] and len(sizes) < 2:
+            raise CommandError("--check compares two sizes at least")
+        say = command.progress
+        with ThrowawayDatabase(options["database_name"], keep=options["keep"], say=say):
+            from connector.demo import build_world
+
+            say("building the demo world through the services")
+            world = build_world("")
+            report = measure_history(account_key=world.accounts[0].account_key, sizes=sizes,
+                                     iterations=options["iterations"], warmup=options["warmup"], progress=say)
+            report.database = options["database_name"]
+        if options["json"]:
+            command.stdout.write(json.dumps(report.as_dict(), indent=2))
+        else:
+            command.stdout.write(f"bench history: account {report.account_key}, PostgreSQL {report.postgres}, "
+                                 f"{report.cpus} CPUs, {report.iterations} timed operations per size")
+            for r in report.results:
+                command.stdout.write(f"  size {r.size:,}: generated {r.generated_rows:,} rows in "
+                                     f"{r.generation_seconds:,.1f} s ({r.rows_per_second:,.0f} rows/s incl. ANALYZE)")
+            command.stdout.write(format_table(report))
+        if options["check"]:
+            ratio = report.admission_ratio()
+            if ratio > 1 + CHECK_TOLERANCE:
+                raise CommandError(f"admission p50 grew {ratio:.2f}x from {report.results[0].retained['receipts']:,} "
+                                   f"to {report.results[-1].retained['receipts']:,} retained receipts "
+                                   f"(limit {1 + CHECK_TOLERANCE:.2f}x)")
+            command.stdout.write(command.style.SUCCESS(f"check passed: admission p50 ratio {ratio:.2f}"))
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {s.name: s for s in (History(),)}
+
+
+class Command(BaseCommand):
+    help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
+
+    def add_arguments(self, parser):
+        subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
+        for sub in SUBCOMMANDS.values():
+            sub.add_arguments(subparsers.add_parser(sub.name, help=sub.help, description=sub.help))
+
+    def progress(self, message: str) -> None:
+        """Progress goes to stderr, so `--json` output on stdout stays machine-readable."""
+        self.stderr.write(message)
+        self.stderr.flush()
+
+    def handle(self, *args, subcommand: str, **options):
+        SUBCOMMANDS[subcommand].handle(self, options)
+        sys.stdout.flush()
