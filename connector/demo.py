@@ -30,6 +30,8 @@ ROUTE_DEFINITION = {
     "mapping": "records.mapping",
     "terminal_disposition": {"applied": "advance", "noop": "advance", "rejected": "advance", "failed": "quarantine"},
 }
+# Runtime pushes every applied record change to the remote system through this contract and callout.
+PUSH = {"push": {"contract": "records.push", "callout": "records.callout"}}
 MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
                                  {"source": "/email", "target": "email"}]}
 CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_id}", "timeout_ms": 5000}
@@ -52,7 +54,7 @@ CREDENTIAL_REFS = {"inbound": "webhook-signing", "outbound": "crm-api"}
 
 
 def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "globex-us"),
-                 actor: Actor | None = None) -> World:
+                 actor: Actor | None = None, push: bool = False) -> World:
     """Accounts, packs, Catalog view, credential generations and one configuration generation."""
     actor = actor or Actor.system("demo")
     world = World(prefix=prefix)
@@ -63,7 +65,7 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
         generation_id=f"{prefix}webhook-pack.g1", owner_pack="webhook-pack", pack_installation_id=f"{prefix}inst-1",
         definitions=[
             {"kind": BindingKind.INBOUND_ROUTE, "business_key": "records.webhook", "version": 1,
-             "definition": ROUTE_DEFINITION},
+             "definition": {**ROUTE_DEFINITION, **(PUSH if push else {})}},
             {"kind": BindingKind.FIELD_MAPPING, "business_key": "records.mapping", "version": 1,
              "definition": MAPPING_DEFINITION},
         ], actor=actor))
@@ -122,9 +124,9 @@ def walk_gates_to_validating(world: World, actor: Actor) -> None:
                                           reason="demo world: no V1 deployment to drain")
 
 
-def build_world(prefix: str = "", *, actor: Actor | None = None) -> World:
+def build_world(prefix: str = "", *, actor: Actor | None = None, push: bool = False) -> World:
     actor = actor or Actor.system("demo")
-    world = build_owners(prefix, actor=actor)
+    world = build_owners(prefix, actor=actor, push=push)
     epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-1",
                                               configuration_generation_id=world.configuration.generation_id,
                                               actor=actor)

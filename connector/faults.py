@@ -12,6 +12,9 @@ POINTS = (
     "claim.after_commit",  # Execution claimed, Runtime not called
     "runtime.after_commit",  # Runtime committed the result, connector has not recorded it
     "result.before_commit",  # connector recording the result, not yet committed
+    "egress.after_sending",  # granted -> sending committed, no byte sent yet
+    "egress.after_request",  # the provider answered (or not), settlement not committed
+    "dispatch.after_confirmed",  # remote success recorded, local finalization not committed
 )
 
 

@@ -32,3 +32,18 @@ def halt_blockers(gate) -> list[str]:
 
 def resume_blockers(gate) -> list[str]:
     return [reason for fn in _RESUME_BLOCKERS for reason in fn(gate)]
+
+
+# -- outbound authoring ------------------------------------------------------------------------------------------
+# Runtime authors OutboundCommands in its application transaction; the `effects` app provides the author.
+_OUTBOUND_AUTHORS: list[Callable[..., object]] = []
+
+
+def register_outbound_author(fn: Callable[..., object]) -> Callable[..., object]:
+    if fn not in _OUTBOUND_AUTHORS:
+        _OUTBOUND_AUTHORS.append(fn)
+    return fn
+
+
+def author_outbound(**kwargs) -> list[object]:
+    return [fn(**kwargs) for fn in _OUTBOUND_AUTHORS]

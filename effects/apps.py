@@ -5,3 +5,12 @@ class EffectsConfig(AppConfig):
     name = "effects"
     verbose_name = "Effects (outbound commands, remote effects, permits, delivery)"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from connector import hooks
+        from effects.services import dispatch, runtime_bridge
+
+        # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate).
+        hooks.register_halt_blocker(dispatch.open_permit_reasons)
+        # Runtime authors outbound commands in its application transaction through this bridge.
+        hooks.register_outbound_author(runtime_bridge.author_for_runtime)

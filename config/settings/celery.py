@@ -13,6 +13,8 @@ CELERY_TASK_ROUTES = {
     "connector.tasks.lane_advance": {"queue": "claims"},
     "connector.tasks.receipt_materialize": {"queue": "claims"},
     "connector.tasks.*": {"queue": "sweeper"},
+    "effects.tasks.effect_dispatch": {"queue": "egress"},
+    "effects.tasks.*": {"queue": "sweeper"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
@@ -22,6 +24,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "sweeper-inbound": {
         "task": "connector.tasks.inbound_sweep",
+        "schedule": 5.0,
+    },
+    "sweeper-effects": {
+        "task": "effects.tasks.effects_sweep",
         "schedule": 5.0,
     },
 }

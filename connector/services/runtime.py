@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from connector.canonical.encoding import decode, encode
+from connector import hooks
 from connector.errors import ConnectorError
 from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
-from connector.models import ApplicationResult, CrmRecord, ServingEpoch
+from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
 from connector.receipts import rec
 from connector.selectors.routes import mapping_for, route_for
+from connector.services.guard import lock_serving
 
 RESULT_RECEIPT_PROTOCOL = "nexuscrm.runtime.result-receipt.v1"
 
@@ -52,6 +54,10 @@ def runtime_result_get(*, command_id: str, execution_ref_digest: bytes) -> Resul
     return _receipt(result)
 
 
+def ctx_account_key(account_id: int) -> str:
+    return ConnectorAccount.objects.values_list("account_key", flat=True).get(pk=account_id)
+
+
 def _apply_record(account_id: int, record_key: str, values: dict, command_id: str) -> str:
     if "email" in values and "@" not in str(values["email"]):
         return "rejected"
@@ -86,8 +92,13 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
         if route.mapping_key else None
     data = json.loads(bytes(input))
     items = data["members"] if "members" in data else [data]
+    suppress = bool(fields.get("suppress_external_effects"))
+    pushes = bool(route.definition.get("push")) and not suppress
     try:
         with transaction.atomic():
+            # Outbound authoring happens in this application transaction under the serving guard (CV2-10-005).
+            ctx = lock_serving(account_id=account_id, epoch_id=epoch.epoch_id,
+                               epoch_digest=bytes(epoch.digest)) if pushes else None
             outcomes = []
             for item in items:
                 try:
@@ -99,7 +110,13 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
                 if not item.get("record_key"):
                     outcomes.append("rejected")
                     continue
-                outcomes.append(_apply_record(account_id, item["record_key"], values, command_id))
+                outcome_item = _apply_record(account_id, item["record_key"], values, command_id)
+                outcomes.append(outcome_item)
+                if pushes and outcome_item == "applied":
+                    hooks.author_outbound(ctx=ctx, account_key=ctx_account_key(account_id),
+                                          route_definition=route.definition, command_id=command_id,
+                                          record_key=item["record_key"], fields=values,
+                                          suppress_external_effects=suppress, execution_id=None)
             outcome = ("applied" if "applied" in outcomes else "noop" if "noop" in outcomes else "rejected")
             result_digest = hashlib.sha256(encode(RESULT_RECEIPT_PROTOCOL + "/result", rec(
                 command_id=command_id, outcome=outcome, items=list(outcomes)))).digest()

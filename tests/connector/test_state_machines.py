@@ -58,6 +58,7 @@ def test_declared_transitions_are_exactly_the_seeds(model, field_name, states, s
     assert field.protected is True
 
 
+@pytest.mark.django_db  # guards registered by later apps (open permits) read the database
 @pytest.mark.parametrize("model,field_name,states,seed", MACHINES, ids=lambda v: getattr(v, "__name__", None))
 def test_every_unlisted_pair_is_refused_by_django_fsm(model, field_name, states, seed):
     """For every (source, target) not in the seed, no transition method of the model moves source to target:

@@ -1,0 +1,68 @@
+"""Closed vocabularies of the outbound chain. Each state's comment names the transition that enters it."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class EffectState(models.TextChoices):
+    PREPARED = "prepared"  # initial; dispatching|uncertain -> prepared (proved no effect / idempotent repeat)
+    DISPATCHING = "dispatching"  # prepared -> dispatching (permit_acquire)
+    REMOTE_CONFIRMED = "remote_confirmed"  # dispatching|uncertain -> remote_confirmed
+    UNCERTAIN = "uncertain"  # dispatching -> uncertain (ambiguous outcome, sending permit abandoned)
+    NO_EFFECT = "no_effect"  # dispatching|uncertain -> no_effect (proved, policy forbids another attempt)
+    QUARANTINED = "quarantined"  # prepared|uncertain -> quarantined
+    FINALIZED = "finalized"  # remote_confirmed -> finalized
+
+
+EFFECT_TRANSITIONS = (
+    (EffectState.PREPARED, EffectState.DISPATCHING),
+    (EffectState.PREPARED, EffectState.QUARANTINED),
+    (EffectState.DISPATCHING, EffectState.REMOTE_CONFIRMED),
+    (EffectState.DISPATCHING, EffectState.UNCERTAIN),
+    (EffectState.DISPATCHING, EffectState.NO_EFFECT),
+    (EffectState.DISPATCHING, EffectState.PREPARED),
+    (EffectState.UNCERTAIN, EffectState.REMOTE_CONFIRMED),
+    (EffectState.UNCERTAIN, EffectState.NO_EFFECT),
+    (EffectState.UNCERTAIN, EffectState.QUARANTINED),
+    (EffectState.UNCERTAIN, EffectState.PREPARED),
+    (EffectState.REMOTE_CONFIRMED, EffectState.FINALIZED),
+)
+EFFECT_TERMINAL = (EffectState.NO_EFFECT, EffectState.QUARANTINED, EffectState.FINALIZED)
+
+
+class PermitState(models.TextChoices):
+    GRANTED = "granted"  # initial (permit_acquire)
+    SENDING = "sending"  # granted -> sending (egress adapter CAS, io_may_have_started)
+    RETURNED = "returned"  # sending -> returned (permit_settle)
+    ABANDONED = "abandoned"  # granted|sending -> abandoned (permit_abandon with holder isolation proof)
+
+
+PERMIT_TRANSITIONS = (
+    (PermitState.GRANTED, PermitState.SENDING),
+    (PermitState.GRANTED, PermitState.ABANDONED),
+    (PermitState.SENDING, PermitState.RETURNED),
+    (PermitState.SENDING, PermitState.ABANDONED),
+)
+PERMIT_OPEN = (PermitState.GRANTED, PermitState.SENDING)
+
+
+class LinkState(models.TextChoices):
+    ACTIVE = "active"  # initial (effect finalization with a proven remote identity)
+    RETIRED = "retired"  # active -> retired
+
+
+LINK_TRANSITIONS = ((LinkState.ACTIVE, LinkState.RETIRED),)
+
+
+class HolderState(models.TextChoices):
+    RUNNING = "running"  # initial (holder_register)
+    TERMINATED = "terminated"  # running -> terminated (holder_terminate: process ended and egress revoked)
+
+
+HOLDER_TRANSITIONS = ((HolderState.RUNNING, HolderState.TERMINATED),)
+
+
+class AttemptOutcome(models.TextChoices):
+    REMOTE_CONFIRMED = "remote_confirmed"
+    UNCERTAIN = "uncertain"
+    NO_EFFECT = "no_effect"

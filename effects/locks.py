@@ -1,0 +1,24 @@
+"""Row locks of the effects app, after connector's (epoch, account gate, credential gate) in the canonical
+order: entity rows come last, effect before permit before holder."""
+from __future__ import annotations
+
+from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect
+
+
+def effect_for_update(effect_pk: int, *, skip_locked: bool = False) -> RemoteEffect | None:
+    return (RemoteEffect.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+            .filter(pk=effect_pk).first())
+
+
+def permit_for_update(permit_pk: int) -> DispatchPermit:
+    return DispatchPermit.objects.select_for_update(of=("self",)).get(pk=permit_pk)
+
+
+def holder_for_share(holder_pk: int) -> ProcessGeneration:
+    from connector.locks import _share_one
+
+    return _share_one(ProcessGeneration.objects.filter(pk=holder_pk))
+
+
+def holder_for_update(holder_id: str) -> ProcessGeneration | None:
+    return ProcessGeneration.objects.select_for_update(of=("self",)).filter(holder_id=holder_id).first()

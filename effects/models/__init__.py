@@ -1,0 +1,2 @@
+from effects.models.holders import *  # noqa: F401,F403
+from effects.models.outbound import *  # noqa: F401,F403

@@ -1,0 +1,236 @@
+"""OutboundCommand (with its FrozenDispatchBinding), RemoteEffect, RemoteEffectAttempt, DispatchPermit, RemoteLink."""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from connector.models import (
+    AccountServingGate,
+    ConnectorAccount,
+    CredentialGeneration,
+    CredentialGenerationDispatchGate,
+    Execution,
+    PackGeneration,
+    ServiceConfigurationGeneration,
+    ServingEpoch,
+)
+from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
+from effects.models.holders import ProcessGeneration
+
+__all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink"]
+
+
+class OutboundCommand(models.Model):
+    """Runtime's immutable outbox intent, inserted in the application transaction that requested the effect, with
+    its complete FrozenDispatchBinding. Invariants: one per (account, application scope, EffectRoot, EffectSlot,
+    EffectGeneration); `idempotency_key` (the canonical tuple digest) unique; never updated; no secret bytes."""
+
+    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="outbound_commands")
+    application_scope = models.CharField(max_length=255)
+    effect_root_id = models.CharField(max_length=255)
+    effect_slot_id = models.CharField(max_length=255)
+    effect_generation_id = models.CharField(max_length=255)
+    idempotency_key = models.BinaryField(max_length=32, unique=True)
+    source_execution = models.ForeignKey(Execution, on_delete=models.PROTECT, null=True, blank=True,
+                                         related_name="outbound_commands")
+    # FrozenDispatchBinding
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="outbound_commands")
+    epoch_digest = models.BinaryField(max_length=32)
+    gate_fence = models.BigIntegerField()
+    profile_id = models.CharField(max_length=255)
+    pack_generation = models.ForeignKey(PackGeneration, on_delete=models.PROTECT, related_name="+")
+    pack_payload_digest = models.BinaryField(max_length=32)
+    effect_definition = models.CharField(max_length=255)
+    effect_version = models.PositiveIntegerField()
+    route_policy_digest = models.BinaryField(max_length=32)
+    configuration = models.ForeignKey(ServiceConfigurationGeneration, on_delete=models.PROTECT, related_name="+")
+    credential_generation = models.ForeignKey(CredentialGeneration, on_delete=models.PROTECT,
+                                              related_name="outbound_commands")
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=1024)
+    request_body = models.BinaryField()
+    request_digest = models.BinaryField(max_length=32)
+    provider_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    max_attempts = models.PositiveIntegerField()
+    predecessor = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="successor")
+    predecessor_digest = models.BinaryField(max_length=32, null=True, blank=True)
+    binding_digest = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["account", "application_scope", "effect_root_id", "effect_slot_id",
+                                            "effect_generation_id"], name="effects_command_unique_logical_effect"),
+            models.CheckConstraint(condition=Q(predecessor__isnull=True, predecessor_digest__isnull=True)
+                                   | Q(predecessor__isnull=False, predecessor_digest__isnull=False),
+                                   name="effects_command_predecessor_whole"),
+            models.CheckConstraint(condition=~Q(provider_idempotency_key=""),
+                                   name="effects_command_provider_key_not_blank"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_root_id}/{self.effect_slot_id}/{self.effect_generation_id}"
+
+
+class RemoteEffect(ConcurrentTransitionMixin, models.Model):
+    """The sole lifecycle authority of one logical external side effect. Invariants: exactly one per
+    OutboundCommand (non-null unique FK) repeating its logical-effect digest; at most one open permit."""
+
+    command = models.OneToOneField(OutboundCommand, on_delete=models.PROTECT, related_name="effect")
+    logical_effect_digest = models.BinaryField(max_length=32)
+    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="remote_effects")
+    state = FSMField(default=EffectState.PREPARED, choices=EffectState.choices, protected=True)
+    lease_holder = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_fence = models.BigIntegerField(default=0)
+    attempt_count = models.PositiveIntegerField(default=0)
+    remote_id = models.CharField(max_length=255, blank=True, default="")
+    quarantine_reason = models.CharField(max_length=64, blank=True, default="")
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pk"]
+        indexes = [models.Index(fields=["account", "state"], name="effects_effect_claimable",
+                                condition=Q(state="prepared"))]
+
+    def __str__(self) -> str:
+        return f"effect #{self.pk} ({self.state})"
+
+    @transition(field=state, source=EffectState.PREPARED, target=EffectState.DISPATCHING)
+    def dispatch(self) -> None:
+        pass
+
+    @transition(field=state, source=[EffectState.PREPARED, EffectState.UNCERTAIN], target=EffectState.QUARANTINED)
+    def quarantine(self, *, reason: str) -> None:
+        self.quarantine_reason = reason
+        self.lease_holder, self.lease_expires_at = "", None
+
+    @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN],
+                target=EffectState.REMOTE_CONFIRMED)
+    def confirm(self, *, remote_id: str) -> None:
+        self.remote_id = remote_id
+
+    @transition(field=state, source=EffectState.DISPATCHING, target=EffectState.UNCERTAIN)
+    def become_uncertain(self) -> None:
+        self.lease_holder, self.lease_expires_at = "", None
+
+    @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.NO_EFFECT)
+    def no_effect(self) -> None:
+        self.lease_holder, self.lease_expires_at = "", None
+
+    @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.PREPARED)
+    def retry(self) -> None:
+        self.lease_holder, self.lease_expires_at = "", None
+
+    @transition(field=state, source=EffectState.REMOTE_CONFIRMED, target=EffectState.FINALIZED)
+    def finalize(self) -> None:
+        self.lease_holder, self.lease_expires_at = "", None
+
+
+class RemoteEffectAttempt(models.Model):
+    """Append-only evidence of one attempt: the frozen request and credential references, then (once) its
+    outcome. Invariants: one per (effect, ordinal); the outcome columns are written at most once."""
+
+    effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="attempts")
+    ordinal = models.PositiveIntegerField()
+    holder = models.ForeignKey(ProcessGeneration, on_delete=models.PROTECT, related_name="attempts")
+    lease_fence = models.BigIntegerField()
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    credential_generation = models.ForeignKey(CredentialGeneration, on_delete=models.PROTECT, related_name="+")
+    request_digest = models.BinaryField(max_length=32)
+    provider_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    claimed_at = models.DateTimeField(auto_now_add=True)
+    lease_expires_at = models.DateTimeField()
+    outcome = models.CharField(max_length=32, choices=AttemptOutcome.choices, blank=True, default="")
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    response_digest = models.BinaryField(max_length=32, null=True, blank=True)
+    evidence = models.TextField(blank=True, default="")
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["effect", "ordinal"]
+        constraints = [models.UniqueConstraint(fields=["effect", "ordinal"], name="effects_attempt_ordinal")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.ordinal} of effect #{self.effect_id} ({self.outcome or 'open'})"
+
+
+class DispatchPermit(ConcurrentTransitionMixin, models.Model):
+    """One-shot authorization for the sole egress adapter to cross the provider-I/O boundary for one attempt.
+    Invariants: at most one per attempt and one open per effect; open permits (granted, sending) form the gate's
+    open-permit set; a permit never closes because time passed."""
+
+    attempt = models.OneToOneField(RemoteEffectAttempt, on_delete=models.PROTECT, related_name="permit")
+    effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="permits")
+    gate = models.ForeignKey(AccountServingGate, on_delete=models.PROTECT, related_name="permits")
+    gate_fence = models.BigIntegerField()
+    credential_gate = models.ForeignKey(CredentialGenerationDispatchGate, on_delete=models.PROTECT,
+                                        related_name="permits")
+    credential_gate_fence = models.BigIntegerField()
+    holder = models.ForeignKey(ProcessGeneration, on_delete=models.PROTECT, related_name="permits")
+    holder_fence = models.BigIntegerField()
+    state = FSMField(default=PermitState.GRANTED, choices=PermitState.choices, protected=True)
+    io_may_have_started = models.BooleanField(default=False)
+    granted_at = models.DateTimeField(auto_now_add=True)
+    sending_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    abandonment_proof = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["effect"], condition=Q(state__in=["granted", "sending"]),
+                                    name="effects_permit_one_open_per_effect",
+                                    violation_error_code="permit_already_open"),
+            models.CheckConstraint(condition=~Q(state="sending") | Q(io_may_have_started=True),
+                                   name="effects_permit_sending_marks_io"),
+        ]
+        indexes = [models.Index(fields=["gate"], name="effects_permit_open_set",
+                                condition=Q(state__in=["granted", "sending"]))]
+
+    def __str__(self) -> str:
+        return f"permit #{self.pk} ({self.state})"
+
+    @transition(field=state, source=PermitState.GRANTED, target=PermitState.SENDING)
+    def start_sending(self, *, at) -> None:
+        self.io_may_have_started, self.sending_at = True, at
+
+    @transition(field=state, source=PermitState.SENDING, target=PermitState.RETURNED)
+    def settle(self, *, at) -> None:
+        self.closed_at = at
+
+    @transition(field=state, source=[PermitState.GRANTED, PermitState.SENDING], target=PermitState.ABANDONED)
+    def abandon(self, *, at, proof: str) -> None:
+        self.closed_at, self.abandonment_proof = at, proof
+
+
+class RemoteLink(ConcurrentTransitionMixin, models.Model):
+    """Links a local owner slot to a proven remote identity, scoped to the account. Invariants: one active link per
+    (account, remote identity) and per (account, owner slot); conflicts fail closed."""
+
+    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="remote_links")
+    owner_slot = models.CharField(max_length=255)
+    remote_identity = models.CharField(max_length=255)
+    effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="links")
+    state = FSMField(default=LinkState.ACTIVE, choices=LinkState.choices, protected=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["account", "remote_identity"], condition=Q(state="active"),
+                                    name="effects_link_one_active_per_remote"),
+            models.UniqueConstraint(fields=["account", "owner_slot"], condition=Q(state="active"),
+                                    name="effects_link_one_active_per_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_slot} -> {self.remote_identity} ({self.state})"
+
+    @transition(field=state, source=LinkState.ACTIVE, target=LinkState.RETIRED)
+    def retire(self, *, at) -> None:
+        self.retired_at = at

@@ -1,0 +1,294 @@
+"""Effect claims, DispatchPermit acquisition, settlement, abandonment, finalization and reconciliation.
+
+Lock order (docs/locking.md): epoch, account gate (the guard, FOR SHARE), credential dispatch gate (FOR SHARE —
+revocation takes FOR UPDATE, so they serialize), then entity rows: effect, permit, holder.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from connector import locks as connector_locks
+from connector.actors import Actor
+from connector.errors import ConnectorError
+from connector.secrets import secret_backend
+from connector.services.audit import audit_record
+from connector.services.guard import lock_serving
+from effects import locks
+from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
+from effects.errors import AbandonRefused, PermitRefused, ReconcileRefused
+from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
+
+log = logging.getLogger(__name__)
+DISPATCHER = Actor.system("dispatcher")
+
+
+# -- holders ---------------------------------------------------------------------------------------------------
+
+def holder_register(*, holder_id: str) -> ProcessGeneration:
+    holder, _ = ProcessGeneration.objects.get_or_create(holder_id=holder_id)
+    if holder.state != HolderState.RUNNING:
+        raise PermitRefused(f"holder generation {holder_id} is terminated and can never run again")
+    return holder
+
+
+def holder_heartbeat(*, holder_id: str) -> None:
+    ProcessGeneration.objects.filter(holder_id=holder_id, state=HolderState.RUNNING).update(
+        heartbeat_at=timezone.now())
+
+
+@transaction.atomic
+def holder_terminate(*, holder_id: str, evidence: str, actor: Actor) -> ProcessGeneration:
+    """Durably record that a worker process generation is terminated and its egress capability revoked. From
+    this commit on the egress adapter refuses every send from it, so its open permits may be abandoned."""
+    holder = locks.holder_for_update(holder_id)
+    if holder is None:
+        raise AbandonRefused(f"no holder generation {holder_id}")
+    if holder.state == HolderState.RUNNING:
+        if not evidence.strip():
+            raise AbandonRefused("termination needs evidence (supervisor receipt, process exit, egress revocation)")
+        holder.terminate(at=timezone.now(), by=str(actor), evidence=evidence)
+        holder.save()
+        audit_record(actor=actor, entity=holder, action="holder_terminate", from_state=HolderState.RUNNING,
+                     to_state=holder.state, reason=evidence)
+    return holder
+
+
+# -- claim and permit --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EffectClaim:
+    effect_pk: int
+    attempt_pk: int
+    lease_fence: int
+    holder_pk: int
+
+
+def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
+                 account_id: int | None = None) -> EffectClaim | None:
+    """Claim one `prepared` effect whose lease is free or expired: guard, then the effect `FOR UPDATE SKIP
+    LOCKED`; append an Attempt bound to the command's frozen epoch, request and credential generation. A claim
+    authorizes no I/O (CV2-10-031). Missing secret material quarantines the effect (CV2-10-013)."""
+    now = timezone.now()
+    qs = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+                                     state=EffectState.PREPARED)
+    if account_id is not None:
+        qs = qs.filter(account_id=account_id)
+    for pk, acct in qs.order_by("pk").values_list("pk", "account_id")[:20]:
+        try:
+            with transaction.atomic():
+                lock_serving(account_id=acct)
+                effect = locks.effect_for_update(pk, skip_locked=True)
+                now = timezone.now()
+                if (effect is None or effect.state != EffectState.PREPARED
+                        or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
+                    continue
+                command = effect.command
+                if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
+                    effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
+                    effect.save()
+                    audit_record(actor=DISPATCHER, entity=effect, action="effect_quarantine",
+                                 from_state=EffectState.PREPARED, to_state=effect.state,
+                                 reason="frozen credential secret version is absent; never falls forward")
+                    continue
+                ordinal, fence = effect.attempt_count + 1, effect.lease_fence + 1
+                expires = now + timedelta(seconds=lease_seconds)
+                attempt = RemoteEffectAttempt.objects.create(
+                    effect=effect, ordinal=ordinal, holder=holder, lease_fence=fence, epoch_id=command.epoch_id,
+                    credential_generation_id=command.credential_generation_id,
+                    request_digest=bytes(command.request_digest),
+                    provider_idempotency_key=command.provider_idempotency_key, lease_expires_at=expires)
+                RemoteEffect.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence,
+                                                          lease_holder=holder.holder_id, lease_expires_at=expires)
+                claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
+        except ConnectorError as exc:
+            log.info("effect claim skipped", extra={"effect": pk, "code": exc.code})
+            continue
+        return claim
+    return None
+
+
+def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
+    """One transaction: the guard (gate `v2_serving`, exact active epoch, FOR SHARE), the exact credential
+    dispatch gate (FOR SHARE, must be `enabled`; its fence is copied), the effect (FOR UPDATE, `prepared`, lease
+    fence and holder equal to the claim's); record a `granted` permit (joining the gate's open-permit set) and
+    move the effect to `dispatching` (CV2-10-037, CV2-04-006)."""
+    effect = RemoteEffect.objects.select_related("command").get(pk=claim.effect_pk)
+    command = effect.command
+    with transaction.atomic():
+        ctx = lock_serving(account_id=effect.account_id)
+        credential_gate = connector_locks.credential_gate_for_share(command.credential_generation_id)
+        effect = locks.effect_for_update(claim.effect_pk)
+        holder = locks.holder_for_share(claim.holder_pk)
+        if credential_gate.mode != "enabled":
+            raise PermitRefused(f"credential generation dispatch gate is {credential_gate.mode}")
+        if effect.state != EffectState.PREPARED or effect.lease_fence != claim.lease_fence:
+            raise PermitRefused(f"effect is {effect.state} with lease fence {effect.lease_fence}, not the claim's")
+        if holder.state != HolderState.RUNNING or effect.lease_holder != holder.holder_id:
+            raise PermitRefused("the holder no longer owns this effect's lease")
+        try:
+            with transaction.atomic():
+                permit = DispatchPermit.objects.create(
+                    attempt_id=claim.attempt_pk, effect=effect, gate_id=ctx.gate_pk, gate_fence=ctx.fence,
+                    credential_gate=credential_gate, credential_gate_fence=credential_gate.fence, holder=holder,
+                    holder_fence=claim.lease_fence)
+        except IntegrityError as exc:
+            raise PermitRefused("this attempt or effect already holds a permit") from exc
+        effect.dispatch()
+        effect.save()
+        audit_record(actor=DISPATCHER, entity=permit, action="permit_acquire", to_state=permit.state,
+                     fence=credential_gate.fence)
+    return permit
+
+
+# -- settlement ------------------------------------------------------------------------------------------------
+
+def _after_no_effect(effect: RemoteEffect) -> None:
+    """Proven no effect: another attempt only if the frozen policy permits it (CV2-10-028)."""
+    if effect.attempt_count < effect.command.max_attempts:
+        effect.retry()
+    else:
+        effect.no_effect()
+
+
+def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, response_digest: bytes | None,
+                  remote_id: str, evidence: str) -> RemoteEffect:
+    """Settle a `sending` permit with the provider's answer or the ambiguity: append the attempt's outcome, move
+    the effect (`remote_confirmed`, `uncertain`, or after proven no effect `prepared`/`no_effect`), and record
+    `returned`, leaving the open-permit set. Uses the permit and holder fences, not the gate's (CV2-03-018)."""
+    permit = DispatchPermit.objects.get(pk=permit_pk)
+    with transaction.atomic():
+        effect = locks.effect_for_update(permit.effect_id)
+        permit = locks.permit_for_update(permit_pk)
+        if permit.state != PermitState.SENDING:
+            raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
+        now = timezone.now()
+        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, outcome="").update(
+            outcome=outcome, response_status=response_status, response_digest=response_digest, evidence=evidence,
+            settled_at=now)
+        permit.settle(at=now)
+        permit.save()
+        if outcome == AttemptOutcome.REMOTE_CONFIRMED:
+            effect.confirm(remote_id=remote_id)
+        elif outcome == AttemptOutcome.NO_EFFECT:
+            _after_no_effect(effect)
+        else:
+            effect.become_uncertain()
+        effect.save()
+        audit_record(actor=DISPATCHER, entity=effect, action="permit_settle", from_state=EffectState.DISPATCHING,
+                     to_state=effect.state, reason=f"{outcome}: {evidence}"[:500])
+    return effect
+
+
+@transaction.atomic
+def permit_abandon(*, permit_pk: int, actor: Actor) -> RemoteEffect:
+    """Close an open permit without settlement, only with durable proof: its holder generation is terminated
+    (egress revoked), or — for a `granted` permit — a credential revocation committed after acquisition (the
+    fence mismatch proves the adapter can never send it, decision 5). `granted` returns the effect to
+    `prepared`; `sending` makes it `uncertain`. Elapsed time is never proof (CV2-10-040, CV2-10-042)."""
+    permit = DispatchPermit.objects.get(pk=permit_pk)
+    credential_gate = connector_locks.credential_gate_for_share(permit.credential_gate.credential_generation_id)
+    effect = locks.effect_for_update(permit.effect_id)
+    permit = locks.permit_for_update(permit_pk)
+    holder = locks.holder_for_share(permit.holder_id)
+    if permit.state not in (PermitState.GRANTED, PermitState.SENDING):
+        raise AbandonRefused(f"permit is {permit.state}")
+    if holder.state == HolderState.TERMINATED:
+        proof = f"holder {holder.holder_id} terminated at {holder.terminated_at:%Y-%m-%dT%H:%M:%SZ}: " \
+                f"{holder.termination_evidence}"
+    elif permit.state == PermitState.GRANTED and (credential_gate.mode != "enabled"
+                                                  or credential_gate.fence != permit.credential_gate_fence):
+        proof = (f"credential dispatch gate moved to {credential_gate.mode} fence {credential_gate.fence} after "
+                 f"acquisition at fence {permit.credential_gate_fence}: the adapter can never send this permit")
+    else:
+        raise AbandonRefused("no proof: the holder is still running and no revocation fenced this permit out")
+    was = permit.state
+    now = timezone.now()
+    permit.abandon(at=now, proof=proof)
+    permit.save()
+    if was == PermitState.GRANTED:
+        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, outcome="").update(
+            outcome=AttemptOutcome.NO_EFFECT, evidence=f"abandoned before sending: {proof}", settled_at=now)
+        effect.retry()
+    else:
+        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, outcome="").update(
+            outcome=AttemptOutcome.UNCERTAIN, evidence=f"abandoned while sending: {proof}", settled_at=now)
+        effect.become_uncertain()
+    effect.save()
+    audit_record(actor=actor, entity=permit, action="permit_abandon", from_state=was, to_state=permit.state,
+                 reason=proof[:500])
+    return effect
+
+
+# -- finalization and reconciliation ------------------------------------------------------------------------------
+
+@transaction.atomic
+def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+    """`remote_confirmed -> finalized` from attempt evidence, never calling the provider again (CV2-10-030,
+    CV2-10-052). With an owner slot, links it to the proven remote identity; a conflicting active link fails
+    closed (the effect stays `remote_confirmed` for an operator)."""
+    effect = locks.effect_for_update(effect_pk)
+    if effect.state == EffectState.FINALIZED:
+        return effect
+    if effect.state != EffectState.REMOTE_CONFIRMED:
+        raise ReconcileRefused(f"effect is {effect.state}, not remote_confirmed")
+    if owner_slot and effect.remote_id:
+        try:
+            with transaction.atomic():
+                RemoteLink.objects.create(account_id=effect.account_id, owner_slot=owner_slot,
+                                          remote_identity=effect.remote_id, effect=effect)
+        except IntegrityError:
+            existing = RemoteLink.objects.filter(Q(owner_slot=owner_slot) | Q(remote_identity=effect.remote_id),
+                                                 account_id=effect.account_id, state="active").first()
+            if existing is None or (existing.owner_slot, existing.remote_identity) != (owner_slot, effect.remote_id):
+                RemoteEffect.objects.filter(pk=effect.pk).update(quarantine_reason="REMOTE_LINK_CONFLICT")
+                raise ReconcileRefused(f"remote identity {effect.remote_id} or slot {owner_slot} is linked "
+                                       "elsewhere; nothing was linked") from None
+    effect.finalize()
+    effect.save()
+    audit_record(actor=DISPATCHER, entity=effect, action="effect_finalize", from_state=EffectState.REMOTE_CONFIRMED,
+                 to_state=effect.state)
+    return effect
+
+
+RECONCILE_DECISIONS = ("remote_confirmed", "no_effect", "idempotent_repeat", "quarantine")
+
+
+@transaction.atomic
+def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Actor, remote_id: str = ""
+                     ) -> RemoteEffect:
+    """An operator's (or provider query's) decision on an `uncertain` effect, with evidence: confirmed remotely;
+    proven no effect (another attempt only if the frozen policy permits, else terminal `no_effect`); an exact
+    idempotent repeat (only with the frozen provider idempotency key; the uncertain attempt stays as it is); or
+    quarantine (CV2-10-023..029, CV2-10-051)."""
+    if decision not in RECONCILE_DECISIONS:
+        raise ReconcileRefused(f"decision must be one of {', '.join(RECONCILE_DECISIONS)}")
+    if not evidence.strip():
+        raise ReconcileRefused("a reconciliation needs evidence")
+    effect = locks.effect_for_update(effect_pk)
+    if effect.state != EffectState.UNCERTAIN:
+        raise ReconcileRefused(f"effect is {effect.state}; only uncertain effects are reconciled")
+    if decision == "remote_confirmed":
+        effect.confirm(remote_id=remote_id)
+    elif decision == "no_effect":
+        _after_no_effect(effect)
+    elif decision == "idempotent_repeat":
+        if not effect.command.provider_idempotency_key:
+            raise ReconcileRefused("no frozen provider idempotency contract: an exact repeat is not provably safe")
+        effect.retry()
+    else:
+        effect.quarantine(reason="OPERATOR_QUARANTINE")
+    effect.save()
+    audit_record(actor=actor, entity=effect, action=f"effect_reconcile_{decision}", from_state=EffectState.UNCERTAIN,
+                 to_state=effect.state, reason=evidence)
+    return effect
+
+
+def open_permit_reasons(gate) -> list[str]:
+    count = DispatchPermit.objects.filter(gate_id=gate.pk, state__in=(PermitState.GRANTED, PermitState.SENDING)).count()
+    return [f"{count} open dispatch permit(s)"] if count else []

@@ -1,0 +1,109 @@
+"""Outbound authoring: Runtime's application transaction inserts one OutboundCommand with its complete
+FrozenDispatchBinding and exactly one RemoteEffect. Retries of the same logical effect converge on the same rows
+(CV2-10-001..015, CV2-10-047)."""
+from __future__ import annotations
+
+import hmac
+import json
+
+from django.db import IntegrityError, transaction
+
+from connector.canonical.profiles import profile_for
+from connector.models import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
+from connector.receipts import canonical_json, rec
+from connector.selectors.owners import binding_definition_read
+from connector.services.guard import ServingContext
+from effects.errors import OutboundConflict, OutboundRefused
+from effects.models import OutboundCommand, RemoteEffect
+
+
+def _binding(epoch_pk: int, kind: str, business_key: str):
+    proof = (ServingEpochBindingProof.objects.select_related("binding", "pack_generation")
+             .filter(epoch_id=epoch_pk, binding__kind=kind, binding__business_key=business_key).first())
+    if proof is None:
+        raise OutboundRefused(f"the epoch has no {kind} binding {business_key!r}")
+    b = proof.binding
+    definition = binding_definition_read(kind=kind, pack_generation_id=proof.pack_generation.generation_id,
+                                         pack_payload_digest=bytes(b.pack_payload_digest),
+                                         business_key=b.business_key, definition_version=b.definition_version)
+    return proof, json.loads(definition.definition), definition
+
+
+def idempotency_key(*, profile_id: str, account_key: str, application_scope: str, effect_root_id: str,
+                    effect_slot_id: str, effect_generation_id: str) -> bytes:
+    return profile_for(profile_id).digest("outbound-idempotency-key", rec(
+        account_key=account_key, application_scope=application_scope, effect_root_id=effect_root_id,
+        effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id))
+
+
+def outbound_command_author(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,
+                            effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
+                            path_params: dict[str, str], body: dict, suppress_external_effects: bool,
+                            source_execution_id: int | None = None) -> OutboundCommand:
+    """Author one OutboundCommand inside the caller's application transaction, which already holds the serving
+    guard `ctx` (gate `v2_serving`, exact active epoch). Freezes every reference from that exact epoch: push
+    contract and callout definitions, configuration, the account's exact credential generation for the callout's
+    CredentialRef, the request bytes and digest, the provider idempotency key if the contract supports one.
+    A replay context (`suppress_external_effects`) is refused. A retry of the same logical effect returns the
+    existing command if its binding is byte-identical, and fails closed otherwise."""
+    assert transaction.get_connection().in_atomic_block, "authored inside the application transaction"
+    if suppress_external_effects:
+        raise OutboundRefused("a replay execution context cannot author outbound commands")
+    epoch = ServingEpoch.objects.select_related("configuration").get(pk=ctx.epoch_pk)
+    push_proof, push_def, push_owner = _binding(ctx.epoch_pk, "push_contract", push_contract)
+    callout_proof, callout_def, _ = _binding(ctx.epoch_pk, "callout_profile", callout)
+    refs = callout_proof.binding.credential_refs
+    if not refs:
+        raise OutboundRefused(f"callout {callout!r} names no CredentialRef")
+    mapping = (ServiceConfigurationCredentialMapping.objects.select_related("credential_generation")
+               .filter(generation_id=epoch.configuration_id, account_id=ctx.account_id, credential_ref=refs[0]).first())
+    if mapping is None:
+        raise OutboundRefused(f"no exact credential generation for ({account_key}, {refs[0]}) in the epoch")
+    profile = profile_for(epoch.profile_id)
+    key = idempotency_key(profile_id=epoch.profile_id, account_key=account_key, application_scope=application_scope,
+                          effect_root_id=effect_root_id, effect_slot_id=effect_slot_id,
+                          effect_generation_id=effect_generation_id)
+    request_body = canonical_json(body)
+    try:
+        path = callout_def["path_template"].format(**path_params)
+    except KeyError as exc:
+        raise OutboundRefused(f"path parameter {exc} is missing") from exc
+    provider_key = key.hex() if push_def.get("idempotency") == "provider_key" else None
+    policy = {"max_attempts": int(push_def.get("max_attempts", 3)), "timeout_ms": int(callout_def.get("timeout_ms", 5000))}
+    route_policy_digest = profile.digest("route-policy", canonical_json(policy))
+    request_digest = profile.digest("outbound-request", rec(method=callout_def["method"], path=path,
+                                                            body=request_body, provider_key=provider_key))
+    fields = dict(
+        account_id=ctx.account_id, application_scope=application_scope, effect_root_id=effect_root_id,
+        effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id, idempotency_key=key,
+        source_execution_id=source_execution_id, epoch_id=ctx.epoch_pk, epoch_digest=ctx.epoch_digest,
+        gate_fence=ctx.fence, profile_id=epoch.profile_id, pack_generation_id=push_proof.pack_generation_id,
+        pack_payload_digest=bytes(push_proof.binding.pack_payload_digest), effect_definition=push_contract,
+        effect_version=push_proof.binding.definition_version, route_policy_digest=route_policy_digest,
+        configuration_id=epoch.configuration_id, credential_generation_id=mapping.credential_generation_id,
+        method=callout_def["method"], path=path, request_body=request_body, request_digest=request_digest,
+        provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"])
+    binding_digest = profile.digest("frozen-dispatch-binding", rec(
+        idempotency_key=key, epoch_digest=ctx.epoch_digest, pack_generation=push_proof.pack_generation.generation_id,
+        pack_payload_digest=fields["pack_payload_digest"], definition_digest=bytes(push_owner.canonical_definition_digest),
+        effect_definition=push_contract, effect_version=fields["effect_version"],
+        route_policy_digest=route_policy_digest, configuration=epoch.configuration.generation_id,
+        credential_generation=mapping.credential_generation.generation_id, request_digest=request_digest,
+        provider_key=provider_key))
+    existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
+                RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
+                return command
+        except IntegrityError:
+            existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+            if existing is None:
+                raise
+    if not hmac.compare_digest(bytes(existing.binding_digest), binding_digest):
+        raise OutboundConflict(f"logical effect {effect_root_id}/{effect_slot_id}/{effect_generation_id} exists with "
+                               "a different frozen binding")
+    return existing
+
+

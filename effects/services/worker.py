@@ -1,0 +1,73 @@
+"""The dispatch worker loop: claim a prepared effect, acquire its permit, send through the sole egress adapter,
+finalize a confirmed effect. Each step is its own transaction; a crash anywhere leaves a state the seed's crash
+rules recover from (docs/architecture.md)."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from django.conf import settings
+
+from connector.errors import ConnectorError
+from effects import egress
+from effects.choices import EffectState
+from effects.models import RemoteEffect
+from effects.services import dispatch
+
+log = logging.getLogger(__name__)
+_HOLDER_ID: str | None = None
+
+
+def holder_id() -> str:
+    """This process generation's identity: host, pid and a boot nonce (a restarted pid is a new generation)."""
+    global _HOLDER_ID
+    if _HOLDER_ID is None:
+        _HOLDER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return _HOLDER_ID
+
+
+def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
+    holder = dispatch.holder_register(holder_id=holder_name or holder_id())
+    claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
+                                  account_id=account_id)
+    if claim is None:
+        return None
+    try:
+        permit = dispatch.permit_acquire(claim=claim)
+    except ConnectorError as exc:
+        log.info("permit not acquired", extra={"effect": claim.effect_pk, "code": exc.code})
+        return None
+    effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
+                         credential_gate_fence=permit.credential_gate_fence)
+    if effect.state == EffectState.REMOTE_CONFIRMED:
+        effect = effect_finalize_from_evidence(effect.pk)
+    return effect
+
+
+def effect_finalize_from_evidence(effect_pk: int) -> RemoteEffect:
+    effect = RemoteEffect.objects.select_related("command").get(pk=effect_pk)
+    slot = effect.command.path.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot)
+    except ConnectorError as exc:
+        log.warning("finalization held for an operator", extra={"effect": effect_pk, "code": exc.code})
+        return RemoteEffect.objects.get(pk=effect_pk)
+
+
+def effects_sweep() -> dict[str, int]:
+    """Due outbound work from PostgreSQL: confirmed effects to finalize (never redispatched) and the count of
+    claimable prepared effects (free or expired lease)."""
+    from django.db.models import Q
+    from django.utils import timezone
+
+    finalized = 0
+    for pk in RemoteEffect.objects.filter(state=EffectState.REMOTE_CONFIRMED, quarantine_reason="") \
+            .values_list("pk", flat=True)[:200]:
+        if effect_finalize_from_evidence(pk).state == EffectState.FINALIZED:
+            finalized += 1
+    now = timezone.now()
+    claimable = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+                                            state=EffectState.PREPARED).count()
+    return {"finalized": finalized, "claimable": claimable}

@@ -1,0 +1,33 @@
+import json
+
+import pytest
+
+from connector.actors import Actor
+from connector.services import admission, execution, materialize
+from effects import egress
+from effects.models import DispatchPermit, OutboundCommand, RemoteEffect
+from effects.services import dispatch
+
+
+@pytest.mark.django_db
+def test_smoke(push_world, receiver):
+    body = json.dumps({"events": [{"id": "e1", "type": "t", "record_id": "r1", "sequence": 1, "occurred_at": "x",
+                                   "data": {"name": "Ann", "email": "ann@example.com"}}]}).encode()
+    adm = admission.receipt_admit(account_key=push_world.accounts[0].account_key, channel="records.webhook",
+                                  transport_key="k", body=body, actor=Actor.system("t"))
+    out = materialize.receipt_materialize(receipt_pk=adm.receipt.pk)
+    for lane in out.lanes:
+        execution.lane_advance(lane_pk=lane)
+    execution.execution_run(token=execution.execution_claim(holder="w"))
+    assert OutboundCommand.objects.count() == 1
+    holder = dispatch.holder_register(holder_id="h1")
+    claim = dispatch.effect_claim(holder=holder)
+    permit = dispatch.permit_acquire(claim=claim)
+    effect = egress.send(permit_pk=permit.pk, holder_id="h1", holder_fence=permit.holder_fence,
+                         credential_gate_fence=permit.credential_gate_fence)
+    print(effect.state, effect.remote_id, receiver.requests)
+    effect = dispatch.effect_finalize(effect_pk=effect.pk, owner_slot="r1")
+    assert effect.state == "finalized"
+    assert receiver.applied_total() == 1
+    assert DispatchPermit.objects.get().state == "returned"
+    assert RemoteEffect.objects.get().state == "finalized"
