@@ -11,6 +11,7 @@ import uuid
 from django.conf import settings
 
 from connector.errors import ConnectorError
+from connector.faults import fault_point
 from effects import egress
 from effects.choices import EffectState
 from effects.models import RemoteEffect
@@ -42,6 +43,7 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
     effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
     if effect.state == EffectState.REMOTE_CONFIRMED:
+        fault_point("dispatch.after_confirmed")
         effect = effect_finalize_from_evidence(effect.pk)
     return effect
 
