@@ -11,6 +11,9 @@ from effects.services import dispatch
 
 @pytest.mark.django_db
 def test_smoke(push_world, receiver):
+    """End to end: an admitted event's Runtime transaction authors one command; one claim, one permit, one
+    request through the sole egress adapter, settlement and finalization with a RemoteLink; the receiver applied
+    the effect once. Proves: CV2-10-001, CV2-10-014, CV2-10-037, CV2-10-038, CV2-10-041, CV2-10-045"""
     body = json.dumps({"events": [{"id": "e1", "type": "t", "record_id": "r1", "sequence": 1, "occurred_at": "x",
                                    "data": {"name": "Ann", "email": "ann@example.com"}}]}).encode()
     adm = admission.receipt_admit(account_key=push_world.accounts[0].account_key, channel="records.webhook",
@@ -25,7 +28,6 @@ def test_smoke(push_world, receiver):
     permit = dispatch.permit_acquire(claim=claim)
     effect = egress.send(permit_pk=permit.pk, holder_id="h1", holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
-    print(effect.state, effect.remote_id, receiver.requests)
     effect = dispatch.effect_finalize(effect_pk=effect.pk, owner_slot="r1")
     assert effect.state == "finalized"
     assert receiver.applied_total() == 1
