@@ -34,7 +34,7 @@ ROUTE_DEFINITION = {
 PUSH = {"push": {"contract": "records.push", "callout": "records.callout"}}
 MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
                                  {"source": "/email", "target": "email"}]}
-CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_id}", "timeout_ms": 5000}
+CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000}
 PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
 
 

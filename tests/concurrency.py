@@ -34,9 +34,10 @@ def start(fn: Callable[[], Any], name: str = "worker") -> Worker:
 
 
 def backend_pid_waiting(using: str = "default") -> list[int]:
-    """PIDs of sessions currently waiting on a row lock (pg_locks not granted)."""
+    """PIDs of sessions of this test database currently waiting on a lock (pg_locks not granted)."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_locks WHERE NOT granted")
+        cursor.execute("SELECT pid FROM pg_locks WHERE NOT granted AND database = "
+                       "(SELECT oid FROM pg_database WHERE datname = current_database())")
         return [r[0] for r in cursor.fetchall()]
 
 

@@ -89,14 +89,21 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
                 chosen = top
         else:  # strict_source_sequence
             expected = (hw + 1) if hw is not None else Decimal(route.ordering.get("first_position", 1))
+            waiting = False
             for p in pending:
                 if p.position < expected:
                     _supersede(lane, p, "at_or_below_high_water", None)
                 elif p.position == expected and chosen is None:
                     chosen = p
+                elif p.position > expected:
+                    waiting = True
             if chosen is None:
-                if lane.gap_since is None:
+                # A gap exists only while a later position waits for the missing one; stale duplicates alone
+                # never open (or keep open) a gap.
+                if waiting and lane.gap_since is None:
                     OrderingLane.objects.filter(pk=lane.pk).update(gap_since=timezone.now(), fence=lane.fence + 1)
+                elif not waiting and lane.gap_since is not None:
+                    OrderingLane.objects.filter(pk=lane.pk).update(gap_since=None, fence=lane.fence + 1)
                 return None
         if chosen is None:
             OrderingLane.objects.filter(pk=lane.pk).update(fence=lane.fence + 1)
@@ -127,6 +134,9 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
             route.ordering.get("first_position", 1))
         nxt = (Projection.objects.filter(lane=lane, lane_status="pending", position__gt=expected)
                .order_by("position").values_list("position", flat=True).first())
+        if nxt is None:  # nothing waits beyond the gap any more: there is no gap to decide
+            OrderingLane.objects.filter(pk=lane.pk).update(gap_since=None, fence=lane.fence + 1)
+            return None
         disposition = route.ordering.get("gap_disposition", "quarantine_partition")
         GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
         audit_record(actor=CLAIMANT, entity=lane, action="lane_gap_deadline", fence=lane.fence + 1,

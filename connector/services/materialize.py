@@ -143,19 +143,24 @@ def window_seal(window: ProjectionWindow, route: RouteProgram, ctx: ServingConte
 def _windowed(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: ServingContext, profile_id: str,
               out: Materialized) -> None:
     spec = route.definition["window"]
-    window = locks.open_window_for_update(epoch_pk=ctx.epoch_pk, route=route.business_key, grouping_key=n.grouping_key)
-    if window is None:
+    window = None
+    while window is None:
+        # Lock the open window of this key, or open one; a concurrent opener or sealer makes us look again.
+        window = locks.open_window_for_update(epoch_pk=ctx.epoch_pk, route=route.business_key,
+                                              grouping_key=n.grouping_key)
+        if window is not None:
+            break
         try:
             with transaction.atomic():
-                window = ProjectionWindow.objects.create(
+                created = ProjectionWindow.objects.create(
                     account_id=event.account_id, epoch_id=ctx.epoch_pk, route=route.business_key,
                     grouping_key=n.grouping_key, max_members=spec["max_members"],
                     max_age_seconds=spec["max_age_seconds"],
                     closes_at=timezone.now() + timedelta(seconds=spec["max_age_seconds"]))
-        except IntegrityError:
-            window = locks.open_window_for_update(epoch_pk=ctx.epoch_pk, route=route.business_key,
-                                                  grouping_key=n.grouping_key)
-        window = locks.window_for_update(window.pk)
+            window = locks.window_for_update(created.pk)
+        except IntegrityError as exc:
+            if _constraint(exc) != "connector_window_one_open_per_key":
+                raise
     WindowMember.objects.create(window=window, event=event, ordinal=window.member_count, record_key=n.record_key)
     window.member_count += 1
     if window.member_count >= window.max_members:
@@ -229,7 +234,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
             if disposition != ComponentDisposition.EVENT:
                 continue
             out.events.append(event.pk)
-            if route.windowed:
+            if route.windowed and replay is None:
                 _windowed(event, n, route, ctx, profile_id, out)
             else:
                 _immediate(event, n, route, ctx, profile_id, replay is not None, out)

@@ -68,9 +68,12 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
     principal = ident(principal, "principal")
     if mode != ReplayMode.SUPPRESS_EXTERNAL_EFFECTS:
         raise ReplayModeRefused(f"replay mode {mode!r} is refused; only suppress_external_effects is valid")
+    mode = str(ReplayMode(mode).value)
     if not reason.strip():
         raise ReplayPredecessorInvalid("a replay needs a reason")
     account = account_get(account_key)
+    if not isinstance(predecessor_event_id, int) or not 0 < predecessor_event_id < 2 ** 63:
+        raise ReplayPredecessorInvalid("predecessor event id is not an exact event identity")
     digest = _request_digest(account_key=account.account_key, request_id=request_id, epoch_id=target_epoch_id,
                              epoch_digest=bytes(target_epoch_digest), predecessor_event_id=predecessor_event_id,
                              predecessor_payload_digest=bytes(predecessor_payload_digest), reason=reason,
