@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from types import MappingProxyType
 
+from django.core.exceptions import RequestDataTooBig
 from django.core.signals import got_request_exception
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -32,7 +33,7 @@ API_ERROR_CODES = MappingProxyType({
     "PERMISSION_DENIED": (403, "The authenticated user lacks the model permission this endpoint requires."),
     "NOT_FOUND": (404, "No such URL, or no such receipt in this account."),
     "METHOD_NOT_ALLOWED": (405, "The HTTP method is not supported by this endpoint."),
-    "NOT_ACCEPTABLE": (406, "The `Accept` header names no media type the endpoint can render (it renders JSON)."),
+    "NOT_ACCEPTABLE": (406, "The `Accept` header excludes JSON, the only media type replay and reads render."),
     "BODY_TOO_LARGE": (413, "The body exceeds DATA_UPLOAD_MAX_MEMORY_SIZE; nothing was written."),
     "UNSUPPORTED_MEDIA_TYPE": (415, "The replay endpoint accepts `application/json` only."),
     "INTERNAL_ERROR": (500, "An unexpected server error; it is logged. Retrying the same request is safe."),
@@ -46,8 +47,11 @@ API_ERROR_CODES = MappingProxyType({
     "IDENTITY_INVALID": (400, "An identity (replay request_id, principal) is not canonical."),
     "REPLAY_MODE_REFUSED": (400, "Only `suppress_external_effects` replays are accepted."),
     "REPLAY_MISMATCH": (409, "The replay request ID exists with different bytes."),
-    "REPLAY_PREDECESSOR_INVALID": (422, "The predecessor event and payload digest do not match exactly, or the "
-                                        "reason is blank."),
+    "REPLAY_PREDECESSOR_INVALID": (422, "The predecessor event and payload digest do not match exactly."),
+    "REPLAY_REQUEST_INVALID": (409, "The replay has no reason, or its target epoch is not the account's serving "
+                                    "epoch (not retryable: correct the request)."),
+    "SIGNING_CREDENTIAL_UNAVAILABLE": (503, "The account's signing credential cannot be read right now (server "
+                                            "side); retry after `Retry-After` seconds."),
     "GATE_NOT_SERVING": (503, "The account gate is not v2_serving on an exact active epoch; retry after "
                               "`Retry-After` seconds."),
     "OWNER_UNAVAILABLE": (503, "An owner or the secret backend cannot be read right now; retry after "
@@ -57,6 +61,9 @@ API_ERROR_CODES = MappingProxyType({
     "ROUTE_DEFINITION_INVALID": (500, "The frozen route definition is not of the closed generic shape; an "
                                       "operator must install a corrected pack generation."),
 })
+
+#: The codes as a sorted list (the `code` enum of the OpenAPI `Error` component).
+API_ERROR_CODE_CHOICES = sorted(API_ERROR_CODES)
 
 # DRF exception class -> catalog code, most specific first.
 _DRF_CODES: tuple[tuple[type[exceptions.APIException], str], ...] = (
@@ -98,6 +105,8 @@ def connector_exception_handler(exc: Exception, context: dict) -> Response:
         if exc.retryable and exc.http_status == status.HTTP_503_SERVICE_UNAVAILABLE:
             headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return Response({"code": exc.code, "detail": exc.detail}, status=exc.http_status, headers=headers)
+    if isinstance(exc, RequestDataTooBig):  # Django's size limit, wherever the body was first read
+        exc = BodyTooLarge()
     response = drf_exception_handler(exc, context)  # Http404/PermissionDenied conversion, WWW-Authenticate
     if response is None:
         request = context.get("request")

@@ -7,7 +7,7 @@ import re
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from connector.api.exceptions import API_ERROR_CODES
+from connector.api.exceptions import API_ERROR_CODE_CHOICES
 
 _HEX_DIGEST = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -32,16 +32,23 @@ class ExactTextField(serializers.CharField):
     """Text passed to the services exactly as sent: never trimmed (the services validate canonical identity and
     refuse padding instead of repairing it, CV2-01-004)."""
 
+    default_error_messages = {"invalid": "Expected a JSON string."}
+
     def __init__(self, **kwargs: object) -> None:
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
+
+    def to_internal_value(self, data: object) -> str:
+        if not isinstance(data, str):  # never coerce a number into an identity
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 @extend_schema_serializer(component_name="Error")
 class ErrorSerializer(serializers.Serializer):
     """Every error body (docs/api.md, "Error catalog")."""
 
-    code = serializers.ChoiceField(choices=sorted(API_ERROR_CODES))
+    code = serializers.ChoiceField(choices=API_ERROR_CODE_CHOICES)
     detail = serializers.JSONField(help_text="A message, or per-field errors for REQUEST_INVALID.")
 
 
@@ -51,3 +58,66 @@ class EpochRefSerializer(serializers.Serializer):
 
     id = ExactTextField()
     digest = HexDigestField()
+
+
+@extend_schema_serializer(component_name="ReplayPredecessor")
+class ReplayPredecessorSerializer(serializers.Serializer):
+    """The V2 Event a replay re-materializes and the digest of the exact component bytes that produced it."""
+
+    event_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The V2 Event to replay.")
+    payload_digest = HexDigestField(help_text="SHA-256 of the exact component bytes that produced the Event.")
+
+
+# -- read models (items of the read endpoints' OutputSerializers) --------------------------------------------------
+
+@extend_schema_serializer(component_name="ReceiptComponent")
+class ReceiptComponentSerializer(serializers.Serializer):
+    ordinal = serializers.IntegerField()
+    disposition = serializers.CharField(help_text="event | duplicate_event | quarantined")
+    reason_code = serializers.CharField(help_text="Why a component was quarantined (e.g. EVENT_KEY_CONFLICT).")
+    event = serializers.IntegerField(allow_null=True, source="event_id")
+    payload_digest = HexDigestField()
+
+
+@extend_schema_serializer(component_name="ExecutionSummary")
+class ExecutionSummarySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    generation = serializers.IntegerField()
+    state = serializers.CharField(help_text="ready | waiting_dependency | completed | quarantined")
+    attempt_count = serializers.IntegerField()
+    result_outcome = serializers.CharField(help_text="applied | noop | rejected | failed, or empty.")
+    command_id = serializers.CharField()
+    quarantine_reason = serializers.CharField()
+
+
+@extend_schema_serializer(component_name="SupersededDecisionSummary")
+class SupersededDecisionSerializer(serializers.Serializer):
+    reason = serializers.CharField(help_text="at_or_below_high_water | lower_than_selected | ...")
+    position = serializers.DecimalField(max_digits=38, decimal_places=0)
+    high_water_at_decision = serializers.DecimalField(max_digits=38, decimal_places=0, allow_null=True)
+    selected_position = serializers.DecimalField(max_digits=38, decimal_places=0, allow_null=True)
+    decided_at = serializers.DateTimeField()
+
+
+@extend_schema_serializer(component_name="ReceiptEvent")
+class ReceiptEventSerializer(serializers.Serializer):
+    """One Event a component produced or linked, with what became of it (built by ReceiptEventListApi)."""
+
+    id = serializers.IntegerField()
+    component_ordinal = serializers.IntegerField()
+    component_disposition = serializers.CharField(help_text="event | duplicate_event")
+    source_event_key = serializers.CharField()
+    kind = serializers.CharField(source="event_kind")
+    source_locator = serializers.CharField()
+    occurred_at = serializers.CharField()
+    route = serializers.CharField()
+    epoch = serializers.CharField(source="epoch.epoch_id", help_text="The epoch that admitted the Event.")
+    partition = serializers.CharField()
+    position = serializers.DecimalField(max_digits=38, decimal_places=0, allow_null=True)
+    payload_digest = HexDigestField()
+    replay_request = serializers.CharField(allow_null=True, help_text="ReplayRequest ID of a replay generation.")
+    predecessor = serializers.IntegerField(allow_null=True, help_text="The replayed Event, for a replay generation.")
+    projection = serializers.IntegerField(allow_null=True)
+    window = serializers.IntegerField(allow_null=True)
+    superseded = SupersededDecisionSerializer(allow_null=True)
+    executions = ExecutionSummarySerializer(many=True)

@@ -37,7 +37,8 @@ def ident(value: Any, field: str) -> str:
     try:
         return canonical_identity(value, field=field)
     except IdentityRejected as exc:
-        raise IdentityInvalid(f"{field}: {exc.code}: {exc}", field=field, reason=exc.code) from exc
+        raise IdentityInvalid(str(exc) if exc.code in str(exc) else f"{field}: {exc.code}: {exc}", field=field,
+                              reason=exc.code) from exc
 
 
 def _kind(value: Any) -> str:

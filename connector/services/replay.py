@@ -16,6 +16,7 @@ from connector.errors import ConnectorError
 from connector.models import MaterializationDue, Receipt, ReceiptComponent, ReplayRequest
 from connector.receipts import rec
 from connector.services.admission import account_get
+from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.owners import ident
 
@@ -33,6 +34,13 @@ class ReplayMismatch(ConnectorError):
     """This ReplayRequest ID exists with different bytes; nothing was written."""
 
     code = "REPLAY_MISMATCH"
+    http_status = 409
+
+
+class ReplayRequestInvalid(ConnectorError):
+    """The replay request lacks a reason or names a target epoch that is not the account's serving epoch."""
+
+    code = "REPLAY_REQUEST_INVALID"
     http_status = 409
 
 
@@ -70,7 +78,7 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
         raise ReplayModeRefused(f"replay mode {mode!r} is refused; only suppress_external_effects is valid")
     mode = str(ReplayMode(mode).value)
     if not reason.strip():
-        raise ReplayPredecessorInvalid("a replay needs a reason")
+        raise ReplayRequestInvalid("a replay needs a reason")
     account = account_get(account_key)
     if not isinstance(predecessor_event_id, int) or not 0 < predecessor_event_id < 2 ** 63:
         raise ReplayPredecessorInvalid("predecessor event id is not an exact event identity")
@@ -91,7 +99,10 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
         raise ReplayPredecessorInvalid("predecessor event and authorized payload digest do not match exactly")
     try:
         with transaction.atomic():
-            ctx = lock_serving(account_id=account.pk, epoch_id=target_epoch_id, epoch_digest=target_epoch_digest)
+            ctx = lock_serving(account_id=account.pk)
+            if ctx.epoch_id != target_epoch_id or not hmac.compare_digest(ctx.epoch_digest,
+                                                                          bytes(target_epoch_digest)):
+                raise ReplayRequestInvalid(f"target epoch {target_epoch_id} is not the account's serving epoch")
             request = ReplayRequest.objects.create(
                 account=account, request_id=request_id, target_epoch_id=ctx.epoch_pk,
                 target_epoch_digest=ctx.epoch_digest, predecessor_event=component.event,
@@ -102,6 +113,8 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
                 kind=ReceiptKind.REPLAY, channel=component.event.route, payload=bytes(component.payload),
                 payload_digest=bytes(predecessor_payload_digest), component_count=1, replay_request=request)
             MaterializationDue.objects.create(receipt=receipt)
+            audit_record(actor=actor, entity=request, action="replay_request_admit", fence=ctx.fence,
+                         evidence_digest=digest, reason=reason)
     except IntegrityError:
         existing = ReplayRequest.objects.select_related("receipt").filter(account=account,
                                                                           request_id=request_id).first()

@@ -14,6 +14,15 @@ from connector.models import AccountServingGate, ServiceConfigurationCredentialM
 from connector.secrets import secret_backend
 
 
+class SigningCredentialUnavailable(ConnectorError):
+    """The account's exact signing credential cannot be read right now (server side); retry later."""
+
+    code = "SIGNING_CREDENTIAL_UNAVAILABLE"
+    http_status = 503
+    retryable = True
+    operator_action = "Check the secret backend for the exact signing credential version of the active epoch."
+
+
 class SignatureInvalid(ConnectorError):
     """The Connector-Signature header is missing, malformed, outside the time tolerance, or does not match."""
 
@@ -51,7 +60,10 @@ def signing_secret(*, account_id: int, channel: str) -> bytes | None:
                        credential_ref=proof.binding.credential_refs[0]).first())
     if mapping is None:
         return None
-    return secret_backend().read(mapping.credential_generation.secret_version_ref)
+    try:
+        return secret_backend().read(mapping.credential_generation.secret_version_ref)
+    except ConnectorError as exc:
+        raise SigningCredentialUnavailable("the signing credential of the active epoch is unavailable") from exc
 
 
 def signature_verify(*, account_id: int, channel: str, header: str | None, body: bytes,

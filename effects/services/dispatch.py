@@ -149,8 +149,11 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
 # -- settlement ------------------------------------------------------------------------------------------------
 
 def _after_no_effect(effect: RemoteEffect) -> None:
-    """Proven no effect: another attempt only if the frozen policy permits it (CV2-10-028)."""
-    if effect.attempt_count < effect.command.max_attempts:
+    """Proven no effect: another attempt only if the frozen policy permits it (CV2-10-028). The policy counts
+    attempts that crossed (or may have crossed) the provider boundary — those whose permit reached `sending`;
+    claims that never sent (a lease lost before acquisition, a `granted` permit abandoned) do not count (D-117)."""
+    sent = RemoteEffectAttempt.objects.filter(effect=effect, permit__io_may_have_started=True).count()
+    if sent < effect.command.max_attempts:
         effect.retry()
     else:
         effect.no_effect()

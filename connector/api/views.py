@@ -1,0 +1,470 @@
+"""Connector V2 HTTP API: transport admission, replay admission and receipt reads (docs/api.md).
+
+Views are thin (STYLE R14): one APIView per operation, nested plain Input/OutputSerializers, every write through
+one service, every domain error mapped by the one EXCEPTION_HANDLER (connector.api.exceptions). Who may call
+what (decision D-111): transport admission is authenticated only by the HMAC `Connector-Signature` keyed by the
+account's exact signing credential generation; replay and reads are operator actions by Django users holding a
+model permission (HTTP Basic or a session)."""
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.db import transaction
+from django.db.models import Prefetch
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import RedisError
+from rest_framework import serializers, status
+from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.exceptions import NotFound
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from connector import tasks
+from connector.actors import Actor
+from connector.api.exceptions import RETRY_AFTER_SECONDS, BodyTooLarge
+from connector.api.serializers import (
+    EpochRefSerializer,
+    ErrorSerializer,
+    ExactTextField,
+    HexDigestField,
+    ReceiptComponentSerializer,
+    ReceiptEventSerializer,
+    ReplayPredecessorSerializer,
+)
+from connector.errors import GateNotServing
+from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent
+from connector.selectors.routes import route_for
+from connector.selectors.serving import gate_get
+from connector.services.admission import Admission, account_get, receipt_admit
+from connector.services.replay import replay_request_admit
+from connector.services.signatures import signature_verify
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = Actor.system("transport-admission")
+
+
+# -- shared helpers ------------------------------------------------------------------------------------------------
+
+class RawBodyParser(BaseParser):
+    """Any content type, handed over as the exact bytes. Admission never parses through DRF: the route's frozen
+    definition parses the body inside the service, and the signature covers the bytes as received."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None) -> bytes:
+        return stream.read() if stream is not None else b""
+
+
+def _model_permission(perm: str) -> type[BasePermission]:
+    """A DRF permission class requiring one Django model permission (global, not per account)."""
+
+    class HasModelPermission(BasePermission):
+        message = f"This endpoint requires the permission {perm}."
+
+        def has_permission(self, request, view) -> bool:
+            user = request.user
+            return bool(user and user.is_authenticated and user.has_perm(perm))
+
+    HasModelPermission.__name__ = HasModelPermission.__qualname__ = f"Has_{perm.replace('.', '_')}"
+    return HasModelPermission
+
+
+OPERATOR_AUTHENTICATION = [BasicAuthentication, SessionAuthentication]  # Basic first: 401 + WWW-Authenticate
+
+
+class JsonRegardlessOfAccept(BaseContentNegotiation):
+    """Admission answers JSON whatever the sender's `Accept` header says: a delivery is never refused (406) for
+    how the sender would like to read the acknowledgement."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+def _raw_body(request) -> bytes:
+    try:
+        return bytes(request.body)
+    except RequestDataTooBig as exc:
+        raise BodyTooLarge() from exc
+
+
+def _header_bytes(value: str | None) -> bytes | str | None:
+    """The header's original bytes. WSGI and ASGI hand Django header values decoded as latin-1 (PEP 3333), so
+    encoding back to latin-1 restores the exact bytes the client sent; the service then decodes them as strict
+    UTF-8 and rejects invalid encodings. A value that is not latin-1 text did not come from a server (a test client
+    passing text) and is validated as text."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value
+
+
+def _materialization_enqueue(receipt_pk: int) -> None:
+    """Wake a worker to materialize the receipt. Redis only wakes workers: when the broker is unreachable the
+    sweeper still materializes from the MaterializationDue row written with the receipt (decision D-106), so a
+    failed enqueue is logged and never fails the request that already committed."""
+    try:
+        tasks.receipt_materialize.delay(receipt_pk)
+    except (KombuOperationalError, RedisError, OSError) as exc:
+        log.warning("materialization enqueue failed; the sweeper will materialize the receipt",
+                    extra={"receipt": receipt_pk, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _schedule_materialization(receipt_pk: int) -> None:
+    transaction.on_commit(partial(_materialization_enqueue, receipt_pk), robust=True)
+
+
+def _epoch_ref(receipt: Receipt) -> dict:
+    return {"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}
+
+
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+COMMON_ERRORS = {
+    405: _error("`METHOD_NOT_ALLOWED`."),
+    500: _error("`INTERNAL_ERROR`: unexpected, logged."),
+}
+OPERATOR_ERRORS = {
+    401: _error("`NOT_AUTHENTICATED`: no valid HTTP Basic credentials or session."),
+    403: _error("`PERMISSION_DENIED`: the user lacks the required model permission (or a session POST lacks "
+                "its CSRF token)."),
+    406: _error("`NOT_ACCEPTABLE`: the endpoint renders JSON only."),
+}
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[503],
+    description=f"Seconds to wait before retrying ({RETRY_AFTER_SECONDS}).")
+ACCOUNT_PARAM = OpenApiParameter("account", OpenApiTypes.STR, OpenApiParameter.PATH,
+                                 description="The exact connector account key.")
+
+
+# -- transport admission -------------------------------------------------------------------------------------------
+
+class ReceiptAdmitApi(APIView):
+    """Admit one transport delivery exactly once (CV2-05-001..006, CV2-05-009, CV2-05-016).
+
+    Order of checks, each refusing before anything is written: the account (404 ACCOUNT_NOT_FOUND), the gate's
+    epoch and the channel as an enabled inbound route of that epoch (503 GATE_NOT_SERVING, 404
+    CHANNEL_NOT_FOUND), the signature over the exact body (401 SIGNATURE_INVALID), then `receipt_admit` (key,
+    duplicate resolution, serving guard, whole-body parse)."""
+
+    authentication_classes: list = []  # the HMAC signature is the only authentication (no session, no CSRF)
+    permission_classes = [AllowAny]
+    parser_classes = [RawBodyParser]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonRegardlessOfAccept
+
+    @extend_schema_serializer(component_name="ReceiptAdmission")
+    class OutputSerializer(serializers.Serializer):
+        receipt = serializers.IntegerField(allow_null=True, help_text="The Receipt's id; null for v1_accepted.")
+        admission = serializers.ChoiceField(choices=["created", "duplicate", "v1_accepted"])
+        epoch = EpochRefSerializer(allow_null=True, help_text="The epoch that admitted the (original) Receipt.")
+        component_count = serializers.IntegerField(allow_null=True)
+
+    @extend_schema(
+        operation_id="receipt_admit",
+        summary="Admit one transport delivery",
+        description=(
+            "The body is taken as the exact bytes received (any content type) and parsed by the channel's frozen "
+            "inbound route. `Connector-Signature` is verified before admission; `Idempotency-Key` names the "
+            "delivery in the (account, channel) key namespace shared with imported V1 tombstones. A retry with "
+            "the same key and bytes returns the original Receipt and its epoch."),
+        parameters=[
+            ACCOUNT_PARAM,
+            OpenApiParameter("channel", OpenApiTypes.STR, OpenApiParameter.PATH,
+                             description="The inbound route's business key, enabled for the account."),
+            OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+                             description="Canonical UTF-8 text, 1..255 code points, no edge whitespace, no "
+                                         "control or format characters, NFC. Never trimmed."),
+            OpenApiParameter("Connector-Signature", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+                             description="`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.\" + body)>`, "
+                                         "keyed by the account's signing credential generation."),
+            RETRY_AFTER,
+        ],
+        request={"*/*": OpenApiTypes.BINARY},
+        responses={
+            201: OpenApiResponse(OutputSerializer, description="A new Receipt (`admission: created`)."),
+            200: OpenApiResponse(OutputSerializer, description=(
+                "`admission: duplicate` (the original Receipt and epoch) or `v1_accepted` (a V1 tombstone "
+                "holds the key; no Receipt, `receipt` is null).")),
+            400: _error("`NONCANONICAL_KEY`, `BODY_UNPARSEABLE`, `OWNER_FACT_INVALID`."),
+            401: _error("`SIGNATURE_INVALID`."),
+            404: _error("`ACCOUNT_NOT_FOUND`, `CHANNEL_NOT_FOUND`, `NOT_FOUND`."),
+            409: _error("`RECEIPT_DIGEST_MISMATCH`."),
+            413: _error("`BODY_TOO_LARGE`."),
+            503: _error("`GATE_NOT_SERVING`, `OWNER_UNAVAILABLE`; retry after `Retry-After` seconds."),
+            **COMMON_ERRORS,
+            500: _error("`INTERNAL_ERROR` (unexpected, logged) or `ROUTE_DEFINITION_INVALID` (an operator must "
+                        "install a corrected pack generation)."),
+        },
+        examples=[OpenApiExample("created", response_only=True, status_codes=["201"], value={
+            "receipt": 42, "admission": "created", "epoch": {"id": "epoch-1", "digest": "ab" * 32},
+            "component_count": 2})],
+        tags=["admission"],
+    )
+    def post(self, request, account: str, channel: str) -> Response:
+        body = _raw_body(request)  # the exact bytes, before anything could parse them
+        account_row = account_get(account)
+        _channel_check(account_row, channel)
+        signature_verify(account_id=account_row.pk, channel=channel,
+                         header=request.META.get("HTTP_CONNECTOR_SIGNATURE"), body=body)
+        admission = receipt_admit(account_key=account_row.account_key, channel=channel,
+                                  transport_key=_header_bytes(request.META.get("HTTP_IDEMPOTENCY_KEY")), body=body,
+                                  actor=TRANSPORT)
+        if admission.outcome == "created":
+            _schedule_materialization(admission.receipt.pk)
+        data = self.OutputSerializer(_admission_data(admission)).data
+        return Response(data, status=status.HTTP_201_CREATED if admission.outcome == "created" else status.HTTP_200_OK)
+
+
+def _channel_check(account: ConnectorAccount, channel: str) -> None:
+    """The channel must be an enabled inbound route of the epoch the gate names now. A gate naming no epoch has
+    no route to check and no signing key: it is not serving (admission would refuse it under its lock anyway)."""
+    try:
+        gate = gate_get(account_id=account.pk)
+    except ObjectDoesNotExist:
+        gate = None
+    if gate is None or gate.epoch_id is None or gate.epoch_digest is None:
+        raise GateNotServing(f"account {account.account_key!r} gate is {gate.mode if gate else 'absent'}; "
+                             "no epoch serves it")
+    route_for(epoch_pk=gate.epoch_id, epoch_digest=bytes(gate.epoch_digest), account_id=account.pk,
+              channel=channel)
+
+
+def _admission_data(admission: Admission) -> dict:
+    receipt = admission.receipt
+    if receipt is None:  # v1_accepted: the key belongs to a V1 tombstone, there is no V2 descendant
+        return {"receipt": None, "admission": admission.outcome, "epoch": None, "component_count": None}
+    return {"receipt": receipt.pk, "admission": admission.outcome, "epoch": _epoch_ref(receipt),
+            "component_count": receipt.component_count}
+
+
+# -- replay admission ----------------------------------------------------------------------------------------------
+
+class ReplayRequestAdmitApi(APIView):
+    """Admit one operator-authorized replay (CV2-09-001, CV2-09-005, CV2-09-006, CV2-09-010, CV2-09-017)."""
+
+    authentication_classes = OPERATOR_AUTHENTICATION
+    renderer_classes = [JSONRenderer]
+    permission_classes = [_model_permission("connector.add_replayrequest")]
+    parser_classes = [JSONParser]
+
+    @extend_schema_serializer(component_name="ReplayRequestAdmitInput")
+    class InputSerializer(serializers.Serializer):
+        request_id = ExactTextField(allow_blank=True, help_text="Stable replay request ID (canonical identity).")
+        target_epoch = EpochRefSerializer()
+        predecessor = ReplayPredecessorSerializer()
+        reason = ExactTextField(allow_blank=True)
+        principal = ExactTextField(allow_blank=True, help_text="The authorizing principal, bound into the request.")
+        mode = ExactTextField(allow_blank=True, help_text="Must be `suppress_external_effects`.")
+
+    @extend_schema_serializer(component_name="ReplayRequestAdmission")
+    class OutputSerializer(serializers.Serializer):
+        request = serializers.IntegerField(help_text="The ReplayRequest's id.")
+        request_id = serializers.CharField()
+        receipt = serializers.IntegerField(help_text="The replay Receipt's id.")
+        admission = serializers.ChoiceField(choices=["created", "duplicate"])
+        target_epoch = EpochRefSerializer()
+
+    @extend_schema(
+        operation_id="replay_request_admit",
+        summary="Admit one replay request",
+        description=(
+            "Creates an immutable ReplayRequest and its inert replay Receipt, which copies the exact predecessor "
+            "component bytes; materialization follows asynchronously. The same `request_id` with the same bytes "
+            "returns the same ids (`duplicate`); with different bytes `REPLAY_MISMATCH`. Requires the permission "
+            "`connector.add_replayrequest`."),
+        parameters=[ACCOUNT_PARAM, RETRY_AFTER],
+        request=InputSerializer,
+        responses={
+            201: OpenApiResponse(OutputSerializer, description="A new ReplayRequest and replay Receipt."),
+            200: OpenApiResponse(OutputSerializer, description="`duplicate`: the existing request and receipt."),
+            400: _error("`REQUEST_INVALID`, `IDENTITY_INVALID`, `REPLAY_MODE_REFUSED`."),
+            **OPERATOR_ERRORS,
+            404: _error("`ACCOUNT_NOT_FOUND`, `NOT_FOUND`."),
+            409: _error("`REPLAY_MISMATCH`."),
+            413: _error("`BODY_TOO_LARGE`."),
+            415: _error("`UNSUPPORTED_MEDIA_TYPE`: send `application/json`."),
+            422: _error("`REPLAY_PREDECESSOR_INVALID`."),
+            503: _error("`GATE_NOT_SERVING` (also when `target_epoch` is not the gate's exact active epoch)."),
+            **COMMON_ERRORS,
+        },
+        tags=["replay"],
+    )
+    def post(self, request, account: str) -> Response:
+        _raw_body(request)  # enforces DATA_UPLOAD_MAX_MEMORY_SIZE, which DRF's JSONParser does not check
+        s = self.InputSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        data = s.validated_data
+        admission = replay_request_admit(
+            account_key=account, request_id=data["request_id"], target_epoch_id=data["target_epoch"]["id"],
+            target_epoch_digest=data["target_epoch"]["digest"], predecessor_event_id=data["predecessor"]["event_id"],
+            predecessor_payload_digest=data["predecessor"]["payload_digest"], reason=data["reason"],
+            principal=data["principal"], mode=data["mode"], actor=Actor.for_user(request.user))
+        if admission.outcome == "created":
+            _schedule_materialization(admission.receipt.pk)
+        replay = admission.request
+        out = self.OutputSerializer({
+            "request": replay.pk, "request_id": replay.request_id, "receipt": admission.receipt.pk,
+            "admission": admission.outcome,
+            "target_epoch": {"id": replay.target_epoch.epoch_id, "digest": bytes(replay.target_epoch_digest)}})
+        return Response(out.data, status=status.HTTP_201_CREATED if admission.outcome == "created"
+                        else status.HTTP_200_OK)
+
+
+# -- reads ---------------------------------------------------------------------------------------------------------
+# Every query is scoped by the account named in the URL; payload bytes are never returned (digests only).
+
+def _receipt_get(*, account_key: str, receipt_id: int, queryset=None) -> Receipt:
+    account = account_get(account_key)
+    queryset = queryset if queryset is not None else Receipt.objects.select_related("account", "epoch")
+    receipt = queryset.defer("payload").filter(account=account, pk=receipt_id).first()
+    if receipt is None:
+        raise NotFound(f"no receipt {receipt_id} in account {account_key!r}")
+    return receipt
+
+
+def _one(obj, attr: str):
+    """A reverse one-to-one or nullable relation, or None."""
+    if obj is None:
+        return None
+    try:
+        return getattr(obj, attr)
+    except ObjectDoesNotExist:
+        return None
+
+
+class ReceiptDetailApi(APIView):
+    """One Receipt of the account with its epoch, kind and components (CV2-05-009, CV2-05-011, CV2-05-015)."""
+
+    authentication_classes = OPERATOR_AUTHENTICATION
+    renderer_classes = [JSONRenderer]
+    permission_classes = [_model_permission("connector.view_receipt")]
+
+    @extend_schema_serializer(component_name="ReceiptDetail")
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        account = serializers.CharField(source="account.account_key")
+        kind = serializers.CharField(help_text="transport | replay")
+        channel = serializers.CharField()
+        epoch = serializers.SerializerMethodField()
+        gate_fence = serializers.IntegerField()
+        payload_digest = HexDigestField()
+        component_count = serializers.IntegerField()
+        materialized_component_count = serializers.SerializerMethodField()
+        materialization_pending = serializers.SerializerMethodField()
+        replay_request = serializers.SerializerMethodField(help_text="The ReplayRequest ID of a replay receipt.")
+        created_at = serializers.DateTimeField()
+        components = ReceiptComponentSerializer(many=True)
+
+        @extend_schema_field(EpochRefSerializer)
+        def get_epoch(self, receipt) -> dict:
+            return EpochRefSerializer(_epoch_ref(receipt)).data
+
+        def get_materialized_component_count(self, receipt) -> int:
+            return len(receipt.components.all())
+
+        def get_materialization_pending(self, receipt) -> bool:
+            return _one(receipt, "materialization_due") is not None
+
+        def get_replay_request(self, receipt) -> str | None:
+            return receipt.replay_request.request_id if receipt.replay_request_id else None
+
+    @extend_schema(
+        operation_id="receipt_get",
+        summary="Read one receipt",
+        description="Requires the permission `connector.view_receipt`. Payload bytes are never returned.",
+        parameters=[ACCOUNT_PARAM],
+        responses={200: OutputSerializer, **OPERATOR_ERRORS,
+                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
+                   **COMMON_ERRORS},
+        tags=["reads"],
+    )
+    def get(self, request, account: str, receipt_id: int) -> Response:
+        receipt = _receipt_get(account_key=account, receipt_id=receipt_id, queryset=(
+            Receipt.objects.select_related("account", "epoch", "replay_request", "materialization_due")
+            .prefetch_related(Prefetch("components", ReceiptComponent.objects.defer("payload").order_by("ordinal")))))
+        return Response(self.OutputSerializer(receipt).data)
+
+
+_SOLE_PROJECTION = ("event__projection", "event__window_member__window__projection")
+
+
+class ReceiptEventListApi(APIView):
+    """The Events a Receipt's components produced or linked, with their projection, ordering decision, window
+    and executions (CV2-05-011, CV2-05-012, CV2-05-015)."""
+
+    authentication_classes = OPERATOR_AUTHENTICATION
+    renderer_classes = [JSONRenderer]
+    permission_classes = [_model_permission("connector.view_receipt")]
+
+    @extend_schema_serializer(component_name="ReceiptEvents")
+    class OutputSerializer(serializers.Serializer):
+        receipt = serializers.IntegerField()
+        events = ReceiptEventSerializer(many=True)
+
+    @extend_schema(
+        operation_id="receipt_event_list",
+        summary="List the events of one receipt",
+        description=("One entry per materialized component that produced (`event`) or linked "
+                     "(`duplicate_event`) an Event, in ordinal order. Requires `connector.view_receipt`."),
+        parameters=[ACCOUNT_PARAM],
+        responses={200: OutputSerializer, **OPERATOR_ERRORS,
+                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
+                   **COMMON_ERRORS},
+        tags=["reads"],
+    )
+    def get(self, request, account: str, receipt_id: int) -> Response:
+        receipt = _receipt_get(account_key=account, receipt_id=receipt_id)
+        executions = Execution.objects.order_by("pk")
+        components = (
+            ReceiptComponent.objects.defer("payload")
+            .filter(receipt=receipt, event__isnull=False, event__account_id=receipt.account_id)
+            .select_related("event__epoch", "event__replay_request", *_SOLE_PROJECTION,
+                            *(f"{p}__superseded" for p in _SOLE_PROJECTION))
+            .defer("event__payload", *(f"{p}__input" for p in _SOLE_PROJECTION))
+            .prefetch_related(*(Prefetch(f"{p}__executions", executions.defer("execution_ref", "runtime_receipt"))
+                                for p in _SOLE_PROJECTION))
+            .order_by("ordinal"))
+        events = []
+        for component in components:
+            event: Event = component.event
+            member = _one(event, "window_member")
+            window = member.window if member is not None else None
+            projection = _one(event, "projection") or _one(window, "projection")
+            events.append({
+                "id": event.pk, "component_ordinal": component.ordinal,
+                "component_disposition": component.disposition, "source_event_key": event.source_event_key,
+                "event_kind": event.event_kind, "source_locator": event.source_locator,
+                "occurred_at": event.occurred_at, "route": event.route, "epoch": event.epoch,
+                "partition": event.partition, "position": event.position,
+                "payload_digest": event.payload_digest,
+                "replay_request": event.replay_request.request_id if event.replay_request_id else None,
+                "predecessor": event.predecessor_id,
+                "projection": projection.pk if projection is not None else None,
+                "window": window.pk if window is not None else None,
+                "superseded": _one(projection, "superseded"),
+                "executions": list(projection.executions.all()) if projection is not None else [],
+            })
+        return Response(self.OutputSerializer({"receipt": receipt.pk, "events": events}).data)
