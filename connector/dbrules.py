@@ -76,6 +76,16 @@ BEGIN
   END IF;
   RETURN NEW;
 END $$;
+
+-- Once TG_ARGV[0] holds a non-empty value the row is settled evidence: nothing of it changes any more.
+CREATE OR REPLACE FUNCTION connector_settled_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF coalesce(to_jsonb(OLD) ->> TG_ARGV[0], '') <> '' AND to_jsonb(NEW) IS DISTINCT FROM to_jsonb(OLD) THEN
+    RAISE EXCEPTION '% is settled evidence (% = %): it is never rewritten', TG_TABLE_NAME, TG_ARGV[0],
+      to_jsonb(OLD) ->> TG_ARGV[0] USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_settled_once';
+  END IF;
+  RETURN NEW;
+END $$;
 """
 
 DROP_FUNCTIONS_SQL = """
@@ -85,6 +95,7 @@ DROP FUNCTION IF EXISTS connector_only_columns_change() CASCADE;
 DROP FUNCTION IF EXISTS connector_enforce_transition() CASCADE;
 DROP FUNCTION IF EXISTS connector_fenced_row() CASCADE;
 DROP FUNCTION IF EXISTS connector_never_decreases() CASCADE;
+DROP FUNCTION IF EXISTS connector_settled_once() CASCADE;
 """
 
 
@@ -131,4 +142,11 @@ def never_decreases(table: str, column: str) -> tuple[str, str]:
     name = f"{table}_monotonic"
     return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
             f"EXECUTE FUNCTION connector_never_decreases({_quote_args([column])});",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
+def settled_once(table: str, column: str) -> tuple[str, str]:
+    name = f"{table}_settled_once"
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"EXECUTE FUNCTION connector_settled_once({_quote_args([column])});",
             f"DROP TRIGGER IF EXISTS {name} ON {table};")

@@ -47,3 +47,18 @@ def register_outbound_author(fn: Callable[..., object]) -> Callable[..., object]
 
 def author_outbound(**kwargs) -> list[object]:
     return [fn(**kwargs) for fn in _OUTBOUND_AUTHORS]
+
+
+# -- revocation evidence ------------------------------------------------------------------------------------------
+# A revocation records which permits were already `sending` under the generation (decision 4); effects provides it.
+_REVOCATION_EVIDENCE: list[Callable[[object], list[str]]] = []
+
+
+def register_revocation_evidence(fn: Callable[[object], list[str]]) -> Callable[[object], list[str]]:
+    if fn not in _REVOCATION_EVIDENCE:
+        _REVOCATION_EVIDENCE.append(fn)
+    return fn
+
+
+def revocation_evidence(credential_gate) -> list[str]:
+    return [line for fn in _REVOCATION_EVIDENCE for line in fn(credential_gate)]

@@ -14,3 +14,5 @@ class EffectsConfig(AppConfig):
         hooks.register_halt_blocker(dispatch.open_permit_reasons)
         # Runtime authors outbound commands in its application transaction through this bridge.
         hooks.register_outbound_author(runtime_bridge.author_for_runtime)
+        # A revocation lists the permits already sending under the generation (decision 4).
+        hooks.register_revocation_evidence(dispatch.sending_permits_at_revocation)

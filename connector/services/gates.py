@@ -69,6 +69,8 @@ def credential_gate_transition(*, generation_id: str, action: str, expected_fenc
         raise TransitionRefused(f"credential generation {generation_id} is absent")
     gate = locks.credential_gate_for_update(generation.pk)
     from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor, blockers=[])
+    evidence = hooks.revocation_evidence(gate) if action == "revoke" else []
     audit_record(actor=actor, entity=gate, action=f"credential_gate_{action}", from_state=from_state,
-                 to_state=gate.mode, fence=gate.fence, reason=reason)
+                 to_state=gate.mode, fence=gate.fence,
+                 reason="; ".join([reason, *evidence]) if evidence else reason)
     return gate

@@ -230,8 +230,22 @@ def permit_abandon(*, permit_pk: int, actor: Actor) -> RemoteEffect:
 
 # -- finalization and reconciliation ------------------------------------------------------------------------------
 
-@transaction.atomic
 def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+    """See `_effect_finalize`. A RemoteLink conflict is marked durably on the effect (in its own transaction,
+    after the refused one rolled back) so the operator sees it and the sweeper stops retrying."""
+    try:
+        return _effect_finalize(effect_pk=effect_pk, owner_slot=owner_slot)
+    except ReconcileRefused as exc:
+        if exc.context.get("conflict"):
+            with transaction.atomic():
+                effect = locks.effect_for_update(effect_pk)
+                RemoteEffect.objects.filter(pk=effect_pk).update(quarantine_reason="REMOTE_LINK_CONFLICT")
+                audit_record(actor=DISPATCHER, entity=effect, action="effect_link_conflict", reason=exc.detail)
+        raise
+
+
+@transaction.atomic
+def _effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
     """`remote_confirmed -> finalized` from attempt evidence, never calling the provider again (CV2-10-030,
     CV2-10-052). With an owner slot, links it to the proven remote identity; a conflicting active link fails
     closed (the effect stays `remote_confirmed` for an operator)."""
@@ -249,9 +263,8 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
             existing = RemoteLink.objects.filter(Q(owner_slot=owner_slot) | Q(remote_identity=effect.remote_id),
                                                  account_id=effect.account_id, state="active").first()
             if existing is None or (existing.owner_slot, existing.remote_identity) != (owner_slot, effect.remote_id):
-                RemoteEffect.objects.filter(pk=effect.pk).update(quarantine_reason="REMOTE_LINK_CONFLICT")
                 raise ReconcileRefused(f"remote identity {effect.remote_id} or slot {owner_slot} is linked "
-                                       "elsewhere; nothing was linked") from None
+                                       "elsewhere; nothing was linked", conflict=True) from None
     effect.finalize()
     effect.save()
     audit_record(actor=DISPATCHER, entity=effect, action="effect_finalize", from_state=EffectState.REMOTE_CONFIRMED,
@@ -293,5 +306,20 @@ def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Act
 
 
 def open_permit_reasons(gate) -> list[str]:
-    count = DispatchPermit.objects.filter(gate_id=gate.pk, state__in=(PermitState.GRANTED, PermitState.SENDING)).count()
-    return [f"{count} open dispatch permit(s)"] if count else []
+    """The gate's open-permit set, named (halting_v2 -> v2_halted needs it empty)."""
+    ids = list(DispatchPermit.objects.filter(gate_id=gate.pk, state__in=(PermitState.GRANTED, PermitState.SENDING))
+               .order_by("pk").values_list("pk", "state")[:20])
+    return [f"open dispatch permit #{pk} ({state})" for pk, state in ids]
+
+
+def sending_permits_at_revocation(credential_gate) -> list[str]:
+    """Permits already `sending` under a generation being revoked: each still makes its one call and settles
+    (decision 4); `revocation_settlement` tells when all of them have."""
+    ids = list(DispatchPermit.objects.filter(credential_gate_id=credential_gate.pk, state=PermitState.SENDING)
+               .order_by("pk").values_list("pk", flat=True))
+    return [f"permits sending at revocation: {', '.join(f'#{i}' for i in ids)}"] if ids else []
+
+
+def revocation_settlement(*, permit_ids: list[int]) -> dict[int, str]:
+    """The state of each permit a revocation listed: settled once each is `returned` or `abandoned`."""
+    return dict(DispatchPermit.objects.filter(pk__in=permit_ids).values_list("pk", "state"))

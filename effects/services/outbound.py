@@ -12,7 +12,7 @@ from connector.canonical.profiles import profile_for
 from connector.models import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
 from connector.receipts import canonical_json, rec
 from connector.selectors.owners import binding_definition_read
-from connector.services.guard import ServingContext
+from connector.services.guard import ServingContext, lock_serving
 from effects.errors import OutboundConflict, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect
 
@@ -49,6 +49,10 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
     assert transaction.get_connection().in_atomic_block, "authored inside the application transaction"
     if suppress_external_effects:
         raise OutboundRefused("a replay execution context cannot author outbound commands")
+    # The guard is taken again here, in this transaction, with the caller's exact fence and epoch: a context
+    # from an earlier transaction cannot author after the gate moved.
+    ctx = lock_serving(account_id=ctx.account_id, epoch_id=ctx.epoch_id, epoch_digest=ctx.epoch_digest,
+                       expected_fence=ctx.fence)
     epoch = ServingEpoch.objects.select_related("configuration").get(pk=ctx.epoch_pk)
     push_proof, push_def, push_owner = _binding(ctx.epoch_pk, "push_contract", push_contract)
     callout_proof, callout_def, _ = _binding(ctx.epoch_pk, "callout_profile", callout)

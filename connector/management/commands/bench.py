@@ -7,16 +7,22 @@ Subcommands (each is one `Subcommand` in SUBCOMMANDS; add a new one by writing i
             (lane_advance + execution_claim) for one account as its retained history grows from 10 to
             1,000,000 receipts/events (CV2-14-010, CV2-14-011: the hot path must not depend on retained history).
 
-`history` creates its own database (`--database-name`, default `connector_bench`, plus `<name>_journal`) on the
-PostgreSQL server of DATABASE_URL, migrates it, builds the demo world through the services, generates the
-retained history with bulk `INSERT ... SELECT generate_series` statements, `ANALYZE`s, then times sequential
-operations with fresh keys. The database is dropped afterwards unless `--keep`. See docs/benchmarks.md.
+`history` creates its own throwaway databases on the PostgreSQL server of DATABASE_URL (`--database-name`, default
+`connector_bench`: `connector_bench_<size>` per size and `connector_bench_journal`), migrates them, builds the
+demo world in each through the services, generates the retained history with bulk `INSERT ... SELECT
+generate_series` statements, `ANALYZE`s, then times sequential operations with fresh keys, in blocks that
+alternate between the sizes so that load from other processes on a shared machine affects every size alike.
+`--sequential` instead grows one database through the sizes and times each size in turn. The databases are
+dropped afterwards unless `--keep`. See docs/benchmarks.md.
 """
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,7 +57,7 @@ class Stats:
     max: float
 
     @classmethod
-    def of(cls, samples_ms: Sequence[float]) -> "Stats":
+    def of(cls, samples_ms: Sequence[float]) -> Stats:
         ordered = sorted(samples_ms)
         if len(ordered) == 1:
             only = ordered[0]
@@ -68,6 +74,7 @@ class SizeResult:
     generation_seconds: float
     admission_ms: Stats
     claim_ms: Stats
+    load_average: float = 0.0  # 1-minute load average of the machine right after timing (noise indicator)
 
     @property
     def rows_per_second(self) -> float:
@@ -82,10 +89,11 @@ class HistoryReport:
     postgres: str = ""
     cpus: int = 0
     database: str = ""
+    mode: str = "sequential"
 
     def as_dict(self) -> dict:
         return {"account_key": self.account_key, "iterations": self.iterations, "postgres": self.postgres,
-                "cpus": self.cpus, "database": self.database,
+                "cpus": self.cpus, "database": self.database, "mode": self.mode,
                 "sizes": [{**asdict(r), "rows_per_second": round(r.rows_per_second, 1)} for r in self.results]}
 
     def admission_ratio(self) -> float:
@@ -128,6 +136,7 @@ HISTORY_SQL = [
         SET high_water = GREATEST(connector_orderinglane.high_water, EXCLUDED.high_water),
             fence = connector_orderinglane.fence + 1, changed_at = now()
     """,
+    "DROP TABLE IF EXISTS bench_batch",
     """
     CREATE TEMP TABLE bench_batch ON COMMIT DROP AS
     SELECT g, g - %(lo)s AS o, 'hist-r' || (g %% %(parts)s) AS record_id, (g / %(parts)s + 1) AS seq,
@@ -225,6 +234,10 @@ def generate_history(*, account, epoch, start: int, count: int, progress: Progre
     Returns the number of rows inserted (all tables)."""
     from django.db import transaction
 
+    if not connection.in_atomic_block:
+        # A fresh session: PostgreSQL caches the plans of its foreign-key checks per session, and plans made
+        # while the tables were tiny (sequential scans) would make each check of a large batch scan the table.
+        connection.close()
     gate = account.serving_gate
     rows = 0
     began = time.monotonic()
@@ -265,7 +278,7 @@ def retained_counts(account_id: int) -> dict[str, int]:
         for name, table in (("receipts", "connector_receipt"), ("admission_keys", "connector_receiptadmissionkey"),
                             ("events", "connector_event"), ("projections", "connector_projection"),
                             ("executions", "connector_execution")):
-            cursor.execute(f"SELECT count(*) FROM {table} WHERE account_id = %s", [account_id])  # noqa: S608
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE account_id = %s", [account_id])
             counts[name] = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM connector_applicationresult")
         counts["application_results"] = cursor.fetchone()[0]
@@ -309,63 +322,123 @@ def _claim(account_id: int, receipt_pk: int) -> float:
     return elapsed
 
 
-def measure_size(*, account, size: int, iterations: int, run_tag: str, warmup: int = 5) -> tuple[Stats, Stats]:
-    """Time `iterations` sequential admissions (with materialization) and then as many claims."""
-    for i in range(warmup):
-        _, receipt_pk = _admit(account.account_key, f"{run_tag}-{size}-w{i}")
-        _claim(account.pk, receipt_pk)
+def _time_block(account, tag: str, count: int) -> tuple[list[float], list[float]]:
+    """Time `count` sequential admissions (with materialization), then as many claims; milliseconds."""
     admissions, receipts = [], []
-    for i in range(iterations):
-        elapsed, receipt_pk = _admit(account.account_key, f"{run_tag}-{size}-{i}")
+    gc.collect()
+    for i in range(count):
+        elapsed, receipt_pk = _admit(account.account_key, f"{tag}-{i}")
         admissions.append(elapsed * 1000)
         receipts.append(receipt_pk)
-    claims = [_claim(account.pk, receipt_pk) * 1000 for receipt_pk in receipts]
-    return Stats.of(admissions), Stats.of(claims)
+    gc.collect()
+    return admissions, [_claim(account.pk, receipt_pk) * 1000 for receipt_pk in receipts]
 
 
-def measure_history(*, account_key: str, sizes: Sequence[int], iterations: int,
-                    progress: Progress | None = None, warmup: int = 5) -> HistoryReport:
-    """For each size N (ascending), grow the account's retained history to N receipts/events in bulk SQL,
-    ANALYZE, and time admissions and claims. Runs on the current `default` database, which must hold a world
-    whose account `account_key` is `v2_serving` on the demo route (connector.demo.build_world)."""
+def _warm(account, tag: str, warmup: int) -> None:
+    for i in range(warmup):
+        _, receipt_pk = _admit(account.account_key, f"{tag}-w{i}")
+        _claim(account.pk, receipt_pk)
+
+
+def _grow(account_key: str, size: int, say: Progress):
+    """Grow the account's retained history on the current database to `size` receipts, then ANALYZE.
+    Returns (account, generated rows, seconds)."""
     from connector.services.admission import account_get
 
-    say = progress or (lambda _msg: None)
     account = account_get(account_key)
-    epoch = account.serving_gate.epoch
+    have = history_count(account.pk)
+    missing = max(0, size - retained_counts(account.pk)["receipts"])
+    say(f"size {size:,}: generating {missing:,} retained receipts/events")
+    began = time.monotonic()
+    rows = generate_history(account=account, epoch=account.serving_gate.epoch, start=have, count=missing,
+                            progress=say)
+    analyze()
+    return account_get(account_key), rows, time.monotonic() - began
+
+
+def _new_report(account_key: str, iterations: int) -> HistoryReport:
     report = HistoryReport(account_key=account_key, iterations=iterations, cpus=os.cpu_count() or 0,
                            database=connection.settings_dict["NAME"])
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         report.postgres = cursor.fetchone()[0]
+    return report
+
+
+def measure_history(*, account_key: str, sizes: Sequence[int], iterations: int,
+                    progress: Progress | None = None, warmup: int = 20) -> HistoryReport:
+    """Sequential mode, one database: for each size N (ascending) grow the account's retained history to N
+    receipts/events in bulk SQL, ANALYZE, and time `iterations` admissions and claims. Runs on the current
+    `default` database, which must hold a world whose account `account_key` is `v2_serving` on the demo route
+    (connector.demo.build_world). The receipts admitted while timing a size count towards the next size."""
+    say = progress or (lambda _msg: None)
+    report = _new_report(account_key, iterations)
     run_tag = f"{int(time.time() * 1000):x}"
     for size in sorted(set(sizes)):
-        have = history_count(account.pk)
-        missing = max(0, size - retained_counts(account.pk)["receipts"])
-        say(f"size {size:,}: generating {missing:,} retained receipts/events")
-        began = time.monotonic()
-        rows = generate_history(account=account, epoch=epoch, start=have, count=missing, progress=say)
-        analyze()
-        seconds = time.monotonic() - began
+        account, rows, seconds = _grow(account_key, size, say)
         retained = retained_counts(account.pk)
         say(f"size {size:,}: {retained['receipts']:,} receipts retained; timing {iterations} admissions "
             f"and {iterations} claims")
-        admission, claim = measure_size(account=account, size=size, iterations=iterations, run_tag=run_tag,
-                                        warmup=warmup)
+        _warm(account, f"{run_tag}-{size}", warmup)
+        admissions, claims = _time_block(account, f"{run_tag}-{size}", iterations)
         report.results.append(SizeResult(size=size, retained=retained, generated_rows=rows,
-                                         generation_seconds=round(seconds, 3), admission_ms=admission,
-                                         claim_ms=claim))
+                                         generation_seconds=round(seconds, 3), admission_ms=Stats.of(admissions),
+                                         claim_ms=Stats.of(claims), load_average=round(os.getloadavg()[0], 2)))
     return report
+
+
+def measure_history_interleaved(*, account_key: str, databases: dict[int, object], iterations: int,
+                                progress: Progress | None = None, warmup: int = 20,
+                                block: int = 10) -> HistoryReport:
+    """Interleaved mode, one database per size (`databases` maps size -> DatabaseWrapper, each holding the demo
+    world): grow each to its size, then time blocks of `block` admissions and claims in turn on each database,
+    alternating the order, so a load change on a shared machine hits every size alike."""
+    say = progress or (lambda _msg: None)
+    original = connections["default"]
+    try:
+        prepared = {}
+        for size, wrapper in sorted(databases.items()):
+            connections["default"] = wrapper
+            account, rows, seconds = _grow(account_key, size, say)
+            prepared[size] = (wrapper, account, rows, seconds, retained_counts(account.pk))
+        report = _new_report(account_key, iterations)
+        report.database = ", ".join(w.settings_dict["NAME"] for w in databases.values())
+        run_tag = f"{int(time.time() * 1000):x}"
+        samples = {size: ([], []) for size in prepared}
+        say(f"timing {iterations} admissions and {iterations} claims per size, in blocks of {block}, interleaved")
+        for size, (wrapper, account, *_rest) in prepared.items():
+            connections["default"] = wrapper
+            _warm(account, f"{run_tag}-{size}", warmup)
+        done, order = 0, sorted(prepared)
+        while done < iterations:
+            count = min(block, iterations - done)
+            for size in order:
+                wrapper, account, *_rest = prepared[size]
+                connections["default"] = wrapper
+                admissions, claims = _time_block(account, f"{run_tag}-{size}-{done}", count)
+                samples[size][0].extend(admissions)
+                samples[size][1].extend(claims)
+            done += count
+            order.reverse()
+        load = round(os.getloadavg()[0], 2)
+        for size, (_wrapper, _account, rows, seconds, retained) in prepared.items():
+            report.results.append(SizeResult(size=size, retained=retained, generated_rows=rows,
+                                             generation_seconds=round(seconds, 3),
+                                             admission_ms=Stats.of(samples[size][0]),
+                                             claim_ms=Stats.of(samples[size][1]), load_average=load))
+        return report
+    finally:
+        connections["default"] = original
 
 
 def format_table(report: HistoryReport) -> str:
     head = (f"{'retained':>12} {'operation':<10} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-            f"{'mean ms':>8} {'max ms':>8}")
+            f"{'mean ms':>8} {'max ms':>8} {'load':>5}")
     lines = [head, "-" * len(head)]
     for r in report.results:
         for name, s in (("admission", r.admission_ms), ("claim", r.claim_ms)):
             lines.append(f"{r.retained['receipts']:>12,} {name:<10} {s.n:>5} {s.p50:>8.2f} {s.p95:>8.2f} "
-                         f"{s.p99:>8.2f} {s.mean:>8.2f} {s.max:>8.2f}")
+                         f"{s.p99:>8.2f} {s.mean:>8.2f} {s.max:>8.2f} {r.load_average:>5.2f}")
     if len(report.results) > 1:
         lines.append(f"p50 ratio largest/smallest: admission {report.admission_ratio():.2f}, "
                      f"claim {report.claim_ratio():.2f}")
@@ -374,22 +447,28 @@ def format_table(report: HistoryReport) -> str:
 
 # -- the throwaway database ---------------------------------------------------------------------------------------
 
-NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
-class ThrowawayDatabase:
-    """Create `name` and `name_journal` on the server of DATABASES['default'], point both aliases at them,
-    migrate, and on exit drop them (unless keep) and restore the settings."""
+class ThrowawayDatabases:
+    """Create the databases `names` (each migrated for `default`) and `journal` (migrated for `journal`) on the
+    server of DATABASES['default']; `wrappers[name]` is a `default` connection to each, installed with
+    `connections["default"] = wrapper`. The first is installed on entry. On exit the original connections and
+    settings come back and the databases are dropped (unless keep). The secret backend points at a temporary
+    directory meanwhile."""
 
-    def __init__(self, name: str, *, keep: bool, say: Progress) -> None:
-        if not NAME_RE.match(name):
-            raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
+    def __init__(self, names: Sequence[str], journal: str, *, keep: bool, say: Progress) -> None:
         configured = {connections[a].settings_dict["NAME"] for a in ("default", "journal")}
-        if name in configured or f"{name}_journal" in configured:
-            raise CommandError(f"refusing to use the configured database {name!r} as a throwaway")
-        self.names = {"default": name, "journal": f"{name}_journal"}
+        for name in (*names, journal):
+            if not NAME_RE.match(name):
+                raise CommandError(f"database name {name!r} must match {NAME_RE.pattern}")
+            if name in configured:
+                raise CommandError(f"refusing to use the configured database {name!r} as a throwaway")
+        self.names, self.journal = list(names), journal
         self.keep, self.say = keep, say
-        self.saved: dict[str, str] = {}
+        self.wrappers: dict[str, object] = {}
+        self.original = None
+        self.saved_journal = ""
         self.saved_connector = None
 
     def _admin(self):
@@ -402,37 +481,51 @@ class ThrowawayDatabase:
     def _drop(self, admin) -> None:
         from psycopg import sql
 
-        for name in self.names.values():
+        for name in (*self.names, self.journal):
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
-    def __enter__(self) -> "ThrowawayDatabase":
+    def __enter__(self) -> ThrowawayDatabases:
+        import copy
+
         from psycopg import sql
 
         connections.close_all()
         with self._admin() as admin:
             self._drop(admin)
-            for name in self.names.values():
+            for name in (*self.names, self.journal):
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        for alias, name in self.names.items():
-            self.saved[alias] = connections[alias].settings_dict["NAME"]
-            connections[alias].settings_dict["NAME"] = name
-            settings.DATABASES[alias]["NAME"] = name
         self.saved_connector = settings.CONNECTOR
         settings.CONNECTOR = {**settings.CONNECTOR, "SECRET_BACKEND_DIR": tempfile.mkdtemp(prefix="bench-secrets-")}
-        self.say(f"database {self.names['default']} (+ {self.names['journal']}): migrating")
-        for alias in self.names:
-            call_command("migrate", database=alias, interactive=False, verbosity=0)
+        journal = connections["journal"]
+        self.saved_journal = journal.settings_dict["NAME"]
+        journal.settings_dict["NAME"] = self.journal
+        self.say(f"database {self.journal}: migrating")
+        call_command("migrate", database="journal", interactive=False, verbosity=0)
+        self.original = connections["default"]
+        for name in self.names:
+            settings_dict = copy.deepcopy(self.original.settings_dict)
+            settings_dict["NAME"] = name
+            wrapper = self.original.__class__(settings_dict, alias="default")
+            self.wrappers[name] = wrapper
+            connections["default"] = wrapper
+            self.say(f"database {name}: migrating")
+            call_command("migrate", database="default", interactive=False, verbosity=0)
+        connections["default"] = self.wrappers[self.names[0]]
         return self
 
     def __exit__(self, *exc) -> None:
+        for wrapper in self.wrappers.values():
+            wrapper.close()
+        if self.original is not None:
+            connections["default"] = self.original
         connections.close_all()
-        for alias, name in self.saved.items():
-            connections[alias].settings_dict["NAME"] = name
-            settings.DATABASES[alias]["NAME"] = name
+        if self.saved_journal:
+            connections["journal"].settings_dict["NAME"] = self.saved_journal
         if self.saved_connector is not None:
+            shutil.rmtree(settings.CONNECTOR["SECRET_BACKEND_DIR"], ignore_errors=True)
             settings.CONNECTOR = self.saved_connector
         if self.keep:
-            self.say(f"kept databases {', '.join(self.names.values())}")
+            self.say(f"kept databases {', '.join((*self.names, self.journal))}")
             return
         with self._admin() as admin:
             self._drop(admin)
@@ -457,7 +550,7 @@ class Subcommand:
     def add_arguments(self, parser) -> None:
         raise NotImplementedError
 
-    def handle(self, command: "Command", options: dict) -> None:
+    def handle(self, command: Command, options: dict) -> None:
         raise NotImplementedError
 
 
@@ -471,35 +564,77 @@ class History(Subcommand):
                             help="retained history sizes, comma-separated (default 10,1000000)")
         parser.add_argument("--iterations", type=int, default=300,
                             help="timed admissions and claims per size (default 300)")
-        parser.add_argument("--warmup", type=int, default=5, help="untimed rounds before each size (default 5)")
+        parser.add_argument("--warmup", type=int, default=20,
+                            help="untimed admission+claim rounds before each size (default 20)")
         parser.add_argument("--database-name", default="connector_bench",
-                            help="throwaway database created and dropped by the run (default connector_bench)")
+                            help="prefix of the throwaway databases the run creates and drops: <name>_<size> "
+                                 "per size (one <name> with --sequential) and <name>_journal "
+                                 "(default connector_bench)")
+        parser.add_argument("--sequential", action="store_true",
+                            help="one database whose history grows through the sizes, each size timed in turn, "
+                                 "instead of one database per size timed in interleaved blocks")
+        parser.add_argument("--block", type=int, default=10,
+                            help="interleaved mode: timed operations per size before switching (default 10)")
         parser.add_argument("--keep", action="store_true", help="keep the throwaway database afterwards")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--check", action="store_true",
                             help="exit non-zero if the largest size's p50 admission latency is more than "
                                  f"{CHECK_TOLERANCE:.0%} above the smallest size's")
 
-    def handle(self, command: "Command", options: dict) -> None:
+    def handle(self, command: Command, options: dict) -> None:
         sizes = _sizes(options["sizes"])
         if options["iterations"] < 1:
             raise CommandError("--iterations must be at least 1")
         if options["check"] and len(sizes) < 2:
             raise CommandError("--check compares two sizes at least")
+        if options["block"] < 1 or options["warmup"] < 0:
+            raise CommandError("--block must be at least 1 and --warmup not negative")
+        for name in (options["database_name"], f"{options['database_name']}_journal"):
+            if not NAME_RE.match(name):
+                raise CommandError(f"--database-name {options['database_name']!r} must match {NAME_RE.pattern}")
         say = command.progress
-        with ThrowawayDatabase(options["database_name"], keep=options["keep"], say=say):
-            from connector.demo import build_world
+        quiet = options["verbosity"] < 2  # the services log one INFO line per admission: keep the output readable
+        connector_log = logging.getLogger("connector")
+        saved_level = connector_log.level
+        if quiet:
+            connector_log.setLevel(logging.WARNING)
+        try:
+            report = self._run(options, sizes, say)
+        finally:
+            connector_log.setLevel(saved_level)
+        self._print(command, options, report)
 
-            say("building the demo world through the services")
-            world = build_world("")
-            report = measure_history(account_key=world.accounts[0].account_key, sizes=sizes,
-                                     iterations=options["iterations"], warmup=options["warmup"], progress=say)
-            report.database = options["database_name"]
+    def _run(self, options: dict, sizes: list[int], say: Progress) -> HistoryReport:
+        from connector.demo import build_world
+
+        base = options["database_name"]
+        names = [base] if options["sequential"] else [f"{base}_{size}" for size in sizes]
+        with ThrowawayDatabases(names, f"{base}_journal", keep=options["keep"], say=say) as databases:
+            account_keys = set()
+            for name, wrapper in databases.wrappers.items():
+                connections["default"] = wrapper
+                say(f"database {name}: building the demo world through the services")
+                account_keys.add(build_world("").accounts[0].account_key)
+            (account_key,) = account_keys
+            if options["sequential"]:
+                report = measure_history(account_key=account_key, sizes=sizes, iterations=options["iterations"],
+                                         warmup=options["warmup"], progress=say)
+                report.mode = "sequential"
+            else:
+                report = measure_history_interleaved(
+                    account_key=account_key, iterations=options["iterations"], warmup=options["warmup"],
+                    block=options["block"], progress=say,
+                    databases={size: databases.wrappers[f"{base}_{size}"] for size in sizes})
+                report.mode = f"interleaved, blocks of {options['block']}"
+        return report
+
+    def _print(self, command: Command, options: dict, report: HistoryReport) -> None:
         if options["json"]:
             command.stdout.write(json.dumps(report.as_dict(), indent=2))
         else:
             command.stdout.write(f"bench history: account {report.account_key}, PostgreSQL {report.postgres}, "
-                                 f"{report.cpus} CPUs, {report.iterations} timed operations per size")
+                                 f"{report.cpus} CPUs, {report.iterations} timed operations per size "
+                                 f"({report.mode})")
             for r in report.results:
                 command.stdout.write(f"  size {r.size:,}: generated {r.generated_rows:,} rows in "
                                      f"{r.generation_seconds:,.1f} s ({r.rows_per_second:,.0f} rows/s incl. ANALYZE)")
