@@ -259,7 +259,7 @@ def test_crash_after_granted_needs_holder_isolation_then_returns_to_prepared(run
     permit = DispatchPermit.objects.get(pk=granted["permit"])
     assert (permit.state, permit.io_may_have_started, permit.holder.holder_id) == (PermitState.GRANTED, False, DEAD)
     assert RemoteEffect.objects.get(pk=effect.pk).state == EffectState.DISPATCHING
-    assert _open_permits(permit) == ["1 open dispatch permit(s)"]
+    assert _open_permits(permit) == [f"open dispatch permit #{permit.pk} (granted)"]
     assert receiver.requests == []
 
     _assert_time_proves_nothing(effect, permit)
