@@ -43,6 +43,7 @@ class OutboundCommand(models.Model):
     pack_payload_digest = models.BinaryField(max_length=32)
     effect_definition = models.CharField(max_length=255)
     effect_version = models.PositiveIntegerField()
+    callout = models.CharField(max_length=255)
     route_policy_digest = models.BinaryField(max_length=32)
     configuration = models.ForeignKey(ServiceConfigurationGeneration, on_delete=models.PROTECT, related_name="+")
     credential_generation = models.ForeignKey(CredentialGeneration, on_delete=models.PROTECT,

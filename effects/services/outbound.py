@@ -39,7 +39,8 @@ def idempotency_key(*, profile_id: str, account_key: str, application_scope: str
 def outbound_command_author(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,
                             effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
                             path_params: dict[str, str], body: dict, suppress_external_effects: bool,
-                            source_execution_id: int | None = None) -> OutboundCommand:
+                            source_execution_id: int | None = None,
+                            predecessor: OutboundCommand | None = None) -> OutboundCommand:
     """Author one OutboundCommand inside the caller's application transaction, which already holds the serving
     guard `ctx` (gate `v2_serving`, exact active epoch). Freezes every reference from that exact epoch: push
     contract and callout definitions, configuration, the account's exact credential generation for the callout's
@@ -83,17 +84,19 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         source_execution_id=source_execution_id, epoch_id=ctx.epoch_pk, epoch_digest=ctx.epoch_digest,
         gate_fence=ctx.fence, profile_id=epoch.profile_id, pack_generation_id=push_proof.pack_generation_id,
         pack_payload_digest=bytes(push_proof.binding.pack_payload_digest), effect_definition=push_contract,
-        effect_version=push_proof.binding.definition_version, route_policy_digest=route_policy_digest,
+        effect_version=push_proof.binding.definition_version, callout=callout, route_policy_digest=route_policy_digest,
         configuration_id=epoch.configuration_id, credential_generation_id=mapping.credential_generation_id,
         method=callout_def["method"], path=path, request_body=request_body, request_digest=request_digest,
-        provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"])
+        provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"],
+        predecessor=predecessor, predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None)
     binding_digest = profile.digest("frozen-dispatch-binding", rec(
         idempotency_key=key, epoch_digest=ctx.epoch_digest, pack_generation=push_proof.pack_generation.generation_id,
         pack_payload_digest=fields["pack_payload_digest"], definition_digest=bytes(push_owner.canonical_definition_digest),
         effect_definition=push_contract, effect_version=fields["effect_version"],
         route_policy_digest=route_policy_digest, configuration=epoch.configuration.generation_id,
         credential_generation=mapping.credential_generation.generation_id, request_digest=request_digest,
-        provider_key=provider_key))
+        provider_key=provider_key,
+        predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None))
     existing = OutboundCommand.objects.filter(idempotency_key=key).first()
     if existing is None:
         try:
@@ -110,4 +113,28 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                                "a different frozen binding")
     return existing
 
+
+
+
+def outbound_successor_author(*, ctx: ServingContext, predecessor_command_id: int, effect_generation_id: str,
+                              body: dict, path_params: dict[str, str], account_key: str) -> OutboundCommand:
+    """An intentional new remote call for the same EffectRoot and slot: a separate authorized business intent,
+    admitted only when the predecessor effect is proven terminal `no_effect`. `prepared`/`dispatching` must be
+    resumed, `remote_confirmed`/`finalized` proves the effect happened, `uncertain` and `quarantined` block
+    until reconciled (seed "Replay and external effects"; decision 12). The successor carries explicit linkage
+    (predecessor and its binding digest) and a newly frozen dispatch binding."""
+    assert transaction.get_connection().in_atomic_block
+    predecessor = OutboundCommand.objects.select_related("effect").get(pk=predecessor_command_id)
+    state = predecessor.effect.state
+    if state != "no_effect":
+        raise OutboundRefused(f"predecessor effect is {state}; only a proven terminal no_effect admits a successor "
+                              "generation")
+    if predecessor.effect_generation_id == effect_generation_id:
+        raise OutboundRefused("a successor needs a new EffectGenerationID")
+    return outbound_command_author(
+        ctx=ctx, account_key=account_key, application_scope=predecessor.application_scope,
+        effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
+        effect_generation_id=effect_generation_id, push_contract=predecessor.effect_definition,
+        callout=predecessor.callout, path_params=path_params, body=body, suppress_external_effects=False,
+        predecessor=predecessor)
 

@@ -31,6 +31,7 @@ def holder_id() -> str:
 
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
+    dispatch.holder_heartbeat(holder_id=holder.holder_id)
     claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
                                   account_id=account_id)
     if claim is None:
