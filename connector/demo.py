@@ -142,3 +142,25 @@ def build_world(prefix: str = "", *, actor: Actor | None = None, push: bool = Fa
 
 def gates_serving(world: World) -> bool:
     return all(a.serving_gate.mode == GateMode.V2_SERVING for a in world.accounts)
+
+
+# -- demo traffic (used by `manage.py bench`; L0 holds no pack literal, so the demo route's shapes live here) --
+DEMO_CHANNEL = "records.webhook"
+
+# SQL expression of one demo delivery body for history row `g` (psycopg paramstyle: `%%` escapes `%`).
+HISTORY_BODY_SQL = (
+    "'{\"events\":[{\"data\":{\"email\":\"r' || (g %% %(parts)s) || '@example.com\",\"name\":\"Record '"
+    " || (g %% %(parts)s) || ' v' || (g / %(parts)s + 1) || '\"},\"id\":\"hist-ev-' || g"
+    " || '\",\"occurred_at\":\"2025-01-01T00:00:00Z\",\"record_id\":\"hist-r' || (g %% %(parts)s)"
+    " || '\",\"sequence\":' || (g / %(parts)s + 1) || ',\"type\":\"record.updated\"}]}'"
+)
+
+
+def demo_event_body(tag: str, *, sequence: int = 1) -> bytes:
+    """One demo webhook delivery with a single event for record `bench-r-<tag>`."""
+    import json
+
+    return json.dumps({"events": [{"id": f"bench-ev-{tag}", "type": "record.updated", "record_id": f"bench-r-{tag}",
+                                   "sequence": sequence, "occurred_at": "2025-01-01T00:00:00Z",
+                                   "data": {"name": f"Bench {tag}", "email": f"{tag}@example.com"}}]},
+                      sort_keys=True).encode()

@@ -23,10 +23,6 @@ POINTER_START = r"(?:^|(?<=[\s\"'(\[{,:=]))"
 # L0 files that currently break neutrality: each is a product finding, proven by an xfail(strict) case of
 # `test_known_l0_violation_is_fixed`; remove the entry when the file is fixed.
 KNOWN_VIOLATIONS = {
-    "connector/management/commands/bench.py": (
-        "BUG: bench.py (L0 package) hard-codes the demo pack's route name 'records.webhook' (line 33) and builds "
-        "the demo body fields 'record_id'/'sequence'/'type' itself (lines 135-139, 280-281); it should take the "
-        "channel and a sample body from connector/demo.py (the L1 demo data)."),
 }
 
 

@@ -35,7 +35,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
-CHANNEL = "records.webhook"
+from connector.demo import DEMO_CHANNEL, HISTORY_BODY_SQL, demo_event_body
+
+CHANNEL = DEMO_CHANNEL
 HISTORY_PARTITIONS = 1000  # history records: each retained event updates one of this many CRM records (lanes)
 HISTORY_BATCH = 50_000
 HISTORY_KEY_PREFIX = "hist-"
@@ -139,11 +141,8 @@ HISTORY_SQL = [
     "DROP TABLE IF EXISTS bench_batch",
     """
     CREATE TEMP TABLE bench_batch ON COMMIT DROP AS
-    SELECT g, g - %(lo)s AS o, 'hist-r' || (g %% %(parts)s) AS record_id, (g / %(parts)s + 1) AS seq,
-        convert_to('{"events":[{"data":{"email":"r' || (g %% %(parts)s) || '@example.com","name":"Record '
-            || (g %% %(parts)s) || ' v' || (g / %(parts)s + 1) || '"},"id":"hist-ev-' || g
-            || '","occurred_at":"2025-01-01T00:00:00Z","record_id":"hist-r' || (g %% %(parts)s)
-            || '","sequence":' || (g / %(parts)s + 1) || ',"type":"record.updated"}]}', 'UTF8') AS body,
+    SELECT g, g - %(lo)s AS o, 'hist-r' || (g %% %(parts)s) AS rkey, (g / %(parts)s + 1) AS pos,
+        convert_to(__HISTORY_BODY_SQL__, 'UTF8') AS body,
         now() - interval '400 days' + g * interval '10 seconds' AS at
     FROM generate_series(%(lo)s, %(hi)s) g
     """,
@@ -163,12 +162,12 @@ HISTORY_SQL = [
         occurred_at, source_event_key, payload, payload_digest, ordering_contract, contract_digest, partition,
         position_kind, position, position_bytes, tie_breaker, grouping_key, replay_request_id, predecessor_id,
         created_at)
-    SELECT %(event)s + o, %(account)s, %(epoch)s, %(receipt)s + o, %(route)s, 'record.updated', record_id,
+    SELECT %(event)s + o, %(account)s, %(epoch)s, %(receipt)s + o, %(route)s, 'record.updated', rkey,
         '2025-01-01T00:00:00Z', 'hist-ev-' || g, p.payload, sha256(p.payload), 'latest_source_position',
-        sha256(convert_to('bench-contract', 'UTF8')), record_id, 'integer', seq, convert_to(seq::text, 'UTF8'),
+        sha256(convert_to('bench-contract', 'UTF8')), rkey, 'integer', pos, convert_to(pos::text, 'UTF8'),
         convert_to('hist-ev-' || g, 'UTF8'), '', NULL, NULL, at
     FROM bench_batch, LATERAL (SELECT convert_to('{"email":"r' || (g %% %(parts)s) || '@example.com","name":"Record '
-        || (g %% %(parts)s) || ' v' || seq || '"}', 'UTF8') AS payload) p
+        || (g %% %(parts)s) || ' v' || pos || '"}', 'UTF8') AS payload) p
     """,
     """
     INSERT INTO connector_receiptcomponent (id, receipt_id, ordinal, payload, payload_digest, disposition,
@@ -180,10 +179,10 @@ HISTORY_SQL = [
         window_id, lane_id, position, tie_breaker, input, input_digest, suppress_external_effects,
         execution_generation, lane_status, created_at)
     SELECT %(projection)s + o, %(account)s, %(epoch)s, %(route)s, 1,
-        sha256(convert_to('bench-projection:' || %(account)s || ':' || g, 'UTF8')), %(event)s + o, NULL, l.id, seq,
+        sha256(convert_to('bench-projection:' || %(account)s || ':' || g, 'UTF8')), %(event)s + o, NULL, l.id, pos,
         convert_to('hist-ev-' || g, 'UTF8'), body, sha256(body), false, 1, 'minted', at
     FROM bench_batch JOIN connector_orderinglane l ON l.epoch_id = %(epoch)s AND l.account_id = %(account)s
-        AND l.route = %(route)s AND l.route_version = 1 AND l.partition = record_id
+        AND l.route = %(route)s AND l.route_version = 1 AND l.partition = rkey
     """,
     """
     INSERT INTO connector_execution (id, projection_id, generation, account_id, epoch_id, lane_id, state,
@@ -210,12 +209,13 @@ HISTORY_SQL = [
     """,
     """
     INSERT INTO connector_crmrecord (account_id, record_key, fields, version, last_command_id, updated_at)
-    SELECT %(account)s, record_id, '{}'::jsonb, count(*), 'cmd-hist-' || %(account)s || '-' || max(g), now()
-    FROM bench_batch GROUP BY record_id
+    SELECT %(account)s, rkey, '{}'::jsonb, count(*), 'cmd-hist-' || %(account)s || '-' || max(g), now()
+    FROM bench_batch GROUP BY rkey
     ON CONFLICT (account_id, record_key) DO UPDATE
         SET version = connector_crmrecord.version + EXCLUDED.version, last_command_id = EXCLUDED.last_command_id
     """,
 ]
+HISTORY_SQL = [statement.replace("__HISTORY_BODY_SQL__", HISTORY_BODY_SQL) for statement in HISTORY_SQL]
 TABLES_PER_HISTORY_ROW = 8  # receipt, key, event, component, projection, execution, attempt, result
 
 
@@ -288,10 +288,7 @@ def retained_counts(account_id: int) -> dict[str, int]:
 # -- the timed operations ---------------------------------------------------------------------------------------
 
 def _body(tag: str) -> bytes:
-    return json.dumps({"events": [{"id": f"bench-ev-{tag}", "type": "record.updated", "record_id": f"bench-r-{tag}",
-                                   "sequence": 1, "occurred_at": "2025-01-01T00:00:00Z",
-                                   "data": {"name": f"Bench {tag}", "email": f"{tag}@example.com"}}]},
-                      sort_keys=True).encode()
+    return demo_event_body(tag)
 
 
 def _admit(account_key: str, tag: str):

@@ -1,0 +1,161 @@
+"""`manage.py bench history`: the measuring function yields figures for every size, and the admission hot path
+reads the retained history only through index scans (CV2-14-010, CV2-14-011)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from connector.actors import Actor
+from connector.demo import build_world
+from connector.management.commands.bench import (
+    HistoryReport,
+    SizeResult,
+    Stats,
+    analyze,
+    generate_history,
+    measure_history,
+    measure_history_interleaved,
+)
+from connector.models import Event, Receipt, ReceiptAdmissionKey
+from connector.services.admission import receipt_admit
+from connector.services.materialize import receipt_materialize
+
+DB = {"transaction": True, "databases": ["default", "journal"]}
+HISTORY_TABLES = ("connector_receipt", "connector_receiptadmissionkey", "connector_event")
+SEQ_SCAN = re.compile(r"Seq Scan on (" + "|".join(HISTORY_TABLES) + r")\b")
+
+
+@pytest.mark.django_db(**DB)
+def test_measure_history_reports_both_sizes():
+    """The command's measuring function grows the account's retained history to each size in bulk SQL and
+    reports admission and claim latency for both (p50 <= p95 <= p99 <= max). Proves: CV2-14-011"""
+    world = build_world("b-")
+    account = world.accounts[0]
+    report = measure_history(account_key=account.account_key, sizes=[2000, 10], iterations=30, warmup=2)
+    assert [r.size for r in report.results] == [10, 2000]
+    for result in report.results:
+        assert result.retained["receipts"] >= result.size
+        for stats in (result.admission_ms, result.claim_ms):
+            assert stats.n == 30
+            assert 0 < stats.min <= stats.p50 <= stats.p95 <= stats.p99 <= stats.max
+    assert report.results[1].retained["receipts"] == 2000
+    # the 32 receipts admitted while measuring size 10 count towards the 2000 retained at size 2000
+    assert report.results[1].generated_rows == (2000 - 10 - 32) * 8
+    # the history is real, constraint-abiding data: every retained receipt has its key, component and event
+    assert Receipt.objects.filter(account=account).count() == ReceiptAdmissionKey.objects.filter(
+        account=account).count() == Event.objects.filter(account=account).count() == 2000 + 2 + 30
+    assert report.admission_ratio() > 0 and report.claim_ratio() > 0
+    assert report.as_dict()["sizes"][1]["retained"]["receipts"] == 2000
+
+
+@pytest.mark.django_db(**DB)
+def test_interleaved_measurement_fills_every_size():
+    """The interleaved mode (one database per size; here one size on the test database) grows the history,
+    then times the operations in blocks until each size has `iterations` samples. Proves: CV2-14-011"""
+    world = build_world("i-")
+    report = measure_history_interleaved(account_key=world.accounts[0].account_key,
+                                         databases={500: connections["default"]}, iterations=17, warmup=1, block=7)
+    (result,) = report.results
+    assert result.retained["receipts"] == 500
+    assert result.admission_ms.n == result.claim_ms.n == 17
+    assert Receipt.objects.filter(account=world.accounts[0]).count() == 500 + 1 + 17
+
+
+def _explain(sql: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(**DB)
+def test_admission_hot_path_uses_index_scans():
+    """With a few thousand retained receipts/events after ANALYZE, every query of admission (key lookup by
+    account, channel and transport key; guard; Receipt, key and MaterializationDue inserts), of a duplicate
+    retry, and of materialization plans without a sequential scan of connector_receipt,
+    connector_receiptadmissionkey or connector_event. Proves: CV2-14-010, CV2-14-011"""
+    world = build_world("x-")
+    account = world.accounts[0]
+    generate_history(account=account, epoch=world.active_epoch, start=0, count=4000)
+    analyze()
+    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-x","occurred_at":"2025-01-01",'
+            b'"record_id":"rec-x","sequence":1,"type":"record.updated"}]}')
+    actor = Actor.system("explain")
+    with CaptureQueriesContext(connection) as captured:
+        admission = receipt_admit(account_key=account.account_key, channel="records.webhook",
+                                  transport_key="explain-1", body=body, actor=actor)
+        receipt_materialize(receipt_pk=admission.receipt.pk)
+        retry = receipt_admit(account_key=account.account_key, channel="records.webhook",
+                              transport_key="explain-1", body=body, actor=actor)
+    assert retry.outcome == "duplicate" and retry.receipt.pk == admission.receipt.pk
+    statements = [q["sql"] for q in captured.captured_queries
+                  if q["sql"].lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "DELETE"))]
+    key_lookups = [s for s in statements if 'FROM "connector_receiptadmissionkey"' in s and "transport_key" in s]
+    assert key_lookups, "the admission key lookup was not captured"
+    assert any(s.startswith('INSERT INTO "connector_receipt"') for s in statements)
+    plans = {s: _explain(s) for s in statements}
+    scans = {s[:120]: SEQ_SCAN.findall(p) for s, p in plans.items() if SEQ_SCAN.search(p)}
+    assert not scans, scans
+    for lookup in key_lookups:
+        assert "connector_admissionkey_unique_key" in plans[lookup], plans[lookup]
+
+
+def _report(p50s: tuple[float, float]) -> HistoryReport:
+    report = HistoryReport(account_key="a", iterations=1)
+    for size, p50 in zip((10, 1_000_000), p50s):
+        stats = Stats.of([p50])
+        report.results.append(SizeResult(size=size, retained={"receipts": size}, generated_rows=0,
+                                         generation_seconds=0, admission_ms=stats, claim_ms=stats))
+    return report
+
+
+def test_check_ratio_and_percentiles():
+    """--check compares the p50 admission latency of the largest size with the smallest one's."""
+    assert _report((10.0, 11.9)).admission_ratio() == pytest.approx(1.19)
+    assert _report((10.0, 12.5)).admission_ratio() > 1.2
+    stats = Stats.of([float(v) for v in range(1, 101)])
+    assert (stats.p50, stats.mean, stats.min, stats.max) == (50.5, 50.5, 1.0, 100.0)
+    assert 95 <= stats.p95 <= 96 and 99 <= stats.p99 <= 100
+
+
+def test_history_arguments_are_validated_before_any_database_work():
+    """Bad arguments fail before the command creates its throwaway database."""
+    with pytest.raises(CommandError, match="comma-separated integers"):
+        call_command("bench", "history", sizes="10,many")
+    with pytest.raises(CommandError, match="two sizes"):
+        call_command("bench", "history", sizes="10", check=True)
+    with pytest.raises(CommandError, match="must match"):
+        call_command("bench", "history", database_name="Bad-Name;")
+
+
+@pytest.mark.django_db(**DB)
+def test_claim_hot_path_uses_index_scans():
+    """With a few thousand retained (completed) executions after ANALYZE, lane_advance and execution_claim
+    plan without a sequential scan of connector_projection or connector_execution: the pending-projection and
+    claimable-execution partial indexes hold only live work. Proves: CV2-14-010, CV2-14-011"""
+    from connector.models import Projection
+    from connector.services.execution import execution_claim, lane_advance
+
+    world = build_world("y-")
+    account = world.accounts[0]
+    generate_history(account=account, epoch=world.active_epoch, start=0, count=4000)
+    analyze()
+    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-y","occurred_at":"2025-01-01",'
+            b'"record_id":"rec-y","sequence":1,"type":"record.updated"}]}')
+    admission = receipt_admit(account_key=account.account_key, channel="records.webhook",
+                              transport_key="explain-2", body=body, actor=Actor.system("explain"))
+    receipt_materialize(receipt_pk=admission.receipt.pk)
+    lane_pk = Projection.objects.get(event__receipt=admission.receipt).lane_id
+    with CaptureQueriesContext(connection) as captured:
+        minted = lane_advance(lane_pk=lane_pk)
+        token = execution_claim(holder="explain", account_id=account.pk)
+    assert minted is not None and token is not None and token.execution_pk == minted.pk
+    seq = re.compile(r"Seq Scan on (connector_projection|connector_execution)\b")
+    statements = [q["sql"] for q in captured.captured_queries
+                  if q["sql"].lstrip().upper().startswith(("SELECT", "INSERT", "UPDATE", "DELETE"))]
+    scans = {s[:120]: seq.findall(p) for s in statements if seq.search(p := _explain(s))}
+    assert not scans, scans
