@@ -36,8 +36,9 @@ def start(fn: Callable[[], Any], name: str = "worker") -> Worker:
 def backend_pid_waiting(using: str = "default") -> list[int]:
     """PIDs of sessions of this test database currently waiting on a lock (pg_locks not granted)."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_locks WHERE NOT granted AND database = "
-                       "(SELECT oid FROM pg_database WHERE datname = current_database())")
+        # row-lock waits are on transaction ids (no database column): join the session to its database
+        cursor.execute("SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                       "WHERE NOT l.granted AND a.datname = current_database()")
         return [r[0] for r in cursor.fetchall()]
 
 
