@@ -1,5 +1,5 @@
 """ExecutionDependency: a child Execution waits (no lease, not claimable) until its prerequisite completes or
-its immutable deadline passes; satisfy, expire and reject races produce one result (CV2-07-023..028)."""
+its immutable deadline passes; satisfy, expire and reject races produce one result (CV2-07-023, CV2-07-024, CV2-07-025, CV2-07-026, CV2-07-027, CV2-07-028)."""
 from __future__ import annotations
 
 import threading

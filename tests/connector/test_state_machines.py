@@ -2,7 +2,10 @@
 django-fsm in Python and by the transition triggers in PostgreSQL. The tables below are typed from the seed's
 "State machines" section, independently of connector.choices.
 
-Proves: CV2-02-034, CV2-02-028..033, CV2-03-001..013, CV2-04-001, CV2-04-002, CV2-04-005, CV2-12-058..061
+Proves: CV2-02-034, CV2-02-028, CV2-02-029, CV2-02-030, CV2-02-031, CV2-02-032, CV2-02-033,
+CV2-03-001, CV2-03-002, CV2-03-003, CV2-03-004, CV2-03-005, CV2-03-006, CV2-03-009, CV2-03-010,
+CV2-03-013 (the "only through" conditions of CV2-03-007/008/011/012 arrive with the cutover coordinators),
+CV2-04-001, CV2-04-002, CV2-04-005, CV2-12-058, CV2-12-059, CV2-12-060, CV2-12-061
 """
 from __future__ import annotations
 
