@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the web server, a Celery worker and Celery beat together, in the foreground.
+"""Run the web server, a Celery worker, Celery beat and the demo remote receiver together, in the foreground.
 
     python scripts/run.py            # PORT=8000 by default
 
@@ -41,6 +41,7 @@ def children(port: int) -> list[tuple[str, list[str]]]:
                     "--concurrency", "2", "-n", "worker@%h"]),
         ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
                   "--schedule", ".data/celerybeat-schedule"]),
+        ("receiver", [py, "manage.py", "demo_receiver", "--port", os.environ.get("DEMO_RECEIVER_PORT", "8900")]),
     ]
 
 
@@ -159,7 +160,7 @@ class Supervisor:
             self.stop_all()
             self.note(f"stopped everything because {name} {describe(code)}")
             return code if 0 < code < 256 else 1
-        self.note(f"received {signal.Signals(self.signalled).name}; stopping web, worker and beat")
+        self.note(f"received {signal.Signals(self.signalled).name}; stopping web, worker, beat and the demo receiver")
         self.stop_all()
         self.note("all stopped")
         return 0

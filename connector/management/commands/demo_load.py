@@ -34,7 +34,7 @@ class Command(BaseCommand):
             self.stdout.write("Demo world already loaded: nothing to do.")
         else:
             self.stdout.write("Loading the demo world through the services ...")
-            world = build_world("")
+            world = build_world("", push=True)
             self.stdout.write(self.style.SUCCESS(
                 f"  {len(world.accounts)} accounts, {len(world.packs)} pack generations, Catalog view "
                 f"{world.view.view_key} r{world.view.revision} (4 bindings), "
