@@ -31,3 +31,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 5.0,
     },
 }
+# Publishing only wakes workers; when the broker is down, fail fast and let the sweepers find the work in
+# PostgreSQL instead of holding a request or a transaction's on-commit hook.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
