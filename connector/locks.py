@@ -14,6 +14,18 @@ from django.db import transaction
 
 from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
 
+# Advisory-lock namespaces (one registry; STYLE R9). PostgreSQL grants a new row share lock even while a
+# FOR UPDATE waits on the same row, so under steady writes a gate transition could wait without bound. The
+# heavyweight advisory lock queues fairly: once a transition waits for it exclusively, later writers queue behind
+# it. Writers take it shared, transitions exclusive, always at the gate's place in the canonical order.
+ADVISORY_LOCK_KEYS = {"account_gate": 0x43563203, "credential_gate": 0x43563204}
+
+
+def _fair(kind: str, row_id: int, *, exclusive: bool) -> None:
+    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(f"SELECT {fn}(%s, %s)", [ADVISORY_LOCK_KEYS[kind], int(row_id) % 2_147_483_647])
+
 
 def epoch_for_update(epoch_pk: int) -> ServingEpoch:
     return ServingEpoch.objects.select_for_update().get(pk=epoch_pk)
@@ -28,15 +40,20 @@ def epoch_for_share(epoch_pk: int) -> ServingEpoch:
 
 
 def gate_for_update(account_id: int) -> AccountServingGate:
+    _fair("account_gate", account_id, exclusive=True)
     return AccountServingGate.objects.select_for_update(of=("self",)).get(account_id=account_id)
 
 
 def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
-    return list(AccountServingGate.objects.filter(account_id__in=set(account_ids)).order_by("account_id")
+    ordered = sorted(set(account_ids))
+    for account_id in ordered:
+        _fair("account_gate", account_id, exclusive=True)
+    return list(AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")
                 .select_for_update(of=("self",)))
 
 
 def gate_for_share(account_id: int) -> AccountServingGate:
+    _fair("account_gate", account_id, exclusive=False)
     return _share_one(AccountServingGate.objects.filter(account_id=account_id))
 
 
@@ -54,11 +71,13 @@ def wait_for_gate(account_id: int) -> None:
 
 
 def credential_gate_for_update(credential_generation_pk: int) -> CredentialGenerationDispatchGate:
+    _fair("credential_gate", credential_generation_pk, exclusive=True)
     return CredentialGenerationDispatchGate.objects.select_for_update(of=("self",)).get(
         credential_generation_id=credential_generation_pk)
 
 
 def credential_gate_for_share(credential_generation_pk: int) -> CredentialGenerationDispatchGate:
+    _fair("credential_gate", credential_generation_pk, exclusive=False)
     return _share_one(CredentialGenerationDispatchGate.objects.filter(
         credential_generation_id=credential_generation_pk))
 

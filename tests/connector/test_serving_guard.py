@@ -255,3 +255,35 @@ def test_admission_racing_activation_binds_only_the_new_epoch(transactional_db):
     assert activator.error is None
     assert writer.error is None, writer.error
     assert (writer.result.epoch_id, writer.result.fence) == ("r-epoch", 6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_transition_is_not_starved_by_later_writers(tx_world):
+    """Fair queueing on the gate: while a writer holds the gate and a halt waits for it, a writer arriving later
+    queues behind the halt instead of jumping ahead (plain row share locks would let it in, and a steady stream
+    of writers could starve the transition). The later writer then sees halting_v2 and writes nothing.
+    Proves: CV2-03-015, CV2-03-021 (capacity: starvation bound, CV2-14)"""
+    account = tx_world.accounts[0]
+    in_write, release = threading.Event(), threading.Event()
+
+    def slow_write():
+        with transaction.atomic():
+            lock_serving(account_id=account.pk)
+            in_write.set()
+            assert release.wait(10)
+
+    first = start(slow_write, "writer-1")
+    assert in_write.wait(10)
+    halter = start(lambda: gate_services.gate_transition(account_id=account.pk, action="halt_v2",
+                                                         expected_fence=6, actor=ACTOR), "halter")
+    assert wait_until(lambda: len(backend_pid_waiting()) >= 1)
+    late = start(lambda: guarded_write(account.pk), "writer-late")
+    assert wait_until(lambda: len(backend_pid_waiting()) >= 2), "the late writer must queue behind the halt"
+    assert late.is_alive()
+    release.set()
+    for worker in (first, halter, late):
+        worker.join(10)
+    assert first.error is None and halter.error is None and halter.result.fence == 7
+    assert isinstance(late.error, GateNotServing)
+    assert late.finished_at >= halter.finished_at
+    assert probe_writes() == 0
