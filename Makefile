@@ -58,5 +58,13 @@ test: venv services
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
 
+# Quick benchmarks against bench/budgets.json, each on its own throwaway databases (about 2 minutes):
+# the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), then the
+# retained-history latency check. Full runs and how the budgets were chosen: docs/benchmarks.md.
+.PHONY: bench
+bench: venv services
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
+
 stop:
 	@if [ -x $(VPY) ]; then $(VPY) scripts/services.py stop; else $(PYTHON) scripts/services.py stop; fi

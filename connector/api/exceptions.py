@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -36,6 +37,8 @@ API_ERROR_CODES = MappingProxyType({
     "NOT_ACCEPTABLE": (406, "The `Accept` header excludes JSON, the only media type replay and reads render."),
     "BODY_TOO_LARGE": (413, "The body exceeds DATA_UPLOAD_MAX_MEMORY_SIZE; nothing was written."),
     "UNSUPPORTED_MEDIA_TYPE": (415, "The replay endpoint accepts `application/json` only."),
+    "DATABASE_UNAVAILABLE": (503, "The database cannot be reached right now (restart, failover); nothing was "
+                                  "written by this request. Retry after `Retry-After` seconds."),
     "INTERNAL_ERROR": (500, "An unexpected server error; it is logged. Retrying the same request is safe."),
     # Domain errors (connector.errors.ConnectorError subclasses), status from the exception class.
     "ACCOUNT_NOT_FOUND": (404, "No connector account has that exact key."),
@@ -107,6 +110,11 @@ def connector_exception_handler(exc: Exception, context: dict) -> Response:
         return Response({"code": exc.code, "detail": exc.detail}, status=exc.http_status, headers=headers)
     if isinstance(exc, RequestDataTooBig):  # Django's size limit, wherever the body was first read
         exc = BodyTooLarge()
+    if isinstance(exc, (OperationalError, InterfaceError)):  # the database is unreachable or restarting
+        set_rollback()
+        log.warning("database unavailable in API view", exc_info=exc)
+        return Response({"code": "DATABASE_UNAVAILABLE", "detail": API_ERROR_CODES["DATABASE_UNAVAILABLE"][1]},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     response = drf_exception_handler(exc, context)  # Http404/PermissionDenied conversion, WWW-Authenticate
     if response is None:
         request = context.get("request")

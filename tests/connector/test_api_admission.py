@@ -388,7 +388,7 @@ def test_admission_query_count_is_pinned_and_independent_of_history(world, clien
     secret = signing_secret()
     one, five = body(event("p-1")), body(*(event(f"p5-{i}", f"r-{i}") for i in range(5)))
     for key, payload in (("pinned-1", one), ("pinned-5", five)):
-        with django_assert_num_queries(18):
+        with django_assert_num_queries(19):  # + the gate's fair-queueing advisory lock (D-118)
             assert admit(client, payload, key, secret=secret).status_code == 201
     with django_assert_num_queries(7):
         assert admit(client, one, "pinned-1", secret=secret).status_code == 200

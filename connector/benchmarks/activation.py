@@ -1,0 +1,1384 @@
+"""`manage.py bench activation`: the whole-service first activation transaction at scale (CV2-14-005, CV2-14-006,
+CV2-14-007, CV2-14-009), measured on PostgreSQL.
+
+For each account cardinality N the command builds, in a throwaway database, N accounts whose AccountServingGates
+are `v2_validating`, the demo packs and Catalog view, two credential generations per account, one L2 configuration
+generation over the N accounts with its exhaustive credential relation, and a prepared and verified ServingEpoch
+over it (`build_activation_world`). It then runs the product's own `serving.epoch_activate_first` three times over:
+
+1. **killed** (`kill_mid_activation`): a child process runs it and stops while it holds every lock, either just
+   before COMMIT (after the last audit row: `before_commit`, the default) or just after the gate locks
+   (`after_gate_locks`). A second session counts the locks it holds (pg_locks, and the row locks through
+   pgrowlocks: PostgreSQL keeps row locks in the tuples, not in pg_locks). The child is SIGKILLed; the bench times
+   until PostgreSQL has released the locks and asserts that nothing partial is visible: the epoch is still
+   `verified`, every gate still `v2_validating` with its old fence, no activation audit row exists.
+2. **retried and timed** (`timed_activation`), in this process: the owner reread before the transaction, the gate
+   locks, the epoch and gate updates with their audit rows, the COMMIT. The WAL the transaction wrote is summed
+   from its own records (pg_walinspect, filtered by its transaction id), so other sessions' WAL does not count.
+   Recovery time is from the SIGKILL to this retry's COMMIT, for a retry started as soon as the locks are gone:
+   the lock release time plus the retry's whole call (the bench's own checks in between do not count).
+3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
+   advanced by exactly one; repeated for p50/p95/p99.
+
+Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`)
+to take timestamps; the child's pause is such a wrapper too. No product code is changed.
+
+Successor activation (predecessor active -> draining, successor verified -> active, gates v2_halted -> v2_serving,
+OrderingHandoffs) is not built yet: it lands with the cutover issue. `SCENARIOS` has its slot.
+
+Two guards against product findings (docs/benchmarks.md, "Whole-service activation at scale"): the activation takes
+one advisory lock per gate, so above LOCK_TABLE_SLACK x the server's shared lock table it is not attempted
+(`LockTableGuard`; it would fail with "out of shared memory" and starve every other session meanwhile), and the
+opt-in `--workaround-quadratic-relation-check` replaces the product's quadratic credential-relation check by a
+linear copy (labelled in the report) so that 100,000-account owner rereads finish.
+
+Bulk rows (`build_activation_world`): the first two accounts, the packs, the Catalog view and their credential
+generations are authored through the services (connector.demo.build_owners, walk_gates_to_validating). They are the
+template of every other row. The other N-2 accounts, their gates (inserted in `v2_validating` with the template's
+fence: the gate triggers fire before UPDATE only, and nothing is updated), the gates' audit trail (the template's
+rows, one set per gate), the credential generations (receipts computed by connector.receipts exactly as
+`credential_generation_create` does, secrets written as files of the secret backend), their dispatch gates, and
+the configuration generation over all N accounts (payload, digest and receipt by connector.receipts exactly as
+`service_configuration_create` does) are written in bulk. `service_configuration_read` then rereads and
+byte-compares the configuration, and the epoch is prepared and verified through the services, which reread every
+owner.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from django.db import DatabaseError, connection, connections, transaction
+
+Progress = Callable[[str], None]
+
+SUCCESSOR_STATUS = "not yet implemented (cutover issue)"
+SCENARIOS = ("first", "successor")  # "successor": SUCCESSOR_STATUS; add its builder and transaction here
+DEFAULT_ACCOUNTS = "1000,10000,100000"
+DEFAULT_DATABASE = "connector_bench_act"
+BUDGET_SECTION = "activation"
+KILL_POINTS = ("before_commit", "after_gate_locks")
+SERVICE_ACCOUNTS = 2  # authored through the services; every bulk row copies their shape
+ACCOUNT_KEY = "acct-"
+ACTOR = "bench-activation"
+CHILD_ARGS = "ACTIVATION_CHILD_ARGS"
+CHILD_HOLDING = "CHILD-HOLDING "
+CHILD_COMMITTED = "CHILD-COMMITTED"
+LOCKED_TABLES = ("connector_accountservinggate", "connector_servingepoch")
+# Ceiling headroom over a measurement (suggest_budgets): durations vary about 2x with the load other suites put on
+# a shared 2-core machine (docs/benchmarks.md, history noise note); WAL bytes move with full-page images.
+DURATION_HEADROOM = 3.0
+WAL_HEADROOM = 1.5
+SMALL_DURATION_FLOOR_MS = 50
+BUDGET_FIGURES = ("transaction_ms", "commit_ms", "readback_ms", "wal_bytes", "locks_released_ms", "recovery_ms",
+                  "row_locks")
+
+
+class ActivationBenchError(RuntimeError):
+    """The bench could not run the activation as designed (a child that never held its locks, a rejected epoch,
+    a readback that does not name the epoch)."""
+
+
+class LockTableGuard(ActivationBenchError):
+    """The activation would need more entries of PostgreSQL's shared lock table than the server has: it would fail
+    with "out of shared memory" and, while it grows, make every other session's non-fast-path lock fail too. Not
+    attempted on a shared server (--allow-lock-table-exhaustion overrides). Carries the world's setup figures."""
+
+    def __init__(self, message: str, world: ActivationWorld) -> None:
+        super().__init__(message)
+        self.world = world
+
+
+class PartialActivationVisible(ActivationBenchError):
+    """After the activation transaction was killed, some of its writes or locks were visible: whole-service
+    atomicity is broken (CV2-14-007)."""
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+# -- an opt-in workaround for a product bug ---------------------------------------------------------------------
+
+QUADRATIC_WORKAROUND = (
+    "connector.selectors.owners.check_credential_relation replaced, in the bench and its child, by a copy that "
+    "builds dict(accounts) once: the product rebuilds it for every relation row (selectors/owners.py), which is "
+    "quadratic; every owner reread of the configuration pays it (about 86 min per read at 100,000 accounts)")
+_workaround_active = False
+
+
+def _linear_check_credential_relation(*, accounts: list[tuple[str, str]], required_refs: tuple[str, ...],
+                                      relation: list[tuple[str, str, str]],
+                                      generations: dict[str, tuple[str, str, str]]) -> None:
+    """connector.selectors.owners.check_credential_relation with the provider map built once; same checks, same
+    messages, same order."""
+    from connector.errors import CredentialMappingInvalid
+
+    required = {(account, ref) for account, _ in accounts for ref in required_refs}
+    providers = dict(accounts)
+    seen: set[tuple[str, str]] = set()
+    for account, ref, generation_id in relation:
+        if (account, ref) in seen:
+            raise CredentialMappingInvalid(f"duplicate mapping for ({account}, {ref})")
+        seen.add((account, ref))
+        if (account, ref) not in required:
+            raise CredentialMappingInvalid(f"extra mapping for ({account}, {ref})")
+        if generation_id not in generations:
+            raise CredentialMappingInvalid(f"({account}, {ref}) maps to absent generation {generation_id}")
+        identity, gen_account, gen_provider = generations[generation_id]
+        provider = providers[account]
+        if identity != ref or gen_account != account or gen_provider != provider:
+            raise CredentialMappingInvalid(
+                f"({account}, {ref}) maps to {generation_id} scoped ({identity}, {gen_account}, {gen_provider})")
+    missing = sorted(required - seen)
+    if missing:
+        raise CredentialMappingInvalid(f"missing mapping for {', '.join(f'({a}, {r})' for a, r in missing)}")
+
+
+@contextlib.contextmanager
+def quadratic_workaround(enabled: bool):
+    """With `enabled`, QUADRATIC_WORKAROUND for the duration (and for the children spawned meanwhile)."""
+    global _workaround_active
+    if not enabled:
+        yield
+        return
+    from connector.selectors import owners as owner_readers
+
+    saved = _workaround_active
+    _workaround_active = True
+    try:
+        with mock.patch.object(owner_readers, "check_credential_relation", _linear_check_credential_relation):
+            yield
+    finally:
+        _workaround_active = saved
+
+
+# -- the world --------------------------------------------------------------------------------------------------
+
+@dataclass
+class ActivationWorld:
+    accounts: int
+    prefix: str
+    epoch_pk: int
+    epoch_digest: bytes
+    configuration_pk: int
+    configuration_generation_id: str
+    fences: dict[int, int]  # account id -> gate fence before the activation
+    credential_generations: int
+    setup_seconds: dict[str, float] = field(default_factory=dict)
+    setup_rows: int = 0
+    extensions: dict[str, bool] = field(default_factory=dict)
+
+
+def _timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
+    began = time.monotonic()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        seconds[name] = round(time.monotonic() - began, 3)
+
+
+def _fresh_session() -> None:
+    # PostgreSQL caches the plans of its foreign-key checks per session; plans made while the tables were tiny
+    # would make each check of a large bulk insert scan the table (see bench history).
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+def _copy(cursor, table: str, columns: Sequence[str], rows) -> int:
+    count = 0
+    with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+            count += 1
+    return count
+
+
+BULK_ACCOUNTS_SQL = """
+INSERT INTO connector_connectoraccount (account_key, provider_scope, display_name, created_at)
+SELECT %(prefix)s || %(key)s || lpad(g::text, %(width)s, '0'), %(scope)s, 'Account ' || g, now()
+FROM generate_series(%(lo)s, %(hi)s) g ORDER BY g
+"""
+# Gates are inserted in their final pre-activation mode: the gate triggers (transition table, fence advance) fire
+# BEFORE UPDATE only, and the mode/epoch check constraint holds (v2_validating names no epoch).
+BULK_GATES_SQL = """
+INSERT INTO connector_accountservinggate (account_id, mode, fence, epoch_id, epoch_digest, changed_at)
+SELECT a.id, t.mode, t.fence, NULL, NULL, now()
+FROM connector_connectoraccount a, connector_accountservinggate t
+WHERE a.id > %(after)s AND t.id = %(template)s ORDER BY a.id
+"""
+BULK_GATE_AUDIT_SQL = """
+INSERT INTO connector_auditrecord (at, actor, entity_type, entity_id, action, from_state, to_state, fence,
+    evidence_digest, reason)
+SELECT now(), t.actor, t.entity_type, g.id::text, t.action, t.from_state, t.to_state, t.fence, t.evidence_digest,
+    t.reason
+FROM connector_accountservinggate g
+CROSS JOIN (SELECT * FROM connector_auditrecord WHERE entity_type = 'connector.AccountServingGate'
+            AND entity_id = %(template)s) t
+WHERE g.account_id > %(after)s ORDER BY g.id, t.id
+"""
+BULK_DISPATCH_GATES_SQL = """
+INSERT INTO connector_credentialgenerationdispatchgate (credential_generation_id, mode, fence, changed_at)
+SELECT id, 'enabled', 1, now() FROM connector_credentialgeneration WHERE id > %(after)s ORDER BY id
+"""
+BULK_CREDENTIAL_AUDIT_SQL = """
+INSERT INTO connector_auditrecord (at, actor, entity_type, entity_id, action, from_state, to_state, fence,
+    evidence_digest, reason)
+SELECT now(), %(actor)s, 'connector.CredentialGeneration', c.id::text, 'credential_generation_create', '', '',
+    NULL, c.receipt_digest, ''
+FROM connector_credentialgeneration c WHERE c.id > %(after)s
+UNION ALL
+SELECT now(), %(actor)s, 'connector.CredentialGenerationDispatchGate', d.id::text, 'credential_gate_create', '',
+    d.mode, d.fence, NULL, ''
+FROM connector_credentialgenerationdispatchgate d WHERE d.credential_generation_id > %(after)s
+"""
+BULK_MAPPINGS_SQL = """
+INSERT INTO connector_serviceconfigurationcredentialmapping (generation_id, account_id, credential_ref,
+    credential_generation_id)
+SELECT %(configuration)s, c.account_id, c.credential_identity, c.id
+FROM connector_credentialgeneration c WHERE c.account_id = ANY(%(accounts)s)
+"""
+
+
+def _scalar(sql: str, params: Sequence[Any] | dict | None = None):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()[0]
+
+
+def _bulk_accounts_and_gates(*, prefix: str, width: int, first: int, last: int, template_gate, say: Progress) -> int:
+    """Accounts first..last with their gates (v2_validating) and the template gate's audit trail each."""
+    if last < first:
+        return 0
+    _fresh_session()
+    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_connectoraccount")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(BULK_ACCOUNTS_SQL, {"prefix": prefix, "key": ACCOUNT_KEY, "width": width, "lo": first,
+                                           "hi": last, "scope": template_gate.account.provider_scope})
+        accounts = cursor.rowcount
+        cursor.execute(BULK_GATES_SQL, {"after": after, "template": template_gate.pk})
+        gates = cursor.rowcount
+        cursor.execute(BULK_GATE_AUDIT_SQL, {"after": after, "template": str(template_gate.pk)})
+        audits = cursor.rowcount
+    say(f"  bulk: {accounts:,} accounts, {gates:,} gates (v2_validating, fence {template_gate.fence}), "
+        f"{audits:,} gate audit rows")
+    return accounts + gates + audits
+
+
+def _write_secrets(root: Path, items: list[tuple[str, str, bytes]]) -> None:
+    for ref, version_ref, secret in items:
+        path = root / version_ref
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # write-once, as the backend does
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(secret)
+
+
+def _bulk_credentials(*, account_ids_after: int, refs: Sequence[str], template, say: Progress) -> int:
+    """Two credential generations (one per CredentialRef of the Catalog view) for every bulk account, with the
+    secret version files, the receipts of connector.receipts.credential_receipt, the dispatch gates (`enabled`,
+    fence 1) and the two audit rows credential_generation_create writes."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from connector import receipts
+    from connector.secrets import secret_backend
+
+    backend = secret_backend()
+    root = Path(settings.CONNECTOR["SECRET_BACKEND_DIR"])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, account_key, provider_scope FROM connector_connectoraccount WHERE id > %s "
+                       "ORDER BY id", [account_ids_after])
+        accounts = cursor.fetchall()
+    if not accounts:
+        return 0
+    next_version = {}
+    for ref in refs:
+        (root / ref).mkdir(parents=True, exist_ok=True, mode=0o700)
+        versions = [int(p.name[1:]) for p in (root / ref).glob("v*") if p.name[1:].isdigit()]
+        next_version[ref] = 1 + max(versions, default=0)
+    transport_digest = bytes(template.transport_config_digest)
+    now = timezone.now()
+    rows, secrets = [], []
+    for account_id, account_key, scope in accounts:
+        for ref in refs:
+            generation_id = f"{account_key}.{ref}.g1"
+            version_ref = f"{ref}/v{next_version[ref]}"
+            next_version[ref] += 1
+            backend._path(version_ref)  # the backend's own reference check
+            secrets.append((ref, version_ref,
+                            hashlib.sha256(f"demo-secret:{generation_id}".encode()).hexdigest().encode()))
+            receipt, receipt_digest = receipts.credential_receipt(
+                generation_id=generation_id, credential_identity=ref, provider_scope=scope, account_key=account_key,
+                secret_version_ref=version_ref, transport_config_digest=transport_digest)
+            rows.append((generation_id, ref, scope, account_id, version_ref, transport_digest,
+                         receipts.CREDENTIAL_RECEIPT_PROTOCOL, receipt, receipt_digest, now))
+    _write_secrets(root, secrets)
+    _fresh_session()
+    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_credentialgeneration")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        generations = _copy(cursor, "connector_credentialgeneration",
+                            ("generation_id", "credential_identity", "provider_scope", "account_id",
+                             "secret_version_ref", "transport_config_digest", "receipt_protocol", "receipt",
+                             "receipt_digest", "created_at"), rows)
+        cursor.execute(BULK_DISPATCH_GATES_SQL, {"after": after})
+        gates = cursor.rowcount
+        cursor.execute(BULK_CREDENTIAL_AUDIT_SQL, {"after": after, "actor": f"system:{ACTOR}"})
+        audits = cursor.rowcount
+    say(f"  bulk: {generations:,} credential generations ({len(secrets):,} secret files), {gates:,} dispatch "
+        f"gates, {audits:,} audit rows")
+    return generations + gates + audits
+
+
+def _bulk_configuration(*, generation_id: str, view, member_ids: list[int], template_account, say: Progress):
+    """One configuration generation over `member_ids` (canonical order: account key), its accounts (the template
+    account's routes, mapping selections and policy values) and the exhaustive credential relation of their
+    generations; payload, digest and receipt by connector.receipts exactly as service_configuration_create."""
+    from connector import receipts
+    from connector.actors import Actor
+    from connector.models import ServiceConfigurationGeneration
+    from connector.services.audit import audit_record
+    from connector.services.owners import GENERATION_PROTOCOL
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, account_key, provider_scope FROM connector_connectoraccount WHERE id = ANY(%s)",
+                       [member_ids])
+        members = sorted(cursor.fetchall(), key=lambda row: row[1])
+        cursor.execute("SELECT a.account_key, c.credential_identity, c.generation_id "
+                       "FROM connector_credentialgeneration c JOIN connector_connectoraccount a ON a.id = c.account_id "
+                       "WHERE c.account_id = ANY(%s)", [member_ids])
+        relation = [tuple(row) for row in cursor.fetchall()]
+    routes = list(template_account.enabled_routes)
+    selections, policy = template_account.mapping_selections, template_account.policy_values
+    account_dicts = [{"account_key": key, "provider_scope": scope, "enabled_routes": routes,
+                      "mapping_selections": selections, "policy_values": policy} for _id, key, scope in members]
+    payload = receipts.configuration_payload(generation_id=generation_id, catalog_view_key=view.view_key,
+                                             catalog_revision=view.revision, accounts=account_dicts,
+                                             relation=relation)
+    digest = receipts.sha256(payload)
+    receipt, receipt_digest = receipts.configuration_receipt(generation_protocol=GENERATION_PROTOCOL,
+                                                             generation_id=generation_id, generation_digest=digest)
+    _fresh_session()
+    with transaction.atomic():
+        config = ServiceConfigurationGeneration.objects.create(
+            generation_id=generation_id, generation_protocol=GENERATION_PROTOCOL,
+            receipt_protocol=receipts.CONFIGURATION_RECEIPT_PROTOCOL, catalog_view=view, payload=payload,
+            generation_digest=digest, receipt=receipt, receipt_digest=receipt_digest)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+            accounts = _copy(cursor, "connector_serviceconfigurationaccount",
+                             ("generation_id", "ordinal", "account_id", "enabled_routes", "mapping_selections",
+                              "policy_values"),
+                             ((config.pk, ordinal, account_id, json.dumps(routes), json.dumps(selections),
+                               json.dumps(policy)) for ordinal, (account_id, _key, _scope) in enumerate(members)))
+            cursor.execute(BULK_MAPPINGS_SQL, {"configuration": config.pk, "accounts": member_ids})
+            mappings = cursor.rowcount
+        audit_record(actor=Actor.system(ACTOR), entity=config, action="service_configuration_create",
+                     evidence_digest=receipt_digest)
+    say(f"  bulk: configuration {generation_id}: {accounts:,} accounts, {mappings:,} credential mappings, payload "
+        f"{len(payload):,} bytes")
+    return config, 1 + accounts + mappings + 1
+
+
+def _ensure_extensions() -> dict[str, bool]:
+    available = {}
+    for name in ("pgrowlocks", "pg_walinspect"):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
+            available[name] = True
+        except DatabaseError:  # not a superuser, or the contrib package is missing: the figure is then omitted
+            available[name] = False
+    return available
+
+
+def gate_fences(configuration_pk: int) -> dict[int, tuple[str, int, int | None, bytes | None]]:
+    """account id -> (mode, fence, epoch id, epoch digest) of every gate of the configuration's account set."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT g.account_id, g.mode, g.fence, g.epoch_id, g.epoch_digest "
+                       "FROM connector_accountservinggate g JOIN connector_serviceconfigurationaccount c "
+                       "ON c.account_id = g.account_id WHERE c.generation_id = %s", [configuration_pk])
+        return {row[0]: (row[1], row[2], row[3], None if row[4] is None else bytes(row[4]))
+                for row in cursor.fetchall()}
+
+
+def build_activation_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
+    """On the current `default` database: the owners of an N-account service and a verified ServingEpoch over them,
+    every gate `v2_validating` (see the module docstring for which rows come from services and which from bulk
+    SQL). Requires accounts >= 1."""
+    from connector.actors import Actor
+    from connector.choices import EpochState, GateMode
+    from connector.demo import build_owners, walk_gates_to_validating
+    from connector.selectors import owners as owner_readers
+    from connector.services import serving
+
+    if accounts < 1:
+        raise ActivationBenchError("the activation needs at least one account")
+    say = progress or (lambda _msg: None)
+    actor = Actor.system(ACTOR)
+    seconds: dict[str, float] = {}
+    width = max(7, len(str(accounts)))
+    service_keys = tuple(f"{ACCOUNT_KEY}{i:0{width}d}" for i in range(1, min(SERVICE_ACCOUNTS, accounts) + 1))
+    began = time.monotonic()
+    say(f"{accounts:,} accounts: authoring packs, Catalog view and {len(service_keys)} template accounts through "
+        "the services")
+
+    def services():
+        owners_world = build_owners(prefix, account_keys=service_keys, actor=actor)
+        walk_gates_to_validating(owners_world, actor)
+        return owners_world
+
+    owners_world = _timed(seconds, "services", services)
+    extensions = _ensure_extensions()
+    template_gate = owners_world.accounts[0].serving_gate
+    template_gate.refresh_from_db()
+    if template_gate.mode != GateMode.V2_VALIDATING:
+        raise ActivationBenchError(f"the template gate is {template_gate.mode}, not v2_validating")
+    template_credential = owners_world.accounts[0].credential_generations.order_by("pk").first()
+    template_account = owners_world.configuration.accounts.order_by("ordinal").first()
+    refs = sorted({ref for b in owner_readers.catalog_view_read_exact(
+        view_key=owners_world.view.view_key, revision=owners_world.view.revision).bindings for ref in b.credential_refs})
+    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_connectoraccount")
+    rows = _timed(seconds, "accounts_gates", _bulk_accounts_and_gates, prefix=prefix, width=width,
+                  first=len(service_keys) + 1, last=accounts, template_gate=template_gate, say=say)
+    rows += _timed(seconds, "credentials", _bulk_credentials, account_ids_after=after, refs=refs,
+                   template=template_credential, say=say)
+    member_ids = [a.pk for a in owners_world.accounts] + list(
+        _account_ids_after(after))
+    if len(member_ids) != accounts:
+        raise ActivationBenchError(f"built {len(member_ids)} accounts, wanted {accounts}")
+    config, config_rows = _timed(seconds, "configuration", _bulk_configuration,
+                                 generation_id=f"{prefix}activation-config.g1", view=owners_world.view,
+                                 member_ids=member_ids, template_account=template_account, say=say)
+    rows += config_rows
+    _timed(seconds, "analyze", _analyze)
+    say("  configuration reread by service_configuration_read")
+    fact = _timed(seconds, "configuration_read", owner_readers.service_configuration_read,
+                  generation_id=config.generation_id)
+    if len(fact.account_keys) != accounts or len(fact.relation) != accounts * len(refs):
+        raise ActivationBenchError(f"configuration read back {len(fact.account_keys)} accounts and "
+                                   f"{len(fact.relation)} mappings")
+    say(f"  epoch: prepare from owners ({len(fact.relation):,} credential generations reread)")
+    epoch = _timed(seconds, "epoch_prepare", serving.epoch_prepare_from_owners,
+                   epoch_id=f"{prefix}activation-epoch", configuration_generation_id=config.generation_id,
+                   actor=actor)
+    say("  epoch: verify (every owner reread)")
+    epoch = _timed(seconds, "epoch_verify", serving.epoch_verify, epoch_pk=epoch.pk, actor=actor)
+    if epoch.state != EpochState.VERIFIED:
+        raise ActivationBenchError(f"epoch verification refused: {epoch.rejection_code} {epoch.rejection_detail}")
+    _timed(seconds, "analyze_after_epoch", _analyze)
+    gates = gate_fences(config.pk)
+    not_ready = [a for a, (mode, *_rest) in gates.items() if mode != GateMode.V2_VALIDATING]
+    if len(gates) != accounts or not_ready:
+        raise ActivationBenchError(f"{len(gates)} gates, not v2_validating: {not_ready[:10]}")
+    seconds["total"] = round(time.monotonic() - began, 3)
+    say(f"  setup done in {seconds['total']:,.1f} s ({rows:,} bulk rows)")
+    return ActivationWorld(accounts=accounts, prefix=prefix, epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest),
+                           configuration_pk=config.pk, configuration_generation_id=config.generation_id,
+                           fences={a: fence for a, (_mode, fence, *_rest) in gates.items()},
+                           credential_generations=len(fact.relation), setup_seconds=seconds, setup_rows=rows,
+                           extensions=extensions)
+
+
+def _account_ids_after(after: int) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM connector_connectoraccount WHERE id > %s ORDER BY id", [after])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _analyze() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+LOCK_TABLE_SLACK = 1.5  # 10,000 gates (10,028 entries) fitted a 7,808-entry table: shared memory has some slop
+
+LOCK_TABLE_CAPACITY_SQL = """
+SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int
+    + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int
+    + current_setting('max_wal_senders')::int + current_setting('max_prepared_transactions')::int)
+"""
+
+
+def lock_table_capacity() -> int:
+    """PostgreSQL's nominal shared lock table: max_locks_per_transaction x (max backends + prepared transactions).
+    Every heavyweight lock that is not fast-path (advisory locks, for one) takes an entry until its transaction
+    ends; row locks do not (they live in the tuples)."""
+    return int(_scalar(LOCK_TABLE_CAPACITY_SQL))
+
+
+def guard_lock_table(world: ActivationWorld, *, allow: bool) -> None:
+    """connector.locks.gates_for_update takes one advisory lock per gate (fair queueing), so the activation needs
+    about one lock-table entry per account. Refuse (LockTableGuard) above LOCK_TABLE_SLACK x the capacity."""
+    capacity = lock_table_capacity()
+    if not allow and world.accounts > capacity * LOCK_TABLE_SLACK:
+        raise LockTableGuard(
+            f"the activation takes one advisory lock per gate: about {world.accounts:,} entries of a shared lock "
+            f"table of {capacity:,} (max_locks_per_transaction x max backends); it would fail with 'out of shared "
+            "memory' and starve every other session's locks meanwhile, so it was not attempted "
+            "(--allow-lock-table-exhaustion tries anyway)", world)
+
+
+def checkpoint() -> None:
+    """A CHECKPOINT, so that the killed attempt starts cold: its first change of every page writes a full-page
+    image, the worst case of the transaction's WAL."""
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")
+
+
+# -- a second session -----------------------------------------------------------------------------------------
+
+def _conninfo(settings_dict: dict) -> dict:
+    return {"host": settings_dict.get("HOST") or None, "port": settings_dict.get("PORT") or None,
+            "user": settings_dict.get("USER") or None, "password": settings_dict.get("PASSWORD") or None,
+            "dbname": settings_dict["NAME"]}
+
+
+def _url(settings_dict: dict) -> str:
+    from urllib.parse import quote
+
+    user = quote(settings_dict.get("USER") or "postgres", safe="")
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{quote(password, safe='')}" if password else user
+    return (f"postgres://{auth}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/"
+            f"{settings_dict['NAME']}")
+
+
+def _observer():
+    """An autocommit session of its own on the same database: it sees only committed data and other sessions'
+    locks, as any other client would."""
+    import psycopg
+
+    return psycopg.connect(**_conninfo(connection.settings_dict), autocommit=True)
+
+
+def _lsn(observer) -> str:
+    return observer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+
+
+def _flush_wal(observer) -> None:
+    # A committed transaction that wrote WAL flushes it up to its commit record (synchronous_commit on), so an
+    # aborted transaction's records (never flushed by themselves) become readable by pg_walinspect. A transaction
+    # that only took an xid would not flush: its commit is asynchronous.
+    observer.execute("SELECT pg_logical_emit_message(true, 'bench-activation', 'flush')")
+
+
+@dataclass
+class Wal:
+    bytes: int | None  # every WAL record of the transaction's xid (incl. full-page images), None without walinspect
+    records: int | None
+    fpi_bytes: int | None
+    server_bytes: int  # pg_wal_lsn_diff over the whole call: every session's WAL on the server (noisy)
+    by_relation: dict[str, int] = field(default_factory=dict)  # table (its indexes and TOAST included) -> bytes
+
+
+# The transaction's records, each attributed to the table its first block belongs to (an index or a TOAST relation
+# counts for its table); records without a block (commit, ...) to their resource manager.
+WAL_BY_RELATION_SQL = """
+WITH w AS (
+    SELECT record_length, fpi_length, resource_manager,
+           (regexp_match(block_ref, 'rel [0-9]+/[0-9]+/([0-9]+)'))[1]::oid AS filenode
+    FROM pg_get_wal_records_info(%(start)s::pg_lsn, pg_current_wal_flush_lsn()) WHERE xid = %(xid)s::text::xid)
+SELECT CASE WHEN c.oid IS NULL THEN w.resource_manager
+            WHEN o.oid IS NOT NULL THEN o.relname || ' (toast)'
+            ELSE t.relname END AS relation,
+       count(*), sum(w.record_length), sum(w.fpi_length)
+FROM w
+LEFT JOIN pg_class c ON c.relfilenode = w.filenode AND c.relfilenode <> 0
+LEFT JOIN pg_index i ON i.indexrelid = c.oid
+LEFT JOIN pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
+LEFT JOIN pg_class o ON o.reltoastrelid = t.oid
+GROUP BY 1 ORDER BY 3 DESC
+"""
+
+
+def _wal_of(observer, start_lsn: str, xid: int, *, server_bytes: int, enabled: bool) -> Wal:
+    if not enabled:
+        return Wal(None, None, None, server_bytes)
+    _flush_wal(observer)
+    rows = observer.execute(WAL_BY_RELATION_SQL, {"start": start_lsn, "xid": str(xid)}).fetchall()
+    return Wal(bytes=sum(int(r[2]) for r in rows), records=sum(int(r[1]) for r in rows),
+               fpi_bytes=sum(int(r[3]) for r in rows), server_bytes=server_bytes,
+               by_relation={r[0]: int(r[2]) for r in rows})
+
+
+def _retain_wal(observer) -> None:
+    """A temporary physical replication slot reserving WAL from now on, for this session's lifetime: a checkpoint
+    during a long run must not recycle the segments pg_walinspect still has to read."""
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error):  # no free slot or no privilege: a very long run may then lose WAL
+        observer.execute("SELECT pg_create_physical_replication_slot(%s, true, true)",
+                         [f"bench_act_{os.getpid()}_{int(time.time() * 1000) % 10**9}"])
+
+
+# -- 1. killed mid-transaction --------------------------------------------------------------------------------
+
+@dataclass
+class LockCensus:
+    point: str  # where the transaction was paused
+    row_locks: dict[str, int]  # table -> rows locked by the transaction (pgrowlocks); empty without it
+    lock_table: dict[str, int]  # "locktype mode" -> pg_locks entries of its backend
+
+    @property
+    def total_row_locks(self) -> int | None:
+        return sum(self.row_locks.values()) if self.row_locks else None
+
+    @property
+    def total_lock_table(self) -> int:
+        return sum(self.lock_table.values())
+
+
+@dataclass
+class Untouched:
+    """What a second session sees after the kill."""
+
+    epoch_state: str
+    gates: int
+    gates_validating: int
+    gates_naming_epoch: int
+    fences_changed: int
+    activation_audit_rows: int
+    rows_still_locked: int | None
+
+    def partial(self, accounts: int) -> bool:
+        return not (self.epoch_state == "verified" and self.gates == self.gates_validating == accounts
+                    and self.gates_naming_epoch == 0 and self.fences_changed == 0
+                    and self.activation_audit_rows == 0 and not self.rows_still_locked)
+
+
+@dataclass
+class Recovery:
+    kill_at: str
+    census: LockCensus
+    untouched: Untouched
+    locks_released_ms: float  # SIGKILL -> the backend is gone and with it every lock
+    child_wal: Wal  # what the killed attempt had written (after a CHECKPOINT: full-page images included)
+    # SIGKILL -> the retried activation's COMMIT acknowledged, when the retry starts as soon as the locks are gone:
+    # locks_released_ms + the retry's whole call (the bench's own checks in between are not counted)
+    retried_commit_ms: float | None = None
+    partial_visible: bool = False
+
+
+CHILD_SCRIPT = """\
+import django
+django.setup()
+from connector.benchmarks.activation import child_main
+child_main()
+"""
+
+
+def child_main() -> None:
+    """Run in a fresh interpreter (`kill_mid_activation`): `epoch_activate_first` with a pause at the kill point.
+    At the pause the transaction holds every lock; the child reports its backend pid and transaction id and waits
+    for the parent's SIGKILL (stdin EOF means the parent is gone: it then dies the same way)."""
+    from connector import locks
+    from connector.actors import Actor
+    from connector.services import serving
+
+    args = json.loads(os.environ[CHILD_ARGS])
+    expected_audits = 1 + args["accounts"]  # the epoch's, then one per gate: the last precedes COMMIT
+    audits = 0
+
+    def hold(point: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), mod(pg_current_xact_id()::text::numeric, 4294967296)::bigint")
+            pid, xid = cursor.fetchone()
+        print(CHILD_HOLDING + json.dumps({"point": point, "pid": pid, "xid": xid}), flush=True)
+        sys.stdin.read()
+        os._exit(3)
+
+    real_audit, real_gates = serving.audit_record, locks.gates_for_update
+
+    def audit_record(**kwargs):
+        nonlocal audits
+        row = real_audit(**kwargs)
+        audits += 1
+        if args["kill_at"] == "before_commit" and audits == expected_audits:
+            hold("before_commit")
+        return row
+
+    def gates_for_update(account_ids):
+        rows = real_gates(account_ids)
+        if args["kill_at"] == "after_gate_locks":
+            hold("after_gate_locks")
+        return rows
+
+    with mock.patch.object(serving, "audit_record", audit_record), \
+            mock.patch.object(locks, "gates_for_update", gates_for_update), \
+            quadratic_workaround(args.get("workaround", False)):
+        epoch = serving.epoch_activate_first(epoch_pk=args["epoch_pk"], actor=Actor.system(f"{ACTOR}-killed"))
+    print(CHILD_COMMITTED + " " + json.dumps({"state": epoch.state, "audits": audits}), flush=True)
+
+
+def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
+    from django.conf import settings
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "JOURNAL_DATABASE_URL", "TEST_DB_SUFFIX", "CONNECTOR_FAULT_POINT")}
+    root = str(Path(settings.BASE_DIR))
+    env.update({
+        "DJANGO_SETTINGS_MODULE": (os.environ.get("DJANGO_SETTINGS_MODULE") or getattr(settings, "SETTINGS_MODULE", None)
+                                   or "config.django.local"),
+        "DJANGO_DEBUG": "0",
+        "DATABASE_URL": _url(connection.settings_dict),
+        "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict),
+        "CONNECTOR_SECRET_DIR": str(settings.CONNECTOR["SECRET_BACKEND_DIR"]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])),
+        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at,
+                                "workaround": _workaround_active}),
+    })
+    return subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT], env=env, cwd=root, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _await_holding(child: subprocess.Popen, timeout: float) -> dict:
+    lines: queue.Queue[str | None] = queue.Queue()
+    errors: list[str] = []
+
+    def pump(stream, sink) -> None:
+        for line in stream:
+            sink(line)
+        if stream is child.stdout:
+            lines.put(None)
+
+    threading.Thread(target=pump, args=(child.stdout, lines.put), daemon=True).start()
+    threading.Thread(target=pump, args=(child.stderr, errors.append), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise ActivationBenchError(f"the activation child did not reach its kill point in {timeout:.0f} s")
+        if line is None:
+            child.wait()
+            raise ActivationBenchError(f"the activation child exited ({child.returncode}) before its kill point:\n"
+                                       + "".join(errors[-30:]))
+        if line.startswith(CHILD_HOLDING):
+            return json.loads(line[len(CHILD_HOLDING):])
+        if line.startswith(CHILD_COMMITTED):
+            raise ActivationBenchError(f"the activation child committed without pausing: {line.strip()}")
+
+
+def _census(observer, *, point: str, pid: int, xid: int, rowlocks: bool) -> LockCensus:
+    lock_table = {f"{locktype} {mode}": count for locktype, mode, count in observer.execute(
+        "SELECT locktype, mode, count(*) FROM pg_locks WHERE pid = %s GROUP BY 1, 2 ORDER BY 1, 2", [pid])}
+    row_locks = {}
+    if rowlocks:
+        for table in LOCKED_TABLES:
+            row_locks[table] = observer.execute(
+                "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
+    return LockCensus(point=point, row_locks=row_locks, lock_table=lock_table)
+
+
+def observe_untouched(observer, world: ActivationWorld, *, xid: int | None = None,
+                      rowlocks: bool = True) -> Untouched:
+    """The epoch's state and every gate of the configuration, as a second session sees them."""
+    (state,) = observer.execute("SELECT state FROM connector_servingepoch WHERE id = %s", [world.epoch_pk]).fetchone()
+    gates = observer.execute(
+        "SELECT g.account_id, g.mode, g.fence, g.epoch_id FROM connector_accountservinggate g "
+        "JOIN connector_serviceconfigurationaccount c ON c.account_id = g.account_id WHERE c.generation_id = %s",
+        [world.configuration_pk]).fetchall()
+    (audits,) = observer.execute(
+        "SELECT count(*) FROM connector_auditrecord WHERE action IN ('epoch_activate_first', 'gate_activate_first') "
+        "AND evidence_digest = %s", [world.epoch_digest]).fetchone()
+    still_locked = None
+    if rowlocks and xid is not None:
+        still_locked = sum(observer.execute(
+            "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
+            for table in LOCKED_TABLES)
+    return Untouched(
+        epoch_state=state, gates=len(gates), gates_validating=sum(1 for g in gates if g[1] == "v2_validating"),
+        gates_naming_epoch=sum(1 for g in gates if g[3] == world.epoch_pk),
+        fences_changed=sum(1 for g in gates if world.fences.get(g[0]) != g[2]), activation_audit_rows=audits,
+        rows_still_locked=still_locked)
+
+
+def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit", progress: Progress | None = None,
+                        timeout: float | None = None, raise_on_partial: bool = True) -> Recovery:
+    """Run `epoch_activate_first` in a child process, pause it at `kill_at` holding its locks, count them from a
+    second session, SIGKILL it and time until its backend (and with it every lock) is gone. Then, from the second
+    session: the WAL the killed attempt wrote and what is visible. Raises PartialActivationVisible when any of the
+    activation's effects or locks remain visible (unless raise_on_partial is false)."""
+    if kill_at not in KILL_POINTS:
+        raise ActivationBenchError(f"kill point {kill_at!r} is not one of {', '.join(KILL_POINTS)}")
+    say = progress or (lambda _msg: None)
+    timeout = timeout if timeout is not None else 300 + world.accounts * 0.02
+    rowlocks = world.extensions.get("pgrowlocks", False)
+    observer = _observer()
+    child = None
+    try:
+        _retain_wal(observer)
+        start_lsn = _lsn(observer)
+        say(f"  killed attempt: child runs epoch_activate_first and pauses at {kill_at}")
+        child = _spawn_child(world, kill_at)
+        holding = _await_holding(child, timeout)
+        census = _census(observer, point=holding["point"], pid=holding["pid"], xid=holding["xid"],
+                         rowlocks=rowlocks)
+        say(f"  killed attempt: holding {census.total_row_locks} row locks, {census.total_lock_table} lock-table "
+            "entries; SIGKILL")
+        killed = time.perf_counter()
+        os.kill(child.pid, signal.SIGKILL)
+        while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                               [holding["pid"]]).fetchone()[0]:
+            time.sleep(0.0005)
+        released = time.perf_counter()
+        child.wait()
+        server_bytes = observer.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
+                                        [start_lsn]).fetchone()[0]
+        child_wal = _wal_of(observer, start_lsn, holding["xid"], server_bytes=server_bytes,
+                            enabled=world.extensions.get("pg_walinspect", False))
+        untouched = observe_untouched(observer, world, xid=holding["xid"], rowlocks=rowlocks)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        observer.close()
+    recovery = Recovery(kill_at=kill_at, census=census, untouched=untouched,
+                        locks_released_ms=_ms(released - killed), child_wal=child_wal,
+                        partial_visible=untouched.partial(world.accounts))
+    if recovery.partial_visible and raise_on_partial:
+        raise PartialActivationVisible(f"after the kill at {kill_at}: {untouched}")
+    return recovery
+
+
+# -- 2. the timed activation ----------------------------------------------------------------------------------
+
+@dataclass
+class Phases:
+    call_ms: float  # the whole epoch_activate_first call
+    reread_ms: float  # before the transaction: every owner reread, and the account set
+    epoch_lock_ms: float  # SELECT ... FOR UPDATE of the epoch (the whole row, preimage included) and its checks
+    gate_lock_ms: float  # SELECT ... FOR UPDATE of every gate, in account order
+    epoch_update_ms: float  # verified -> active (Model.save of every column) and its audit row
+    gate_update_ms: float  # every gate v2_validating -> v2_serving (one UPDATE and one audit INSERT each)
+    commit_ms: float  # the COMMIT statement
+    transaction_ms: float  # first lock (the epoch) -> COMMIT acknowledged: how long the locks are held
+
+
+def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
+    """`epoch_activate_first` in this process, timestamped at the epoch lock, around the gate locks and at the
+    audit rows. Returns the phases and the transaction's WAL."""
+    from connector import locks
+    from connector.actors import Actor
+    from connector.choices import EpochState
+    from connector.services import serving
+
+    marks: dict[str, float] = {}
+    real_epoch, real_gates, real_audit = locks.epoch_for_update, locks.gates_for_update, serving.audit_record
+
+    def epoch_for_update(epoch_pk):
+        marks["transaction"] = time.perf_counter()
+        return real_epoch(epoch_pk)
+
+    def gates_for_update(account_ids):
+        marks["gate_lock"] = time.perf_counter()
+        rows = real_gates(account_ids)
+        marks["gates_locked"] = time.perf_counter()
+        return rows
+
+    def audit_record(**kwargs):
+        row = real_audit(**kwargs)
+        marks["last_audit"] = time.perf_counter()
+        marks.setdefault("first_audit", marks["last_audit"])
+        return row
+
+    observer = _observer()
+    try:
+        _retain_wal(observer)
+        start_lsn = _lsn(observer)
+        with mock.patch.object(locks, "epoch_for_update", epoch_for_update), \
+                mock.patch.object(locks, "gates_for_update", gates_for_update), \
+                mock.patch.object(serving, "audit_record", audit_record):
+            began = time.perf_counter()
+            epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system(ACTOR))
+            committed = time.perf_counter()
+        if epoch.state != EpochState.ACTIVE:
+            raise ActivationBenchError(f"the activation did not commit: epoch {epoch.state} {epoch.rejection_code}")
+        server_bytes = observer.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
+                                        [start_lsn]).fetchone()[0]
+        (xid,) = observer.execute("SELECT xmin::text::bigint FROM connector_servingepoch WHERE id = %s",
+                                  [world.epoch_pk]).fetchone()
+        wal = _wal_of(observer, start_lsn, xid, server_bytes=server_bytes,
+                      enabled=world.extensions.get("pg_walinspect", False))
+    finally:
+        observer.close()
+    phases = Phases(call_ms=_ms(committed - began), reread_ms=_ms(marks["transaction"] - began),
+                    epoch_lock_ms=_ms(marks["gate_lock"] - marks["transaction"]),
+                    gate_lock_ms=_ms(marks["gates_locked"] - marks["gate_lock"]),
+                    epoch_update_ms=_ms(marks["first_audit"] - marks["gates_locked"]),
+                    gate_update_ms=_ms(marks["last_audit"] - marks["first_audit"]),
+                    commit_ms=_ms(committed - marks["last_audit"]),
+                    transaction_ms=_ms(committed - marks["transaction"]))
+    return phases, wal
+
+
+# -- 3. readback ----------------------------------------------------------------------------------------------
+
+def readback(world: ActivationWorld) -> float:
+    """Read back every gate of the configuration's account set and require each to be `v2_serving`, naming the
+    epoch (id and digest) with its fence advanced by exactly one. Returns milliseconds."""
+    began = time.perf_counter()
+    gates = gate_fences(world.configuration_pk)
+    wrong = [account for account, (mode, fence, epoch_pk, digest) in gates.items()
+             if mode != "v2_serving" or epoch_pk != world.epoch_pk or digest != world.epoch_digest
+             or fence != world.fences[account] + 1]
+    elapsed = time.perf_counter() - began
+    if len(gates) != world.accounts or wrong:
+        raise ActivationBenchError(f"readback: {len(gates)} gates, {len(wrong)} not naming the epoch with the new "
+                                   f"fence: {wrong[:10]}")
+    return _ms(elapsed)
+
+
+# -- one cardinality ------------------------------------------------------------------------------------------
+
+@dataclass
+class ActivationResult:
+    accounts: int
+    setup_seconds: dict[str, float]
+    setup_rows: int
+    phases: Phases
+    wal: Wal
+    readback_ms: Any  # bench.Stats
+    recovery: Recovery
+    rows: dict[str, int]
+    load_average: float = 0.0
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The budgeted figures (BUDGET_FIGURES). wal_bytes is the larger of the committed retry and the killed,
+        cold attempt (which wrote the full-page images)."""
+        wal = [w for w in (self.wal.bytes, self.recovery.child_wal.bytes) if w is not None]
+        return {"transaction_ms": self.phases.transaction_ms, "commit_ms": self.phases.commit_ms,
+                "readback_ms": self.readback_ms.p99, "wal_bytes": max(wal) if wal else None,
+                "locks_released_ms": self.recovery.locks_released_ms, "recovery_ms": self.recovery.retried_commit_ms,
+                "row_locks": self.recovery.census.total_row_locks}
+
+    def per_account(self) -> dict[str, float | None]:
+        n = self.accounts
+        f = self.figures()
+        return {"transaction_us": round(self.phases.transaction_ms * 1000 / n, 2),
+                "reread_us": round(self.phases.reread_ms * 1000 / n, 2),
+                "readback_us": round(self.readback_ms.p50 * 1000 / n, 2),
+                "wal_bytes": None if f["wal_bytes"] is None else round(f["wal_bytes"] / n, 1),
+                "recovery_us": round((self.recovery.retried_commit_ms or 0) * 1000 / n, 2)}
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["figures"] = self.figures()
+        data["per_account"] = self.per_account()
+        data["recovery"]["census"]["total_row_locks"] = self.recovery.census.total_row_locks
+        data["recovery"]["census"]["total_lock_table"] = self.recovery.census.total_lock_table
+        return data
+
+
+def activation_rows(world: ActivationWorld) -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FILTER (WHERE action = 'gate_activate_first'), "
+                       "count(*) FILTER (WHERE action = 'epoch_activate_first') FROM connector_auditrecord "
+                       "WHERE evidence_digest = %s AND action IN ('gate_activate_first', 'epoch_activate_first')",
+                       [world.epoch_digest])
+        gate_audits, epoch_audits = cursor.fetchone()
+        cursor.execute("SELECT count(*) FROM connector_servingepochcredentialproof WHERE epoch_id = %s",
+                       [world.epoch_pk])
+        proofs = cursor.fetchone()[0]
+        cursor.execute("SELECT length(e.preimage), pg_column_size(e.preimage), length(c.payload) "
+                       "FROM connector_servingepoch e JOIN connector_serviceconfigurationgeneration c "
+                       "ON c.id = e.configuration_id WHERE e.id = %s", [world.epoch_pk])
+        preimage, preimage_stored, payload = cursor.fetchone()
+    return {"gate_rows": len(world.fences), "epoch_rows": 1, "audit_rows": gate_audits + epoch_audits,
+            "ordering_handoff_rows": 0,  # a first activation hands off no lanes; successor activation will
+            "credential_proof_rows": proofs,
+            # the epoch row the transaction rewrites, and the configuration every reread re-encodes
+            "epoch_preimage_bytes": preimage, "epoch_preimage_stored_bytes": preimage_stored,
+            "configuration_payload_bytes": payload}
+
+
+def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "before_commit", readback_repeat: int = 10,
+                       progress: Progress | None = None, allow_lock_table_exhaustion: bool = False
+                       ) -> ActivationResult:
+    """Build the N-account world on the current `default` database, kill one activation attempt mid-transaction,
+    time the retried activation and read it back `readback_repeat` times. Raises LockTableGuard (after the
+    setup) when the activation would exhaust the server's shared lock table."""
+    from connector.management.commands.bench import Stats
+
+    say = progress or (lambda _msg: None)
+    world = build_activation_world(accounts, prefix=prefix, progress=say)
+    guard_lock_table(world, allow=allow_lock_table_exhaustion)
+    checkpoint()
+    recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
+    say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
+    phases, wal = timed_activation(world)
+    recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
+    say(f"  retried activation committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
+        f"{recovery.retried_commit_ms:,.1f} ms; reading back {readback_repeat}x")
+    samples = [readback(world) for _ in range(max(1, readback_repeat))]
+    return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
+                            phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
+                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2))
+
+
+# -- the report -----------------------------------------------------------------------------------------------
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        memory = f", {pages * size / 2**30:.0f} GiB RAM"
+    except (ValueError, OSError):
+        pass
+    return f"{os.cpu_count()} CPUs ({model or platform.processor() or platform.machine()}){memory}, {platform.system()}"
+
+
+@dataclass
+class ActivationReport:
+    command: str
+    kill_at: str
+    readback_repeat: int
+    results: list[ActivationResult] = field(default_factory=list)
+    postgres: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
+    machine: str = ""
+    successor: str = SUCCESSOR_STATUS
+    failures: list[dict[str, Any]] = field(default_factory=list)  # cardinalities that could not be measured
+    workarounds: list[str] = field(default_factory=list)  # product code replaced while measuring (opt-in)
+    commit: str = ""
+
+    def as_dict(self) -> dict:
+        return {"command": self.command, "commit": self.commit, "machine": self.machine, "postgres": self.postgres,
+                "settings": self.settings, "kill_at": self.kill_at, "readback_repeat": self.readback_repeat,
+                "workarounds": self.workarounds,
+                "first_activation": [r.as_dict() for r in self.results], "failures": self.failures,
+                "successor_activation": self.successor}
+
+
+def server_facts() -> tuple[str, dict[str, str]]:
+    facts = {}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        version = cursor.fetchone()[0]
+        for name in ("shared_buffers", "synchronous_commit", "fsync", "full_page_writes", "wal_level",
+                     "max_wal_size", "checkpoint_timeout", "autovacuum", "max_locks_per_transaction",
+                     "max_connections"):
+            cursor.execute(f"SHOW {name}")
+            facts[name] = cursor.fetchone()[0]
+    facts["lock_table_capacity"] = str(lock_table_capacity())
+    return version, facts
+
+
+def product_commit() -> str:
+    """The checked-out commit, "+modified" when the product (connector/ outside the benches) has uncommitted
+    changes (best effort)."""
+    from django.conf import settings
+
+    try:
+        root = str(Path(settings.BASE_DIR))
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "connector", ":!connector/benchmarks",
+                                ":!connector/management/commands/bench.py"], cwd=root, capture_output=True,
+                               text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+modified" if dirty else "")
+
+
+def _n(value, fmt: str = ",.1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(report: ActivationReport) -> str:
+    head = (f"{'accounts':>9} {'setup s':>8} {'reread ms':>10} {'epoch lock':>10} {'gate locks':>10} "
+            f"{'epoch upd':>9} {'gate upd':>10} {'COMMIT':>7} {'txn ms':>10} {'readback p50/p99 ms':>20} "
+            f"{'WAL bytes':>12} {'WAL cold':>12} {'row locks':>9} {'pg_locks':>8} {'released ms':>11} "
+            f"{'recovery ms':>11}")
+    lines = [f"WORKAROUND (not the exact product): {w}" for w in report.workarounds]
+    lines += ["first activation (epoch_activate_first), one killed attempt then the timed retry:", head,
+              "-" * len(head)]
+    for r in report.results:
+        p, c = r.phases, r.recovery.census
+        lines.append(
+            f"{r.accounts:>9,} {r.setup_seconds.get('total', 0):>8,.1f} {p.reread_ms:>10,.1f} "
+            f"{p.epoch_lock_ms:>10,.1f} {p.gate_lock_ms:>10,.1f} {p.epoch_update_ms:>9,.1f} "
+            f"{p.gate_update_ms:>10,.1f} {p.commit_ms:>7,.1f} {p.transaction_ms:>10,.1f} "
+            f"{r.readback_ms.p50:>9,.1f}/{r.readback_ms.p99:>9,.1f} {_n(r.wal.bytes, ','):>12} "
+            f"{_n(r.recovery.child_wal.bytes, ','):>12} {_n(c.total_row_locks, ','):>9} {c.total_lock_table:>8,} "
+            f"{r.recovery.locks_released_ms:>11,.1f} {_n(r.recovery.retried_commit_ms):>11}")
+    lines += ["", "per account:", (f"{'accounts':>9} {'txn us':>9} {'reread us':>10} {'readback us':>11} "
+                                   f"{'WAL B':>8} {'recovery us':>11}")]
+    for r in report.results:
+        a = r.per_account()
+        lines.append(f"{r.accounts:>9,} {a['transaction_us']:>9,.1f} {a['reread_us']:>10,.1f} "
+                     f"{a['readback_us']:>11,.1f} {_n(a['wal_bytes']):>8} {a['recovery_us']:>11,.1f}")
+    lines += ["", "WAL of the committed transaction by table (bytes; indexes and TOAST count for their table):"]
+    for r in report.results:
+        lines.append(f"{r.accounts:>9,}: " + ", ".join(f"{name} {size:,}" for name, size in r.wal.by_relation.items()))
+    for failure in report.failures:
+        setup = failure.get("setup_seconds")
+        done = (f" (after a setup of {setup.get('total', 0):,.1f} s: "
+                + ", ".join(f"{k} {v:,.1f}" for k, v in setup.items() if k != "total") + ")") if setup else ""
+        lines.append(f"{failure['accounts']:>9,} accounts: NOT MEASURED{done}: {failure['error']}")
+    lines += ["", f"successor activation: {report.successor}"]
+    return "\n".join(lines)
+
+
+# -- budgets --------------------------------------------------------------------------------------------------
+
+def load_budgets(path: Path) -> dict[str, dict[str, float]]:
+    """The "activation" section of the budgets file: {"<accounts>": {figure: ceiling}}; its other keys
+    ("description", ...) are comments."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise ActivationBenchError(f"budget file {path} does not exist") from exc
+    except ValueError as exc:
+        raise ActivationBenchError(f"budget file {path} is not JSON: {exc}") from exc
+    section = document.get(BUDGET_SECTION) if isinstance(document, dict) else None
+    if not isinstance(section, dict):
+        raise ActivationBenchError(f"budget file {path} has no {BUDGET_SECTION!r} section")
+    return {k: v for k, v in section.items() if k.isdigit() and isinstance(v, dict)}
+
+
+def check_budgets(report: ActivationReport, budgets: dict[str, dict[str, float]]) -> list[str]:
+    """Every broken figure, named: a figure above its ceiling, a budgeted figure that was not measured, or a
+    measured cardinality without a budget (a check never passes vacuously)."""
+    broken = [f"{f['accounts']:,} accounts: not measured: {f['error']}" for f in report.failures]
+    for r in report.results:
+        budget = budgets.get(str(r.accounts))
+        if budget is None:
+            broken.append(f"{r.accounts:,} accounts: no activation budget")
+            continue
+        figures = r.figures()
+        for figure, ceiling in budget.items():
+            if figure.startswith("_"):
+                continue
+            if figure not in figures:
+                broken.append(f"{r.accounts:,} accounts: unknown figure {figure!r} in the budget")
+            elif figures[figure] is None:
+                broken.append(f"{r.accounts:,} accounts: {figure} was not measured (ceiling {ceiling:,})")
+            elif figures[figure] > ceiling:
+                broken.append(f"{r.accounts:,} accounts: {figure} {figures[figure]:,} > ceiling {ceiling:,}")
+    return broken
+
+
+def _round_up(value: float) -> int:
+    """Up to two significant digits."""
+    if value <= 0:
+        return 1
+    step = 10 ** max(0, math.floor(math.log10(value)) - 1)
+    return int(math.ceil(value / step) * step)
+
+
+def suggest_budgets(report: ActivationReport) -> dict[str, dict[str, int]]:
+    """Ceilings from this run: durations x DURATION_HEADROOM (at least SMALL_DURATION_FLOOR_MS for the COMMIT,
+    readback and lock-release figures), WAL bytes x WAL_HEADROOM, row locks exactly the gates plus the epoch
+    (N + 1), all rounded up to two significant digits."""
+    section = {}
+    for r in report.results:
+        f = r.figures()
+        budget = {name: _round_up(f[name] * DURATION_HEADROOM) for name in
+                  ("transaction_ms", "commit_ms", "readback_ms", "locks_released_ms", "recovery_ms")
+                  if f[name] is not None}
+        for name in ("commit_ms", "readback_ms", "locks_released_ms"):
+            if name in budget:  # one fsync or scheduling hiccup on a shared machine is tens of milliseconds
+                budget[name] = max(budget[name], SMALL_DURATION_FLOOR_MS)
+        if f["wal_bytes"] is not None:
+            budget["wal_bytes"] = _round_up(f["wal_bytes"] * WAL_HEADROOM)
+        budget["row_locks"] = r.accounts + 1
+        section[str(r.accounts)] = budget
+    return section
+
+
+# -- the subcommand -------------------------------------------------------------------------------------------
+
+def _accounts(value: str) -> list[int]:
+    from django.core.management.base import CommandError
+
+    try:
+        counts = sorted({int(v.replace("_", "")) for v in value.split(",") if v.strip()})
+    except ValueError as exc:
+        raise CommandError(f"--accounts must be comma-separated integers, not {value!r}") from exc
+    if not counts or counts[0] < 1:
+        raise CommandError("--accounts needs at least one cardinality, each at least 1")
+    return counts
+
+
+def add_arguments(parser) -> None:
+    from django.conf import settings
+
+    parser.add_argument("--accounts", default=DEFAULT_ACCOUNTS,
+                        help=f"account cardinalities, comma-separated (default {DEFAULT_ACCOUNTS})")
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-': stdout)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit non-zero naming every figure above its ceiling in the budgets' "
+                             f"{BUDGET_SECTION!r} section")
+    parser.add_argument("--budgets", metavar="PATH", default=str(Path(settings.BASE_DIR) / "bench" / "budgets.json"),
+                        help="budget file (default bench/budgets.json)")
+    parser.add_argument("--kill-at", choices=KILL_POINTS, default="before_commit",
+                        help="where the killed attempt is paused and SIGKILLed (default before_commit: after the "
+                             "last audit row)")
+    parser.add_argument("--readback-repeat", type=int, default=10,
+                        help="readbacks of the activated gate set, for p50/p95/p99 (default 10)")
+    parser.add_argument("--database-name", default=DEFAULT_DATABASE,
+                        help="prefix of the throwaway databases: <name>_<accounts> and <name>_<accounts>_journal, "
+                             f"created and dropped per cardinality (default {DEFAULT_DATABASE})")
+    parser.add_argument("--keep", action="store_true", help="keep the throwaway databases")
+    parser.add_argument("--workaround-quadratic-relation-check", action="store_true",
+                        help="replace the product's quadratic credential-relation check by a linear copy while "
+                             "measuring (labelled in the report); without it a configuration reread at 100,000 "
+                             "accounts takes over an hour")
+    parser.add_argument("--allow-lock-table-exhaustion", action="store_true",
+                        help="run the activation even when its advisory locks (one per gate) exceed "
+                             f"{LOCK_TABLE_SLACK:g}x the server's shared lock table (it then fails with 'out of "
+                             "shared memory' and other sessions' locks fail meanwhile: never on a shared server)")
+    parser.add_argument("--suggest-budgets", action="store_true",
+                        help=f"print ceilings from this run ({DURATION_HEADROOM:g}x durations, at least "
+                             f"{SMALL_DURATION_FLOOR_MS} ms for COMMIT, readback and lock release; {WAL_HEADROOM:g}x "
+                             "WAL bytes; row locks N+1)")
+
+
+def command_line(options: dict) -> str:
+    words = ["manage.py bench activation", f"--accounts {options['accounts']}", f"--kill-at {options['kill_at']}",
+             f"--readback-repeat {options['readback_repeat']}"]
+    if options["database_name"] != DEFAULT_DATABASE:
+        words.append(f"--database-name {options['database_name']}")
+    if options.get("workaround_quadratic_relation_check"):
+        words.append("--workaround-quadratic-relation-check")
+    if options.get("allow_lock_table_exhaustion"):
+        words.append("--allow-lock-table-exhaustion")
+    if options.get("check"):
+        words.append(f"--check --budgets {options['budgets']}")
+    return " ".join(words)
+
+
+def run(options: dict, say: Progress) -> ActivationReport:
+    """One throwaway database per cardinality (ThrowawayDatabases of bench history), measured in turn."""
+    from django.core.management.base import CommandError
+
+    from connector.errors import ConnectorError
+    from connector.management.commands.bench import NAME_RE, ThrowawayDatabases
+
+    counts = _accounts(options["accounts"])
+    base = options["database_name"]
+    for n in counts:
+        for name in (f"{base}_{n}", f"{base}_{n}_journal"):
+            if not NAME_RE.match(name):
+                raise CommandError(f"--database-name {base!r} makes {name!r}, which must match {NAME_RE.pattern}")
+    workaround = bool(options.get("workaround_quadratic_relation_check"))
+    report = ActivationReport(command=command_line(options), kill_at=options["kill_at"],
+                              readback_repeat=options["readback_repeat"], machine=machine(),
+                              workarounds=[QUADRATIC_WORKAROUND] if workaround else [], commit=product_commit())
+    for n in counts:
+        with ThrowawayDatabases([f"{base}_{n}"], f"{base}_{n}_journal", keep=options["keep"], say=say):
+            if not report.postgres:
+                report.postgres, report.settings = server_facts()
+            try:
+                with quadratic_workaround(workaround):
+                    report.results.append(measure_activation(
+                        n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say,
+                        allow_lock_table_exhaustion=options.get("allow_lock_table_exhaustion", False)))
+            except (ActivationBenchError, ConnectorError, DatabaseError) as exc:
+                # a cardinality the product (or the bench) cannot handle is a finding: keep the others
+                say(f"{n:,} accounts: NOT MEASURED: {type(exc).__name__}: {exc}")
+                failure = {"accounts": n, "error": f"{type(exc).__name__}: {exc}"}
+                world = getattr(exc, "world", None)
+                if world is not None:
+                    failure.update(setup_seconds=world.setup_seconds, setup_rows=world.setup_rows)
+                report.failures.append(failure)
+        write_json(report, options.get("json"))  # after each cardinality: a long run keeps what it measured
+    return report
+
+
+def write_json(report: ActivationReport, target: str | None) -> None:
+    if target and target != "-":
+        Path(target).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+
+
+def handle(command, options: dict) -> None:
+    """`manage.py bench activation`: measure, print the table (stdout), write --json, then --check."""
+    import logging
+
+    from django.conf import settings
+    from django.core.management.base import CommandError
+
+    if options["readback_repeat"] < 1:
+        raise CommandError("--readback-repeat must be at least 1")
+    budgets = None
+    if options["check"]:
+        try:
+            budgets = load_budgets(Path(options["budgets"]))
+        except ActivationBenchError as exc:
+            raise CommandError(str(exc)) from exc
+    connector_log = logging.getLogger("connector")
+    saved_level, saved_debug = connector_log.level, settings.DEBUG
+    if options["verbosity"] < 2:
+        connector_log.setLevel(logging.WARNING)
+    settings.DEBUG = False  # no per-query debug cursor: it would time Django's query log, not the transaction
+    try:
+        report = run(options, command.progress)
+    except ActivationBenchError as exc:
+        raise CommandError(str(exc)) from exc
+    finally:
+        connector_log.setLevel(saved_level)
+        settings.DEBUG = saved_debug
+    command.stdout.write(f"bench activation at {report.commit}: {report.machine}; PostgreSQL {report.postgres} "
+                         f"({', '.join(f'{k}={v}' for k, v in report.settings.items())})")
+    for r in report.results:
+        rate = r.setup_rows / r.setup_seconds["total"] if r.setup_seconds.get("total") else 0
+        command.stdout.write(f"  {r.accounts:,} accounts: setup {r.setup_seconds.get('total', 0):,.1f} s "
+                             f"({', '.join(f'{k} {v:,.1f}' for k, v in r.setup_seconds.items() if k != 'total')}); "
+                             f"{r.setup_rows:,} bulk rows, {rate:,.0f} rows/s overall; load {r.load_average}")
+    command.stdout.write(format_table(report))
+    if options["suggest_budgets"]:
+        command.stdout.write(json.dumps({BUDGET_SECTION: suggest_budgets(report)}, indent=2))
+    if options["json"] == "-":
+        command.stdout.write(json.dumps(report.as_dict(), indent=2))
+    else:
+        write_json(report, options["json"])
+    if budgets is not None:
+        broken = check_budgets(report, budgets)
+        if broken:
+            raise CommandError(f"activation budget broken ({options['budgets']}):\n  " + "\n  ".join(broken))
+        command.stdout.write(command.style.SUCCESS(f"check passed: every activation figure within "
+                                                   f"{options['budgets']}"))
+    if report.failures:
+        raise CommandError("not measured: " + "; ".join(f"{f['accounts']:,} accounts: {f['error']}"
+                                                       for f in report.failures))
+
+
+class Activation:
+    """`bench activation`: registered in connector/management/commands/bench.py's SUBCOMMANDS."""
+
+    name = "activation"
+    help = ("Whole-service first activation (epoch_activate_first) at N accounts, in a throwaway database per N: "
+            "owner reread, locked transaction, COMMIT, readback, WAL bytes, locks held, and recovery after a kill "
+            "mid-transaction; --check against the 'activation' section of bench/budgets.json.")
+
+    def add_arguments(self, parser) -> None:
+        add_arguments(parser)
+
+    def handle(self, command, options: dict) -> None:
+        handle(command, options)

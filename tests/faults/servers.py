@@ -1,0 +1,218 @@
+"""Private servers and real child processes for the fault tests and the process harness.
+
+PostgreSQL and Redis are started through scripts/services.py's own classes (PrivatePostgres, PrivateRedis) on a
+spare loopback port under .data/, so the machine's shared servers are never stopped or restarted; every server
+and process started here is stopped (and its directory removed) by its owner fixture."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from scripts import services as svc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    return svc.free_loopback_port()
+
+
+def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until something accepts TCP connections on 127.0.0.1:`port` (or `proc` died)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def _remove_home(home: Path) -> None:
+    """Remove a private server's directory (it may be a symlink to a /tmp directory, see scripts/services.py)."""
+    if home.is_symlink():
+        target = home.resolve()
+        home.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+class RedisServer:
+    """A private Redis on a spare loopback port (scripts/services.py PrivateRedis)."""
+
+    def __init__(self) -> None:
+        self.binary = svc.find_redis_server()
+        if self.binary is None:
+            pytest.skip("no redis-server binary on this machine")
+        self.port = free_port()
+        self.server = svc.PrivateRedis(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        self.server.start(self.binary, "127.0.0.1")
+        wait_port(self.port, 10)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def cleanup(self) -> None:
+        self.server.stop()
+        _remove_home(self.server.home)
+
+
+class PostgresServer:
+    """A private PostgreSQL on a spare loopback port (scripts/services.py PrivatePostgres): initdb, start, fast
+    restart with pg_ctl as the postgres user (as scripts/services.py runs it), stop, remove."""
+
+    def __init__(self) -> None:
+        self.bindir = svc.find_pg_bindir()
+        if self.bindir is None:
+            pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres) on this machine")
+        try:
+            self.runas = svc.RunAs.for_postgres()
+        except svc.Fatal as exc:
+            pytest.skip(str(exc))
+        self.port = free_port()
+        self.server = svc.PrivatePostgres(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/connector"
+
+    @property
+    def journal_url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/connector_journal"
+
+    def start(self) -> "PostgresServer":
+        self.server.initdb(self.bindir, self.runas, "postgres")
+        self.server.start(self.bindir, self.runas)
+        svc.ensure_databases(self.url, self.journal_url)
+        return self
+
+    def restart(self) -> float:
+        """`pg_ctl restart -m fast`: terminates every session, then starts again; returns the seconds taken."""
+        began = time.monotonic()
+        home = self.server.home.resolve()
+        result = self.runas.run([str(self.bindir / "pg_ctl"), "-D", str(home / "data"), "-l",
+                                 str(home / "postgres.log"), "-m", "fast", "-w", "-t", "30", "restart"], cwd=home)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return time.monotonic() - began
+
+    def cleanup(self) -> None:
+        self.server.stop()
+        _remove_home(self.server.home)
+
+
+# -- child processes ----------------------------------------------------------------------------------------------
+
+def database_url(settings_dict: dict, name: str) -> str:
+    user = quote(settings_dict.get("USER") or "postgres", safe="")
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{quote(password, safe='')}" if password else user
+    return f"postgres://{auth}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{name}"
+
+
+def run_database_env() -> dict[str, str]:
+    """DATABASE_URL and JOURNAL_DATABASE_URL naming this test run's databases (built from django.db.connections)."""
+    from django.db import connections
+
+    default = connections["default"].settings_dict
+    journal = connections["journal"].settings_dict
+    assert default["NAME"] == default["TEST"]["NAME"], "the test database is not set up"
+    return {"DATABASE_URL": database_url(default, default["NAME"]),
+            "JOURNAL_DATABASE_URL": database_url(journal, journal["TEST"]["NAME"])}
+
+
+
+def child_environment(*, secret_dir: str, **extra: str) -> dict[str, str]:
+    """The environment of a child Django process: test settings, the project on PYTHONPATH, the secret backend
+    directory, no inherited fault point or database URLs, plus `extra`."""
+    drop = ("CONNECTOR_FAULT_POINT", "DATABASE_URL", "JOURNAL_DATABASE_URL", "REDIS_URL", "TEST_DB_SUFFIX",
+            "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update({"DJANGO_SETTINGS_MODULE": "config.django.test", "CONNECTOR_SECRET_DIR": secret_dir,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+                "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Child:
+    """One long-running child process (web server, Celery worker, load loop) with its output in a file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    proc: subprocess.Popen | None = None
+    generation: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self) -> "Child":
+        self.generation += 1
+        log = self.log_dir / f"{self.name}.{self.generation}.log"
+        self.logs.append(log)
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout}s:\n{self.output()}") from None
+
+    def output(self) -> str:
+        return self.logs[-1].read_text(errors="replace")[-6000:] if self.logs else ""
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM to its process group, SIGKILL after `grace` seconds; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(timeout=5)
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python manage.py <args>` in a child process."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def check_invariants(env: dict[str, str]) -> dict:
+    """Run `manage.py check_invariants --json` as an operator would; returns the report (asserts it parsed)."""
+    run = manage(env, "check_invariants", "--json")
+    try:
+        report = json.loads(run.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"check_invariants printed no JSON (exit {run.returncode}):\n{run.stdout}\n"
+                             f"{run.stderr}") from None
+    assert (run.returncode == 0) == report["ok"], (run.returncode, report)
+    return report
