@@ -374,7 +374,8 @@ class TransitionViewMixin:
                                             args=[obj.pk], current_app=self.admin_site.name))
 
     def perform_transition(self, request, obj, name: str, data, reason: str):
-        raise NotImplementedError
+        """Each admin with a transition panel applies the named transition through its service."""
+        raise TypeError(f"{type(self).__name__} offers a transition panel but does not apply transitions")
 
     def panel(self, obj, *, buttons: list[dict[str, Any]], fence: int | None, reason_hint: str,
               notes: list[str] = ()) -> dict[str, Any]:

@@ -17,6 +17,8 @@ dropped afterwards unless `--keep`. See docs/benchmarks.md.
 """
 from __future__ import annotations
 
+import abc
+
 import gc
 import json
 import logging
@@ -540,15 +542,17 @@ def _sizes(value: str) -> list[int]:
     return sizes
 
 
-class Subcommand:
+class Subcommand(abc.ABC):
     name = ""
     help = ""
 
+    @abc.abstractmethod
     def add_arguments(self, parser) -> None:
-        raise NotImplementedError
+        """Declare the subcommand's options."""
 
+    @abc.abstractmethod
     def handle(self, command: Command, options: dict) -> None:
-        raise NotImplementedError
+        """Run the subcommand."""
 
 
 class History(Subcommand):
