@@ -28,7 +28,8 @@ def _fair(kind: str, row_id: int, *, exclusive: bool) -> None:
 
 
 def epoch_for_update(epoch_pk: int) -> ServingEpoch:
-    return ServingEpoch.objects.select_for_update().get(pk=epoch_pk)
+    # The preimage can be large (it grows with the account and binding sets); transitions never need it.
+    return ServingEpoch.objects.defer("preimage").select_for_update().get(pk=epoch_pk)
 
 
 def epochs_for_update(epoch_pks: Iterable[int]) -> list[ServingEpoch]:
@@ -45,9 +46,10 @@ def gate_for_update(account_id: int) -> AccountServingGate:
 
 
 def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
+    """Whole-service transitions (activation) lock every gate row; they take no per-gate advisory lock: one per
+    gate would exhaust PostgreSQL's shared lock table beyond ~12,800 accounts (bench activation), and no guarded
+    writer holds a gate in the modes these transitions start from (v2_validating, v2_halted)."""
     ordered = sorted(set(account_ids))
-    for account_id in ordered:
-        _fair("account_gate", account_id, exclusive=True)
     return list(AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")
                 .select_for_update(of=("self",)))
 

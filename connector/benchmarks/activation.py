@@ -68,7 +68,6 @@ from django.db import DatabaseError, connection, connections, transaction
 Progress = Callable[[str], None]
 
 SUCCESSOR_STATUS = "not yet implemented (cutover issue)"
-SCENARIOS = ("first", "successor")  # "successor": SUCCESSOR_STATUS; add its builder and transaction here
 DEFAULT_ACCOUNTS = "1000,10000,100000"
 DEFAULT_DATABASE = "connector_bench_act"
 BUDGET_SECTION = "activation"
@@ -118,7 +117,8 @@ def _ms(seconds: float) -> float:
 QUADRATIC_WORKAROUND = (
     "connector.selectors.owners.check_credential_relation replaced, in the bench and its child, by a copy that "
     "builds dict(accounts) once: the product rebuilds it for every relation row (selectors/owners.py), which is "
-    "quadratic; every owner reread of the configuration pays it (about 86 min per read at 100,000 accounts)")
+    "quadratic; every owner reread of the configuration pays it (an estimated 30 to 120 min per read at 100,000 "
+    "accounts on the 2-core bench machine)")
 _workaround_active = False
 
 
@@ -1031,6 +1031,13 @@ def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "befor
     return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
                             phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
                             rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2))
+
+
+# The activation scenarios and their measuring functions. "successor" (predecessor active -> draining, successor
+# verified -> active, gates v2_halted -> v2_serving, OrderingHandoffs) lands with the cutover issue: its function
+# will build a world with an active predecessor, halted gates and lanes, and reuse kill_mid_activation,
+# timed_activation and readback (with the service call as a parameter) and the budgets (keyed by scenario).
+SCENARIOS: dict[str, Callable[..., ActivationResult] | None] = {"first": measure_activation, "successor": None}
 
 
 # -- the report -----------------------------------------------------------------------------------------------

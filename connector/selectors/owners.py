@@ -289,6 +289,7 @@ def check_credential_relation(*, accounts: list[tuple[str, str]], required_refs:
     each generation's stable identity and account/provider scope equal to the reference (CV2-02-016).
     `accounts` are (account_key, provider_scope); `generations` map id -> (identity, account_key, provider)."""
     required = {(account, ref) for account, _ in accounts for ref in required_refs}
+    providers = dict(accounts)
     seen: set[tuple[str, str]] = set()
     for account, ref, generation_id in relation:
         if (account, ref) in seen:
@@ -299,7 +300,7 @@ def check_credential_relation(*, accounts: list[tuple[str, str]], required_refs:
         if generation_id not in generations:
             raise CredentialMappingInvalid(f"({account}, {ref}) maps to absent generation {generation_id}")
         identity, gen_account, gen_provider = generations[generation_id]
-        provider = dict(accounts)[account]
+        provider = providers[account]
         if identity != ref or gen_account != account or gen_provider != provider:
             raise CredentialMappingInvalid(
                 f"({account}, {ref}) maps to {generation_id} scoped ({identity}, {gen_account}, {gen_provider})")

@@ -44,6 +44,8 @@ from connector.services.audit import audit_record
 from connector.services.owners import ident
 
 log = logging.getLogger(__name__)
+# An epoch transition writes only these columns (never the possibly large, immutable preimage back).
+EPOCH_STATE_FIELDS = ["state", "state_changed_at", "rejection_code", "rejection_detail"]
 
 
 def _same(a, b) -> bool:
@@ -227,7 +229,7 @@ def epoch_verify(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
             locked.verify()
         else:
             locked.reject(code=outcome[0], detail=outcome[1])
-        locked.save()
+        locked.save(update_fields=EPOCH_STATE_FIELDS)
         audit_record(actor=actor, entity=locked, action="epoch_verify", from_state=EpochState.PREPARED,
                      to_state=locked.state, evidence_digest=observed,
                      reason="" if outcome is None else f"{outcome[0]}: {outcome[1]}")
@@ -247,7 +249,7 @@ def epoch_reject(*, epoch_pk: int, reason: str, actor: Actor) -> ServingEpoch:
     _require_perm(actor, "connector.reject_servingepoch")
     from_state = epoch.state
     epoch.reject(code="OPERATOR_REJECTED", detail=reason)
-    epoch.save()
+    epoch.save(update_fields=EPOCH_STATE_FIELDS)
     audit_record(actor=actor, entity=epoch, action="epoch_reject", from_state=from_state, to_state=epoch.state,
                  evidence_digest=bytes(epoch.digest), reason=reason)
     return epoch
@@ -276,7 +278,7 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
             raise FenceStale(f"epoch {locked.epoch_id} changed during activation; nothing was written")
         if outcome is not None:
             locked.reject(code=outcome[0], detail=outcome[1])
-            locked.save()
+            locked.save(update_fields=EPOCH_STATE_FIELDS)
             audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                          to_state=locked.state, evidence_digest=observed, reason=f"{outcome[0]}: {outcome[1]}")
             return locked
@@ -288,7 +290,7 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
             raise TransitionRefused("every gate must be v2_validating; not ready: "
                                     + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
         locked.activate()
-        locked.save()
+        locked.save(update_fields=EPOCH_STATE_FIELDS)
         audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                      to_state=EpochState.ACTIVE, evidence_digest=observed)
         for gate in gates:
