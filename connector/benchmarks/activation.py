@@ -21,16 +21,18 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
    advanced by exactly one; repeated for p50/p95/p99.
 
 Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`)
-to take timestamps; the child's pause is such a wrapper too. No product code is changed.
+to take timestamps; the child's pause is such a wrapper too. No product code is replaced.
 
 Successor activation (predecessor active -> draining, successor verified -> active, gates v2_halted -> v2_serving,
 OrderingHandoffs) is not built yet: it lands with the cutover issue. `SCENARIOS` has its slot.
 
-Two guards against product findings (docs/benchmarks.md, "Whole-service activation at scale"): the activation takes
-one advisory lock per gate, so above LOCK_TABLE_SLACK x the server's shared lock table it is not attempted
-(`LockTableGuard`; it would fail with "out of shared memory" and starve every other session meanwhile), and the
-opt-in `--workaround-quadratic-relation-check` replaces the product's quadratic credential-relation check by a
-linear copy (labelled in the report) so that 100,000-account owner rereads finish.
+The activation locks rows only (N gates and the epoch, counted through pgrowlocks); its pg_locks entries are the
+relation locks and transaction ids, the same at every N. The lock census reports both, and the server's nominal
+shared lock table (`lock_table_capacity`) is reported with the server settings. The product findings the bench
+first met at 100,000 accounts (a quadratic credential-relation check, one advisory lock per gate, the preimage
+loaded and rewritten by every epoch transition) are fixed since 9fd3656; the epoch trigger's jsonb limit (an epoch
+UPDATE fails above a 134,217,726-byte preimage, about 109,000 accounts) is still open (docs/benchmarks.md,
+"Whole-service activation at scale", Findings).
 
 Bulk rows (`build_activation_world`): the first two accounts, the packs, the Catalog view and their credential
 generations are authored through the services (connector.demo.build_owners, walk_gates_to_validating). They are the
@@ -93,16 +95,6 @@ class ActivationBenchError(RuntimeError):
     a readback that does not name the epoch)."""
 
 
-class LockTableGuard(ActivationBenchError):
-    """The activation would need more entries of PostgreSQL's shared lock table than the server has: it would fail
-    with "out of shared memory" and, while it grows, make every other session's non-fast-path lock fail too. Not
-    attempted on a shared server (--allow-lock-table-exhaustion overrides). Carries the world's setup figures."""
-
-    def __init__(self, message: str, world: ActivationWorld) -> None:
-        super().__init__(message)
-        self.world = world
-
-
 class PartialActivationVisible(ActivationBenchError):
     """After the activation transaction was killed, some of its writes or locks were visible: whole-service
     atomicity is broken (CV2-14-007)."""
@@ -110,62 +102,6 @@ class PartialActivationVisible(ActivationBenchError):
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
-
-
-# -- an opt-in workaround for a product bug ---------------------------------------------------------------------
-
-QUADRATIC_WORKAROUND = (
-    "connector.selectors.owners.check_credential_relation replaced, in the bench and its child, by a copy that "
-    "builds dict(accounts) once: the product rebuilds it for every relation row (selectors/owners.py), which is "
-    "quadratic; every owner reread of the configuration pays it (an estimated 30 to 120 min per read at 100,000 "
-    "accounts on the 2-core bench machine)")
-_workaround_active = False
-
-
-def _linear_check_credential_relation(*, accounts: list[tuple[str, str]], required_refs: tuple[str, ...],
-                                      relation: list[tuple[str, str, str]],
-                                      generations: dict[str, tuple[str, str, str]]) -> None:
-    """connector.selectors.owners.check_credential_relation with the provider map built once; same checks, same
-    messages, same order."""
-    from connector.errors import CredentialMappingInvalid
-
-    required = {(account, ref) for account, _ in accounts for ref in required_refs}
-    providers = dict(accounts)
-    seen: set[tuple[str, str]] = set()
-    for account, ref, generation_id in relation:
-        if (account, ref) in seen:
-            raise CredentialMappingInvalid(f"duplicate mapping for ({account}, {ref})")
-        seen.add((account, ref))
-        if (account, ref) not in required:
-            raise CredentialMappingInvalid(f"extra mapping for ({account}, {ref})")
-        if generation_id not in generations:
-            raise CredentialMappingInvalid(f"({account}, {ref}) maps to absent generation {generation_id}")
-        identity, gen_account, gen_provider = generations[generation_id]
-        provider = providers[account]
-        if identity != ref or gen_account != account or gen_provider != provider:
-            raise CredentialMappingInvalid(
-                f"({account}, {ref}) maps to {generation_id} scoped ({identity}, {gen_account}, {gen_provider})")
-    missing = sorted(required - seen)
-    if missing:
-        raise CredentialMappingInvalid(f"missing mapping for {', '.join(f'({a}, {r})' for a, r in missing)}")
-
-
-@contextlib.contextmanager
-def quadratic_workaround(enabled: bool):
-    """With `enabled`, QUADRATIC_WORKAROUND for the duration (and for the children spawned meanwhile)."""
-    global _workaround_active
-    if not enabled:
-        yield
-        return
-    from connector.selectors import owners as owner_readers
-
-    saved = _workaround_active
-    _workaround_active = True
-    try:
-        with mock.patch.object(owner_readers, "check_credential_relation", _linear_check_credential_relation):
-            yield
-    finally:
-        _workaround_active = saved
 
 
 # -- the world --------------------------------------------------------------------------------------------------
@@ -507,8 +443,6 @@ def _analyze() -> None:
         cursor.execute("ANALYZE")
 
 
-LOCK_TABLE_SLACK = 1.5  # 10,000 gates (10,028 entries) fitted a 7,808-entry table: shared memory has some slop
-
 LOCK_TABLE_CAPACITY_SQL = """
 SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int
     + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int
@@ -521,18 +455,6 @@ def lock_table_capacity() -> int:
     Every heavyweight lock that is not fast-path (advisory locks, for one) takes an entry until its transaction
     ends; row locks do not (they live in the tuples)."""
     return int(_scalar(LOCK_TABLE_CAPACITY_SQL))
-
-
-def guard_lock_table(world: ActivationWorld, *, allow: bool) -> None:
-    """connector.locks.gates_for_update takes one advisory lock per gate (fair queueing), so the activation needs
-    about one lock-table entry per account. Refuse (LockTableGuard) above LOCK_TABLE_SLACK x the capacity."""
-    capacity = lock_table_capacity()
-    if not allow and world.accounts > capacity * LOCK_TABLE_SLACK:
-        raise LockTableGuard(
-            f"the activation takes one advisory lock per gate: about {world.accounts:,} entries of a shared lock "
-            f"table of {capacity:,} (max_locks_per_transaction x max backends); it would fail with 'out of shared "
-            "memory' and starve every other session's locks meanwhile, so it was not attempted "
-            "(--allow-lock-table-exhaustion tries anyway)", world)
 
 
 def checkpoint() -> None:
@@ -721,8 +643,7 @@ def child_main() -> None:
         return rows
 
     with mock.patch.object(serving, "audit_record", audit_record), \
-            mock.patch.object(locks, "gates_for_update", gates_for_update), \
-            quadratic_workaround(args.get("workaround", False)):
+            mock.patch.object(locks, "gates_for_update", gates_for_update):
         epoch = serving.epoch_activate_first(epoch_pk=args["epoch_pk"], actor=Actor.system(f"{ACTOR}-killed"))
     print(CHILD_COMMITTED + " " + json.dumps({"state": epoch.state, "audits": audits}), flush=True)
 
@@ -741,8 +662,7 @@ def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
         "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict),
         "CONNECTOR_SECRET_DIR": str(settings.CONNECTOR["SECRET_BACKEND_DIR"]),
         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])),
-        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at,
-                                "workaround": _workaround_active}),
+        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at}),
     })
     return subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT], env=env, cwd=root, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -864,9 +784,9 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
 class Phases:
     call_ms: float  # the whole epoch_activate_first call
     reread_ms: float  # before the transaction: every owner reread, and the account set
-    epoch_lock_ms: float  # SELECT ... FOR UPDATE of the epoch (the whole row, preimage included) and its checks
+    epoch_lock_ms: float  # SELECT ... FOR UPDATE of the epoch (preimage deferred) and its checks
     gate_lock_ms: float  # SELECT ... FOR UPDATE of every gate, in account order
-    epoch_update_ms: float  # verified -> active (Model.save of every column) and its audit row
+    epoch_update_ms: float  # verified -> active (Model.save of the state columns) and its audit row
     gate_update_ms: float  # every gate v2_validating -> v2_serving (one UPDATE and one audit INSERT each)
     commit_ms: float  # the COMMIT statement
     transaction_ms: float  # first lock (the epoch) -> COMMIT acknowledged: how long the locks are held
@@ -1004,22 +924,20 @@ def activation_rows(world: ActivationWorld) -> dict[str, int]:
     return {"gate_rows": len(world.fences), "epoch_rows": 1, "audit_rows": gate_audits + epoch_audits,
             "ordering_handoff_rows": 0,  # a first activation hands off no lanes; successor activation will
             "credential_proof_rows": proofs,
-            # the epoch row the transaction rewrites, and the configuration every reread re-encodes
+            # the epoch's preimage (its jsonb trigger limit: finding 3), and the configuration every reread
+            # re-encodes
             "epoch_preimage_bytes": preimage, "epoch_preimage_stored_bytes": preimage_stored,
             "configuration_payload_bytes": payload}
 
 
 def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "before_commit", readback_repeat: int = 10,
-                       progress: Progress | None = None, allow_lock_table_exhaustion: bool = False
-                       ) -> ActivationResult:
+                       progress: Progress | None = None) -> ActivationResult:
     """Build the N-account world on the current `default` database, kill one activation attempt mid-transaction,
-    time the retried activation and read it back `readback_repeat` times. Raises LockTableGuard (after the
-    setup) when the activation would exhaust the server's shared lock table."""
+    time the retried activation and read it back `readback_repeat` times."""
     from connector.management.commands.bench import Stats
 
     say = progress or (lambda _msg: None)
     world = build_activation_world(accounts, prefix=prefix, progress=say)
-    guard_lock_table(world, allow=allow_lock_table_exhaustion)
     checkpoint()
     recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
     say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
@@ -1071,13 +989,11 @@ class ActivationReport:
     machine: str = ""
     successor: str = SUCCESSOR_STATUS
     failures: list[dict[str, Any]] = field(default_factory=list)  # cardinalities that could not be measured
-    workarounds: list[str] = field(default_factory=list)  # product code replaced while measuring (opt-in)
     commit: str = ""
 
     def as_dict(self) -> dict:
         return {"command": self.command, "commit": self.commit, "machine": self.machine, "postgres": self.postgres,
                 "settings": self.settings, "kill_at": self.kill_at, "readback_repeat": self.readback_repeat,
-                "workarounds": self.workarounds,
                 "first_activation": [r.as_dict() for r in self.results], "failures": self.failures,
                 "successor_activation": self.successor}
 
@@ -1122,8 +1038,7 @@ def format_table(report: ActivationReport) -> str:
             f"{'epoch upd':>9} {'gate upd':>10} {'COMMIT':>7} {'txn ms':>10} {'readback p50/p99 ms':>20} "
             f"{'WAL bytes':>12} {'WAL cold':>12} {'row locks':>9} {'pg_locks':>8} {'released ms':>11} "
             f"{'recovery ms':>11}")
-    lines = [f"WORKAROUND (not the exact product): {w}" for w in report.workarounds]
-    lines += ["first activation (epoch_activate_first), one killed attempt then the timed retry:", head,
+    lines = ["first activation (epoch_activate_first), one killed attempt then the timed retry:", head,
               "-" * len(head)]
     for r in report.results:
         p, c = r.phases, r.recovery.census
@@ -1144,10 +1059,7 @@ def format_table(report: ActivationReport) -> str:
     for r in report.results:
         lines.append(f"{r.accounts:>9,}: " + ", ".join(f"{name} {size:,}" for name, size in r.wal.by_relation.items()))
     for failure in report.failures:
-        setup = failure.get("setup_seconds")
-        done = (f" (after a setup of {setup.get('total', 0):,.1f} s: "
-                + ", ".join(f"{k} {v:,.1f}" for k, v in setup.items() if k != "total") + ")") if setup else ""
-        lines.append(f"{failure['accounts']:>9,} accounts: NOT MEASURED{done}: {failure['error']}")
+        lines.append(f"{failure['accounts']:>9,} accounts: NOT MEASURED: {failure['error']}")
     lines += ["", f"successor activation: {report.successor}"]
     return "\n".join(lines)
 
@@ -1253,14 +1165,6 @@ def add_arguments(parser) -> None:
                         help="prefix of the throwaway databases: <name>_<accounts> and <name>_<accounts>_journal, "
                              f"created and dropped per cardinality (default {DEFAULT_DATABASE})")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway databases")
-    parser.add_argument("--workaround-quadratic-relation-check", action="store_true",
-                        help="replace the product's quadratic credential-relation check by a linear copy while "
-                             "measuring (labelled in the report); without it a configuration reread at 100,000 "
-                             "accounts takes over an hour")
-    parser.add_argument("--allow-lock-table-exhaustion", action="store_true",
-                        help="run the activation even when its advisory locks (one per gate) exceed "
-                             f"{LOCK_TABLE_SLACK:g}x the server's shared lock table (it then fails with 'out of "
-                             "shared memory' and other sessions' locks fail meanwhile: never on a shared server)")
     parser.add_argument("--suggest-budgets", action="store_true",
                         help=f"print ceilings from this run ({DURATION_HEADROOM:g}x durations, at least "
                              f"{SMALL_DURATION_FLOOR_MS} ms for COMMIT, readback and lock release; {WAL_HEADROOM:g}x "
@@ -1272,10 +1176,6 @@ def command_line(options: dict) -> str:
              f"--readback-repeat {options['readback_repeat']}"]
     if options["database_name"] != DEFAULT_DATABASE:
         words.append(f"--database-name {options['database_name']}")
-    if options.get("workaround_quadratic_relation_check"):
-        words.append("--workaround-quadratic-relation-check")
-    if options.get("allow_lock_table_exhaustion"):
-        words.append("--allow-lock-table-exhaustion")
     if options.get("check"):
         words.append(f"--check --budgets {options['budgets']}")
     return " ".join(words)
@@ -1294,27 +1194,20 @@ def run(options: dict, say: Progress) -> ActivationReport:
         for name in (f"{base}_{n}", f"{base}_{n}_journal"):
             if not NAME_RE.match(name):
                 raise CommandError(f"--database-name {base!r} makes {name!r}, which must match {NAME_RE.pattern}")
-    workaround = bool(options.get("workaround_quadratic_relation_check"))
     report = ActivationReport(command=command_line(options), kill_at=options["kill_at"],
                               readback_repeat=options["readback_repeat"], machine=machine(),
-                              workarounds=[QUADRATIC_WORKAROUND] if workaround else [], commit=product_commit())
+                              commit=product_commit())
     for n in counts:
         with ThrowawayDatabases([f"{base}_{n}"], f"{base}_{n}_journal", keep=options["keep"], say=say):
             if not report.postgres:
                 report.postgres, report.settings = server_facts()
             try:
-                with quadratic_workaround(workaround):
-                    report.results.append(measure_activation(
-                        n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say,
-                        allow_lock_table_exhaustion=options.get("allow_lock_table_exhaustion", False)))
+                report.results.append(measure_activation(
+                    n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say))
             except (ActivationBenchError, ConnectorError, DatabaseError) as exc:
                 # a cardinality the product (or the bench) cannot handle is a finding: keep the others
                 say(f"{n:,} accounts: NOT MEASURED: {type(exc).__name__}: {exc}")
-                failure = {"accounts": n, "error": f"{type(exc).__name__}: {exc}"}
-                world = getattr(exc, "world", None)
-                if world is not None:
-                    failure.update(setup_seconds=world.setup_seconds, setup_rows=world.setup_rows)
-                report.failures.append(failure)
+                report.failures.append({"accounts": n, "error": f"{type(exc).__name__}: {exc}"})
         write_json(report, options.get("json"))  # after each cardinality: a long run keeps what it measured
     return report
 

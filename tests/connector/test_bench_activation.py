@@ -75,6 +75,9 @@ def test_kill_mid_activation_leaves_no_partial_activation():
         recovery = kill_mid_activation(world, kill_at=kill_at)
         assert recovery.census.point == kill_at
         assert recovery.census.row_locks == {"connector_accountservinggate": N, "connector_servingepoch": 1}
+        # row locks only: no per-gate heavyweight lock (advisory or other) in PostgreSQL's shared lock table
+        assert not [k for k in recovery.census.lock_table if k.startswith("advisory")], recovery.census.lock_table
+        assert recovery.census.total_lock_table < N
         assert recovery.locks_released_ms >= 0
         assert recovery.untouched == Untouched(epoch_state="verified", gates=N, gates_validating=N,
                                                gates_naming_epoch=0, fences_changed=0, activation_audit_rows=0,
@@ -229,59 +232,3 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
     report = json.loads(report_path.read_text())
     assert [r["accounts"] for r in report["first_activation"]] == [10]
     assert report["failures"] == [{"accounts": 20, "error": "ActivationBenchError: epoch verification refused"}]
-
-
-def test_quadratic_workaround_is_the_product_check_built_once():
-    """The opt-in workaround (`--workaround-quadratic-relation-check`) accepts and refuses exactly what the
-    product's credential-relation check does, with the same messages; it is active only inside its context.
-    Proves: CV2-14-009"""
-    from connector.benchmarks.activation import (
-        _linear_check_credential_relation,
-        quadratic_workaround,
-    )
-    from connector.errors import CredentialMappingInvalid
-    from connector.selectors import owners as owner_readers
-
-    product = owner_readers.check_credential_relation
-    accounts = [("a", "p"), ("b", "p")]
-    generations = {"a.x": ("x", "a", "p"), "b.x": ("x", "b", "p"), "b.y": ("y", "b", "q"), "a.z": ("x", "b", "p")}
-    cases = [
-        [("a", "x", "a.x"), ("b", "x", "b.x")],  # valid
-        [("a", "x", "a.x"), ("a", "x", "a.x")],  # duplicate
-        [("a", "x", "a.x"), ("b", "y", "b.y")],  # extra
-        [("a", "x", "nope")],  # absent generation
-        [("a", "x", "a.z")],  # scope mismatch
-        [("a", "x", "a.x")],  # missing
-    ]
-    for relation in cases:
-        outcomes = []
-        for check in (product, _linear_check_credential_relation):
-            try:
-                check(accounts=accounts, required_refs=("x",), relation=relation, generations=generations)
-                outcomes.append(None)
-            except CredentialMappingInvalid as exc:
-                outcomes.append(str(exc))
-        assert outcomes[0] == outcomes[1], relation
-    with quadratic_workaround(True):
-        assert owner_readers.check_credential_relation is _linear_check_credential_relation
-    with quadratic_workaround(False):
-        assert owner_readers.check_credential_relation is product
-    assert owner_readers.check_credential_relation is product
-
-
-@pytest.mark.django_db(**DB)
-def test_lock_table_guard_refuses_an_activation_that_would_exhaust_the_shared_lock_table(monkeypatch):
-    """The product takes one advisory lock per gate, so an activation over more gates than the server's shared
-    lock table holds would fail with 'out of shared memory' and starve other sessions meanwhile: the bench refuses
-    it after the setup (keeping the setup figures) unless explicitly allowed. Proves: CV2-14-009"""
-    from connector.benchmarks import activation
-
-    world = build_activation_world(20, prefix="g-")
-    assert activation.lock_table_capacity() >= 64
-    activation.guard_lock_table(world, allow=False)  # 20 gates fit any server
-    monkeypatch.setattr(activation, "lock_table_capacity", lambda: 10)
-    with pytest.raises(activation.LockTableGuard, match="about 20 entries of a shared lock table of 10") as raised:
-        activation.guard_lock_table(world, allow=False)
-    assert raised.value.world.setup_seconds["total"] > 0
-    activation.guard_lock_table(world, allow=True)
-    assert ServingEpoch.objects.get(pk=world.epoch_pk).state == EpochState.VERIFIED  # nothing was attempted
