@@ -116,3 +116,100 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
     return permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
                          response_digest=digest, remote_id=result.remote_id, evidence=result.evidence)
+
+
+# -- REST bulk delivery ---------------------------------------------------------------------------------------
+# The same rule for the delivery path: an attempt is sent only after `attempt_start_io` committed
+# `io_may_have_started` for the operation's current attempt (MAY_ATTEMPT marker, capacity and SUBMITTING already
+# committed by the submit transaction); the answer is recorded through the delivery services.
+
+def _delivery_auth(binding, secret: str, headers: dict, params: dict):
+    mode, _, parameter = binding.authentication_semantics.partition(":")
+    if mode == "bearer":
+        headers["Authorization"] = f"Bearer {secret}"
+    elif mode == "api_key_header":
+        headers[parameter or "X-Api-Key"] = secret
+    elif mode == "http_basic":
+        user, _, password = secret.partition(":")
+        return httpx.BasicAuth(user, password)
+    elif mode == "api_key_query":
+        params[parameter or "api_key"] = secret  # only with the recorded exception; never logged (redacted)
+    elif mode == "oauth2_client_credentials":
+        client_id, _, client_secret = secret.partition(":")
+        token = _client().post(binding.base_url.rstrip("/") + (parameter or "/oauth/token"),
+                               data={"grant_type": "client_credentials"}, auth=(client_id, client_secret),
+                               timeout=httpx.Timeout(5.0))
+        token.raise_for_status()
+        headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+    else:
+        raise EgressRefused(f"authentication mode {mode} is not available in this deployment")
+    return None
+
+
+def _delivery_timeout(profile) -> httpx.Timeout:
+    policy = profile.policy("timeout_policy", {})
+    return httpx.Timeout(connect=float(policy.get("connect_seconds", 2)), read=float(policy.get("read_seconds", 10)),
+                         write=float(policy.get("write_seconds", 10)), pool=2.0)
+
+
+def delivery_send(*, attempt_pk: int):
+    """Send one delivery attempt: commit io_may_have_started, then the one request; record what came back."""
+    from effects.delivery.protocol import Answer, read_submit
+    from effects.services.delivery import execution
+    from effects.services.delivery.setup import current_secret_ref
+
+    attempt = execution.attempt_start_io(attempt_pk)
+    fault_point("delivery.after_io_marked")
+    op = attempt.operation
+    binding, profile = op.binding, op.profile
+    headers = {"Content-Type": "application/json", "Idempotency-Key": bytes(op.receiver_mutation_key).hex()}
+    params: dict = {}
+    try:
+        secret = secret_backend().read(current_secret_ref(binding)).decode()
+        auth = _delivery_auth(binding, secret, headers, params)
+    except Exception as exc:  # noqa: BLE001 - nothing of the mutation was sent
+        return execution.record_submit_outcome(attempt_pk, Answer("not_started", detail=f"no credentials: {exc}"))
+    semantics = profile.operation_semantics
+    url = binding.base_url.rstrip("/") + semantics["authority_relative_path_semantics"]
+    try:
+        response = _client().request(semantics["method_semantics"], url, content=bytes(op.payload),
+                                     headers=headers, params=params or None, auth=auth,
+                                     timeout=_delivery_timeout(profile))
+        answer = read_submit(response.status_code, response.content, dict(response.headers),
+                             receiver_kind=profile.receiver_kind,
+                             body_sha256=hashlib.sha256(response.content).hexdigest())
+    except httpx.ConnectError as exc:
+        answer = Answer("not_started", detail=f"connect failed: {type(exc).__name__}")
+    except httpx.HTTPError as exc:
+        answer = Answer("ambiguous", detail=f"{type(exc).__name__} after the request may have left")
+    fault_point("delivery.after_request")
+    log.info("delivery attempt answered", extra={"attempt": attempt_pk, "transport": answer.transport,
+                                                 "ack": answer.acknowledgement, "status": answer.http_status})
+    return execution.record_submit_outcome(attempt_pk, answer)
+
+
+def delivery_poll(*, operation_pk: int):
+    """The poll_receipt continuation: one GET of the job receipt (reads only; no mutation is sent)."""
+    from effects.delivery.protocol import Answer, read_poll
+    from effects.models import DeliveryOperation
+    from effects.services.delivery import execution
+    from effects.services.delivery.setup import current_secret_ref
+
+    op = DeliveryOperation.objects.select_related("binding", "profile").get(pk=operation_pk)
+    if op.state not in ("accepted", "waiting") or not op.remote_receipt_id:
+        return op
+    headers: dict = {}
+    params: dict = {}
+    secret = secret_backend().read(current_secret_ref(op.binding)).decode()
+    auth = _delivery_auth(op.binding, secret, headers, params)
+    poll_path = op.profile.operation_semantics["acknowledgement_contract"]["poll_path"]
+    url = op.binding.base_url.rstrip("/") + poll_path.rstrip("/") + "/" + op.remote_receipt_id
+    try:
+        response = _client().get(url, headers=headers, params=params or None, auth=auth,
+                                 timeout=_delivery_timeout(op.profile))
+    except httpx.HTTPError as exc:
+        log.info("receipt poll failed; will poll again", extra={"operation": operation_pk, "error": str(exc)})
+        return op
+    answer = read_poll(response.status_code, response.content,
+                       body_sha256=hashlib.sha256(response.content).hexdigest())
+    return execution.record_poll(operation_pk, answer)

@@ -1,2 +1,3 @@
 from effects.models.holders import *  # noqa: F401,F403
 from effects.models.outbound import *  # noqa: F401,F403
+from effects.models.delivery import *  # noqa: F401,F403
