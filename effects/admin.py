@@ -153,3 +153,4 @@ class RemoteLinkAdmin(FactAdmin):
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
 
 
+from effects import admin_delivery  # noqa: E402,F401  (registers the delivery facts)

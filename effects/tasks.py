@@ -20,3 +20,26 @@ def effects_sweep() -> dict[str, int]:
     if report["claimable"]:
         effect_dispatch.delay()
     return report
+
+
+@shared_task(name="effects.tasks.delivery_step", acks_late=True, ignore_result=True)
+def delivery_step(operation_pk: int) -> str:
+    """Advance one delivery operation by one step (queue `delivery`); the service re-reads and claims it."""
+    from effects.services.delivery import runner
+
+    return runner.step(operation_pk)
+
+
+@shared_task(name="effects.tasks.delivery_sweep", acks_late=True, ignore_result=True)
+def delivery_sweep() -> dict:
+    """Find due delivery work in PostgreSQL (a lost broker message only delays), recover orphans by attempt ID,
+    expire certifications due for recertification, and audit the journal (blocking the gate on a finding)."""
+    from effects.services.delivery import journal, runner, setup
+
+    setup.certification_expire_due()
+    findings = journal.journal_audit()
+    report = runner.sweep()
+    for pk in report["due"]:
+        delivery_step.delay(pk)
+    return {"due": len(report["due"]), "orphans_recovered": report["orphans_recovered"],
+            "unresolved": report["unresolved"], "journal_findings": len(findings)}

@@ -14,6 +14,7 @@ CELERY_TASK_ROUTES = {
     "connector.tasks.receipt_materialize": {"queue": "claims"},
     "connector.tasks.*": {"queue": "sweeper"},
     "effects.tasks.effect_dispatch": {"queue": "egress"},
+    "effects.tasks.delivery_step": {"queue": "delivery"},
     "effects.tasks.*": {"queue": "sweeper"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -28,6 +29,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "sweeper-effects": {
         "task": "effects.tasks.effects_sweep",
+        "schedule": 5.0,
+    },
+    "sweeper-delivery": {
+        "task": "effects.tasks.delivery_sweep",
         "schedule": 5.0,
     },
 }
