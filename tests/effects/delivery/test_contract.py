@@ -68,7 +68,7 @@ def test_researched_design_contract_is_immutable_and_approval_is_separate_receip
     assert contract_module.contract().digest == C.digest
 
 
-def test_contract_self_checks_refuse_contradictions():
+def test_every_failure_scenario_maps_to_a_legal_transition():
     """A transition to an undeclared tuple, a legal tuple matching a forbidden combination, and a failure
     scenario that does not preserve its acknowledgement are refused at load.
     Proves: every_failure_scenario_maps_to_a_legal_transition"""
@@ -158,7 +158,7 @@ def test_axis_columns_are_generated_from_the_state(db):
 
 
 @pytest.mark.django_db(databases=["default", "journal"])
-def test_database_refuses_unlisted_edges_and_illegal_states(world):
+def test_state_cross_product_contains_only_legal_tuples(world):
     """Raw SQL cannot move an operation along an edge the contract does not list, nor to a name that is not a
     legal tuple; listed edges pass the trigger. Proves: state_cross_product_contains_only_legal_tuples"""
     parent = world.plan()
@@ -176,3 +176,20 @@ def test_database_refuses_unlisted_edges_and_illegal_states(world):
         transaction.set_rollback(True)
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE effects_deliveryoperation SET revision = 0 WHERE id = %s", [op.pk])
+
+
+def test_successful_acknowledgement_preserved_on_partial_or_unknown_effect():
+    """Every transition (automatic or operator-only) into a partial or unknown effect from a SUCCEEDED
+    acknowledgement keeps SUCCEEDED; the end-to-end cases are test_success_count_mismatch_partial and
+    test_success_count_missing_unknown. Proves: successful_acknowledgement_preserved_on_partial_or_unknown_effect"""
+    moves = [t for t in C.transitions if C.axis(t.source, "acknowledgement") == "SUCCEEDED"
+             and C.axis(t.target, "remote_effect") in ("PARTIALLY_APPLIED", "UNKNOWN")]
+    assert moves and all(C.axis(t.target, "acknowledgement") == "SUCCEEDED" for t in moves)
+
+
+def test_expired_acknowledgement_preserved_on_unknown_effect():
+    """Proves: expired_acknowledgement_preserved_on_unknown_effect (end to end: test_expired_effect_unknown)"""
+    moves = [t for t in C.transitions if C.axis(t.source, "acknowledgement") == "EXPIRED"
+             and C.axis(t.target, "remote_effect") == "UNKNOWN"]
+    assert moves and all(C.axis(t.target, "acknowledgement") == "EXPIRED" for t in moves)
+    assert C.transition("verifying_expired", "final_unknown_expired_ack") is not None

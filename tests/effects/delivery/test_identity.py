@@ -82,3 +82,12 @@ def test_rendered_request_semantics_bind_complete_envelope():
     assert len(digests) == len(fields) + 1
     assert {"sealed_payload_digest", "deterministic_boundary", "deterministic_filename",
             "ordered_scalar_multipart_parts"} <= set(fields)
+
+
+def test_receiver_binding_semantics_changes_mutation_intent():
+    """Any stable binding field (origin, principal, account, namespace, auth semantics, TLS or network policy)
+    changes the binding digest and so the mutation intent. Proves: receiver_binding_semantics_changes_mutation_intent"""
+    fields = identity.identity_fields("receiver_binding_semantics_digest")
+    assert "receiver_binding_semantics_digest" in identity.identity_fields("mutation_intent_digest")
+    intents = {_intent(_binding())} | {_intent(_binding(**{f: "changed"})) for f in fields}
+    assert len(intents) == len(fields) + 1
