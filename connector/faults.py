@@ -15,6 +15,9 @@ POINTS = (
     "egress.after_sending",  # granted -> sending committed, no byte sent yet
     "egress.after_request",  # the provider answered (or not), settlement not committed
     "dispatch.after_confirmed",  # remote success recorded, local finalization not committed
+    "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
+    "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
+    "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
 )
 
 

@@ -129,6 +129,8 @@ def gate_unblock(*, actor: Actor, campaign: ReconciliationCampaign) -> MutationG
     if actor.user is None or not actor.user.has_perm("effects.approve_journal_epoch"):
         raise DeliveryPermissionDenied(f"{actor} lacks permission effects.approve_journal_epoch")
     campaign = ReconciliationCampaign.objects.get(pk=campaign.pk)
+    if campaign.started_by_id == actor.user.pk:
+        raise DeliveryPermissionDenied("the campaign's starter cannot approve its own unblock")
     if campaign.completed_at is None:
         raise DeliveryRequestInvalid("the reconciliation campaign has not completed")
     if markers_without_attempts():

@@ -16,6 +16,7 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
+from connector.faults import fault_point
 from effects.delivery.errors import DeliveryError
 from effects.delivery.protocol import Answer
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent
@@ -38,6 +39,7 @@ def step(operation_pk: int) -> str:
             log.info("submit refused", extra={"operation": op.pk, "code": error.code})
             return DeliveryOperation.objects.get(pk=op.pk).state
         if result.submitted:
+            fault_point("delivery.after_submit")  # SUBMITTING + marker + attempt committed, no I/O marked yet
             egress.delivery_send(attempt_pk=result.attempt.pk)
     elif op.state == "submitting":
         recover_orphan(op.pk, min_age=timedelta(seconds=60))
