@@ -18,13 +18,22 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from connector.actors import Actor
 from connector.models import AuditRecord
 from effects.delivery.contract import contract
+from effects.delivery.errors import DeliveryPermissionDenied, DeliveryRequestInvalid
 from effects.delivery.receiver import DeliveryReceiver
-from effects.models import DeliveryAttempt, DeliveryObservation, DeliveryOperation, MayAttemptMarker
+from effects.models import (
+    DeliveryAttempt,
+    DeliveryObservation,
+    DeliveryOperation,
+    DeliveryReconciliation,
+    MayAttemptMarker,
+)
 from effects.models.delivery import CapacityState
 from effects.services.delivery import execution, runner
-from tests.effects.delivery.world import T0, build
+from effects.services.delivery.reconciliation import reconcile_open, reconcile_resolve
+from tests.effects.delivery.world import NAMESPACE, T0, build, operator
 
 TWO_RECORDS = [{"at": (T0 + timedelta(hours=h)).isoformat(), "id": f"r{h}", "v": h} for h in range(2)]
 
@@ -294,3 +303,187 @@ def test_every_failure_scenario_has_a_named_end_to_end_test():
         rule = c.transition(scenario.source, scenario.target)
         assert rule is not None and not rule.operator_only, scenario
         assert c.axis(scenario.target, "acknowledgement") == scenario.acknowledgement_preserved
+
+
+# -- reconciliation end to end ------------------------------------------------------------------------------------
+
+def unknown_success(world, receiver) -> DeliveryOperation:
+    """A real unknown outcome: the receiver applied the batch but answered without a count."""
+    receiver.queue("count_missing")
+    op = run_to_final(single_child(world).pk)
+    assert op.state == "final_unknown_success_ack"
+    assert op.attempts.get().capacity_state == CapacityState.RESERVED
+    return op
+
+
+def reconcile_rows(op: DeliveryOperation) -> list[tuple[str, str]]:
+    return list(DeliveryReconciliation.objects.filter(operation=op).order_by("pk")
+                .values_list("from_state", "to_state"))
+
+
+RESOLUTIONS = {
+    # effect -> (target tuple, proof, final state after the resolution commits, capacity after)
+    "none": ("final_no_effect_success_ack", {"applied_count": 0, "source": "receiver-query:none"},
+             "final_no_effect_success_ack", CapacityState.RELEASED),
+    "full": ("final_full_eligible", {"applied_count": 2, "source": "receiver-query:all"},
+             "final_full_promoted", CapacityState.RELEASED),
+    "partial": ("final_partial_success_ack", {"applied_count": 1, "source": "receiver-query:half"},
+                "final_partial_success_ack", CapacityState.RELEASED),
+    "unknown": ("final_unknown_success_ack", {"evidence_digest": "ab" * 32},
+                "final_unknown_success_ack", CapacityState.RESERVED),
+}
+
+
+@pytest.mark.parametrize("effect", sorted(RESOLUTIONS))
+def test_unknown_reconciliation_resolves_none_full_partial_or_remains_unknown(world, sync_receiver, effect):
+    """An unknown outcome (count missing) opened by an operator with `effects.reconcile_delivery` and resolved with
+    proof to none / full / partial, or kept unknown with an evidence digest. The SUCCEEDED acknowledgement never
+    changes; capacity is released when the effect is resolved and kept while it stays unknown.
+    Proves: every_unknown_reconciliation_can_resolve_none_full_partial_or_remain_unknown,
+    reconciliation_preserves_acknowledgement_while_resolving_effect,
+    unknown_remote_job_retains_capacity_until_reconciliation."""
+    target, proof, final, capacity = RESOLUTIONS[effect]
+    op = unknown_success(world, sync_receiver)
+    actor = Actor.for_user(world.admin)
+
+    op = reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-1", note="inspect receiver")
+    op.refresh_from_db()
+    assert op.state == "reconciling_unknown_success_ack"
+    assert op.axis("acknowledgement") == "SUCCEEDED"
+    assert op.attempts.get().capacity_state == CapacityState.RESERVED  # opening resolves nothing
+
+    approver = Actor.for_user(world.approver)
+    op = reconcile_resolve(actor=approver, operation_pk=op.pk, reconciliation_id="rec-1", target=target,
+                           proof=proof, note=f"resolved {effect}")
+    op.refresh_from_db()
+    assert op.state == final, op.state
+    assert op.axis("acknowledgement") == "SUCCEEDED"
+    assert op.axis("remote_effect") == contract().axis(target, "remote_effect")
+    assert op.reconciled is (effect != "unknown")
+    attempt = op.attempts.get()
+    assert attempt.capacity_state == capacity
+    if capacity == CapacityState.RELEASED:
+        assert attempt.capacity_released_reason == "reconciliation"
+    assert reconcile_rows(op) == [("final_unknown_success_ack", "reconciling_unknown_success_ack"),
+                                  ("reconciling_unknown_success_ack", target)]
+    rows = list(DeliveryReconciliation.objects.filter(operation=op).order_by("pk"))
+    assert [r.approved_by_id for r in rows] == [world.admin.pk, world.approver.pk]
+    assert rows[1].proof == proof and rows[1].proof_kind == contract().transition(
+        "reconciling_unknown_success_ack", target).proof
+    assert AuditRecord.objects.filter(entity_type="effects.DeliveryOperation", entity_id=str(op.pk),
+                                      action="delivery_reconcile").count() == 2
+    if effect == "unknown":  # still unknown: it can be reopened later
+        assert contract().transition(op.state, "reconciling_unknown_success_ack") is not None
+    assert_applied_at_most_once(sync_receiver, op)
+
+
+def test_reconciling_expired_unknown_keeps_expired_acknowledgement(aworld, async_receiver):
+    """An async receipt that expired with the effect unknown, reconciled to no effect: EXPIRED is preserved and
+    capacity is released by the resolution.
+    Proves: expired_acknowledgement_preserved_on_unknown_effect,
+    reconciliation_preserves_acknowledgement_while_resolving_effect,
+    unknown_remote_job_retains_capacity_until_reconciliation."""
+    async_receiver.queue("job_expire")
+    op = run_to_final(single_child(aworld, aworld.asyncp).pk)
+    assert op.state == "final_unknown_expired_ack"
+    actor = Actor.for_user(aworld.admin)
+    reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-exp")
+    op.refresh_from_db()
+    assert op.state == "reconciling_unknown_expired_ack" and op.axis("acknowledgement") == "EXPIRED"
+    assert op.attempts.get().capacity_state == CapacityState.RESERVED
+    reconcile_resolve(actor=actor, operation_pk=op.pk, reconciliation_id="rec-exp",
+                      target="final_no_effect_expired_ack",
+                      proof={"applied_count": 0, "source": "receiver-query:job"})
+    op.refresh_from_db()
+    assert op.state == "final_no_effect_expired_ack" and op.axis("acknowledgement") == "EXPIRED"
+    assert op.attempts.get().capacity_state == CapacityState.RELEASED
+
+
+def _snapshot(op: DeliveryOperation) -> tuple:
+    op.refresh_from_db()
+    return (op.state, op.revision, op.reconciliation_id, op.reconciled,
+            tuple(op.attempts.values_list("capacity_state", flat=True)),
+            DeliveryReconciliation.objects.filter(operation=op).count(),
+            AuditRecord.objects.filter(entity_type="effects.DeliveryOperation", entity_id=str(op.pk)).count())
+
+
+def test_reconciliation_refusals_change_nothing(world, sync_receiver):
+    """Refused reconciliations write nothing: a user without `effects.reconcile_delivery` or a system actor
+    (DeliveryPermissionDenied) may neither open nor resolve; a resolution without its proof, with a count that
+    contradicts the target's effect, without a source, with a malformed evidence digest, or under another
+    reconciliation ID is DeliveryRequestInvalid.
+    Proves: reconciliation_preserves_acknowledgement_while_resolving_effect (operator approval and proof are the
+    CAS of every operator-only transition), unknown_remote_job_retains_capacity_until_reconciliation."""
+    op = unknown_success(world, sync_receiver)
+    nobody = Actor.for_user(operator("delivery-nobody"))
+    admin = Actor.for_user(world.admin)
+
+    before = _snapshot(op)
+    for actor in (nobody, Actor.system("delivery")):
+        with pytest.raises(DeliveryPermissionDenied):
+            reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-x")
+        assert _snapshot(op) == before
+
+    reconcile_open(actor=admin, operation_pk=op.pk, reconciliation_id="rec-2")
+    opened = _snapshot(op)
+    assert opened[0] == "reconciling_unknown_success_ack"
+
+    with pytest.raises(DeliveryPermissionDenied):
+        reconcile_resolve(actor=nobody, operation_pk=op.pk, reconciliation_id="rec-2",
+                          target="final_no_effect_success_ack", proof={"applied_count": 0, "source": "q"})
+    assert _snapshot(op) == opened
+
+    invalid = [
+        ("rec-2", "final_full_eligible", None),                                           # no proof
+        ("rec-2", "final_full_eligible", {"applied_count": 1, "source": "q"}),            # 1 of 2 is not full
+        ("rec-2", "final_no_effect_success_ack", {"applied_count": 2, "source": "q"}),    # 2 is not none
+        ("rec-2", "final_partial_success_ack", {"applied_count": 2, "source": "q"}),      # 2 of 2 is not partial
+        ("rec-2", "final_partial_success_ack", {"applied_count": 0, "source": "q"}),      # 0 is not partial
+        ("rec-2", "final_no_effect_success_ack", {"applied_count": 0}),                   # no source
+        ("rec-2", "final_no_effect_success_ack", {"applied_count": True, "source": "q"}),  # not a count
+        ("rec-2", "final_unknown_success_ack", {"evidence_digest": "XYZ"}),               # malformed digest
+        ("rec-2", "final_full_promoted", {"applied_count": 2, "source": "q"}),            # not a legal target
+        ("rec-other", "final_no_effect_success_ack", {"applied_count": 0, "source": "q"}),  # other reconciliation
+    ]
+    for rec_id, target, proof in invalid:
+        with pytest.raises(DeliveryRequestInvalid):
+            reconcile_resolve(actor=admin, operation_pk=op.pk, reconciliation_id=rec_id, target=target, proof=proof)
+        assert _snapshot(op) == opened, (rec_id, target, proof)
+    op.refresh_from_db()
+    assert op.axis("acknowledgement") == "SUCCEEDED"
+    assert op.attempts.get().capacity_state == CapacityState.RESERVED
+
+
+def test_contract_reconciliations_preserve_acknowledgement():
+    """Every operator-only transition of the contract keeps the acknowledgement axis, and every unknown
+    reconciliation can reach none, full, partial and unknown.
+    Proves: reconciliation_preserves_acknowledgement_while_resolving_effect,
+    every_unknown_reconciliation_can_resolve_none_full_partial_or_remain_unknown."""
+    c = contract()
+    operator_only = [t for t in c.transitions if t.operator_only]
+    assert operator_only
+    for t in operator_only:
+        assert c.axis(t.source, "acknowledgement") == c.axis(t.target, "acknowledgement"), t
+    for state in c.tuples_where(execution="VERIFYING", remote_effect="UNKNOWN"):
+        effects = {c.axis(t.target, "remote_effect") for t in operator_only if t.source == state}
+        assert effects == {"NONE_PROVEN", "FULLY_APPLIED", "PARTIALLY_APPLIED", "UNKNOWN"}, (state, effects)
+
+
+def test_ambiguous_transport_is_unknown_never_retried(world, sync_receiver):
+    """Beyond the ten scenarios: an answer that is not definite after the receiver applied the batch (connection
+    reset, 5xx, unparsable body) makes the effect unknown (submitting -> final_unknown_not_accepted,
+    REST_DELIVERY_REMOTE_EFFECT_UNKNOWN); capacity stays reserved and no second request is ever sent.
+    Proves: unknown_remote_job_retains_capacity_until_reconciliation."""
+    for i, mode in enumerate(("drop", "error_5xx", "garbage")):
+        sync_receiver.queue(mode)
+        op = run_to_final(single_child(world, parent_key=f"amb-{i}", group=f"amb-{i}",
+                                        namespace={**NAMESPACE, "tenant_id": f"tenant-amb-{i}"}).pk)
+        assert op.state == "final_unknown_not_accepted", (mode, op.state)
+        assert ("submitting", "final_unknown_not_accepted") in transitions(op)
+        assert op.last_code == "REST_DELIVERY_REMOTE_EFFECT_UNKNOWN"
+        assert op.axis("acknowledgement") == "NOT_ACCEPTED"
+        assert op.attempts.get().capacity_state == CapacityState.RESERVED
+        key = bytes(op.receiver_mutation_key).hex()
+        assert sync_receiver.applied[key] == 1
+        assert runner.step(op.pk) == "final_unknown_not_accepted"
+        assert [m["key"] for m in sync_receiver.mutations()].count(key) == 1
