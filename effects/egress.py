@@ -4,10 +4,13 @@ compare-and-swap, after re-locking the exact credential dispatch gate and checki
 every other caller is refused before any byte leaves (CV2-10-036..039, CV2-04-008)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import ssl
+import tempfile
 from dataclasses import dataclass
 
 import httpx
@@ -16,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from connector import locks as connector_locks
+from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.secrets import secret_backend
 from effects import locks
@@ -123,27 +127,57 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
 # `io_may_have_started` for the operation's current attempt (MAY_ATTEMPT marker, capacity and SUBMITTING already
 # committed by the submit transaction); the answer is recorded through the delivery services.
 
-def _delivery_auth(binding, secret: str, headers: dict, params: dict):
+def _tls_verify(binding):
+    """The binding's TLS policy identity names a CA bundle in settings (CONNECTOR["DELIVERY_TLS_POLICIES"]);
+    unknown identities verify against the system store."""
+    policies = settings.CONNECTOR.get("DELIVERY_TLS_POLICIES", {})
+    ca_file = policies.get(binding.tls_policy_identity, {}).get("ca_file")
+    return ssl.create_default_context(cafile=ca_file) if ca_file else True
+
+
+@contextlib.contextmanager
+def _delivery_client(binding, secret: str, headers: dict, params: dict):
+    """Yield (client, auth) for one delivery exchange. The secret goes only into headers, query parameters (the
+    audited api_key_query exception), basic auth, a token request, or a private 0600 file for the mTLS client
+    certificate that is removed when the exchange ends; it is never logged or stored."""
     mode, _, parameter = binding.authentication_semantics.partition(":")
-    if mode == "bearer":
-        headers["Authorization"] = f"Bearer {secret}"
-    elif mode == "api_key_header":
-        headers[parameter or "X-Api-Key"] = secret
-    elif mode == "http_basic":
-        user, _, password = secret.partition(":")
-        return httpx.BasicAuth(user, password)
-    elif mode == "api_key_query":
-        params[parameter or "api_key"] = secret  # only with the recorded exception; never logged (redacted)
-    elif mode == "oauth2_client_credentials":
-        client_id, _, client_secret = secret.partition(":")
-        token = _client().post(binding.base_url.rstrip("/") + (parameter or "/oauth/token"),
-                               data={"grant_type": "client_credentials"}, auth=(client_id, client_secret),
-                               timeout=httpx.Timeout(5.0))
-        token.raise_for_status()
-        headers["Authorization"] = f"Bearer {token.json()['access_token']}"
-    else:
-        raise EgressRefused(f"authentication mode {mode} is not available in this deployment")
-    return None
+    verify = _tls_verify(binding)
+    if mode == "mtls":
+        with tempfile.TemporaryDirectory(prefix="mtls-") as folder:
+            pem = os.path.join(folder, "client.pem")
+            fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret)
+            context = verify if verify is not True else ssl.create_default_context()
+            context.load_cert_chain(pem)
+            with httpx.Client(verify=context) as client:
+                yield client, None
+        return
+    client = _client() if verify is True else httpx.Client(verify=verify)
+    try:
+        auth = None
+        if mode == "bearer":
+            headers["Authorization"] = f"Bearer {secret}"
+        elif mode == "api_key_header":
+            headers[parameter or "X-Api-Key"] = secret
+        elif mode == "http_basic":
+            user, _, password = secret.partition(":")
+            auth = httpx.BasicAuth(user, password)
+        elif mode == "api_key_query":
+            params[parameter or "api_key"] = secret  # only with the recorded exception; never logged
+        elif mode == "oauth2_client_credentials":
+            client_id, _, client_secret = secret.partition(":")
+            token = client.post(binding.base_url.rstrip("/") + (parameter or "/oauth/token"),
+                                data={"grant_type": "client_credentials"}, auth=(client_id, client_secret),
+                                timeout=httpx.Timeout(5.0))
+            token.raise_for_status()
+            headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+        else:
+            raise EgressRefused(f"authentication mode {mode} is not available")
+        yield client, auth
+    finally:
+        if client is not _CLIENTS.get(os.getpid()):
+            client.close()
 
 
 def _delivery_timeout(profile) -> httpx.Timeout:
@@ -164,24 +198,25 @@ def delivery_send(*, attempt_pk: int):
     binding, profile = op.binding, op.profile
     headers = {"Content-Type": "application/json", "Idempotency-Key": bytes(op.receiver_mutation_key).hex()}
     params: dict = {}
-    try:
-        secret = secret_backend().read(current_secret_ref(binding)).decode()
-        auth = _delivery_auth(binding, secret, headers, params)
-    except Exception as exc:  # noqa: BLE001 - nothing of the mutation was sent
-        return execution.record_submit_outcome(attempt_pk, Answer("not_started", detail=f"no credentials: {exc}"))
     semantics = profile.operation_semantics
     url = binding.base_url.rstrip("/") + semantics["authority_relative_path_semantics"]
     try:
-        response = _client().request(semantics["method_semantics"], url, content=bytes(op.payload),
-                                     headers=headers, params=params or None, auth=auth,
-                                     timeout=_delivery_timeout(profile))
-        answer = read_submit(response.status_code, response.content, dict(response.headers),
-                             receiver_kind=profile.receiver_kind,
-                             body_sha256=hashlib.sha256(response.content).hexdigest())
-    except httpx.ConnectError as exc:
-        answer = Answer("not_started", detail=f"connect failed: {type(exc).__name__}")
-    except httpx.HTTPError as exc:
-        answer = Answer("ambiguous", detail=f"{type(exc).__name__} after the request may have left")
+        secret = secret_backend().read(current_secret_ref(binding)).decode()
+        with _delivery_client(binding, secret, headers, params) as (client, auth):
+            try:
+                response = client.request(semantics["method_semantics"], url, content=bytes(op.payload),
+                                          headers=headers, params=params or None, auth=auth,
+                                          timeout=_delivery_timeout(profile))
+                answer = read_submit(response.status_code, response.content, dict(response.headers),
+                                     receiver_kind=profile.receiver_kind,
+                                     body_sha256=hashlib.sha256(response.content).hexdigest())
+            except httpx.ConnectError as exc:
+                answer = Answer("not_started", detail=f"connect failed: {type(exc).__name__}")
+            except httpx.HTTPError as exc:
+                answer = Answer("ambiguous", detail=f"{type(exc).__name__} after the request may have left: {exc}")
+    except (httpx.HTTPError, EgressRefused, ConnectorError, OSError, KeyError, ValueError) as exc:
+        # Credentials unreadable, token endpoint refused, client certificate unusable: the mutation never left.
+        answer = Answer("not_started", detail=f"no usable credentials, nothing sent: {type(exc).__name__}")
     fault_point("delivery.after_request")
     log.info("delivery attempt answered", extra={"attempt": attempt_pk, "transport": answer.transport,
                                                  "ack": answer.acknowledgement, "status": answer.http_status})
@@ -200,14 +235,14 @@ def delivery_poll(*, operation_pk: int):
         return op
     headers: dict = {}
     params: dict = {}
-    secret = secret_backend().read(current_secret_ref(op.binding)).decode()
-    auth = _delivery_auth(op.binding, secret, headers, params)
     poll_path = op.profile.operation_semantics["acknowledgement_contract"]["poll_path"]
     url = op.binding.base_url.rstrip("/") + poll_path.rstrip("/") + "/" + op.remote_receipt_id
     try:
-        response = _client().get(url, headers=headers, params=params or None, auth=auth,
-                                 timeout=_delivery_timeout(op.profile))
-    except httpx.HTTPError as exc:
+        secret = secret_backend().read(current_secret_ref(op.binding)).decode()
+        with _delivery_client(op.binding, secret, headers, params) as (client, auth):
+            response = client.get(url, headers=headers, params=params or None, auth=auth,
+                                  timeout=_delivery_timeout(op.profile))
+    except (httpx.HTTPError, EgressRefused, ConnectorError, OSError) as exc:
         log.info("receipt poll failed; will poll again", extra={"operation": operation_pk, "error": str(exc)})
         return op
     answer = read_poll(response.status_code, response.content,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import ssl
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +37,10 @@ JOB_POLLS = {
 
 
 class DeliveryReceiver:
-    def __init__(self, *, kind: str = "sync_batch", default: str | None = None, retry_after: int = 1) -> None:
+    def __init__(self, *, kind: str = "sync_batch", default: str | None = None, retry_after: int = 1,
+                 tls: tuple[str, str, str] | None = None) -> None:
+        """`tls`: (server cert, server key, client CA): serve HTTPS and require a client certificate signed by
+        the CA (mTLS); the verified client certificate's subject CN is recorded with each request."""
         self.kind = kind
         self.default = default or ("full" if kind == "sync_batch" else "job_full")
         self.retry_after = retry_after
@@ -71,7 +75,7 @@ class DeliveryReceiver:
                 with receiver.lock:
                     mode = receiver.modes.pop(0) if receiver.modes else receiver.default
                     receiver.requests.append({"path": self.path, "key": key, "mode": mode, "body": body,
-                                              "headers": dict(self.headers)})
+                                              "headers": dict(self.headers), "client_cn": self._client_cn()})
                 try:
                     records = json.loads(body).get("records", [])
                 except ValueError:
@@ -84,6 +88,15 @@ class DeliveryReceiver:
                         receiver.jobs[job] = {"key": key, "n": n, "polls": list(JOB_POLLS[mode]), "digest": digest}
                     return self._answer(202, {"job_id": job})
                 return receiver._sync(self, mode, key, n, digest)
+
+            def _client_cn(self) -> str:
+                getpeercert = getattr(self.connection, "getpeercert", None)
+                cert = getpeercert() if getpeercert else None
+                for rdn in (cert or {}).get("subject", ()):
+                    for name, value in rdn:
+                        if name == "commonName":
+                            return value
+                return ""
 
             def do_GET(self):  # noqa: N802
                 job_id = self.path.rstrip("/").rsplit("/", 1)[-1]
@@ -111,6 +124,13 @@ class DeliveryReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.tls = tls
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls[0], tls[1])
+            context.load_verify_locations(tls[2])
+            context.verify_mode = ssl.CERT_REQUIRED
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     # -- behaviours -------------------------------------------------------------------------------------------
@@ -162,7 +182,7 @@ class DeliveryReceiver:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def start(self) -> DeliveryReceiver:
         self.thread.start()

@@ -145,7 +145,18 @@ def _submit(operation_pk: int) -> SubmitResult:
 
 def attempt_start_io(attempt_pk: int) -> DeliveryAttempt:
     """The egress adapter's pre-I/O compare-and-swap, committed before any byte leaves: the operation is
-    SUBMITTING on this very attempt, its marker exists, the gate is enabled, and nobody started or settled it."""
+    SUBMITTING on this very attempt, its marker exists, the gate is enabled, and nobody started or settled it.
+    A journal epoch mismatch found here blocks the gate at once, as in `submit`."""
+    try:
+        return _attempt_start_io(attempt_pk)
+    except DeliveryError as error:
+        block = error.context.get("block")
+        if block:
+            journal.gate_block(reason=block[0], detail=block[1])
+        raise
+
+
+def _attempt_start_io(attempt_pk: int) -> DeliveryAttempt:
     with transaction.atomic():
         journal.gate_guard_for_share()
         attempt = DeliveryAttempt.objects.select_related("marker").get(pk=attempt_pk)

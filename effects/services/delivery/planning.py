@@ -283,7 +283,9 @@ def parent_plan_and_admit(req: PlanRequest) -> DeliveryParent:
     descriptors, rows = [], []
     for ordinal, (start, end, records) in enumerate(children, start=1):
         crng = make_range(kind, start, end)
-        key = identity.delivery_key(logical_route_id=req.logical_route_id, target_effect_scope=f"[{start},{end})",
+        # The target effect scope names where the effect lands (receiver resource, conflict group) and the range.
+        target = f"{req.receiver_resource_id}/{req.effect_conflict_group}[{start},{end})"
+        key = identity.delivery_key(logical_route_id=req.logical_route_id, target_effect_scope=target,
                                     source_boundary=req.source_boundary, mutation_kind=profile.mutation_policy,
                                     explicit_generation=generation)
         mutation_key = identity.receiver_mutation_key(operation_namespace=namespace, delivery_key=key)
@@ -304,9 +306,9 @@ def parent_plan_and_admit(req: PlanRequest) -> DeliveryParent:
         cproof = {"parent": req.parent_key, "ordinal": ordinal, "scope": [str(start), str(end)],
                   "records": len(records)}
         descriptors.append(Record([("ordinal", ordinal), ("delivery_key", key), ("payload_digest", payload_digest),
-                                   ("scope", f"[{start},{end})"), ("records", len(records))]))
+                                   ("scope", target), ("records", len(records))]))
         rows.append(dict(ordinal=ordinal, frontier_order=ordinal, namespace=namespace,
-                         logical_route_id=req.logical_route_id, target_effect_scope=f"[{start},{end})",
+                         logical_route_id=req.logical_route_id, target_effect_scope=target,
                          source_boundary=req.source_boundary, mutation_kind=profile.mutation_policy,
                          explicit_generation=generation, delivery_key=key, receiver_mutation_key=mutation_key,
                          binding=req.binding, profile=profile, payload=body, payload_digest=payload_digest,

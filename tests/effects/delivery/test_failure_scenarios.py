@@ -335,7 +335,7 @@ RESOLUTIONS = {
 
 
 @pytest.mark.parametrize("effect", sorted(RESOLUTIONS))
-def test_unknown_reconciliation_resolves_none_full_partial_or_remains_unknown(world, sync_receiver, effect):
+def test_every_unknown_reconciliation_can_resolve_none_full_partial_or_remain_unknown(world, sync_receiver, effect):
     """An unknown outcome (count missing) opened by an operator with `effects.reconcile_delivery` and resolved with
     proof to none / full / partial, or kept unknown with an evidence digest. The SUCCEEDED acknowledgement never
     changes; capacity is released when the effect is resolved and kept while it stays unknown.
@@ -454,7 +454,7 @@ def test_reconciliation_refusals_change_nothing(world, sync_receiver):
     assert op.attempts.get().capacity_state == CapacityState.RESERVED
 
 
-def test_contract_reconciliations_preserve_acknowledgement():
+def test_reconciliation_preserves_acknowledgement_while_resolving_effect():
     """Every operator-only transition of the contract keeps the acknowledgement axis, and every unknown
     reconciliation can reach none, full, partial and unknown.
     Proves: reconciliation_preserves_acknowledgement_while_resolving_effect,

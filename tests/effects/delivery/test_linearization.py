@@ -366,7 +366,7 @@ def test_remote_job_capacity_and_submitting_share_one_postgresql_transaction(syn
 
 
 @TX
-def test_unknown_effect_retains_capacity_and_blocks_next_submit(sync_receiver):
+def test_unknown_remote_job_retains_capacity_until_reconciliation(sync_receiver):
     """Proves: unknown_remote_job_retains_capacity_until_reconciliation (with capacity 1, an unknown effect keeps
     the only slot: another operation waits for capacity until the reconciliation resolves the unknown one)."""
     world = build(sync_receiver.url)
@@ -387,3 +387,25 @@ def test_unknown_effect_retains_capacity_and_blocks_next_submit(sync_receiver):
                                      proof={"applied_count": 1, "source": "receiver-export"})
     assert DeliveryAttempt.objects.get(operation=a_op).capacity_state == CapacityState.RELEASED
     assert execution.submit(b_op.pk).submitted
+
+
+@TX
+def test_remote_job_semaphore_reserved_before_submit(sync_receiver):
+    """The reservation is part of the submit transaction, so it exists before SUBMITTING is visible: the race
+    above, run once more under this invariant's name. Proves: remote_job_semaphore_reserved_before_submit"""
+    test_remote_job_capacity_and_submitting_share_one_postgresql_transaction(sync_receiver, 0)
+
+
+def test_physical_receiver_effects_share_conflict_domain_across_local_namespaces_and_mutation_kinds():
+    """The conflict domain digest has no namespace and no mutation kind: two namespaces and both mutation kinds
+    writing one receiver resource share one domain; another resource or group is another domain.
+    Proves: physical_receiver_effects_share_conflict_domain_across_local_namespaces_and_mutation_kinds"""
+    from effects.delivery import identity as ident
+    from effects.services.delivery.planning import ConflictDomain
+
+    fields = ident.identity_fields("effect_conflict_domain")
+    assert "operation_namespace" not in fields and "mutation_kind" not in fields
+    base = ConflictDomain("svc", "acct", "ns", "orders", "g1")
+    assert base.digest() == ConflictDomain("svc", "acct", "ns", "orders", "g1").digest()
+    assert base.digest() != ConflictDomain("svc", "acct", "ns", "invoices", "g1").digest()
+    assert base.digest() != ConflictDomain("svc", "acct", "ns", "orders", "g2").digest()
