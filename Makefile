@@ -55,6 +55,7 @@ run: venv services migrate demo
 # pytest takes config.django.test from pyproject.toml, so a DJANGO_SETTINGS_MODULE in the caller's
 # environment must not override it.
 test: venv services
+	scripts/ensure_chromium.sh
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
 

@@ -152,7 +152,7 @@ class Supervisor:
                     break
             if died is None and not announced and self.web_ready():
                 announced = True
-                self.note(f"Admin: http://127.0.0.1:{self.port}/admin/")
+                self.note(f"Admin: http://127.0.0.1:{self.port}/admin/   Governance: http://127.0.0.1:{self.port}/")
             time.sleep(0.2)
         if died is not None:
             name, code = died

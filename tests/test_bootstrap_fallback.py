@@ -17,7 +17,7 @@ def test_make_test_in_fresh_clone_starts_private_servers():
     # hostile-input and benchmark tests start their own processes and servers): it proves the private servers
     # carry the product, while keeping CI well under 20 minutes.
     env = dict(os.environ, PYTEST_ARGS="-x -q -m 'not slow' --ignore=tests/crash --ignore=tests/faults "
-                                       "--ignore=tests/hostile -k 'not bench'")
+                                       "--ignore=tests/hostile --ignore=tests/browser -k 'not bench'")
     result = subprocess.run(
         ["bash", "scripts/prove_fallback.sh"],
         cwd=ROOT,

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "connector",
     "effects",
     "cutover",
+    "governance",
 ]
 
 MIDDLEWARE = [
@@ -86,7 +87,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-LOGIN_URL = "admin:login"
-SESSION_COOKIE_AGE = 8 * 3600
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "governance:overview"
+LOGOUT_REDIRECT_URL = "login"
+SESSION_COOKIE_AGE = 8 * 3600  # a working day; sessions also end when the browser closes
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 CSRF_COOKIE_HTTPONLY = True

@@ -149,6 +149,7 @@ class CertificationApproval(models.Model):
 
     certification = models.ForeignKey(ReceiverCertification, on_delete=models.PROTECT, related_name="approvals")
     approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    digest_seen = models.BinaryField(max_length=32)  # the subject digest the approver was shown
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -96,6 +96,7 @@ class RemoteEffect(ConcurrentTransitionMixin, models.Model):
         ordering = ["pk"]
         indexes = [models.Index(fields=["account", "state"], name="effects_effect_claimable",
                                 condition=Q(state="prepared"))]
+        permissions = [("reconcile_effect", "Can reconcile an uncertain remote effect with evidence")]
 
     def __str__(self) -> str:
         return f"effect #{self.pk} ({self.state})"

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from connector import locks as connector_locks
 from connector.actors import Actor
-from connector.errors import ConnectorError
+from connector.errors import ConnectorError, PermissionRefused
 from connector.secrets import secret_backend
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
@@ -276,8 +276,8 @@ RECONCILE_DECISIONS = ("remote_confirmed", "no_effect", "idempotent_repeat", "qu
 
 
 @transaction.atomic
-def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Actor, remote_id: str = ""
-                     ) -> RemoteEffect:
+def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Actor, remote_id: str = "",
+                     expected_changed_at=None) -> RemoteEffect:
     """An operator's (or provider query's) decision on an `uncertain` effect, with evidence: confirmed remotely;
     proven no effect (another attempt only if the frozen policy permits, else terminal `no_effect`); an exact
     idempotent repeat (only with the frozen provider idempotency key; the uncertain attempt stays as it is); or
@@ -286,7 +286,12 @@ def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Act
         raise ReconcileRefused(f"decision must be one of {', '.join(RECONCILE_DECISIONS)}")
     if not evidence.strip():
         raise ReconcileRefused("a reconciliation needs evidence")
+    if actor.user is not None and not actor.user.has_perm("effects.reconcile_effect"):
+        raise PermissionRefused(f"{actor} lacks the effects.reconcile_effect permission")
     effect = locks.effect_for_update(effect_pk)
+    if expected_changed_at is not None and effect.changed_at != expected_changed_at:
+        raise ReconcileRefused(f"effect #{effect_pk} changed since the page was shown (now {effect.state}); "
+                               "reload and decide again")
     if effect.state != EffectState.UNCERTAIN:
         raise ReconcileRefused(f"effect is {effect.state}; only uncertain effects are reconciled")
     if decision == "remote_confirmed":

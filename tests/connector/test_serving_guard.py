@@ -284,6 +284,7 @@ def test_a_waiting_transition_is_not_starved_by_later_writers(tx_world):
     for worker in (first, halter, late):
         worker.join(10)
     assert first.error is None and halter.error is None and halter.result.fence == 7
+    # The late writer was refused because it saw the halted gate: it ran after the halt committed. (Comparing
+    # the threads' own finish times is not evidence: a thread may record its time after the other woke.)
     assert isinstance(late.error, GateNotServing)
-    assert late.finished_at >= halter.finished_at
     assert probe_writes() == 0

@@ -12,6 +12,8 @@ from connector.demo import build_world
 from connector.models import ServingEpoch
 
 OPERATOR = "operator"
+# One person per governance role (groups made by the governance app after migrate), same demo password.
+ROLE_USERS = {"ann": "auditor", "oscar": "operator", "alma": "approver", "cid": "certifier", "cora": "certifier"}
 
 
 class Command(BaseCommand):
@@ -30,6 +32,15 @@ class Command(BaseCommand):
             user.is_staff = user.is_superuser = True
             user.set_password(password)
             user.save()
+            from django.contrib.auth.models import Group
+
+            for name, role in ROLE_USERS.items():
+                person, _ = users.objects.get_or_create(username=name, defaults={"is_staff": True})
+                person.set_password(password)
+                person.save()
+                group = Group.objects.filter(name=role).first()
+                if group is not None:
+                    person.groups.add(group)
         if ServingEpoch.objects.filter(epoch_id="epoch-1").exists():
             self.stdout.write("Demo world already loaded: nothing to do.")
         else:
@@ -44,3 +55,6 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"Operator login: username '{OPERATOR}' password '{password}'"
             + ("" if created else " (password reset for this run)")))
+        self.stdout.write(self.style.SUCCESS(
+            "Governance screens (/): " + ", ".join(f"{name} ({role})" for name, role in ROLE_USERS.items())
+            + " with the same password"))

@@ -63,7 +63,7 @@ def _check_proof(op: DeliveryOperation, target: str, kind: str | None, proof: di
 
 
 def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: str, proof: dict | None,
-           note: str, opening: bool) -> DeliveryOperation:
+           note: str, opening: bool, expected_revision: int | None = None) -> DeliveryOperation:
     if not reconciliation_id or reconciliation_id != reconciliation_id.strip():
         raise DeliveryRequestInvalid("a reconciliation ID is required (canonical, no surrounding whitespace)")
     c = contract()
@@ -72,6 +72,9 @@ def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: s
         domain_lock_for_update(head.domain_id)
         parent = DeliveryParent.objects.select_for_update().get(pk=head.parent_id)
         op = operation_for_update(operation_pk)
+        if expected_revision is not None and op.revision != expected_revision:
+            raise DeliveryRequestInvalid(f"operation #{op.pk} moved since the page was shown (now {op.state}, "
+                                         f"revision {op.revision}); reload and decide again")
         rule = c.transition(op.state, target)
         if rule is None or not rule.operator_only:
             raise DeliveryRequestInvalid(f"{op.state} -> {target} is not an operator-only transition")
@@ -106,20 +109,21 @@ def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: s
     return op
 
 
-def reconcile_open(*, actor: Actor, operation_pk: int, reconciliation_id: str, note: str = "") -> DeliveryOperation:
+def reconcile_open(*, actor: Actor, operation_pk: int, reconciliation_id: str, note: str = "",
+                   expected_revision: int | None = None) -> DeliveryOperation:
     op = DeliveryOperation.objects.get(pk=operation_pk)
     targets = [t.target for t in contract().transitions if t.operator_only and t.source == op.state
                and t.target.startswith("reconciling_")]
     if not targets:
         raise DeliveryRequestInvalid(f"{op.state} has no reconciliation to open")
     return _apply(actor=actor, operation_pk=operation_pk, reconciliation_id=reconciliation_id, target=targets[0],
-                  proof=None, note=note, opening=True)
+                  proof=None, note=note, opening=True, expected_revision=expected_revision)
 
 
 def reconcile_resolve(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: str, proof: dict,
-                      note: str = "") -> DeliveryOperation:
+                      note: str = "", expected_revision: int | None = None) -> DeliveryOperation:
     return _apply(actor=actor, operation_pk=operation_pk, reconciliation_id=reconciliation_id, target=target,
-                  proof=proof, note=note, opening=False)
+                  proof=proof, note=note, opening=False, expected_revision=expected_revision)
 
 
 def capacity_transfer(*, actor: Actor, operation_pk: int, incident: str) -> DeliveryOperation:

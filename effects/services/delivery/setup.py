@@ -138,6 +138,14 @@ def certification_request(*, actor: Actor, binding: ReceiverBinding, assurance_m
         raise DeliveryRequestInvalid("valid_until is in the past")
     evidence = {"handshake": handshake, "evidence_ref": evidence_ref}
     with transaction.atomic():
+        if assurance_mode == "platform_attested":
+            # A new subject for this binding replaces a pending one: its approvals are void with it.
+            for stale in ReceiverCertification.objects.select_for_update().filter(
+                    binding=binding, assurance_mode="platform_attested", state=CertificationState.PENDING_APPROVAL):
+                stale.expire()
+                stale.save()
+                audit_record(actor=actor, entity=stale, action="delivery_certification_void",
+                             to_state=stale.state, reason="superseded by a new platform attestation request")
         cert = ReceiverCertification.objects.create(
             binding=binding, assurance_mode=assurance_mode, principal_id=handshake["principal_id"],
             account_id=handshake["account_id"], evidence_ref=evidence_ref, evidence=evidence,
@@ -151,22 +159,36 @@ def certification_request(*, actor: Actor, binding: ReceiverBinding, assurance_m
     return cert
 
 
-def certification_approve(*, actor: Actor, certification: ReceiverCertification) -> ReceiverCertification:
-    """One approval of a platform-attested certification. The requester cannot approve; one person approves
-    once; the second distinct approver certifies."""
+def certification_subject_digest(cert: ReceiverCertification) -> bytes:
+    """What an approver approves: the binding's identity, the handshake evidence and the validity window."""
+    return hashlib.sha256(b"|".join([bytes(cert.binding.semantics_digest), bytes(cert.evidence_digest),
+                                     cert.assurance_mode.encode(), cert.verified_at.isoformat().encode(),
+                                     cert.valid_until.isoformat().encode()])).digest()
+
+
+def certification_approve(*, actor: Actor, certification: ReceiverCertification,
+                          digest_seen: bytes | None = None) -> ReceiverCertification:
+    """One approval of a platform-attested certification, recording the subject digest the approver saw. The
+    requester cannot approve; one person approves once; the second distinct approver certifies. An approval of
+    a digest that is no longer the subject's (the subject changed or was superseded) is refused and counts for
+    nothing."""
     _require_perm(actor, "effects.approve_certification")
     with transaction.atomic():
         cert = ReceiverCertification.objects.select_for_update().get(pk=certification.pk)
+        current = certification_subject_digest(cert)
+        if digest_seen is not None and bytes(digest_seen) != current:
+            raise DeliveryRequestInvalid("the subject changed since it was shown: approvals of the old digest are "
+                                         "void; review the current subject")
         if cert.state != CertificationState.PENDING_APPROVAL:
             raise DeliveryRequestInvalid(f"certification is {cert.state}")
         if cert.requested_by_id == actor.user.pk:
             raise DeliveryPermissionDenied("the requester cannot approve their own certification")
         try:
             with transaction.atomic():
-                CertificationApproval.objects.create(certification=cert, approver=actor.user)
+                CertificationApproval.objects.create(certification=cert, approver=actor.user, digest_seen=current)
         except IntegrityError as exc:
             raise DeliveryPermissionDenied(f"{actor} already approved this certification") from exc
-        if cert.approvals.count() >= 2:
+        if cert.approvals.filter(digest_seen=current).count() >= 2:
             cert.certify(at=timezone.now())
             cert.save()
         audit_record(actor=actor, entity=cert, action="delivery_certification_approve", to_state=cert.state)

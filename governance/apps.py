@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class GovernanceConfig(AppConfig):
+    name = "governance"
+    verbose_name = "Operator governance"
+
+    def ready(self) -> None:
+        from governance.roles import sync_roles_after_migrate
+
+        post_migrate.connect(sync_roles_after_migrate, sender=self)

@@ -1,0 +1,50 @@
+"""The four operator roles as Django groups, each a closed list of permissions (synced after every migrate, so a
+fresh database has them). The services check the same permissions: a role grants nothing a service would not
+check itself.
+
+- auditor: read-only; opens every screen and browses every fact in the admin.
+- operator: auditor + reconciles uncertain effects and delivery operations, operates serving gates, terminates
+  holder generations.
+- approver: auditor + approves journal-epoch reopenings (and, with the cutover issue, restore points, readiness
+  certificates and activation decisions).
+- certifier: auditor + approves platform-attested receiver certifications (dual approval).
+"""
+from __future__ import annotations
+
+from django.contrib.auth.models import Group, Permission
+
+VIEW_APPS = ("connector", "effects", "cutover")
+OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
+            "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
+APPROVER = ("effects.approve_journal_epoch",)
+CERTIFIER = ("effects.approve_certification",)
+ROLES = {"auditor": (), "operator": OPERATOR, "approver": APPROVER, "certifier": CERTIFIER}
+
+
+def _perm(label: str) -> Permission:
+    app, codename = label.split(".")
+    return Permission.objects.get(content_type__app_label=app, codename=codename)
+
+
+def sync_roles() -> dict[str, int]:
+    """Create or update the four groups to exactly their permission lists. Idempotent."""
+    base = [_perm("governance.view_governance"),
+            *Permission.objects.filter(content_type__app_label__in=VIEW_APPS, codename__startswith="view_")]
+    counts = {}
+    for name, extra in ROLES.items():
+        group, _ = Group.objects.get_or_create(name=name)
+        perms = base + [_perm(label) for label in extra]
+        group.permissions.set(perms)
+        counts[name] = len(perms)
+    return counts
+
+
+def sync_roles_after_migrate(using="default", **kwargs) -> None:
+    if using != "default":
+        return
+    from django.contrib.auth.management import create_permissions
+    from django.apps import apps
+
+    for config in apps.get_app_configs():  # permissions of every app exist before the groups point at them
+        create_permissions(config, verbosity=0, using=using)
+    sync_roles()

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from . import views
+
+app_name = "governance"
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("queue/", views.queue, name="queue"),
+    path("queue/effect/<int:pk>/", views.effect, name="effect"),
+    path("queue/delivery/<int:pk>/", views.delivery, name="delivery"),
+    path("attestations/", views.attestations, name="attestations"),
+    path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),
+    path("board/", views.board, name="board"),
+    path("cutover/", views.cutover, name="cutover"),
+]

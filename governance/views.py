@@ -1,0 +1,217 @@
+"""Operator screens: overview, approval queue with decision pages, dual-approval attestations, the quarantine and
+halt board, and the cutover console. Server-rendered; login required on every page; CSRF on every form. A decision
+calls the owning service with the revision (or change time) the page showed, so a page that went stale is refused
+with an explanation, never applied to the new state. A user without the permission sees no action, and a forged
+POST is answered 403."""
+from __future__ import annotations
+
+import json
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_http_methods
+
+from connector.actors import Actor
+from connector.errors import ConnectorError
+from connector.models import AccountServingGate, AuditRecord, ServingEpoch
+from cutover.models import CutoverDecision
+from effects.delivery.contract import contract
+from effects.models import DeliveryOperation, ReceiverCertification, RemoteEffect
+from effects.services.delivery import reconciliation as delivery_reconciliation
+from effects.services.delivery import setup as delivery_setup
+from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
+
+from . import selectors
+from .reasons import REASONS
+
+VIEW = "governance.view_governance"
+
+
+def screen(view):
+    """Login required, then the view-governance permission (auditors and up)."""
+    @login_required
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.has_perm(VIEW):
+            raise PermissionDenied("governance screens need the view_governance permission")
+        return view(request, *args, **kwargs)
+    return wrapped
+
+
+def _decide(request, call, *, success: str) -> bool:
+    try:
+        call()
+    except ConnectorError as error:
+        messages.error(request, f"{error.code}: {error.detail}")
+        return False
+    messages.success(request, success)
+    return True
+
+
+def _audit(entity) -> list[AuditRecord]:
+    return list(AuditRecord.objects.filter(entity_type=entity._meta.label, entity_id=str(entity.pk)).order_by("pk"))
+
+
+def _chart(series) -> dict:
+    """Bar geometry for the last hour (two 4-unit bars per minute, 100 units high at the peak)."""
+    peak = max([max(a, c) for _, a, c in series] + [1])
+    bars = []
+    for i, (minute, admitted, completed) in enumerate(series):
+        ah, ch = round(100 * admitted / peak), round(100 * completed / peak)
+        bars.append({"x": 10 * i, "x2": 10 * i + 4, "ah": ah, "ay": 110 - ah, "ch": ch, "cy": 110 - ch,
+                     "label": f"{minute:%H:%M}: {admitted} admitted, {completed} completed"})
+    return {"bars": bars, "peak": peak}
+
+
+@screen
+def overview(request):
+    data = selectors.overview()
+    return render(request, "governance/overview.html", {"data": data, "chart": _chart(data["series"]),
+                                                        "nav": "overview"})
+
+
+@screen
+def queue(request):
+    return render(request, "governance/queue.html", {"items": selectors.queue(), "nav": "queue"})
+
+
+@screen
+def board(request):
+    return render(request, "governance/board.html", {"groups": selectors.board(), "reasons": REASONS,
+                                                     "nav": "board"})
+
+
+# -- an uncertain remote effect -----------------------------------------------------------------------------------
+
+@screen
+@require_http_methods(["GET", "POST"])
+def effect(request, pk: int):
+    effect_ = get_object_or_404(RemoteEffect.objects.select_related("command", "account"), pk=pk)
+    may_decide = request.user.has_perm("effects.reconcile_effect")
+    if request.method == "POST":
+        if not may_decide:
+            raise PermissionDenied("reconciling an effect needs effects.reconcile_effect")
+        decision = request.POST.get("decision", "")
+        reason = request.POST.get("reason", "").strip()
+        reference = request.POST.get("evidence_ref", "").strip()
+        shown = parse_datetime(request.POST.get("changed_at", ""))
+        if not reason or not reference:
+            messages.error(request, "A decision needs a reason and an evidence reference.")
+        elif _decide(request, lambda: effect_reconcile(
+                effect_pk=pk, decision=decision, evidence=f"{reason} [evidence: {reference}]",
+                actor=Actor.for_user(request.user), remote_id=request.POST.get("remote_id", "").strip(),
+                expected_changed_at=shown), success=f"Effect #{pk}: {decision} recorded."):
+            return redirect("governance:queue")
+        return redirect("governance:effect", pk=pk)
+    attempts = list(effect_.attempts.order_by("ordinal"))
+    permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
+    return render(request, "governance/effect.html", {
+        "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
+        "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
+        "command": effect_.command})
+
+
+# -- a delivery operation waiting for reconciliation ------------------------------------------------------------
+
+@screen
+@require_http_methods(["GET", "POST"])
+def delivery(request, pk: int):
+    op = get_object_or_404(DeliveryOperation.objects.select_related("parent", "binding", "profile"), pk=pk)
+    may_decide = request.user.has_perm("effects.reconcile_delivery")
+    if request.method == "POST":
+        if not may_decide:
+            raise PermissionDenied("reconciling a delivery needs effects.reconcile_delivery")
+        actor = Actor.for_user(request.user)
+        target = request.POST.get("target", "")
+        reconciliation_id = request.POST.get("reconciliation_id", "").strip()
+        note = request.POST.get("reason", "").strip()
+        try:
+            expected = int(request.POST.get("revision", ""))
+        except ValueError:
+            expected = -1
+        if not note:
+            messages.error(request, "A decision needs a reason.")
+            return redirect("governance:delivery", pk=pk)
+        if target.startswith("reconciling_"):
+            call = lambda: delivery_reconciliation.reconcile_open(  # noqa: E731
+                actor=actor, operation_pk=pk, reconciliation_id=reconciliation_id, note=note,
+                expected_revision=expected)
+        else:
+            try:
+                proof = json.loads(request.POST.get("proof", "") or "null")
+            except ValueError:
+                messages.error(request, "The proof is not JSON.")
+                return redirect("governance:delivery", pk=pk)
+            call = lambda: delivery_reconciliation.reconcile_resolve(  # noqa: E731
+                actor=actor, operation_pk=pk, reconciliation_id=reconciliation_id, target=target, proof=proof,
+                note=note, expected_revision=expected)
+        if _decide(request, call, success=f"Delivery #{pk}: moved to {target}."):
+            op.refresh_from_db()
+            return redirect("governance:delivery" if op.state.startswith("reconciling_") else "governance:queue",
+                            **({"pk": pk} if op.state.startswith("reconciling_") else {}))
+        return redirect("governance:delivery", pk=pk)
+    c = contract()
+    moves = [t for t in c.transitions if t.source == op.state and t.operator_only]
+    return render(request, "governance/delivery.html", {
+        "op": op, "axes": zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
+                              c.tuples[op.state]),
+        "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
+        "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
+        "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})
+
+
+# -- dual-approval attestations -----------------------------------------------------------------------------------
+
+@screen
+def attestations(request):
+    return render(request, "governance/attestations.html", {
+        "pending": selectors.attestations(), "due": selectors.recertification_due(), "nav": "attestations"})
+
+
+@screen
+@require_http_methods(["GET", "POST"])
+def attestation(request, pk: int):
+    cert = get_object_or_404(ReceiverCertification.objects.select_related("binding", "requested_by"), pk=pk)
+    may_approve = request.user.has_perm("effects.approve_certification")
+    if request.method == "POST":
+        if not may_approve:
+            raise PermissionDenied("approving a certification needs effects.approve_certification")
+        try:
+            seen = bytes.fromhex(request.POST.get("digest", ""))
+        except ValueError:
+            seen = b""
+        if _decide(request, lambda: delivery_setup.certification_approve(
+                actor=Actor.for_user(request.user), certification=cert, digest_seen=seen),
+                success=f"Approval of certification #{pk} recorded."):
+            return redirect("governance:attestations")
+        return redirect("governance:attestation", pk=pk)
+    digest = delivery_setup.certification_subject_digest(cert)
+    approvals = list(cert.approvals.select_related("approver").order_by("pk"))
+    already = any(a.approver_id == request.user.pk for a in approvals)
+    return render(request, "governance/attestation.html", {
+        "cert": cert, "digest": digest.hex(), "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals],
+        "may_approve": may_approve and cert.state == "pending_approval" and not already
+        and cert.requested_by_id != request.user.pk, "already": already,
+        "is_requester": cert.requested_by_id == request.user.pk, "nav": "attestations"})
+
+
+# -- cutover console ------------------------------------------------------------------------------------------------
+
+@screen
+def cutover(request):
+    gates = AccountServingGate.objects.select_related("account", "epoch").order_by("account_id")
+    modes: dict[str, int] = {}
+    for gate in gates:
+        modes[gate.mode] = modes.get(gate.mode, 0) + 1
+    return render(request, "governance/cutover.html", {
+        "gates": gates, "modes": modes, "epochs": ServingEpoch.objects.order_by("-pk")[:10],
+        "decisions": CutoverDecision.objects.order_by("-pk")[:10], "nav": "cutover"})
+
+
+def method_not_allowed(request):  # pragma: no cover - routing helper
+    return HttpResponseNotAllowed(["GET"])
