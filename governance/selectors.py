@@ -60,11 +60,20 @@ def _admin(model: str, **filters) -> str:
 
 
 def queue() -> list[Item]:
-    """Everything waiting for a human decision: uncertain remote effects and delivery operations in an unknown,
-    partial, unverified or reconciling tuple. Oldest first."""
+    """Everything waiting for a human: uncertain remote effects (a decision), quarantined effects and executions
+    (a remediation by their owner: a new intent, a replay or a corrected generation), and delivery operations in
+    an unknown, partial, unverified or reconciling tuple. Oldest first."""
     items = [Item("effect", e.pk, f"Effect #{e.pk} {e.command}", e.state, "EFFECT_UNCERTAIN", e.changed_at,
                   _admin("effects_remoteeffect", id=e.pk), reverse("governance:effect", args=[e.pk]))
              for e in RemoteEffect.objects.select_related("command").filter(state="uncertain")]
+    items += [Item("effect", e.pk, f"Effect #{e.pk} {e.command}", e.state, e.quarantine_reason or
+                   "OPERATOR_QUARANTINE", e.changed_at, _admin("effects_remoteeffect", id=e.pk),
+                   reverse("governance:effect", args=[e.pk]))
+              for e in RemoteEffect.objects.select_related("command").filter(state="quarantined")]
+    items += [Item("execution", x.pk, f"Execution #{x.pk} (generation {x.generation})", x.state,
+                   x.quarantine_reason, x.changed_at, _admin("connector_execution", id=x.pk),
+                   reverse("governance:execution", args=[x.pk]))
+              for x in Execution.objects.filter(state="quarantined")]
     items += [Item("delivery", o.pk, f"Delivery #{o.pk} {o.parent.parent_key}/{o.ordinal}", o.state,
                    o.last_code or "REST_DELIVERY_REMOTE_EFFECT_UNKNOWN", o.changed_at,
                    _admin("effects_deliveryoperation", id=o.pk), reverse("governance:delivery", args=[o.pk]))
@@ -76,12 +85,10 @@ def queue() -> list[Item]:
 def board() -> dict[str, list[Item]]:
     """Every halted or quarantined item grouped by its closed reason code (the queue's items included)."""
     items = list(queue())
-    items += [Item("effect", e.pk, f"Effect #{e.pk}", e.state, e.quarantine_reason or "OPERATOR_QUARANTINE",
-                   e.changed_at, _admin("effects_remoteeffect", quarantine_reason=e.quarantine_reason))
-              for e in RemoteEffect.objects.filter(Q(state="quarantined") | ~Q(quarantine_reason=""))]
-    items += [Item("execution", x.pk, f"Execution #{x.pk}", x.state, x.quarantine_reason, x.changed_at,
-                   _admin("connector_execution", quarantine_reason=x.quarantine_reason))
-              for x in Execution.objects.filter(state="quarantined")]
+    items += [Item("effect", e.pk, f"Effect #{e.pk}", e.state, e.quarantine_reason, e.changed_at,
+                   _admin("effects_remoteeffect", quarantine_reason=e.quarantine_reason),
+                   reverse("governance:effect", args=[e.pk]))
+              for e in RemoteEffect.objects.exclude(state="quarantined").exclude(quarantine_reason="")]
     items += [Item("lane", lane.pk, f"Lane #{lane.pk} {lane}", lane.state, lane.halt_reason, lane.changed_at,
                    _admin("connector_orderinglane", state="halted"))
               for lane in OrderingLane.objects.filter(state="halted")]

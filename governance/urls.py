@@ -8,6 +8,7 @@ urlpatterns = [
     path("queue/", views.queue, name="queue"),
     path("queue/effect/<int:pk>/", views.effect, name="effect"),
     path("queue/delivery/<int:pk>/", views.delivery, name="delivery"),
+    path("queue/execution/<int:pk>/", views.execution, name="execution"),
     path("attestations/", views.attestations, name="attestations"),
     path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),
     path("board/", views.board, name="board"),

@@ -116,6 +116,23 @@ def effect(request, pk: int):
         "command": effect_.command})
 
 
+# -- a quarantined execution ---------------------------------------------------------------------------------------
+
+@screen
+def execution(request, pk: int):
+    """Evidence and the owner's remediation for a quarantined execution. There is no transition to take here: a
+    quarantined execution stays immutable; remediation is a replay, a successor or a corrected generation made by
+    its owner (the seed's "Operational liveness")."""
+    from connector.models import ApplicationResult, Execution
+
+    execution_ = get_object_or_404(Execution.objects.select_related("projection", "account", "lane"), pk=pk)
+    result = ApplicationResult.objects.filter(command_id=execution_.command_id).first()
+    return render(request, "governance/execution.html", {
+        "execution": execution_, "result": result, "reason": REASONS.get(execution_.quarantine_reason),
+        "attempts": list(execution_.attempts.order_by("pk")) if hasattr(execution_, "attempts") else [],
+        "audit": _audit(execution_), "nav": "queue"})
+
+
 # -- a delivery operation waiting for reconciliation ------------------------------------------------------------
 
 @screen

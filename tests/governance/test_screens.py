@@ -232,3 +232,25 @@ def test_every_reason_the_product_writes_is_mapped():
                *contract().errors}
     assert {code for code in written if reason(code).code == "UNMAPPED"} == set()
     assert reason("SOMETHING_NEW").code == "UNMAPPED" and reason("SOMETHING_NEW").deadline == timedelta(0)
+
+
+def test_a_quarantined_execution_is_queued_with_its_owner_remediation_and_no_action(people):
+    """A quarantined execution waits for its owner's remediation: it is in the queue and on the board with its
+    reason, and its page shows the evidence and the remediation but offers no transition (it stays immutable)."""
+    from connector.models import Execution
+    from connector.services import dependencies
+    from tests.connector.test_dependencies import PACK, send
+    from tests.connector.inbound_helpers import build_inbound_world
+    from connector.models import ExecutionDependency
+
+    world = build_inbound_world("gq-", [PACK])
+    child, = send(world, "child-1", "rec-child", parent="parent-1")
+    dependencies.dependency_resolve(dependency_pk=ExecutionDependency.objects.get().pk,
+                                    reject_evidence="parent deleted at source")
+    assert Execution.objects.get(pk=child).state == "quarantined"
+    client = client_for(people["operator"])
+    assert f'href="/queue/execution/{child}/"' in client.get("/queue/").content.decode()
+    page = client.get(f"/queue/execution/{child}/").content.decode()
+    assert "DEPENDENCY_REJECTED" in page and REASONS["DEPENDENCY_REJECTED"].owner in page
+    assert "<form method=\"post\" class=\"decide\"" not in page
+    assert "DEPENDENCY_REJECTED" in client_for(people["auditor"]).get("/board/").content.decode()
