@@ -48,6 +48,7 @@ migrate: services
 
 demo: migrate
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py demo_load
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py delivery_demo
 
 run: venv services migrate demo
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) PORT=$(PORT) exec $(VPY) scripts/run.py

@@ -27,6 +27,8 @@ class Command(BaseCommand):
 
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.startswith("/bulk"):
+                    return self._bulk(body)
                 key = self.headers.get("Idempotency-Key") or hashlib.sha256(self.path.encode() + body).hexdigest()
                 with lock:
                     first = key not in applied
@@ -40,6 +42,31 @@ class Command(BaseCommand):
                 self.wfile.write(data)
 
             do_PUT = do_POST
+
+            def _bulk(self, body: bytes):
+                """The delivery receiver protocol (sync_batch): apply the batch once per receiver mutation key
+                and answer the applied count with the payload digest (effects/delivery/protocol.py)."""
+                key = self.headers.get("Idempotency-Key", "")
+                try:
+                    records = json.loads(body).get("records", [])
+                except ValueError:
+                    records = None
+                if records is None:
+                    status, answer = 400, {"error": "not json"}
+                else:
+                    with lock:
+                        first = key not in applied
+                        applied.setdefault(key, f"batch-{len(records)}")
+                    out.write(f"{'applied' if first else 'repeat'} bulk batch of {len(records)} records "
+                              f"key={key[:16]}...")
+                    status, answer = 200, {"status": "succeeded", "applied": len(records),
+                                           "payload_sha256": hashlib.sha256(body).hexdigest()}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         out.write(f"demo receiver listening on http://127.0.0.1:{port}")
