@@ -153,6 +153,21 @@ def test_check_fails_against_an_impossibly_strict_budget(tmp_path):
     assert result["accounts"] == N and result["figures"]["row_locks"] == N + 1
 
 
+def test_repository_budgets_cover_every_default_cardinality():
+    """bench/budgets.json's "activation" section has a ceiling for every budgeted figure at each default
+    cardinality (1,000, 10,000 and 100,000 accounts), with row locks exactly N + 1 (the gates and the epoch).
+    Proves: CV2-14-006"""
+    from django.conf import settings
+
+    from connector.benchmarks.activation import DEFAULT_ACCOUNTS
+
+    budgets = load_budgets(settings.BASE_DIR / "bench" / "budgets.json")
+    for accounts in DEFAULT_ACCOUNTS.split(","):
+        assert set(budgets[accounts]) == set(BUDGET_FIGURES), accounts
+        assert budgets[accounts]["row_locks"] == int(accounts) + 1
+        assert all(ceiling > 0 for ceiling in budgets[accounts].values()), accounts
+
+
 def _result(accounts: int, **figures) -> ActivationResult:
     values = {"transaction_ms": 100.0, "commit_ms": 5.0, "readback_ms": 2.0, "wal_bytes": 1000,
               "locks_released_ms": 10.0, "recovery_ms": 400.0, "row_locks": accounts + 1, **figures}
