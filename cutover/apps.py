@@ -5,3 +5,10 @@ class CutoverConfig(AppConfig):
     name = "cutover"
     verbose_name = "Cutover (V1 drain, certificates, restore points, activation)"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from connector import hooks
+        from cutover import selectors
+
+        # v2_halted -> v2_serving on the predecessor is refused once any OrderingHandoff exists (CV2-11-020).
+        hooks.register_resume_blocker(selectors.predecessor_resume_blockers)

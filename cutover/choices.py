@@ -15,3 +15,31 @@ DECISION_TRANSITIONS = (
     (DecisionState.ROLLBACK_OPEN, DecisionState.RESTORING_V1),
     (DecisionState.RESTORING_V1, DecisionState.V1_RESTORED),
 )
+
+
+class BarrierSetState(models.TextChoices):
+    ACQUIRING = "acquiring"  # initial (barrier_set_acquire writes it before requesting owner fences, CV2-11-037)
+    HELD = "held"  # acquiring -> held (barrier_set_hold: owners reread and receipts frozen, CV2-11-027)
+    ACTIVATION_COMMITTED = "activation_committed"  # held -> activation_committed (successor_activate, CV2-11-029)
+    RELEASED = "released"  # acquiring|held|activation_committed -> released (barrier_set_release); terminal
+
+
+BARRIER_SET_TRANSITIONS = (
+    (BarrierSetState.ACQUIRING, BarrierSetState.HELD),
+    (BarrierSetState.ACQUIRING, BarrierSetState.RELEASED),
+    (BarrierSetState.HELD, BarrierSetState.ACTIVATION_COMMITTED),
+    (BarrierSetState.HELD, BarrierSetState.RELEASED),
+    (BarrierSetState.ACTIVATION_COMMITTED, BarrierSetState.RELEASED),
+)
+BARRIER_SET_OPEN = (BarrierSetState.ACQUIRING, BarrierSetState.HELD, BarrierSetState.ACTIVATION_COMMITTED)
+
+
+class SuccessorClass(models.TextChoices):
+    """The closed set of successor transition classes. Only `requires_drain` is authorized (CV2-11-002/003);
+    `online_compatible` is named so that it can be refused by name (CV2-11-058)."""
+
+    REQUIRES_DRAIN = "requires_drain"
+    ONLINE_COMPATIBLE = "online_compatible"  # never authorized
+
+
+SUPPORTED_SUCCESSOR_CLASSES = (SuccessorClass.REQUIRES_DRAIN,)

@@ -45,7 +45,9 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
     epoch `active`. Raises GateNotServing or FenceStale otherwise; the caller's transaction then writes nothing.
 
     `settling=True` is for recording the outcome of already-claimed work (a Runtime result receipt), which the
-    seed lets finish while the gate drains: it also accepts `halting_v2` on the same exact epoch.
+    seed lets finish while the gate drains: it also accepts `halting_v2` and `v2_halted` on the same exact epoch
+    (local finalization is allowed in `v2_halted`, CV2-11-006; decision D-130). After an OrderingHandoff froze
+    the lane no nonterminal execution of it exists, so nothing can settle past the handoff fence.
     """
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
     attempts = 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))
@@ -69,7 +71,8 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
         transaction.savepoint_rollback(sid)
     else:
         raise GateNotServing(f"account {account_id} gate kept moving between epochs; retry")
-    allowed = (GateMode.V2_SERVING, GateMode.HALTING_V2) if settling else (GateMode.V2_SERVING,)
+    allowed = ((GateMode.V2_SERVING, GateMode.HALTING_V2, GateMode.V2_HALTED) if settling
+               else (GateMode.V2_SERVING,))
     if gate.mode not in allowed:
         raise GateNotServing(f"account {account_id} gate is {gate.mode}, not v2_serving")
     if expected_fence is not None and gate.fence != expected_fence:

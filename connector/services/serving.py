@@ -203,6 +203,16 @@ def _verification_outcome(epoch: ServingEpoch) -> tuple[str, str] | None:
     return None
 
 
+def epoch_owner_drift(*, epoch_pk: int) -> tuple[str, str] | None:
+    """Reread every owner of an epoch (no transaction, no write): None when every frozen byte still equals the
+    owners' exact generations, else (reason code, detail). Used by successor coordinators under held barriers
+    (CV2-11-013). Raises EpochNotFound, or OwnerUnavailable for retryable unavailability."""
+    epoch = ServingEpoch.objects.select_related("configuration", "catalog_view").filter(pk=epoch_pk).first()
+    if epoch is None:
+        raise EpochNotFound()
+    return _verification_outcome(epoch)
+
+
 def epoch_verify(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
     """`prepared -> verified | rejected` by fresh reads of every owner, never from caller-supplied receipts.
 

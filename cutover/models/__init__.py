@@ -1,1 +1,2 @@
 from cutover.models.journal import *  # noqa: F401,F403
+from cutover.models.succession import *  # noqa: F401,F403

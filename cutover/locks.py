@@ -1,0 +1,33 @@
+"""Row locks of the cutover app. The publication barrier set is first in the canonical order (docs/locking.md);
+the other helpers lock connector rows at their own places (gates 3, lanes 5) in ascending key order.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from connector.locks import _share_one
+from connector.models import AccountServingGate, OrderingLane
+from cutover.models import ServingPublicationBarrierSet
+
+
+def barrier_set_for_update(barrier_set_pk: int) -> ServingPublicationBarrierSet:
+    return ServingPublicationBarrierSet.objects.select_for_update().get(pk=barrier_set_pk)
+
+
+def barrier_set_for_share(barrier_set_pk: int) -> ServingPublicationBarrierSet:
+    return _share_one(ServingPublicationBarrierSet.objects.filter(pk=barrier_set_pk))
+
+
+def gates_for_share(account_ids: Iterable[int]) -> list[AccountServingGate]:
+    """Every listed gate FOR SHARE, ascending account id: a handoff needs the gates to stay `v2_halted` until
+    it commits, and a predecessor resume (FOR UPDATE) must wait for it and then see the handoff."""
+    ordered = sorted(set(account_ids))
+    if not ordered:
+        return []
+    queryset = AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")
+    sql, params = queryset.query.sql_with_params()
+    return list(AccountServingGate.objects.raw(sql + " FOR SHARE", params))
+
+
+def lanes_for_update(lane_pks: Iterable[int]) -> list[OrderingLane]:
+    return list(OrderingLane.objects.filter(pk__in=set(lane_pks)).order_by("pk").select_for_update(of=("self",)))

@@ -1,0 +1,116 @@
+"""V2 -> V2 succession: the publication barrier set that freezes one successor attempt, and the per-lane
+OrderingHandoff that carries a predecessor lane's frozen high-water into the successor epoch.
+
+Both live in the `default` database next to the epochs, gates and lanes they bind (the successor activation
+transaction locks them together). PostgreSQL enforces the barrier-set transition table, its fence and its
+immutable binding columns, and refuses every UPDATE or DELETE of a handoff (migration
+`0004_succession_db_rules`).
+"""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from connector.models import ConnectorAccount, OrderingLane, ServingEpoch
+from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, SuccessorClass
+
+__all__ = ["ServingPublicationBarrierSet", "OrderingHandoff"]
+
+
+class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
+    """Activation evidence of one successor attempt: binds the exact predecessor and successor epochs (ID and
+    digest) and the successor's serving scope, and, once held, the digest of the owner receipts reread under it.
+    Invariants: at most one nonreleased set per predecessor epoch (the activation scope of a V2 -> V2
+    succession); `fence` advances by exactly one on every transition and a stale holder's fence is refused;
+    the binding columns never change; only `requires_drain` successors exist; `released` is terminal; the set
+    never expires into release (there is no time column that decides anything)."""
+
+    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    predecessor_digest = models.BinaryField(max_length=32)
+    successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    successor_key = models.CharField(max_length=255)  # the successor's exact epoch ID
+    successor_digest = models.BinaryField(max_length=32)
+    scope_digest = models.BinaryField(max_length=32)
+    successor_class = models.CharField(max_length=32, choices=SuccessorClass.choices,
+                                       default=SuccessorClass.REQUIRES_DRAIN)
+    holder = models.CharField(max_length=255)
+    state = FSMField(default=BarrierSetState.ACQUIRING, choices=BarrierSetState.choices, protected=True)
+    fence = models.BigIntegerField(default=1)
+    owner_receipts_digest = models.BinaryField(max_length=32, null=True, blank=True)
+    release_reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["predecessor_epoch"], condition=Q(state__in=BARRIER_SET_OPEN),
+                                    name="cutover_barrierset_one_open_per_predecessor",
+                                    violation_error_code="barrier_set_open"),
+            models.CheckConstraint(condition=Q(successor_class=SuccessorClass.REQUIRES_DRAIN),
+                                   name="cutover_barrierset_requires_drain_only",
+                                   violation_error_code="successor_class_unsupported"),
+            models.CheckConstraint(condition=Q(state__in=BarrierSetState.values), name="cutover_barrierset_state"),
+            models.CheckConstraint(condition=~Q(predecessor_epoch=models.F("successor_epoch")),
+                                   name="cutover_barrierset_distinct_epochs"),
+            models.CheckConstraint(
+                condition=Q(state=BarrierSetState.ACQUIRING) | Q(owner_receipts_digest__isnull=False)
+                | Q(state=BarrierSetState.RELEASED),
+                name="cutover_barrierset_held_has_receipts"),
+        ]
+        permissions = [("coordinate_succession", "Can run V2 -> V2 successor activation phases")]
+
+    def __str__(self) -> str:
+        return f"barrier set #{self.pk} -> {self.successor_key} ({self.state}, fence {self.fence})"
+
+    @transition(field=state, source=BarrierSetState.ACQUIRING, target=BarrierSetState.HELD)
+    def hold(self, *, owner_receipts_digest: bytes) -> None:
+        self.owner_receipts_digest = owner_receipts_digest
+        self.fence += 1
+
+    @transition(field=state, source=BarrierSetState.HELD, target=BarrierSetState.ACTIVATION_COMMITTED)
+    def commit_activation(self) -> None:
+        self.fence += 1
+
+    @transition(field=state, source=[BarrierSetState.ACQUIRING, BarrierSetState.HELD,
+                                     BarrierSetState.ACTIVATION_COMMITTED], target=BarrierSetState.RELEASED)
+    def release(self, *, reason: str) -> None:
+        self.release_reason = reason
+        self.fence += 1
+
+
+class OrderingHandoff(models.Model):
+    """The frozen end of one predecessor lane and the baseline of its successor lane. Invariants: immutable and
+    undeletable; one per (successor epoch, predecessor lane) and one per successor lane; `high_water` equals the
+    predecessor lane's final high-water at `predecessor_lane_fence` and the successor lane's baseline; the
+    comparator/partition contract digest is equal on both sides (no L1 transformation is supported)."""
+
+    barrier_set = models.ForeignKey(ServingPublicationBarrierSet, on_delete=models.PROTECT, related_name="handoffs")
+    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="+")
+    predecessor_lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, related_name="+")
+    predecessor_lane_fence = models.BigIntegerField()
+    successor_lane = models.OneToOneField(OrderingLane, on_delete=models.PROTECT, related_name="+")
+    route = models.CharField(max_length=255)
+    predecessor_route_version = models.PositiveIntegerField()
+    successor_route_version = models.PositiveIntegerField()
+    partition = models.CharField(max_length=255)
+    contract = models.CharField(max_length=32)
+    contract_digest = models.BinaryField(max_length=32)
+    high_water = models.DecimalField(max_digits=38, decimal_places=0, null=True, blank=True)
+    high_water_tie = models.BinaryField(null=True, blank=True)
+    handoff_digest = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["successor_epoch", "predecessor_lane"],
+                                    name="cutover_orderinghandoff_one_per_lane",
+                                    violation_error_code="handoff_exists"),
+        ]
+
+    def __str__(self) -> str:
+        return f"handoff {self.route}/{self.partition} hw={self.high_water} -> epoch #{self.successor_epoch_id}"

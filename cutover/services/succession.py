@@ -1,0 +1,400 @@
+"""V2 -> V2 successor activation, `requires_drain` only (CV2-11): the publication barrier set, the per-lane
+OrderingHandoff, and the one activation transaction.
+
+Phases, each a resumable service: `barrier_set_acquire` (row `acquiring`), `barrier_set_hold` (owners reread,
+receipts frozen: `held`), gates `v2_serving -> halting_v2 -> v2_halted` (connector `gate_transition`),
+`ordering_handoff` per predecessor lane, `successor_activate`, `barrier_set_release` (after readback).
+
+Lock order (docs/locking.md): barrier set, epochs (ascending pk), gates (ascending account id), lanes
+(ascending pk), entity rows. Slow reads (the owner reread) happen before the transactions.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+from django.db import IntegrityError, transaction
+
+from connector import locks as connector_locks
+from connector.actors import Actor
+from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
+from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
+from connector.models import (
+    AccountServingGate,
+    Execution,
+    OrderingLane,
+    Projection,
+    ServingEpoch,
+    ServingEpochBindingProof,
+    ServingEpochCredentialProof,
+)
+from connector.selectors.routes import route_for
+from connector.services import serving
+from connector.services.audit import audit_record
+from cutover import locks
+from cutover.choices import SUPPORTED_SUCCESSOR_CLASSES, BarrierSetState, SuccessorClass
+from cutover.errors import (
+    BarrierSetRefused,
+    HandoffRefused,
+    SuccessorActivationRefused,
+    SuccessorClassUnsupported,
+    SuccessorDrifted,
+)
+from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
+
+PERMISSION = "cutover.coordinate_succession"
+HANDOFF_HALT_REASON = "ORDERING_HANDOFF"
+HANDOFF_BASELINE_ORIGIN = "ordering_handoff"
+# The comparator and partition derivation of a route: a change needs a total L1 transformation plus a snapshot
+# barrier (CV2-11-016), which this product does not implement, so any difference refuses the handoff.
+CONTRACT_KEYS = ("partition", "position", "position_kind", "tie_breaker", "first_position")
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return hmac.compare_digest(bytes(a), bytes(b))
+
+
+def _require_perm(actor: Actor) -> None:
+    if actor.user is not None and not actor.user.has_perm(PERMISSION):
+        raise PermissionRefused(f"{actor} lacks {PERMISSION}")
+
+
+def _fence(row: ServingPublicationBarrierSet, expected_fence: int | None) -> None:
+    if expected_fence is not None and row.fence != expected_fence:
+        raise FenceStale(f"{row}: acted on with fence {expected_fence}; the set holds fence {row.fence}")
+
+
+def _epoch(epoch_id: str) -> ServingEpoch:
+    epoch = ServingEpoch.objects.select_related("configuration").filter(epoch_id=epoch_id).first()
+    if epoch is None:
+        raise EpochNotFound(f"no epoch {epoch_id}")
+    return epoch
+
+
+def _accounts(epoch: ServingEpoch) -> list[int]:
+    return sorted(epoch.configuration.accounts.values_list("account_id", flat=True))
+
+
+def contract_digest(*, contract: str, ordering: dict) -> bytes:
+    """sha256 of the canonical JSON of the ordering contract and its comparator/partition derivation."""
+    body = {"contract": contract, **{k: ordering.get(k) for k in CONTRACT_KEYS}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+def _owner_receipts_digest(epoch: ServingEpoch) -> bytes:
+    """The frozen owner receipts of the successor: configuration, every binding and credential proof, in order."""
+    parts = [bytes(epoch.configuration_receipt_digest or b"").hex()]
+    parts += [bytes(d).hex() for d in ServingEpochBindingProof.objects.filter(epoch=epoch).order_by("ordinal")
+              .values_list("owner_receipt_digest", flat=True)]
+    parts += [bytes(d).hex() for d in ServingEpochCredentialProof.objects.filter(epoch=epoch).order_by("ordinal")
+              .values_list("owner_receipt_digest", flat=True)]
+    return hashlib.sha256(json.dumps(parts).encode()).digest()
+
+
+def _handoff_digest(h: OrderingHandoff) -> bytes:
+    body = [h.predecessor_epoch_id, h.successor_epoch_id, h.account_id, h.predecessor_lane_id,
+            h.predecessor_lane_fence, h.successor_lane_id, h.route, h.predecessor_route_version,
+            h.successor_route_version, h.partition, h.contract, bytes(h.contract_digest).hex(),
+            None if h.high_water is None else str(h.high_water),
+            None if h.high_water_tie is None else bytes(h.high_water_tie).hex()]
+    return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).digest()
+
+
+# -- barrier set ----------------------------------------------------------------------------------------------
+
+@transaction.atomic
+def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, holder: str, actor: Actor,
+                        successor_class: str = SuccessorClass.REQUIRES_DRAIN,
+                        compatibility_evidence: object = None) -> ServingPublicationBarrierSet:
+    """Write the `acquiring` barrier set binding the exact active predecessor and verified successor (ID, digest,
+    serving scope) before any owner fence is requested (CV2-11-037). Only `requires_drain` is accepted, whatever
+    `compatibility_evidence` says (CV2-11-002/003/058). Idempotent for the same holder and successor; another
+    open set for the predecessor refuses (one open set per activation scope). Locks: both epochs FOR SHARE."""
+    if successor_class not in SUPPORTED_SUCCESSOR_CLASSES:
+        raise SuccessorClassUnsupported(f"successor class {successor_class!r} is not authorized; only "
+                                        f"requires_drain is (compatibility evidence is not considered)")
+    _require_perm(actor)
+    if not holder or holder != holder.strip():
+        raise BarrierSetRefused("a barrier set needs a canonical holder identity")
+    predecessor, successor = _epoch(predecessor_epoch_id), _epoch(successor_epoch_id)
+    for pk in sorted({predecessor.pk, successor.pk}):
+        connector_locks.epoch_for_share(pk)
+    predecessor.refresh_from_db(fields=["state"])
+    successor.refresh_from_db(fields=["state"])
+    existing = ServingPublicationBarrierSet.objects.filter(
+        predecessor_epoch=predecessor, state__in=[BarrierSetState.ACQUIRING, BarrierSetState.HELD,
+                                                  BarrierSetState.ACTIVATION_COMMITTED]).first()
+    if existing is not None:
+        if existing.successor_epoch_id == successor.pk and existing.holder == holder:
+            return existing
+        raise BarrierSetRefused(f"{existing} is open for holder {existing.holder}; release it first")
+    if predecessor.state != EpochState.ACTIVE:
+        raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {predecessor.state}, not active")
+    if successor.state != EpochState.VERIFIED:
+        raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state}, not verified")
+    if _accounts(predecessor) != _accounts(successor):
+        raise SuccessorDrifted("the successor's account set differs from the predecessor's gate set; this "
+                               "succession moves the same gates only")
+    try:
+        with transaction.atomic():
+            row = ServingPublicationBarrierSet.objects.create(
+                predecessor_epoch=predecessor, predecessor_digest=bytes(predecessor.digest), successor_epoch=successor,
+                successor_key=successor.epoch_id, successor_digest=bytes(successor.digest),
+                scope_digest=bytes(successor.serving_scope_digest), successor_class=successor_class, holder=holder)
+    except IntegrityError as exc:
+        raise BarrierSetRefused(f"another barrier set opened for {predecessor.epoch_id} concurrently") from exc
+    audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
+                 evidence_digest=bytes(successor.digest), reason=f"holder {holder}")
+    return row
+
+
+def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingPublicationBarrierSet:
+    """`acquiring -> held`: reread every owner of the successor (before the transaction), then lock the set
+    (FOR UPDATE) and the successor epoch (FOR SHARE), require the same verified bytes and no owner drift, and
+    freeze the owner receipts digest (CV2-11-013/035). Drift raises SuccessorDrifted and writes nothing.
+    Idempotent on a set already held."""
+    _require_perm(actor)
+    current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
+    if current.state == BarrierSetState.HELD:
+        return current
+    drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
+    with transaction.atomic():
+        row = locks.barrier_set_for_update(barrier_set_pk)
+        _fence(row, expected_fence)
+        if row.state != BarrierSetState.ACQUIRING:
+            raise BarrierSetRefused(f"{row} is {row.state}, not acquiring")
+        successor = connector_locks.epoch_for_share(row.successor_epoch_id)
+        if successor.state != EpochState.VERIFIED or not _same(successor.digest, row.successor_digest):
+            raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state} or not the bound bytes")
+        if drift is not None:
+            raise SuccessorDrifted(f"successor owners changed under the barrier: {drift[0]}: {drift[1]}")
+        row.hold(owner_receipts_digest=_owner_receipts_digest(successor))
+        row.save()
+        audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
+                     to_state=row.state, fence=row.fence, evidence_digest=bytes(row.owner_receipts_digest))
+    return row
+
+
+@transaction.atomic
+def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reason: str, actor: Actor,
+                        replacement: bool = False) -> ServingPublicationBarrierSet:
+    """Explicit fenced release (never by elapsed time, CV2-11-036/045). Locks the set FOR UPDATE, then gates.
+
+    - `acquiring -> released`: always (no owner fence was frozen).
+    - `held -> released`: before any OrderingHandoff of the predecessor, an abort that lets gates resume the
+      predecessor (CV2-11-019/038/044); after the first handoff only as `replacement=True` of the candidate while
+      every gate stays `v2_halted` (CV2-11-039/022).
+    - `activation_committed -> released`: only after readback shows the successor `active`, the predecessor
+      `draining` and every gate `v2_serving` naming the successor's exact ID and digest (CV2-11-025/044).
+    """
+    _require_perm(actor)
+    if not reason.strip():
+        raise BarrierSetRefused("a release needs a reason")
+    row = locks.barrier_set_for_update(barrier_set_pk)
+    _fence(row, expected_fence)
+    from_state = row.state
+    if from_state == BarrierSetState.RELEASED:
+        raise BarrierSetRefused(f"{row} is already released (terminal)")
+    predecessor = ServingEpoch.objects.select_related("configuration").get(pk=row.predecessor_epoch_id)
+    accounts = _accounts(predecessor)
+    if from_state == BarrierSetState.HELD:
+        handoff = OrderingHandoff.objects.filter(predecessor_epoch_id=row.predecessor_epoch_id).first()
+        if handoff is not None:
+            if not replacement:
+                raise BarrierSetRefused(f"OrderingHandoff #{handoff.pk} is committed: the barrier set may be released "
+                                        "only to replace the candidate while every gate stays v2_halted")
+            gates = locks.gates_for_share(accounts)
+            not_halted = [g for g in gates if g.mode != GateMode.V2_HALTED]
+            if not_halted or len(gates) != len(accounts):
+                raise BarrierSetRefused("a replacement release needs every gate v2_halted; not halted: "
+                                        + ", ".join(f"{g.account_id}={g.mode}" for g in not_halted[:10]))
+    elif from_state == BarrierSetState.ACTIVATION_COMMITTED:
+        successor = ServingEpoch.objects.get(pk=row.successor_epoch_id)
+        gates = list(AccountServingGate.objects.filter(account_id__in=accounts))
+        if (successor.state != EpochState.ACTIVE or predecessor.state != EpochState.DRAINING
+                or not _same(successor.digest, row.successor_digest) or len(gates) != len(accounts)
+                or any(g.mode != GateMode.V2_SERVING or g.epoch_id != successor.pk
+                       or not _same(g.epoch_digest, row.successor_digest) for g in gates)):
+            raise BarrierSetRefused("activation readback does not show the exact successor serving every gate")
+    row.release(reason=reason)
+    row.save()
+    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
+                 fence=row.fence, reason=reason + (" (replacement)" if replacement else ""))
+    return row
+
+
+# -- ordering handoff -----------------------------------------------------------------------------------------
+
+def _route(epoch: ServingEpoch, account_id: int, channel: str):
+    try:
+        return route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=account_id,
+                         channel=channel)
+    except ConnectorError as exc:
+        raise HandoffRefused(f"epoch {epoch.epoch_id} has no route {channel} for account {account_id}: "
+                             f"{exc.detail}") from exc
+
+
+def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> OrderingHandoff:
+    """Freeze one predecessor lane and stage its successor lane (CV2-11-014/015/018/046).
+
+    One transaction: barrier set FOR SHARE (must be `held`), both epochs FOR SHARE (predecessor `active`,
+    successor `verified`, the bound digests), every gate FOR SHARE (all `v2_halted` on the predecessor), then the
+    lane FOR UPDATE. Refuses while the lane has an active or nonterminal execution or a pending projection, is
+    halted, or its comparator/partition contract differs in the successor. Then it advances the lane fence and
+    freezes the lane (`halted`, ORDERING_HANDOFF), so no predecessor claim or result can move it again, creates
+    the successor lane with baseline = high-water = the frozen high-water, and appends the immutable handoff.
+    A predecessor result racing this either committed first (its high-water is frozen here) or finds no
+    nonterminal work left to settle. Idempotent: an existing handoff for the lane is returned."""
+    _require_perm(actor)
+    row = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch").get(
+        pk=barrier_set_pk)
+    existing = OrderingHandoff.objects.filter(successor_epoch_id=row.successor_epoch_id,
+                                              predecessor_lane_id=lane_pk).first()
+    if existing is not None:
+        return existing
+    lane = OrderingLane.objects.get(pk=lane_pk)
+    predecessor, successor = row.predecessor_epoch, row.successor_epoch
+    if lane.epoch_id != predecessor.pk:
+        raise HandoffRefused(f"lane {lane.pk} belongs to another epoch than the predecessor {predecessor.epoch_id}")
+    old_route = _route(predecessor, lane.account_id, lane.route)
+    new_route = _route(successor, lane.account_id, lane.route)
+    old_digest = contract_digest(contract=old_route.contract, ordering=old_route.ordering)
+    new_digest = contract_digest(contract=new_route.contract, ordering=new_route.ordering)
+    if old_digest != new_digest:
+        raise HandoffRefused("the successor changes the comparator or partition derivation of route "
+                             f"{lane.route}; no total L1 transformation with a snapshot barrier exists")
+    accounts = _accounts(predecessor)
+    with transaction.atomic():
+        row = locks.barrier_set_for_share(barrier_set_pk)
+        if row.state != BarrierSetState.HELD:
+            raise HandoffRefused(f"{row} is {row.state}; handoffs run under a held barrier set")
+        epochs = {e.pk: e for e in (connector_locks.epoch_for_share(pk)
+                                    for pk in sorted({predecessor.pk, successor.pk}))}
+        pred, succ = epochs[predecessor.pk], epochs[successor.pk]
+        if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
+            raise HandoffRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
+        if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
+            raise HandoffRefused(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
+        gates = locks.gates_for_share(accounts)
+        bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk]
+        if bad or len(gates) != len(accounts):
+            raise HandoffRefused("every gate must be v2_halted on the predecessor before a handoff; not halted: "
+                                 + ", ".join(f"{g.account_id}={g.mode}" for g in bad[:10]))
+        lane = connector_locks.lane_for_update(lane_pk)
+        existing = OrderingHandoff.objects.filter(successor_epoch=succ, predecessor_lane=lane).first()
+        if existing is not None:
+            return existing
+        if lane.halt_reason == HANDOFF_HALT_REASON:
+            raise HandoffRefused(f"lane {lane.pk} is already frozen by a handoff to another successor")
+        if lane.state != LaneState.OPEN:
+            raise HandoffRefused(f"lane {lane.pk} is halted ({lane.halt_reason}); remediate the partition first")
+        if lane.active_execution_id is not None or Execution.objects.filter(
+                lane=lane, state__in=EXECUTION_ACTIVE).exists():
+            raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has a nonterminal execution")
+        if Projection.objects.filter(lane=lane, lane_status="pending").exists():
+            raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has pending positions")
+        frozen_fence = lane.fence + 1
+        OrderingLane.objects.filter(pk=lane.pk, fence=lane.fence).update(
+            state=LaneState.HALTED, halt_reason=HANDOFF_HALT_REASON, fence=frozen_fence)
+        tie = None if lane.high_water_tie is None else bytes(lane.high_water_tie)
+        try:
+            with transaction.atomic():
+                successor_lane = OrderingLane.objects.create(
+                    epoch=succ, account_id=lane.account_id, route=lane.route, route_version=new_route.version,
+                    partition=lane.partition, contract=lane.contract, baseline=lane.high_water,
+                    baseline_origin=HANDOFF_BASELINE_ORIGIN, high_water=lane.high_water, high_water_tie=tie)
+        except IntegrityError as exc:
+            raise HandoffRefused(f"the successor lane of {lane.route}/{lane.partition} already exists") from exc
+        handoff = OrderingHandoff(
+            barrier_set=row, predecessor_epoch=pred, successor_epoch=succ, account_id=lane.account_id,
+            predecessor_lane=lane, predecessor_lane_fence=frozen_fence, successor_lane=successor_lane,
+            route=lane.route, predecessor_route_version=lane.route_version,
+            successor_route_version=new_route.version, partition=lane.partition, contract=lane.contract,
+            contract_digest=old_digest, high_water=lane.high_water, high_water_tie=tie)
+        handoff.handoff_digest = _handoff_digest(handoff)
+        handoff.save()
+        audit_record(actor=actor, entity=handoff, action="ordering_handoff", fence=frozen_fence,
+                     evidence_digest=bytes(handoff.handoff_digest),
+                     reason=f"lane {lane.pk} frozen at high-water {lane.high_water}")
+    return handoff
+
+
+# -- activation -----------------------------------------------------------------------------------------------
+
+def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingEpoch:
+    """The one successor activation transaction (CV2-11-023/024/057). Owners are reread first (drift refuses).
+
+    Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
+    UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
+    account id; all `v2_halted` on the predecessor), every predecessor and successor lane FOR UPDATE (ascending
+    pk). Requires one handoff per predecessor lane, each byte-equal to its recomputed digest, its frozen
+    predecessor lane and its successor lane baseline. Then records barrier set `held -> activation_committed`,
+    predecessor `active -> draining`, successor `verified -> active`, and every gate `v2_halted -> v2_serving`
+    naming the successor with a new fence, with audit rows. Any refusal moves nothing. Idempotent once
+    committed (returns the active successor)."""
+    _require_perm(actor)
+    current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
+        pk=barrier_set_pk)
+    if current.state == BarrierSetState.ACTIVATION_COMMITTED:
+        return ServingEpoch.objects.get(pk=current.successor_epoch_id)
+    if current.successor_class != SuccessorClass.REQUIRES_DRAIN:
+        raise SuccessorClassUnsupported()
+    drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
+    accounts = _accounts(current.predecessor_epoch)
+    with transaction.atomic():
+        row = locks.barrier_set_for_update(barrier_set_pk)
+        _fence(row, expected_fence)
+        if row.state != BarrierSetState.HELD:
+            raise SuccessorActivationRefused(f"{row} is {row.state}; activation needs a held barrier set")
+        epochs = {e.pk: e for e in connector_locks.epochs_for_update([row.predecessor_epoch_id,
+                                                                      row.successor_epoch_id])}
+        pred, succ = epochs[row.predecessor_epoch_id], epochs[row.successor_epoch_id]
+        if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
+            raise SuccessorActivationRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
+        if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
+            raise SuccessorDrifted(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
+        if drift is not None:
+            raise SuccessorDrifted(f"successor owners changed: {drift[0]}: {drift[1]}")
+        gates = connector_locks.gates_for_update(accounts)
+        bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk
+               or not _same(g.epoch_digest, pred.digest)]
+        if bad or len(gates) != len(accounts):
+            raise SuccessorActivationRefused("every gate must be v2_halted on the predecessor; not halted: "
+                                             + ", ".join(f"{g.account_id}={g.mode}" for g in bad[:10]))
+        handoffs = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(successor_epoch=succ)}
+        pred_lane_pks = set(OrderingLane.objects.filter(epoch=pred).values_list("pk", flat=True))
+        missing = sorted(pred_lane_pks - set(handoffs))
+        if missing:
+            raise SuccessorActivationRefused(f"{len(missing)} predecessor lane(s) have no OrderingHandoff: "
+                                             + ", ".join(map(str, missing[:10])))
+        lanes = {lane.pk: lane for lane in locks.lanes_for_update(
+            [*pred_lane_pks, *(h.successor_lane_id for h in handoffs.values())])}
+        for h in handoffs.values():
+            old, new = lanes.get(h.predecessor_lane_id), lanes.get(h.successor_lane_id)
+            if (old is None or new is None or not _same(h.handoff_digest, _handoff_digest(h))
+                    or old.fence != h.predecessor_lane_fence or old.high_water != h.high_water
+                    or old.halt_reason != HANDOFF_HALT_REASON
+                    or new.epoch_id != succ.pk or new.baseline != h.high_water or new.high_water != h.high_water
+                    or not _same(new.high_water_tie, h.high_water_tie) or new.active_execution_id is not None):
+                raise SuccessorActivationRefused(f"OrderingHandoff #{h.pk} does not byte-match its lanes")
+        row.commit_activation()
+        row.save()
+        audit_record(actor=actor, entity=row, action="successor_activate", from_state=BarrierSetState.HELD,
+                     to_state=row.state, fence=row.fence, evidence_digest=bytes(succ.digest))
+        pred.drain()
+        pred.save(update_fields=serving.EPOCH_STATE_FIELDS)
+        audit_record(actor=actor, entity=pred, action="successor_activate", from_state=EpochState.ACTIVE,
+                     to_state=pred.state, evidence_digest=bytes(pred.digest), reason=f"succeeded by {succ.epoch_id}")
+        succ.activate()
+        succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
+        audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
+                     to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
+        for gate in gates:
+            gate.activate_successor(epoch=succ)
+            gate.save()
+            audit_record(actor=actor, entity=gate, action="gate_activate_successor", from_state=GateMode.V2_HALTED,
+                         to_state=gate.mode, fence=gate.fence, evidence_digest=bytes(succ.digest))
+    return succ
