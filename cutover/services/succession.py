@@ -120,10 +120,9 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
     if not holder or holder != holder.strip():
         raise BarrierSetRefused("a barrier set needs a canonical holder identity")
     predecessor, successor = _epoch(predecessor_epoch_id), _epoch(successor_epoch_id)
-    for pk in sorted({predecessor.pk, successor.pk}):
-        connector_locks.epoch_for_share(pk)
-    predecessor.refresh_from_db(fields=["state"])
-    successor.refresh_from_db(fields=["state"])
+    # Lock both epochs FOR SHARE (ascending pk) and decide on the locked rows' state.
+    locked = {pk: connector_locks.epoch_for_share(pk) for pk in sorted({predecessor.pk, successor.pk})}
+    pred_state, succ_state = locked[predecessor.pk].state, locked[successor.pk].state
     existing = ServingPublicationBarrierSet.objects.filter(
         predecessor_epoch=predecessor, state__in=[BarrierSetState.ACQUIRING, BarrierSetState.HELD,
                                                   BarrierSetState.ACTIVATION_COMMITTED]).first()
@@ -131,10 +130,10 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
         if existing.successor_epoch_id == successor.pk and existing.holder == holder:
             return existing
         raise BarrierSetRefused(f"{existing} is open for holder {existing.holder}; release it first")
-    if predecessor.state != EpochState.ACTIVE:
-        raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {predecessor.state}, not active")
-    if successor.state != EpochState.VERIFIED:
-        raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state}, not verified")
+    if pred_state != EpochState.ACTIVE:
+        raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {pred_state}, not active")
+    if succ_state != EpochState.VERIFIED:
+        raise SuccessorDrifted(f"successor {successor.epoch_id} is {succ_state}, not verified")
     if _accounts(predecessor) != _accounts(successor):
         raise SuccessorDrifted("the successor's account set differs from the predecessor's gate set; this "
                                "succession moves the same gates only")
