@@ -71,3 +71,46 @@ def gate_modes(world) -> set[str]:
 
 __all__ = ["ACTOR", "WEBHOOK", "GateMode", "build_succession_world", "send", "halt_all", "resume_all",
            "held_barrier", "handoff_all", "state_of", "gate_modes"]
+
+
+def build_changed_successor(world, *, epoch_key: str, ordering_patch: dict, generation: str = "g2"):
+    """Author, through the owner services, a new pack generation whose route changes `ordering` by
+    `ordering_patch`, the next Catalog view revision binding it, a new configuration generation over that revision,
+    and prepare and verify a successor epoch from it."""
+    import copy
+    import hashlib
+
+    from connector.choices import BindingKind
+    from connector.services import owners
+
+    pack = copy.deepcopy(PACK_A)
+    for definition in pack["routes"].values():
+        definition["ordering"] = {**definition["ordering"], **ordering_patch}
+    prefix = world.prefix
+    installed = owners.pack_generation_install(
+        generation_id=f"{prefix}{pack['owner_pack']}.{generation}", owner_pack=pack["owner_pack"],
+        pack_installation_id=f"{prefix}{pack['owner_pack']}.inst", actor=ACTOR, definitions=[
+            *({"kind": BindingKind.INBOUND_ROUTE, "business_key": k, "version": 1, "definition": d}
+              for k, d in pack["routes"].items()),
+            *({"kind": BindingKind.FIELD_MAPPING, "business_key": k, "version": 1, "definition": d}
+              for k, d in pack["mappings"].items())])
+    bindings = [{"kind": BindingKind.INBOUND_ROUTE, "pack_generation_id": installed.generation_id,
+                 "business_key": k, "definition_version": 1, "credential_refs": [pack["credential_ref"]],
+                 "runtime": tuple(pack["runtime"])} for k in pack["routes"]]
+    bindings += [{"kind": BindingKind.FIELD_MAPPING, "pack_generation_id": installed.generation_id,
+                  "business_key": k, "definition_version": 1, "credential_refs": []} for k in pack["mappings"]]
+    view = owners.catalog_view_publish(
+        view_key=world.view.view_key, organization="conformance-org", application_installation="crm-install",
+        authorized_workload="connector-v2", lineage_revision="1.0",
+        source_snapshot_digest=hashlib.sha256(f"{prefix}snapshot".encode()).digest(), security_epoch=1,
+        capability_version="cap.v1", bindings=bindings, actor=ACTOR)
+    relation = [(a.account_key, pack["credential_ref"], f"{a.account_key}.{pack['credential_ref']}.g1")
+                for a in world.accounts]
+    configuration = owners.service_configuration_create(
+        generation_id=f"{prefix}config.{generation}", catalog_view_key=view.view_key, catalog_revision=view.revision,
+        accounts=[{"account_key": a.account_key, "enabled_routes": list(pack["routes"]),
+                   "mapping_selections": {k: "default" for k in pack["mappings"]}, "policy_values": {}}
+                  for a in world.accounts], credential_relation=relation, actor=ACTOR)
+    epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}{epoch_key}",
+                                              configuration_generation_id=configuration.generation_id, actor=ACTOR)
+    return serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)

@@ -274,3 +274,48 @@ def test_successor_classes_other_than_requires_drain_are_refused(sworld, klass):
             successor_epoch=sworld.successor, successor_key=sworld.successor.epoch_id,
             successor_digest=bytes(sworld.successor.digest), scope_digest=b"\0" * 32, successor_class=klass,
             holder="c")
+
+
+def test_changed_partition_derivation_refuses_the_handoff(sworld):
+    """A successor whose route derives the partition (or comparator) differently has no total L1 transformation
+    with a snapshot barrier: its handoff is refused, nothing is frozen or staged, and activation cannot proceed.
+    Proves: CV2-11-016, CV2-11-052"""
+    from tests.cutover.succession_helpers import build_changed_successor
+
+    send(sworld, "evt-100", 100)
+    drain()
+    changed = build_changed_successor(sworld, epoch_key="epoch-3", ordering_patch={"partition": "/evt_type"})
+    assert changed.state == EpochState.VERIFIED
+    sworld.successor = changed
+    halt_all(sworld)
+    barrier = held_barrier(sworld)
+    lane = lane_of(sworld.epoch)
+    with pytest.raises(HandoffRefused, match="comparator or partition"):
+        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane.pk, actor=ACTOR)
+    assert not OrderingHandoff.objects.exists()
+    assert lane_of(sworld.epoch).fence == lane.fence and lane_of(sworld.epoch).state == LaneState.OPEN
+    with pytest.raises(SuccessorActivationRefused, match="no OrderingHandoff"):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+
+
+def test_owner_change_after_verification_refuses_hold_and_activation(sworld):
+    """The owners publish a new Catalog view revision after the successor was verified: holding the barrier set
+    (which rereads the owners) is refused, and an activation of a set held before the change is refused too;
+    nothing moves. Proves: CV2-11-013, CV2-11-035, CV2-11-057"""
+    from tests.cutover.succession_helpers import build_changed_successor
+
+    halt_all(sworld)
+    row = succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
+                                         successor_epoch_id=sworld.successor.epoch_id, holder="c", actor=ACTOR)
+    held = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=ACTOR)
+    build_changed_successor(sworld, epoch_key="epoch-3", ordering_patch={"tie_breaker": "/evt_type"})
+    before = state_of(sworld)
+    with pytest.raises(SuccessorDrifted, match="owners changed"):
+        succession.successor_activate(barrier_set_pk=held.pk, expected_fence=held.fence, actor=ACTOR)
+    assert state_of(sworld) == before
+    succession.barrier_set_release(barrier_set_pk=held.pk, expected_fence=held.fence, reason="drift", actor=ACTOR)
+    again = succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
+                                           successor_epoch_id=sworld.successor.epoch_id, holder="c", actor=ACTOR)
+    with pytest.raises(SuccessorDrifted, match="owners changed"):
+        succession.barrier_set_hold(barrier_set_pk=again.pk, expected_fence=again.fence, actor=ACTOR)
+    assert ServingPublicationBarrierSet.objects.get(pk=again.pk).state == BarrierSetState.ACQUIRING
