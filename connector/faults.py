@@ -18,6 +18,8 @@ POINTS = (
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
+    "succession.before_commit",  # successor activation wrote every transition, not yet committed
+    "succession.after_commit",  # successor activation committed, barrier set not yet released
 )
 
 

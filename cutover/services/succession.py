@@ -20,6 +20,7 @@ from connector import locks as connector_locks
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
+from connector.faults import fault_point
 from connector.models import (
     AccountServingGate,
     Execution,
@@ -396,4 +397,6 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
             gate.save()
             audit_record(actor=actor, entity=gate, action="gate_activate_successor", from_state=GateMode.V2_HALTED,
                          to_state=gate.mode, fence=gate.fence, evidence_digest=bytes(succ.digest))
+        fault_point("succession.before_commit")
+    fault_point("succession.after_commit")
     return succ

@@ -10,7 +10,7 @@ from connector.services import serving
 from cutover.models import ServingPublicationBarrierSet
 from cutover.services import succession
 from tests.conformance.packs import PACK_A
-from tests.connector.inbound_helpers import build_inbound_world, deliver, webhook_body, webhook_event
+from tests.connector.inbound_helpers import build_inbound_world, deliver, drain, webhook_body, webhook_event
 
 ACTOR = Actor.system("succession-test")
 WEBHOOK = "records.webhook"
@@ -69,7 +69,7 @@ def gate_modes(world) -> set[str]:
     return set(AccountServingGate.objects.filter(account__in=world.accounts).values_list("mode", flat=True))
 
 
-__all__ = ["ACTOR", "WEBHOOK", "GateMode", "build_succession_world", "send", "halt_all", "resume_all",
+__all__ = ["ACTOR", "WEBHOOK", "GateMode", "drain", "build_succession_world", "send", "halt_all", "resume_all",
            "held_barrier", "handoff_all", "state_of", "gate_modes"]
 
 
