@@ -84,7 +84,8 @@ class OrderingHandoff(models.Model):
     """The frozen end of one predecessor lane and the baseline of its successor lane. Invariants: immutable and
     undeletable; one per (successor epoch, predecessor lane) and one per successor lane; `high_water` equals the
     predecessor lane's final high-water at `predecessor_lane_fence` and the successor lane's baseline; the
-    comparator/partition contract digest is equal on both sides (no L1 transformation is supported)."""
+    comparator/partition contract digest is equal on both sides (no L1 transformation is supported); a handoff to
+    a replacement successor copies the frozen high-water and fence of the handoff it `derived_from`."""
 
     barrier_set = models.ForeignKey(ServingPublicationBarrierSet, on_delete=models.PROTECT, related_name="handoffs")
     predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
@@ -101,6 +102,8 @@ class OrderingHandoff(models.Model):
     contract_digest = models.BinaryField(max_length=32)
     high_water = models.DecimalField(max_digits=38, decimal_places=0, null=True, blank=True)
     high_water_tie = models.BinaryField(null=True, blank=True)
+    # A replacement successor's handoff derives from the first, frozen one and cites it (CV2-11-021).
+    derived_from = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     handoff_digest = models.BinaryField(max_length=32)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -100,7 +100,7 @@ def _handoff_digest(h: OrderingHandoff) -> bytes:
             h.predecessor_lane_fence, h.successor_lane_id, h.route, h.predecessor_route_version,
             h.successor_route_version, h.partition, h.contract, bytes(h.contract_digest).hex(),
             None if h.high_water is None else str(h.high_water),
-            None if h.high_water_tie is None else bytes(h.high_water_tie).hex()]
+            None if h.high_water_tie is None else bytes(h.high_water_tie).hex(), h.derived_from_id]
     return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).digest()
 
 
@@ -247,7 +247,9 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
     freezes the lane (`halted`, ORDERING_HANDOFF), so no predecessor claim or result can move it again, creates
     the successor lane with baseline = high-water = the frozen high-water, and appends the immutable handoff.
     A predecessor result racing this either committed first (its high-water is frozen here) or finds no
-    nonterminal work left to settle. Idempotent: an existing handoff for the lane is returned."""
+    nonterminal work left to settle. A lane already frozen for a successor that was since rejected is not
+    touched again: the replacement successor's handoff copies the frozen high-water and fence and cites the
+    earlier handoff (`derived_from`). Idempotent: an existing handoff for the lane is returned."""
     _require_perm(actor)
     row = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch").get(
         pk=barrier_set_pk)
@@ -287,18 +289,30 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
         existing = OrderingHandoff.objects.filter(successor_epoch=succ, predecessor_lane=lane).first()
         if existing is not None:
             return existing
+        prior = None
         if lane.halt_reason == HANDOFF_HALT_REASON:
-            raise HandoffRefused(f"lane {lane.pk} is already frozen by a handoff to another successor")
-        if lane.state != LaneState.OPEN:
-            raise HandoffRefused(f"lane {lane.pk} is halted ({lane.halt_reason}); remediate the partition first")
-        if lane.active_execution_id is not None or Execution.objects.filter(
-                lane=lane, state__in=EXECUTION_ACTIVE).exists():
-            raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has a nonterminal execution")
-        if Projection.objects.filter(lane=lane, lane_status="pending").exists():
-            raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has pending positions")
-        frozen_fence = lane.fence + 1
-        OrderingLane.objects.filter(pk=lane.pk, fence=lane.fence).update(
-            state=LaneState.HALTED, halt_reason=HANDOFF_HALT_REASON, fence=frozen_fence)
+            # Already frozen (the forward-only cutoff): a replacement successor derives from the frozen handoff
+            # and cites it; the predecessor lane is never unfrozen or touched again (CV2-11-021/022).
+            prior = (OrderingHandoff.objects.filter(predecessor_lane=lane).select_related("successor_epoch")
+                     .order_by("-pk").first())
+            if prior is None or prior.successor_epoch.state != EpochState.REJECTED:
+                raise HandoffRefused(f"lane {lane.pk} is frozen by a handoff to successor "
+                                     f"{prior.successor_epoch.epoch_id if prior else '?'}, which is not rejected; "
+                                     "reject that candidate before staging a replacement")
+            if lane.fence != prior.predecessor_lane_fence or lane.high_water != prior.high_water:
+                raise HandoffRefused(f"lane {lane.pk} moved after its handoff #{prior.pk}")
+            frozen_fence = prior.predecessor_lane_fence
+        else:
+            if lane.state != LaneState.OPEN:
+                raise HandoffRefused(f"lane {lane.pk} is halted ({lane.halt_reason}); remediate the partition first")
+            if lane.active_execution_id is not None or Execution.objects.filter(
+                    lane=lane, state__in=EXECUTION_ACTIVE).exists():
+                raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has a nonterminal execution")
+            if Projection.objects.filter(lane=lane, lane_status="pending").exists():
+                raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has pending positions")
+            frozen_fence = lane.fence + 1
+            OrderingLane.objects.filter(pk=lane.pk, fence=lane.fence).update(
+                state=LaneState.HALTED, halt_reason=HANDOFF_HALT_REASON, fence=frozen_fence)
         tie = None if lane.high_water_tie is None else bytes(lane.high_water_tie)
         try:
             with transaction.atomic():
@@ -313,12 +327,14 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
             predecessor_lane=lane, predecessor_lane_fence=frozen_fence, successor_lane=successor_lane,
             route=lane.route, predecessor_route_version=lane.route_version,
             successor_route_version=new_route.version, partition=lane.partition, contract=lane.contract,
-            contract_digest=old_digest, high_water=lane.high_water, high_water_tie=tie)
+            contract_digest=old_digest, high_water=lane.high_water, high_water_tie=tie, derived_from=prior)
         handoff.handoff_digest = _handoff_digest(handoff)
         handoff.save()
         audit_record(actor=actor, entity=handoff, action="ordering_handoff", fence=frozen_fence,
                      evidence_digest=bytes(handoff.handoff_digest),
-                     reason=f"lane {lane.pk} frozen at high-water {lane.high_water}")
+                     reason=(f"lane {lane.pk} frozen at high-water {lane.high_water}" if prior is None else
+                             f"derived from handoff #{prior.pk} of abandoned successor "
+                             f"{prior.successor_epoch.epoch_id} (high-water {lane.high_water})"))
     return handoff
 
 

@@ -319,3 +319,38 @@ def test_owner_change_after_verification_refuses_hold_and_activation(sworld):
     with pytest.raises(SuccessorDrifted, match="owners changed"):
         succession.barrier_set_hold(barrier_set_pk=again.pk, expected_fence=again.fence, actor=ACTOR)
     assert ServingPublicationBarrierSet.objects.get(pk=again.pk).state == BarrierSetState.ACQUIRING
+
+
+def test_replacement_successor_after_the_cutoff_derives_from_the_frozen_high_water(sworld):
+    """After the first handoff the candidate is abandoned: the barrier set is released as a replacement while the
+    gates stay halted, the candidate is rejected, and a newly verified successor gets handoffs that copy the
+    frozen high-water and lane fence and cite the abandoned handoff; the predecessor lane is not touched again,
+    the predecessor is never resumed, and the replacement activates with position 99 superseded.
+    Proves: CV2-11-021, CV2-11-022, CV2-11-047, CV2-11-051"""
+    send(sworld, "evt-100", 100)
+    drain()
+    halt_all(sworld)
+    first = held_barrier(sworld)
+    abandoned, = handoff_all(sworld, first)
+    frozen = lane_of(sworld.epoch)
+    succession.barrier_set_release(barrier_set_pk=first.pk, expected_fence=first.fence, reason="candidate failed",
+                                   replacement=True, actor=ACTOR)
+    sworld.successor = serving.epoch_verify(epoch_pk=serving.epoch_prepare_from_owners(
+        epoch_id="sa-epoch-3", configuration_generation_id=sworld.configuration.generation_id, actor=ACTOR).pk,
+        actor=ACTOR)
+    barrier = held_barrier(sworld)
+    with pytest.raises(HandoffRefused, match="not rejected"):
+        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=frozen.pk, actor=ACTOR)
+    serving.epoch_reject(epoch_pk=abandoned.successor_epoch_id, reason="abandoned after the cutoff", actor=ACTOR)
+    derived = succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=frozen.pk, actor=ACTOR)
+    assert derived.derived_from_id == abandoned.pk
+    assert (derived.high_water, derived.predecessor_lane_fence) == (100, abandoned.predecessor_lane_fence)
+    assert lane_of(sworld.epoch).fence == frozen.fence
+    with pytest.raises(TransitionRefused):
+        gate_services.gate_transition(account_id=sworld.accounts[0].pk, action="resume_predecessor",
+                                      expected_fence=None, actor=ACTOR)
+    succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    assert gate_modes(sworld) == {GateMode.V2_SERVING}
+    send(sworld, "evt-99", 99)
+    assert advance_lanes() == []
+    assert SupersededDecision.objects.get(lane__epoch=sworld.successor).position == 99
