@@ -200,6 +200,62 @@ INVARIANTS: tuple[Invariant, ...] = (
         FROM effects_remoteeffectattempt WHERE outcome = 'remote_confirmed'
         GROUP BY effect_id HAVING count(*) > 1
         """, ("connector", "effects")),
+    Invariant(
+        "delivery_submitting_without_marker",
+        "Every delivery operation in SUBMITTING has the MAY_ATTEMPT marker and attempt row of its current attempt "
+        "ordinal (they commit with the CAS to SUBMITTING).",
+        """
+        SELECT o.id AS operation, o.attempt_ordinal, m.id AS marker, a.id AS attempt
+        FROM effects_deliveryoperation o
+        LEFT JOIN effects_mayattemptmarker m ON m.operation_id = o.id AND m.attempt_ordinal = o.attempt_ordinal
+        LEFT JOIN effects_deliveryattempt a ON a.operation_id = o.id AND a.ordinal = o.attempt_ordinal
+        WHERE o.execution = 'SUBMITTING' AND (m.id IS NULL OR a.id IS NULL)
+        """, ("connector", "effects")),
+    Invariant(
+        "delivery_marker_without_attempt",
+        "Every MAY_ATTEMPT marker has its journal attempt (a marker alone blocks the delivery mutation gate).",
+        """
+        SELECT m.id AS marker, m.operation_id AS operation, m.attempt_ordinal
+        FROM effects_mayattemptmarker m
+        WHERE NOT EXISTS (SELECT 1 FROM effects_deliveryattempt a WHERE a.marker_id = m.id)
+        """, ("connector", "effects")),
+    Invariant(
+        "delivery_capacity_over_semaphore",
+        "Reserved remote job capacity never exceeds its semaphore's capacity.",
+        """
+        SELECT s.id AS semaphore, s.capacity, count(a.id) AS reserved
+        FROM effects_remotejobsemaphore s JOIN effects_deliveryattempt a ON a.semaphore_id = s.id
+        WHERE a.capacity_state = 'reserved'
+        GROUP BY s.id, s.capacity HAVING count(a.id) > s.capacity
+        """, ("connector", "effects")),
+    Invariant(
+        "delivery_child_before_parent_admission",
+        "No child of a parent still PLANNING exists, and no child has an attempt before its parent's admission.",
+        """
+        SELECT o.id AS operation, p.id AS parent, p.state AS parent_state
+        FROM effects_deliveryoperation o JOIN effects_deliveryparent p ON p.id = o.parent_id
+        WHERE p.state <> 'ADMITTED'
+           OR EXISTS (SELECT 1 FROM effects_deliveryattempt a WHERE a.operation_id = o.id
+                      AND a.created_at < p.admitted_at)
+        """, ("connector", "effects")),
+    Invariant(
+        "delivery_checkpoint_without_full_effect",
+        "A parent's contiguous checkpoint frontier counts exactly its promoted children, and they are its first "
+        "children in frontier order: no checkpoint beyond the verified full effects. (That a child's own "
+        "ELIGIBLE or PROMOTED checkpoint comes with FULLY_APPLIED and PASSED is held by the schema: the axes are "
+        "generated from `state`, which a CHECK constraint keeps to the contract's tuples, and every tuple with a "
+        "checkpoint pairs it with a verified full effect.)",
+        """
+        SELECT p.id AS parent, p.contiguous_checkpoint_frontier AS frontier,
+               count(o.id) FILTER (WHERE o.checkpoint = 'PROMOTED') AS promoted,
+               coalesce(array_agg(o.id ORDER BY o.frontier_order) FILTER (
+                   WHERE (o.checkpoint = 'PROMOTED') <> (o.frontier_order <= p.contiguous_checkpoint_frontier)),
+                   '{}') AS out_of_frontier
+        FROM effects_deliveryparent p LEFT JOIN effects_deliveryoperation o ON o.parent_id = p.id
+        GROUP BY p.id
+        HAVING count(o.id) FILTER (WHERE o.checkpoint = 'PROMOTED') <> p.contiguous_checkpoint_frontier
+            OR bool_or((o.checkpoint = 'PROMOTED') <> (o.frontier_order <= p.contiguous_checkpoint_frontier))
+        """, ("connector", "effects")),
 )
 
 

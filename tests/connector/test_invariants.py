@@ -4,17 +4,23 @@ A clean world (the demo push world with traffic run through the whole chain, lea
 kind) passes. Then, for each invariant, the database is corrupted on purpose with raw SQL — triggers and foreign
 keys off (`SET session_replication_role = replica`), and where a unique index guards the invariant, that index
 dropped inside the test's transaction (rolled back with it) — and the checker must report exactly that
-invariant, with the offending ids, and exit non-zero."""
+invariant, with the offending ids, and exit non-zero.
+
+The world also carries REST bulk delivery traffic (tests/effects/delivery/world.py against a loopback
+DeliveryReceiver): one parent delivered in full (children final_full_promoted, frontier 2, a watermark) and one
+single-child parent whose child was submitted (SUBMITTING, marker, attempt holding capacity) but never sent. Its
+tests need the journal database, where the journal epoch is attested."""
 from __future__ import annotations
 
 import hashlib
 import io
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from connector.actors import Actor
@@ -34,14 +40,29 @@ from connector.services.admission import receipt_admit
 from connector.services.execution import execution_claim, execution_run, lane_advance
 from connector.services.materialize import receipt_materialize
 from connector.services.sweeper import inbound_sweep
-from effects.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt
+from effects.delivery.contract import AXES, contract
+from effects.delivery.receiver import DeliveryReceiver
+from effects.models import (
+    DeliveryAttempt,
+    DeliveryOperation,
+    DeliveryParent,
+    DeliveryWatermark,
+    DispatchPermit,
+    MayAttemptMarker,
+    RemoteEffect,
+    RemoteEffectAttempt,
+)
 from effects.services import dispatch
+from effects.services.delivery import execution as delivery_execution
+from effects.services.delivery import runner as delivery_runner
 from effects.services.worker import effect_dispatch_once
 from tests.crash.support import webhook_body
+from tests.effects.delivery import world as delivery_world
 from tests.effects.receiver import Receiver
 
 CHANNEL = "records.webhook"
 ACTOR = Actor.system("invariants-test")
+DB = pytest.mark.django_db(databases=["default", "journal"])  # delivery submits read the journal epoch
 
 
 @dataclass
@@ -56,6 +77,9 @@ class Traffic:
     finalized: RemoteEffect  # remote_confirmed -> finalized through the receiver
     prepared: RemoteEffect  # authored, never claimed
     granted: DispatchPermit  # claimed, permit acquired, nothing sent yet (effect dispatching)
+    delivered: DeliveryParent  # two children final_full_promoted, frontier 2, its watermark
+    submitting: DeliveryOperation  # the only child of a second parent: SUBMITTING, never sent
+    submit_attempt: DeliveryAttempt  # its attempt (capacity reserved), with its marker
 
 
 def _admit(account, key: str, *events: tuple[str, int]) -> Receipt:
@@ -63,9 +87,26 @@ def _admit(account, key: str, *events: tuple[str, int]) -> Receipt:
                          body=webhook_body(*events), actor=ACTOR).receipt
 
 
-def run_traffic(receiver) -> Traffic:
+def run_delivery(delivery_receiver) -> tuple[DeliveryParent, DeliveryOperation, DeliveryAttempt]:
+    """REST bulk delivery: one parent (4 records, 2 children) delivered in full through the loopback receiver,
+    and the single child of a second parent (the next day, same conflict domain) submitted but not sent."""
+    w = delivery_world.build(delivery_receiver.url)
+    delivered = w.plan(parent_key="inv-full")
+    states = delivery_runner.drive_parent(delivered.pk)
+    assert states == ["final_full_promoted", "final_full_promoted"], states
+    day = delivery_world.T0 + timedelta(days=1)
+    pending = w.plan(parent_key="inv-submitting", start=day, end=day + timedelta(days=1),
+                     records=[{"at": (day + timedelta(hours=h)).isoformat(), "id": f"s{h}", "v": h}
+                              for h in range(2)])
+    [child] = pending.children.all()
+    result = delivery_execution.submit(child.pk)
+    assert result.submitted, result
+    return DeliveryParent.objects.get(pk=delivered.pk), DeliveryOperation.objects.get(pk=child.pk), result.attempt
+
+
+def run_traffic(receiver, delivery_receiver) -> Traffic:
     """Drive the demo push world through admission, materialization, lanes, claims, Runtime and dispatch, and
-    leave some work in flight at every stage (all of it legitimate)."""
+    leave some work in flight at every stage (all of it legitimate); then the delivery traffic."""
     world = build_world("i-", push=True)
     first, second = world.accounts
     # rec-1 at positions 1 and 2 in one lane before it advances: position 1 is superseded
@@ -93,9 +134,11 @@ def run_traffic(receiver) -> Traffic:
 
     superseded = SupersededDecision.objects.get(lane__account=first).projection
     completed = Execution.objects.filter(account=first, state="completed").order_by("pk").first()
+    delivered, submitting, submit_attempt = run_delivery(delivery_receiver)
     return Traffic(world=world, pending_receipt=pending, superseded_projection=superseded, completed=completed,
                    ready=ready, finalized=RemoteEffect.objects.filter(account=first, state="finalized").first(),
-                   prepared=RemoteEffect.objects.get(account=first, state="prepared"), granted=permit)
+                   prepared=RemoteEffect.objects.get(account=first, state="prepared"), granted=permit,
+                   delivered=delivered, submitting=submitting, submit_attempt=submit_attempt)
 
 
 @pytest.fixture
@@ -106,9 +149,18 @@ def receiver(settings):
     r.stop()
 
 
+@pytest.fixture(scope="module")
+def delivery_receiver():
+    """One loopback receiver for the module: it answers every sync batch in full whatever it saw before, and
+    stopping a server per test would cost up to its 0.5 s poll interval each time."""
+    r = DeliveryReceiver(kind="sync_batch").start()
+    yield r
+    r.stop()
+
+
 @pytest.fixture
-def traffic(db, receiver) -> Traffic:
-    return run_traffic(receiver)
+def traffic(db, receiver, delivery_receiver) -> Traffic:
+    return run_traffic(receiver, delivery_receiver)
 
 
 # -- corruption helpers (only ever inside the test's own transaction) -------------------------------------------
@@ -187,13 +239,19 @@ def run_command(*args: str) -> tuple[bool, str]:
 
 # -- the clean world ----------------------------------------------------------------------------------------------
 
-@pytest.mark.django_db
+@DB
 def test_clean_world_passes(traffic):
     """Every invariant holds on a world with traffic through the whole chain and work in flight at each stage
-    (a receipt due, a superseded projection, a ready execution, a prepared effect, a granted permit); the
-    command exits 0 in text and JSON form."""
+    (a receipt due, a superseded projection, a ready execution, a prepared effect, a granted permit, a delivered
+    parent, a SUBMITTING delivery with its marker and reserved attempt); the command exits 0 in text and JSON
+    form."""
     assert MaterializationDue.objects.filter(receipt=traffic.pending_receipt).exists()
     assert traffic.granted.state == "granted" and traffic.ready.state == "ready"
+    assert traffic.delivered.contiguous_checkpoint_frontier == 2
+    assert DeliveryWatermark.objects.filter(domain_id=traffic.delivered.domain_id).exists()
+    assert traffic.submitting.state == "submitting" and traffic.submitting.execution == "SUBMITTING"
+    assert traffic.submit_attempt.capacity_state == "reserved" and not traffic.submit_attempt.io_may_have_started
+    assert MayAttemptMarker.objects.filter(operation=traffic.submitting, attempt_ordinal=1).exists()
     report = invariant_check()
     assert report.ok, [(v.invariant, v.ids) for v in report.violations]
     assert report.checked == [i.code for i in INVARIANTS] and not report.skipped
@@ -204,7 +262,7 @@ def test_clean_world_passes(traffic):
     assert passed and data["ok"] is True and data["violations"] == [] and data["totals"] == {}
 
 
-@pytest.mark.django_db
+@DB
 def test_checks_are_set_based_queries(traffic):
     """One SQL statement per invariant whatever the amount of history: no per-row Python loop."""
     with CaptureQueriesContext(connection) as queries:
@@ -353,6 +411,68 @@ def c_second_confirmation(t: Traffic) -> dict:
     return {"effect": t.finalized.pk, "attempts": [attempt.pk, twin]}
 
 
+def _delivered_children(t: Traffic) -> list[DeliveryOperation]:
+    return list(t.delivered.children.order_by("frontier_order"))
+
+
+def c_submitting_marker_lost(t: Traffic) -> dict:
+    """The MAY_ATTEMPT marker of a SUBMITTING operation is lost; its attempt row remains."""
+    raw("DELETE FROM effects_mayattemptmarker WHERE id = %s", [t.submit_attempt.marker_id])
+    return {"operation": t.submitting.pk, "attempt_ordinal": 1, "marker": None, "attempt": t.submit_attempt.pk}
+
+
+def c_submitting_commit_lost(t: Traffic) -> dict:
+    """The CAS to SUBMITTING survives without the marker and attempt it committed with."""
+    raw("DELETE FROM effects_deliveryattempt WHERE id = %s", [t.submit_attempt.pk])
+    raw("DELETE FROM effects_mayattemptmarker WHERE id = %s", [t.submit_attempt.marker_id])
+    return {"operation": t.submitting.pk, "attempt_ordinal": 1, "marker": None, "attempt": None}
+
+
+def c_delivery_attempt_lost(t: Traffic) -> dict:
+    """A delivered child's attempt row is lost; its MAY_ATTEMPT marker remains."""
+    child = _delivered_children(t)[0]
+    attempt = DeliveryAttempt.objects.get(operation=child)
+    raw("DELETE FROM effects_deliveryattempt WHERE id = %s", [attempt.pk])
+    return {"marker": attempt.marker_id, "operation": child.pk, "attempt_ordinal": attempt.ordinal}
+
+
+def c_capacity_over(t: Traffic) -> dict:
+    """A released reservation is reserved again and the semaphore shrinks to 1: two reserved against one."""
+    child = _delivered_children(t)[0]
+    raw("UPDATE effects_deliveryattempt SET capacity_state = 'reserved' WHERE operation_id = %s", [child.pk])
+    raw("UPDATE effects_remotejobsemaphore SET capacity = 1 WHERE id = %s", [t.submit_attempt.semaphore_id])
+    return {"semaphore": t.submit_attempt.semaphore_id, "capacity": 1, "reserved": 2}
+
+
+def c_attempt_before_admission(t: Traffic) -> dict:
+    """A child's attempt is dated before its parent's admission."""
+    parent = t.submitting.parent
+    raw("UPDATE effects_deliveryattempt SET created_at = %s WHERE id = %s",
+        [parent.admitted_at - timedelta(seconds=1), t.submit_attempt.pk])
+    return {"operation": t.submitting.pk, "parent": parent.pk, "parent_state": "ADMITTED"}
+
+
+def c_child_of_planning_parent(t: Traffic) -> dict:
+    """A parent with a child is back in PLANNING."""
+    raw("UPDATE effects_deliveryparent SET state = 'PLANNING' WHERE id = %s", [t.submitting.parent_id])
+    return {"operation": t.submitting.pk, "parent": t.submitting.parent_id, "parent_state": "PLANNING"}
+
+
+def c_frontier_ahead(t: Traffic) -> dict:
+    """The parent's frontier claims a third checkpoint: no child's full effect stands behind it."""
+    raw("UPDATE effects_deliveryparent SET contiguous_checkpoint_frontier = 3 WHERE id = %s", [t.delivered.pk])
+    return {"parent": t.delivered.pk, "frontier": 3, "promoted": 2, "out_of_frontier": []}
+
+
+def c_promoted_out_of_order(t: Traffic) -> dict:
+    """The second child is promoted while the first is only eligible, and the frontier says 1: the count agrees
+    but the promoted child is not the frontier's prefix."""
+    first, second = _delivered_children(t)
+    raw("UPDATE effects_deliveryoperation SET state = 'final_full_eligible' WHERE id = %s", [first.pk])
+    raw("UPDATE effects_deliveryparent SET contiguous_checkpoint_frontier = 1 WHERE id = %s", [t.delivered.pk])
+    return {"parent": t.delivered.pk, "frontier": 1, "promoted": 1, "out_of_frontier": [first.pk, second.pk]}
+
+
 CORRUPTIONS = [
     ("receipt_children_missing", c_due_lost),
     ("receipt_children_missing", c_component_lost),
@@ -373,6 +493,14 @@ CORRUPTIONS = [
     ("dispatch_permit_mismatch", c_dispatching_without_permit),
     ("dispatch_permit_mismatch", c_open_permit_of_prepared_effect),
     ("remote_confirmed_attempt_duplicate", c_second_confirmation),
+    ("delivery_submitting_without_marker", c_submitting_marker_lost),
+    ("delivery_submitting_without_marker", c_submitting_commit_lost),
+    ("delivery_marker_without_attempt", c_delivery_attempt_lost),
+    ("delivery_capacity_over_semaphore", c_capacity_over),
+    ("delivery_child_before_parent_admission", c_attempt_before_admission),
+    ("delivery_child_before_parent_admission", c_child_of_planning_parent),
+    ("delivery_checkpoint_without_full_effect", c_frontier_ahead),
+    ("delivery_checkpoint_without_full_effect", c_promoted_out_of_order),
 ]
 
 
@@ -380,7 +508,7 @@ def test_every_invariant_has_a_corruption():
     assert {code for code, _ in CORRUPTIONS} == {i.code for i in INVARIANTS}
 
 
-@pytest.mark.django_db
+@DB
 @pytest.mark.parametrize("code,corrupt", CORRUPTIONS, ids=[c.__name__[2:] for _, c in CORRUPTIONS])
 def test_corruption_is_reported_exactly(traffic, code, corrupt):
     """The corrupted invariant, and only it, is reported once with the offending ids; the command exits 1 and
@@ -403,7 +531,7 @@ def test_corruption_is_reported_exactly(traffic, code, corrupt):
     assert [v["invariant"] for v in data["violations"]] == [code]
 
 
-@pytest.mark.django_db
+@DB
 def test_operator_mark_excuses_a_dispatching_effect_without_permit(traffic):
     """A `dispatching` effect without an open permit is waiting for an operator when it carries a
     quarantine_reason: not a violation."""
@@ -413,7 +541,30 @@ def test_operator_mark_excuses_a_dispatching_effect_without_permit(traffic):
     assert invariant_check().ok
 
 
-@pytest.mark.django_db
+@DB
+def test_child_checkpoint_without_full_effect_is_refused_by_the_schema(traffic):
+    """Why `delivery_checkpoint_without_full_effect` has no per-child branch: a child's checkpoint axis without a
+    verified full effect cannot be written, even with triggers and foreign keys off. Every contract tuple with
+    a checkpoint (ELIGIBLE, PROMOTED) pairs it with FULLY_APPLIED and PASSED; `state` is held to the tuples by
+    a CHECK constraint (not switched off by `session_replication_role`); the axis columns are generated from
+    `state` and refuse writes."""
+    for name, values in contract().tuples.items():
+        axes = dict(zip(AXES, values))
+        if axes["checkpoint"] != "BLOCKED":
+            assert (axes["remote_effect"], axes["verification"]) == ("FULLY_APPLIED", "PASSED"), name
+    child = _delivered_children(traffic)[0]
+    for sql, error, match in (
+            ("UPDATE effects_deliveryoperation SET state = 'final_partial_eligible' WHERE id = %s", IntegrityError,
+             "delivery_state_is_legal_tuple"),
+            ("UPDATE effects_deliveryoperation SET checkpoint = 'ELIGIBLE', remote_effect = 'UNKNOWN' WHERE id = %s",
+             ProgrammingError, "can only be updated to DEFAULT")):
+        with pytest.raises(error, match=match), transaction.atomic(), connection.cursor() as cursor:
+            _replica(cursor)
+            cursor.execute(sql, [child.pk])
+    assert invariant_check().ok
+
+
+@DB
 def test_limit_caps_rows_but_totals_count_all(traffic):
     """`--limit` bounds what is listed; the total still counts every offending row."""
     raw("DELETE FROM connector_materializationdue")
