@@ -1,4 +1,5 @@
-"""Operator admin of the cutover journal: read-only inspection of CutoverDecision.
+"""Operator admin of the cutover app: read-only inspection of CutoverDecision and of the succession facts
+(ServingPublicationBarrierSet, OrderingHandoff).
 
 CutoverDecision lives in the `journal` database; the admin needs nothing special for it because its default
 manager reads through `config.routers.JournalRouter` (and the change view's transaction opens on the router's
@@ -11,8 +12,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 
-from cutover.choices import DECISION_TRANSITIONS, DecisionState
-from cutover.models import CutoverDecision
+from cutover.choices import BARRIER_SET_TRANSITIONS, DECISION_TRANSITIONS, BarrierSetState, DecisionState
+from cutover.models import CutoverDecision, OrderingHandoff, ServingPublicationBarrierSet
 
 _TONES = {
     DecisionState.ROLLBACK_OPEN: "info",
@@ -76,3 +77,77 @@ class CutoverDecisionAdmin(admin.ModelAdmin):
             ("cv2-current" if source == obj.state else "", _badge(source), _badge(target))
             for source, target in DECISION_TRANSITIONS))
         return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
+
+
+class _ReadOnlyFactAdmin(admin.ModelAdmin):
+    """A fact owned by the succession services: browsable, never added, edited or deleted here (STYLE R15)."""
+
+    fact_description = ""
+    change_list_template = "admin/cv2/fact_change_list.html"
+    change_form_template = "admin/cv2/fact_change_form.html"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"fact_description": self.fact_description, **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url,
+                                   {"fact_description": self.fact_description, **(extra_context or {})})
+
+
+_BARRIER_TONES = {BarrierSetState.ACQUIRING: "info", BarrierSetState.HELD: "warn",
+                  BarrierSetState.ACTIVATION_COMMITTED: "ok", BarrierSetState.RELEASED: "idle"}
+
+
+@admin.register(ServingPublicationBarrierSet)
+class ServingPublicationBarrierSetAdmin(_ReadOnlyFactAdmin):
+    fact_description = ("Activation evidence of one V2 -> V2 successor attempt (requires_drain): the exact "
+                        "predecessor and successor epochs and the successor's owner receipts, frozen while held. "
+                        "Owned by `manage.py succession`; released only explicitly, by the holder's fence, never "
+                        "because time passed (CV2-11-036).")
+    list_display = ("pk", "successor_key", "state_badge", "fence", "holder", "changed_at")
+    list_filter = ("state",)
+    search_fields = ("successor_key", "holder")
+    list_select_related = ("predecessor_epoch", "successor_epoch")
+    fields = ("predecessor_epoch", "successor_epoch", "successor_key", "successor_class", "holder", "state_badge",
+              "fence", "successor_digest_hex", "owner_receipts_hex", "release_reason", "created_at", "changed_at",
+              "diagram")
+    readonly_fields = fields
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return format_html('<span class="cv2-badge cv2-tone-{}">{}</span>', _BARRIER_TONES.get(obj.state, "idle"),
+                           obj.state)
+
+    @admin.display(description="successor digest")
+    def successor_digest_hex(self, obj):
+        return bytes(obj.successor_digest).hex()
+
+    @admin.display(description="owner receipts digest")
+    def owner_receipts_hex(self, obj):
+        return bytes(obj.owner_receipts_digest).hex() if obj.owner_receipts_digest else "-"
+
+    @admin.display(description="state machine")
+    def diagram(self, obj):
+        rows = format_html_join("", '<tr class="{}"><td>{}</td><td>→</td><td>{}</td></tr>', (
+            ("cv2-current" if source == obj.state else "", source, target)
+            for source, target in BARRIER_SET_TRANSITIONS))
+        return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
+
+
+@admin.register(OrderingHandoff)
+class OrderingHandoffAdmin(_ReadOnlyFactAdmin):
+    fact_description = ("The frozen end of one predecessor ordering lane and the baseline of its successor lane "
+                        "(immutable). After the first handoff the predecessor can no longer be resumed (CV2-11-020).")
+    list_display = ("pk", "route", "partition", "high_water", "predecessor_epoch", "successor_epoch", "created_at")
+    search_fields = ("route", "partition")
+    list_select_related = ("predecessor_epoch", "successor_epoch")
+    readonly_fields = [f.name for f in OrderingHandoff._meta.fields]
