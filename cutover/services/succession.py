@@ -43,6 +43,7 @@ from cutover.errors import (
     SuccessorDrifted,
 )
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
+from effects.selectors import nonterminal_effects_of_epoch
 
 PERMISSION = "cutover.coordinate_succession"
 HANDOFF_HALT_REASON = "ORDERING_HANDOFF"
@@ -346,8 +347,9 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
     UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
     account id; all `v2_halted` on the predecessor), every predecessor and successor lane FOR UPDATE (ascending
-    pk). Requires one handoff per predecessor lane, each byte-equal to its recomputed digest, its frozen
-    predecessor lane and its successor lane baseline. Then records barrier set `held -> activation_committed`,
+    pk). Requires every RemoteEffect authored under the predecessor terminal, and one handoff per predecessor
+    lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor lane baseline.
+    Then records barrier set `held -> activation_committed`,
     predecessor `active -> draining`, successor `verified -> active`, and every gate `v2_halted -> v2_serving`
     naming the successor with a new fence, with audit rows. Any refusal moves nothing. Idempotent once
     committed (returns the active successor)."""
@@ -380,6 +382,11 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         if bad or len(gates) != len(accounts):
             raise SuccessorActivationRefused("every gate must be v2_halted on the predecessor; not halted: "
                                              + ", ".join(f"{g.account_id}={g.mode}" for g in bad[:10]))
+        # Effects only move toward terminal while every gate is halted (no permit can be acquired), so a read
+        # under the gate locks is enough: nothing nonterminal may cross the epoch boundary (CV2-11-012/053).
+        open_effects = nonterminal_effects_of_epoch(epoch_pk=pred.pk)
+        if open_effects:
+            raise SuccessorActivationRefused("predecessor outbound work is not terminal: " + ", ".join(open_effects))
         handoffs = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(successor_epoch=succ)}
         pred_lane_pks = set(OrderingLane.objects.filter(epoch=pred).values_list("pk", flat=True))
         missing = sorted(pred_lane_pks - set(handoffs))
