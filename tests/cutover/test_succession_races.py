@@ -163,3 +163,53 @@ def test_two_coordinators_acquire_at_most_one_barrier_set(tx_world):
     assert sum(w.error is None for w in workers) == 1
     assert [type(w.error).__name__ for w in workers if w.error is not None] == ["BarrierSetRefused"] * 3, [repr(w.error) for w in workers]
     assert ServingPublicationBarrierSet.objects.count() == 1
+
+
+def test_free_running_completions_and_handoffs_never_lose_a_result(tx_world):
+    """Five partitions, each with a claimed execution; each completion and its lane's handoff start together on
+    separate connections with no pause. Whatever the interleaving, every committed handoff holds its lane's
+    completed position, a refused handoff leaves nothing behind, and after retrying every frozen high-water equals
+    the completed position with the lane fence unchanged since. Proves: CV2-11-046, CV2-11-050"""
+    records = [f"rec-{i}" for i in range(1, 6)]
+    for i, record in enumerate(records, 1):
+        send(tx_world, f"evt-{record}", 100 + i, record=record)
+    advance_lanes()
+    tokens = []
+    while (token := execution.execution_claim(holder="w1")) is not None:
+        tokens.append(token)
+    assert len(tokens) == 5
+    halt_all(tx_world)
+    barrier = held_barrier(tx_world)
+    lanes = {e.pk: e.lane_id for e in Execution.objects.filter(pk__in=[t.execution_pk for t in tokens])}
+    outcomes = []
+    for token in tokens:
+        go = threading.Event()
+        lane_pk = lanes[token.execution_pk]
+
+        def completion(token=token):
+            assert go.wait(10)
+            return execution.execution_run(token=token)
+
+        def handoff(lane_pk=lane_pk):
+            assert go.wait(10)
+            return succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR)
+
+        workers = [start(completion, "completion"), start(handoff, "handoff")]
+        go.set()
+        for w in workers:
+            w.join(20)
+        c, h = workers
+        assert c.error is None and c.result.state == ExecutionState.COMPLETED
+        if h.error is None:
+            outcomes.append("handoff after completion")
+            assert h.result.high_water == OrderingLane.objects.get(pk=lane_pk).high_water
+        else:
+            assert isinstance(h.error, HandoffRefused), repr(h.error)
+            outcomes.append("handoff refused")
+            assert not OrderingHandoff.objects.filter(predecessor_lane_id=lane_pk).exists()
+    for lane_pk in lanes.values():
+        h = succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR)
+        lane = OrderingLane.objects.get(pk=lane_pk)
+        assert h.high_water == lane.high_water and h.predecessor_lane_fence == lane.fence
+        assert h.high_water == Execution.objects.get(lane_id=lane_pk).projection.position
+    assert len(outcomes) == 5
