@@ -26,6 +26,7 @@ from connector.models import (
     Execution,
     OrderingLane,
     Projection,
+    ProjectionWindow,
     ServingEpoch,
     ServingEpochBindingProof,
     ServingEpochCredentialProof,
@@ -347,11 +348,11 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
     UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
     account id; all `v2_halted` on the predecessor), every predecessor and successor lane FOR UPDATE (ascending
-    pk). Requires every RemoteEffect authored under the predecessor terminal, and one handoff per predecessor
-    lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor lane baseline.
-    Then records barrier set `held -> activation_committed`,
-    predecessor `active -> draining`, successor `verified -> active`, and every gate `v2_halted -> v2_serving`
-    naming the successor with a new fence, with audit rows. Any refusal moves nothing. Idempotent once
+    pk). Requires every RemoteEffect, Execution and window of the predecessor terminal, and one handoff per
+    predecessor lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor
+    lane baseline. Then records barrier set `held -> activation_committed`, predecessor `active -> draining`,
+    successor `verified -> active`, and every gate `v2_halted -> v2_serving` naming the successor with a new
+    fence, with audit rows. Any refusal moves nothing. Idempotent once
     committed (returns the active successor)."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
@@ -387,6 +388,13 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         open_effects = nonterminal_effects_of_epoch(epoch_pk=pred.pk)
         if open_effects:
             raise SuccessorActivationRefused("predecessor outbound work is not terminal: " + ", ".join(open_effects))
+        # The same for inbound work outside lanes (order-independent executions, open windows).
+        open_inbound = [f"execution #{pk}" for pk in Execution.objects.filter(
+            epoch=pred, state__in=EXECUTION_ACTIVE).order_by("pk").values_list("pk", flat=True)[:10]]
+        open_inbound += [f"window #{pk}" for pk in ProjectionWindow.objects.filter(
+            epoch=pred, state="open").order_by("pk").values_list("pk", flat=True)[:10]]
+        if open_inbound:
+            raise SuccessorActivationRefused("predecessor inbound work is not terminal: " + ", ".join(open_inbound))
         handoffs = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(successor_epoch=succ)}
         pred_lane_pks = set(OrderingLane.objects.filter(epoch=pred).values_list("pk", flat=True))
         missing = sorted(pred_lane_pks - set(handoffs))

@@ -16,8 +16,8 @@ ACTOR = Actor.system("succession-test")
 WEBHOOK = "records.webhook"
 
 
-def build_succession_world(prefix: str):
-    world = build_inbound_world(prefix, [PACK_A], account_keys=("acct-1", "acct-2"))
+def build_succession_world(prefix: str, packs: list | None = None):
+    world = build_inbound_world(prefix, packs or [PACK_A], account_keys=("acct-1", "acct-2"))
     successor = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-2",
                                                   configuration_generation_id=world.configuration.generation_id,
                                                   actor=ACTOR)

@@ -37,3 +37,26 @@ def test_a_prepared_predecessor_effect_blocks_successor_activation():
         (GateMode.V2_HALTED, world.active_epoch.pk)}
     command.refresh_from_db()
     assert command.epoch_id == world.active_epoch.pk
+
+
+@pytest.mark.django_db
+def test_an_open_predecessor_window_blocks_successor_activation():
+    """An order-independent grouped window still open under the predecessor (no lane, so no handoff covers it)
+    refuses the successor activation until it is sealed and its execution completes.
+    Proves: CV2-11-011, CV2-11-012, CV2-11-050"""
+    from connector.models import ProjectionWindow
+    from tests.conformance.packs import PACK_A, PACK_B
+    from tests.connector.inbound_helpers import deliver, drain, feed_body, feed_line
+    from tests.cutover.succession_helpers import build_succession_world, halt_all, held_barrier
+
+    world = build_succession_world("sw-", [PACK_A, PACK_B])
+    deliver(world, "ledger.grouped", feed_body(feed_line("l-1", 1, "mem-1")))
+    window = ProjectionWindow.objects.get(epoch=world.epoch)
+    assert window.state == "open"
+    halt_all(world)
+    barrier = held_barrier(world)
+    with pytest.raises(SuccessorActivationRefused, match=f"window #{window.pk}"):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    assert drain() == []  # nothing claimable while halted: the window stays open, the activation stays refused
+    with pytest.raises(SuccessorActivationRefused):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)

@@ -161,7 +161,8 @@ def test_two_coordinators_acquire_at_most_one_barrier_set(tx_world):
     for w in workers:
         w.join(20)
     assert sum(w.error is None for w in workers) == 1
-    assert [type(w.error).__name__ for w in workers if w.error is not None] == ["BarrierSetRefused"] * 3, [repr(w.error) for w in workers]
+    refusals = [type(w.error).__name__ for w in workers if w.error is not None]
+    assert refusals == [BarrierSetRefused.__name__] * 3, [repr(w.error) for w in workers]
     assert ServingPublicationBarrierSet.objects.count() == 1
 
 

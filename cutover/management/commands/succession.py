@@ -74,7 +74,8 @@ class Command(BaseCommand):
     # -- phases ---------------------------------------------------------------------------------------------
 
     def phase_status(self, **options):
-        s = succession_status(predecessor_epoch_id=self.predecessor.epoch_id, successor_epoch_id=options.get("successor"))
+        s = succession_status(predecessor_epoch_id=self.predecessor.epoch_id,
+                              successor_epoch_id=options.get("successor"))
         self.stdout.write(f"predecessor {s.predecessor.epoch_id}: {s.predecessor.state}")
         self.stdout.write(f"successor   {s.successor.epoch_id + ': ' + s.successor.state if s.successor else '-'}")
         b = s.barrier_set
