@@ -44,6 +44,9 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
     _r("GAP_DEADLINE", "Ordering lane halted at a source gap past its deadline", "source owner", 60,
        "Obtain the missing event from the provider, or record a skip_with_evidence decision where the route "
        "allows it"),
+    _r("ORDERING_HANDOFF", "Predecessor ordering lane frozen by an OrderingHandoff (successor epoch)", "service owner",
+       240, "Nothing to remediate on the lane: complete the successor activation (`manage.py succession status`); "
+            "the predecessor is never resumed after the first handoff"),
     _r("EVENT_KEY_CONFLICT", "Same source event key, different bytes", "source owner", 240,
        "Compare both receipts; correct the provider or author a new pack generation"),
     _r("GATE_HALTED", "Account gate halted (halting_v2 / v2_halted)", "service owner", 60,

@@ -29,3 +29,12 @@ def test_barrier_sets_and_handoffs_render_read_only(client):
         assert client.get(reverse(f"{label}_add")).status_code == 403
     assert "held" in client.get(reverse("admin:cutover_servingpublicationbarrierset_change",
                                         args=[barrier.pk])).content.decode()
+
+
+def test_the_handoff_lane_halt_reason_is_in_the_closed_reason_map():
+    """A lane frozen by a handoff carries halt reason ORDERING_HANDOFF, which the operator board maps (never
+    UNMAPPED). Proves: CV2-11-014"""
+    from cutover.services.succession import HANDOFF_HALT_REASON
+    from governance.reasons import reason
+
+    assert reason(HANDOFF_HALT_REASON).code == HANDOFF_HALT_REASON
