@@ -105,6 +105,10 @@ def test_position_99_after_handoff_at_100_is_superseded_in_the_successor(sworld)
     send(sworld, "evt-101", 101)
     done = drain()
     assert [e.state for e in done] == [ExecutionState.COMPLETED] and lane_of(sworld.successor).high_water == 101
+    from connector.selectors.invariants import invariant_check
+
+    report = invariant_check()
+    assert report.ok, report.as_text()
 
 
 @pytest.mark.parametrize("failure", ["gate_not_halted", "missing_handoff", "successor_rejected", "owner_drift",
