@@ -27,4 +27,4 @@ def api_not_found(request, *args, **kwargs):
     raise NotFound("no such API endpoint")
 
 
-urlpatterns.append(re_path(r"^.*$", api_not_found, name="not-found"))
+urlpatterns.append(re_path(r"^[\s\S]*$", api_not_found, name="not-found"))
