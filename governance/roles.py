@@ -5,8 +5,8 @@ check itself.
 - auditor: read-only; opens every screen and browses every fact in the admin.
 - operator: auditor + reconciles uncertain effects and delivery operations, operates serving gates, terminates
   holder generations.
-- approver: auditor + approves journal-epoch reopenings (and, with the cutover issue, restore points, readiness
-  certificates and activation decisions).
+- approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (and, with the rest of
+  the cutover work, restore points, readiness certificates and activation decisions).
 - certifier: auditor + approves platform-attested receiver certifications (dual approval).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.contrib.auth.models import Group, Permission
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
             "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
-APPROVER = ("effects.approve_journal_epoch",)
+APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession")
 CERTIFIER = ("effects.approve_certification",)
 ROLES = {"auditor": (), "operator": OPERATOR, "approver": APPROVER, "certifier": CERTIFIER}
 
