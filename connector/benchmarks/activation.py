@@ -23,8 +23,15 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
 Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`)
 to take timestamps; the child's pause is such a wrapper too. No product code is replaced.
 
-Successor activation (predecessor active -> draining, successor verified -> active, gates v2_halted -> v2_serving,
-OrderingHandoffs) is not built yet: it lands with the cutover issue. `SCENARIOS` has its slot.
+`--scenario successor` (or `both`; default `first`, today's behaviour) measures the V2 -> V2 successor activation
+(`cutover.services.succession.successor_activate`: barrier set held -> activation_committed, predecessor active ->
+draining, successor verified -> active, gates v2_halted -> v2_serving) the same three ways on
+`build_successor_world`: the first-activation world, activated, with a successor epoch over the same N accounts
+prepared and verified, every gate halted through `gate_transition` and the barrier set held (zero OrderingHandoffs:
+the world has no lanes). Its timing marks: the barrier set lock opens the transaction; "epoch lock" is the barrier
+set and both epochs; "epoch update" ends at the barrier set's audit row (effects, handoff and lane checks
+included); "gate update" covers both epochs' and every gate's update and audit row. Row locks: N gates, two epochs
+and the barrier set (N + 3).
 
 The activation locks rows only (N gates and the epoch, counted through pgrowlocks); its pg_locks entries are the
 relation locks and transaction ids, the same at every N. The lock census reports both, and the server's nominal
@@ -69,7 +76,8 @@ from django.db import DatabaseError, connection, connections, transaction
 
 Progress = Callable[[str], None]
 
-SUCCESSOR_STATUS = "not yet implemented (cutover issue)"
+SUCCESSOR_STATUS = "--scenario successor (or both): cutover.services.succession.successor_activate"
+SCENARIO_CHOICES = ("first", "successor", "both")
 DEFAULT_ACCOUNTS = "1000,10000,100000"
 DEFAULT_DATABASE = "connector_bench_act"
 BUDGET_SECTION = "activation"
@@ -81,6 +89,7 @@ CHILD_ARGS = "ACTIVATION_CHILD_ARGS"
 CHILD_HOLDING = "CHILD-HOLDING "
 CHILD_COMMITTED = "CHILD-COMMITTED"
 LOCKED_TABLES = ("connector_accountservinggate", "connector_servingepoch")
+SUCCESSOR_LOCKED_TABLES = (*LOCKED_TABLES, "cutover_servingpublicationbarrierset")
 # Ceiling headroom over a measurement (suggest_budgets): durations vary about 2x with the load other suites put on
 # a shared 2-core machine (docs/benchmarks.md, history noise note); WAL bytes move with full-page images.
 DURATION_HEADROOM = 3.0
@@ -119,6 +128,13 @@ class ActivationWorld:
     setup_seconds: dict[str, float] = field(default_factory=dict)
     setup_rows: int = 0
     extensions: dict[str, bool] = field(default_factory=dict)
+    # "first": epoch_pk is the verified epoch, gates v2_validating. "successor": epoch_pk is the verified
+    # successor, gates v2_halted on the active predecessor, barrier_set_pk the held barrier set.
+    scenario: str = "first"
+    gate_mode_before: str = "v2_validating"
+    barrier_set_pk: int | None = None
+    predecessor_pk: int | None = None
+    handoffs: int = 0
 
 
 def _timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
@@ -573,7 +589,7 @@ class Untouched:
 
     epoch_state: str
     gates: int
-    gates_validating: int
+    gates_validating: int  # gates still in the scenario's pre-activation mode (v2_validating, or v2_halted)
     gates_naming_epoch: int
     fences_changed: int
     activation_audit_rows: int
@@ -598,6 +614,10 @@ class Recovery:
     partial_visible: bool = False
 
 
+ACTIVATION_ACTIONS = {"first": ("epoch_activate_first", "gate_activate_first"),
+                      "successor": ("successor_activate", "gate_activate_successor")}
+
+
 CHILD_SCRIPT = """\
 import django
 django.setup()
@@ -614,8 +634,13 @@ def child_main() -> None:
     from connector.actors import Actor
     from connector.services import serving
 
+    from cutover.services import succession
+
     args = json.loads(os.environ[CHILD_ARGS])
-    expected_audits = 1 + args["accounts"]  # the epoch's, then one per gate: the last precedes COMMIT
+    successor = args.get("scenario") == "successor"
+    # first: the epoch's, then one per gate; successor: the barrier set's and both epochs', then one per gate.
+    # The last precedes COMMIT.
+    expected_audits = (3 if successor else 1) + args["accounts"]
     audits = 0
 
     def hold(point: str) -> None:
@@ -626,7 +651,8 @@ def child_main() -> None:
         sys.stdin.read()
         os._exit(3)
 
-    real_audit, real_gates = serving.audit_record, locks.gates_for_update
+    audit_module = succession if successor else serving
+    real_audit, real_gates = audit_module.audit_record, locks.gates_for_update
 
     def audit_record(**kwargs):
         nonlocal audits
@@ -642,9 +668,13 @@ def child_main() -> None:
             hold("after_gate_locks")
         return rows
 
-    with mock.patch.object(serving, "audit_record", audit_record), \
+    with mock.patch.object(audit_module, "audit_record", audit_record), \
             mock.patch.object(locks, "gates_for_update", gates_for_update):
-        epoch = serving.epoch_activate_first(epoch_pk=args["epoch_pk"], actor=Actor.system(f"{ACTOR}-killed"))
+        if successor:
+            epoch = succession.successor_activate(barrier_set_pk=args["barrier_set_pk"], expected_fence=None,
+                                                  actor=Actor.system(f"{ACTOR}-killed"))
+        else:
+            epoch = serving.epoch_activate_first(epoch_pk=args["epoch_pk"], actor=Actor.system(f"{ACTOR}-killed"))
     print(CHILD_COMMITTED + " " + json.dumps({"state": epoch.state, "audits": audits}), flush=True)
 
 
@@ -662,7 +692,8 @@ def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
         "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict),
         "CONNECTOR_SECRET_DIR": str(settings.CONNECTOR["SECRET_BACKEND_DIR"]),
         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])),
-        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at}),
+        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at,
+                                "scenario": world.scenario, "barrier_set_pk": world.barrier_set_pk}),
     })
     return subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT], env=env, cwd=root, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -696,12 +727,13 @@ def _await_holding(child: subprocess.Popen, timeout: float) -> dict:
             raise ActivationBenchError(f"the activation child committed without pausing: {line.strip()}")
 
 
-def _census(observer, *, point: str, pid: int, xid: int, rowlocks: bool) -> LockCensus:
+def _census(observer, *, point: str, pid: int, xid: int, rowlocks: bool,
+            tables: Sequence[str] = LOCKED_TABLES) -> LockCensus:
     lock_table = {f"{locktype} {mode}": count for locktype, mode, count in observer.execute(
         "SELECT locktype, mode, count(*) FROM pg_locks WHERE pid = %s GROUP BY 1, 2 ORDER BY 1, 2", [pid])}
     row_locks = {}
     if rowlocks:
-        for table in LOCKED_TABLES:
+        for table in tables:
             row_locks[table] = observer.execute(
                 "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
     return LockCensus(point=point, row_locks=row_locks, lock_table=lock_table)
@@ -716,15 +748,15 @@ def observe_untouched(observer, world: ActivationWorld, *, xid: int | None = Non
         "JOIN connector_serviceconfigurationaccount c ON c.account_id = g.account_id WHERE c.generation_id = %s",
         [world.configuration_pk]).fetchall()
     (audits,) = observer.execute(
-        "SELECT count(*) FROM connector_auditrecord WHERE action IN ('epoch_activate_first', 'gate_activate_first') "
-        "AND evidence_digest = %s", [world.epoch_digest]).fetchone()
+        "SELECT count(*) FROM connector_auditrecord WHERE action = ANY(%s) AND evidence_digest = %s",
+        [list(ACTIVATION_ACTIONS[world.scenario]), world.epoch_digest]).fetchone()
     still_locked = None
     if rowlocks and xid is not None:
         still_locked = sum(observer.execute(
             "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
-            for table in LOCKED_TABLES)
+            for table in (SUCCESSOR_LOCKED_TABLES if world.scenario == "successor" else LOCKED_TABLES))
     return Untouched(
-        epoch_state=state, gates=len(gates), gates_validating=sum(1 for g in gates if g[1] == "v2_validating"),
+        epoch_state=state, gates=len(gates), gates_validating=sum(1 for g in gates if g[1] == world.gate_mode_before),
         gates_naming_epoch=sum(1 for g in gates if g[3] == world.epoch_pk),
         fences_changed=sum(1 for g in gates if world.fences.get(g[0]) != g[2]), activation_audit_rows=audits,
         rows_still_locked=still_locked)
@@ -746,11 +778,12 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
     try:
         _retain_wal(observer)
         start_lsn = _lsn(observer)
-        say(f"  killed attempt: child runs epoch_activate_first and pauses at {kill_at}")
+        say(f"  killed attempt: child runs the {world.scenario} activation and pauses at {kill_at}")
         child = _spawn_child(world, kill_at)
         holding = _await_holding(child, timeout)
         census = _census(observer, point=holding["point"], pid=holding["pid"], xid=holding["xid"],
-                         rowlocks=rowlocks)
+                         rowlocks=rowlocks,
+                         tables=SUCCESSOR_LOCKED_TABLES if world.scenario == "successor" else LOCKED_TABLES)
         say(f"  killed attempt: holding {census.total_row_locks} row locks, {census.total_lock_table} lock-table "
             "entries; SIGKILL")
         killed = time.perf_counter()
@@ -799,13 +832,21 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
     from connector.actors import Actor
     from connector.choices import EpochState
     from connector.services import serving
+    from cutover import locks as cutover_locks
+    from cutover.services import succession
 
+    successor = world.scenario == "successor"
     marks: dict[str, float] = {}
-    real_epoch, real_gates, real_audit = locks.epoch_for_update, locks.gates_for_update, serving.audit_record
+    audit_module = succession if successor else serving
+    real_gates, real_audit = locks.gates_for_update, audit_module.audit_record
+    # the transaction's first lock: the epoch (first activation), the barrier set (successor activation)
+    first_lock_module, first_lock = ((cutover_locks, "barrier_set_for_update") if successor
+                                     else (locks, "epoch_for_update"))
+    real_first = getattr(first_lock_module, first_lock)
 
-    def epoch_for_update(epoch_pk):
+    def first_lock_for_update(pk):
         marks["transaction"] = time.perf_counter()
-        return real_epoch(epoch_pk)
+        return real_first(pk)
 
     def gates_for_update(account_ids):
         marks["gate_lock"] = time.perf_counter()
@@ -823,11 +864,15 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
     try:
         _retain_wal(observer)
         start_lsn = _lsn(observer)
-        with mock.patch.object(locks, "epoch_for_update", epoch_for_update), \
+        with mock.patch.object(first_lock_module, first_lock, first_lock_for_update), \
                 mock.patch.object(locks, "gates_for_update", gates_for_update), \
-                mock.patch.object(serving, "audit_record", audit_record):
+                mock.patch.object(audit_module, "audit_record", audit_record):
             began = time.perf_counter()
-            epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system(ACTOR))
+            if successor:
+                epoch = succession.successor_activate(barrier_set_pk=world.barrier_set_pk, expected_fence=None,
+                                                      actor=Actor.system(ACTOR))
+            else:
+                epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system(ACTOR))
             committed = time.perf_counter()
         if epoch.state != EpochState.ACTIVE:
             raise ActivationBenchError(f"the activation did not commit: epoch {epoch.state} {epoch.rejection_code}")
@@ -879,6 +924,7 @@ class ActivationResult:
     recovery: Recovery
     rows: dict[str, int]
     load_average: float = 0.0
+    scenario: str = "first"
 
     def figures(self) -> dict[str, float | int | None]:
         """The budgeted figures (BUDGET_FIGURES). wal_bytes is the larger of the committed retry and the killed,
@@ -921,8 +967,17 @@ def activation_rows(world: ActivationWorld) -> dict[str, int]:
                        "FROM connector_servingepoch e JOIN connector_serviceconfigurationgeneration c "
                        "ON c.id = e.configuration_id WHERE e.id = %s", [world.epoch_pk])
         preimage, preimage_stored, payload = cursor.fetchone()
-    return {"gate_rows": len(world.fences), "epoch_rows": 1, "audit_rows": gate_audits + epoch_audits,
-            "ordering_handoff_rows": 0,  # a first activation hands off no lanes; successor activation will
+    if world.scenario == "successor":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM connector_auditrecord WHERE evidence_digest = %s AND action = ANY(%s)",
+                           [world.epoch_digest, list(ACTIVATION_ACTIONS["successor"])])
+            gate_audits, epoch_audits = cursor.fetchone()[0], 0
+    extra = {"barrier_set_rows": 1} if world.scenario == "successor" else {}
+    return {"gate_rows": len(world.fences), "epoch_rows": 2 if world.scenario == "successor" else 1, **extra,
+            "audit_rows": gate_audits + epoch_audits,
+            # a first activation hands off no lanes; the bench's successor world has no lanes either (no delivery
+            # ever ran), so it writes and checks zero handoffs
+            "ordering_handoff_rows": world.handoffs,
             "credential_proof_rows": proofs,
             # the epoch's preimage (its jsonb trigger limit: finding 3), and the configuration every reread
             # re-encodes
@@ -948,14 +1003,106 @@ def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "befor
     samples = [readback(world) for _ in range(max(1, readback_repeat))]
     return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
                             phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
-                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2))
+                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2),
+                            scenario=world.scenario)
 
 
-# The activation scenarios and their measuring functions. "successor" (predecessor active -> draining, successor
-# verified -> active, gates v2_halted -> v2_serving, OrderingHandoffs) lands with the cutover issue: its function
-# will build a world with an active predecessor, halted gates and lanes, and reuse kill_mid_activation,
-# timed_activation and readback (with the service call as a parameter) and the budgets (keyed by scenario).
-SCENARIOS: dict[str, Callable[..., ActivationResult] | None] = {"first": measure_activation, "successor": None}
+def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
+    """The first-activation world brought to the point of successor activation, every step through the services:
+    the first activation (`epoch_activate_first`: predecessor active, gates v2_serving), a successor epoch prepared
+    and verified from the same configuration (same N accounts), every gate `halt_v2` then `confirm_halted` through
+    `gates.gate_transition` (the product's per-gate path, two transactions per gate: no bulk write), the barrier
+    set acquired and held, and one `ordering_handoff` per predecessor lane (the bench world has no lanes: no
+    delivery ever ran, so zero handoffs)."""
+    from connector.actors import Actor
+    from connector.choices import EpochState
+    from connector.models import AccountServingGate, OrderingLane
+    from connector.services import gates as gate_services
+    from connector.services import serving
+    from cutover.services import succession
+
+    say = progress or (lambda _msg: None)
+    actor = Actor.system(ACTOR)
+    world = build_activation_world(accounts, prefix=prefix, progress=say)
+    seconds = world.setup_seconds
+    began = time.monotonic()
+    say("  successor world: first activation (epoch_activate_first)")
+    predecessor = _timed(seconds, "first_activation", serving.epoch_activate_first, epoch_pk=world.epoch_pk,
+                         actor=actor)
+    if predecessor.state != EpochState.ACTIVE:
+        raise ActivationBenchError(f"the first activation did not commit: {predecessor.state}")
+    say("  successor world: successor epoch prepared and verified from the same configuration")
+    successor = _timed(seconds, "successor_prepare", serving.epoch_prepare_from_owners,
+                       epoch_id=f"{prefix}activation-epoch-2",
+                       configuration_generation_id=world.configuration_generation_id, actor=actor)
+    successor = _timed(seconds, "successor_verify", serving.epoch_verify, epoch_pk=successor.pk, actor=actor)
+    if successor.state != EpochState.VERIFIED:
+        raise ActivationBenchError(f"successor verification refused: {successor.rejection_code} "
+                                   f"{successor.rejection_detail}")
+    account_ids = sorted(world.fences)
+    say(f"  successor world: halting {len(account_ids):,} gates (halt_v2, confirm_halted; gate_transition each)")
+
+    def halt_all():
+        _fresh_session()
+        for account_id in account_ids:
+            for action in ("halt_v2", "confirm_halted"):
+                gate_services.gate_transition(account_id=account_id, action=action, expected_fence=None, actor=actor)
+
+    _timed(seconds, "halt_gates", halt_all)
+    say("  successor world: barrier set acquired and held")
+    barrier = _timed(seconds, "barrier_acquire", succession.barrier_set_acquire,
+                     predecessor_epoch_id=predecessor.epoch_id, successor_epoch_id=successor.epoch_id,
+                     holder=ACTOR, actor=actor)
+    barrier = _timed(seconds, "barrier_hold", succession.barrier_set_hold, barrier_set_pk=barrier.pk,
+                     expected_fence=barrier.fence, actor=actor)
+    lanes = list(OrderingLane.objects.filter(epoch_id=predecessor.pk).order_by("pk").values_list("pk", flat=True))
+    for lane_pk in lanes:
+        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=actor)
+    say(f"  successor world: {len(lanes)} ordering handoffs (one per predecessor lane)")
+    _timed(seconds, "analyze_after_halt", _analyze)
+    gates = gate_fences(world.configuration_pk)
+    not_halted = [a for a, (mode, _fence, epoch_pk, _digest) in gates.items()
+                  if mode != "v2_halted" or epoch_pk != predecessor.pk]
+    if len(gates) != accounts or not_halted:
+        raise ActivationBenchError(f"{len(gates)} gates, not v2_halted on the predecessor: {not_halted[:10]}")
+    if AccountServingGate.objects.filter(epoch_id=successor.pk).exists():
+        raise ActivationBenchError("a gate already names the successor")
+    seconds["successor_world"] = round(time.monotonic() - began, 3)
+    seconds["total"] = round(seconds.get("total", 0) + seconds["successor_world"], 3)
+    world.scenario, world.gate_mode_before = "successor", "v2_halted"
+    world.predecessor_pk, world.barrier_set_pk, world.handoffs = predecessor.pk, barrier.pk, len(lanes)
+    world.epoch_pk, world.epoch_digest = successor.pk, bytes(successor.digest)
+    world.fences = {a: fence for a, (_mode, fence, *_rest) in gates.items()}
+    return world
+
+
+def measure_successor(accounts: int, *, prefix: str = "", kill_at: str = "before_commit", readback_repeat: int = 10,
+                      progress: Progress | None = None) -> ActivationResult:
+    """`measure_activation` for the successor activation (`succession.successor_activate`) on the world of
+    `build_successor_world`: one killed attempt, the timed retry, the readback."""
+    from connector.management.commands.bench import Stats
+
+    say = progress or (lambda _msg: None)
+    world = build_successor_world(accounts, prefix=prefix, progress=say)
+    checkpoint()
+    recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
+    say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
+    phases, wal = timed_activation(world)
+    recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
+    say(f"  retried successor activation committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
+        f"{recovery.retried_commit_ms:,.1f} ms; reading back {readback_repeat}x")
+    samples = [readback(world) for _ in range(max(1, readback_repeat))]
+    return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
+                            phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
+                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2),
+                            scenario="successor")
+
+
+# The activation scenarios (--scenario) and their measuring functions. Both reuse kill_mid_activation,
+# timed_activation and readback, which pick the service call from world.scenario; budgets are keyed by scenario
+# ("first" at the top of the section, as before; "successor" under its own key).
+SCENARIOS: dict[str, Callable[..., ActivationResult]] = {"first": measure_activation,
+                                                          "successor": measure_successor}
 
 
 # -- the report -----------------------------------------------------------------------------------------------
@@ -994,7 +1141,10 @@ class ActivationReport:
     def as_dict(self) -> dict:
         return {"command": self.command, "commit": self.commit, "machine": self.machine, "postgres": self.postgres,
                 "settings": self.settings, "kill_at": self.kill_at, "readback_repeat": self.readback_repeat,
-                "first_activation": [r.as_dict() for r in self.results], "failures": self.failures,
+                "first_activation": [r.as_dict() for r in self.results if r.scenario == "first"],
+                "scenarios": {name: [r.as_dict() for r in self.results if r.scenario == name]
+                              for name in SCENARIOS if any(r.scenario == name for r in self.results)},
+                "failures": self.failures,
                 "successor_activation": self.successor}
 
 
@@ -1038,9 +1188,34 @@ def format_table(report: ActivationReport) -> str:
             f"{'epoch upd':>9} {'gate upd':>10} {'COMMIT':>7} {'txn ms':>10} {'readback p50/p99 ms':>20} "
             f"{'WAL bytes':>12} {'WAL cold':>12} {'row locks':>9} {'pg_locks':>8} {'released ms':>11} "
             f"{'recovery ms':>11}")
-    lines = ["first activation (epoch_activate_first), one killed attempt then the timed retry:", head,
-              "-" * len(head)]
+    titles = {"first": "first activation (epoch_activate_first), one killed attempt then the timed retry:",
+              "successor": "successor activation (succession.successor_activate; epoch lock = barrier set + both "
+                           "epochs), one killed attempt then the timed retry:"}
+    lines = []
+    for scenario, title in titles.items():
+        if scenario != "first" and not any(r.scenario == scenario for r in report.results):
+            continue
+        lines += ([""] if lines else []) + [title, head, "-" * len(head)]
+        lines += _table_rows([r for r in report.results if r.scenario == scenario])
+    lines += ["", "per account:", (f"{'scenario':>9} {'accounts':>9} {'txn us':>9} {'reread us':>10} "
+                                   f"{'readback us':>11} {'WAL B':>8} {'recovery us':>11}")]
     for r in report.results:
+        a = r.per_account()
+        lines.append(f"{r.scenario:>9} {r.accounts:>9,} {a['transaction_us']:>9,.1f} {a['reread_us']:>10,.1f} "
+                     f"{a['readback_us']:>11,.1f} {_n(a['wal_bytes']):>8} {a['recovery_us']:>11,.1f}")
+    lines += ["", "WAL of the committed transaction by table (bytes; indexes and TOAST count for their table):"]
+    for r in report.results:
+        lines.append(f"{r.scenario:>9} {r.accounts:>9,}: "
+                     + ", ".join(f"{name} {size:,}" for name, size in r.wal.by_relation.items()))
+    for failure in report.failures:
+        lines.append(f"{failure['accounts']:>9,} accounts: NOT MEASURED: {failure['error']}")
+    lines += ["", f"successor activation: {report.successor}"]
+    return "\n".join(lines)
+
+
+def _table_rows(results: list[ActivationResult]) -> list[str]:
+    lines = []
+    for r in results:
         p, c = r.phases, r.recovery.census
         lines.append(
             f"{r.accounts:>9,} {r.setup_seconds.get('total', 0):>8,.1f} {p.reread_ms:>10,.1f} "
@@ -1049,19 +1224,7 @@ def format_table(report: ActivationReport) -> str:
             f"{r.readback_ms.p50:>9,.1f}/{r.readback_ms.p99:>9,.1f} {_n(r.wal.bytes, ','):>12} "
             f"{_n(r.recovery.child_wal.bytes, ','):>12} {_n(c.total_row_locks, ','):>9} {c.total_lock_table:>8,} "
             f"{r.recovery.locks_released_ms:>11,.1f} {_n(r.recovery.retried_commit_ms):>11}")
-    lines += ["", "per account:", (f"{'accounts':>9} {'txn us':>9} {'reread us':>10} {'readback us':>11} "
-                                   f"{'WAL B':>8} {'recovery us':>11}")]
-    for r in report.results:
-        a = r.per_account()
-        lines.append(f"{r.accounts:>9,} {a['transaction_us']:>9,.1f} {a['reread_us']:>10,.1f} "
-                     f"{a['readback_us']:>11,.1f} {_n(a['wal_bytes']):>8} {a['recovery_us']:>11,.1f}")
-    lines += ["", "WAL of the committed transaction by table (bytes; indexes and TOAST count for their table):"]
-    for r in report.results:
-        lines.append(f"{r.accounts:>9,}: " + ", ".join(f"{name} {size:,}" for name, size in r.wal.by_relation.items()))
-    for failure in report.failures:
-        lines.append(f"{failure['accounts']:>9,} accounts: NOT MEASURED: {failure['error']}")
-    lines += ["", f"successor activation: {report.successor}"]
-    return "\n".join(lines)
+    return lines
 
 
 # -- budgets --------------------------------------------------------------------------------------------------
@@ -1078,7 +1241,11 @@ def load_budgets(path: Path) -> dict[str, dict[str, float]]:
     section = document.get(BUDGET_SECTION) if isinstance(document, dict) else None
     if not isinstance(section, dict):
         raise ActivationBenchError(f"budget file {path} has no {BUDGET_SECTION!r} section")
-    return {k: v for k, v in section.items() if k.isdigit() and isinstance(v, dict)}
+    budgets = {k: v for k, v in section.items() if k.isdigit() and isinstance(v, dict)}
+    successor = section.get("successor")
+    if isinstance(successor, dict):  # the successor scenario's ceilings, keyed by cardinality the same way
+        budgets["successor"] = {k: v for k, v in successor.items() if k.isdigit() and isinstance(v, dict)}
+    return budgets
 
 
 def check_budgets(report: ActivationReport, budgets: dict[str, dict[str, float]]) -> list[str]:
@@ -1086,20 +1253,22 @@ def check_budgets(report: ActivationReport, budgets: dict[str, dict[str, float]]
     measured cardinality without a budget (a check never passes vacuously)."""
     broken = [f"{f['accounts']:,} accounts: not measured: {f['error']}" for f in report.failures]
     for r in report.results:
-        budget = budgets.get(str(r.accounts))
+        scoped = budgets if r.scenario == "first" else budgets.get(r.scenario) or {}
+        budget = scoped.get(str(r.accounts))
+        label = "" if r.scenario == "first" else f"{r.scenario} "
         if budget is None:
-            broken.append(f"{r.accounts:,} accounts: no activation budget")
+            broken.append(f"{r.accounts:,} accounts: no {label}activation budget")
             continue
         figures = r.figures()
         for figure, ceiling in budget.items():
             if figure.startswith("_"):
                 continue
             if figure not in figures:
-                broken.append(f"{r.accounts:,} accounts: unknown figure {figure!r} in the budget")
+                broken.append(f"{r.accounts:,} accounts: unknown {label}figure {figure!r} in the budget")
             elif figures[figure] is None:
-                broken.append(f"{r.accounts:,} accounts: {figure} was not measured (ceiling {ceiling:,})")
+                broken.append(f"{r.accounts:,} accounts: {label}{figure} was not measured (ceiling {ceiling:,})")
             elif figures[figure] > ceiling:
-                broken.append(f"{r.accounts:,} accounts: {figure} {figures[figure]:,} > ceiling {ceiling:,}")
+                broken.append(f"{r.accounts:,} accounts: {label}{figure} {figures[figure]:,} > ceiling {ceiling:,}")
     return broken
 
 
@@ -1114,8 +1283,9 @@ def _round_up(value: float) -> int:
 def suggest_budgets(report: ActivationReport) -> dict[str, dict[str, int]]:
     """Ceilings from this run: durations x DURATION_HEADROOM (at least SMALL_DURATION_FLOOR_MS for the COMMIT,
     readback and lock-release figures), WAL bytes x WAL_HEADROOM, row locks exactly the gates plus the epoch
-    (N + 1), all rounded up to two significant digits."""
-    section = {}
+    (N + 1; successor: N + 3, the gates, both epochs and the barrier set), all rounded up to two significant digits.
+    Successor ceilings go under the "successor" key."""
+    section: dict[str, Any] = {}
     for r in report.results:
         f = r.figures()
         budget = {name: _round_up(f[name] * DURATION_HEADROOM) for name in
@@ -1126,8 +1296,8 @@ def suggest_budgets(report: ActivationReport) -> dict[str, dict[str, int]]:
                 budget[name] = max(budget[name], SMALL_DURATION_FLOOR_MS)
         if f["wal_bytes"] is not None:
             budget["wal_bytes"] = _round_up(f["wal_bytes"] * WAL_HEADROOM)
-        budget["row_locks"] = r.accounts + 1
-        section[str(r.accounts)] = budget
+        budget["row_locks"] = r.accounts + (3 if r.scenario == "successor" else 1)
+        (section if r.scenario == "first" else section.setdefault(r.scenario, {}))[str(r.accounts)] = budget
     return section
 
 
@@ -1159,6 +1329,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kill-at", choices=KILL_POINTS, default="before_commit",
                         help="where the killed attempt is paused and SIGKILLed (default before_commit: after the "
                              "last audit row)")
+    parser.add_argument("--scenario", choices=SCENARIO_CHOICES, default="first",
+                        help="first: the first activation (epoch_activate_first); successor: the V2 -> V2 successor "
+                             "activation (successor_activate) on the activated world; both: each in turn, in its "
+                             "own throwaway database (default first)")
     parser.add_argument("--readback-repeat", type=int, default=10,
                         help="readbacks of the activated gate set, for p50/p95/p99 (default 10)")
     parser.add_argument("--database-name", default=DEFAULT_DATABASE,
@@ -1174,6 +1348,8 @@ def add_arguments(parser) -> None:
 def command_line(options: dict) -> str:
     words = ["manage.py bench activation", f"--accounts {options['accounts']}", f"--kill-at {options['kill_at']}",
              f"--readback-repeat {options['readback_repeat']}"]
+    if options.get("scenario", "first") != "first":
+        words.append(f"--scenario {options['scenario']}")
     if options["database_name"] != DEFAULT_DATABASE:
         words.append(f"--database-name {options['database_name']}")
     if options.get("check"):
@@ -1197,18 +1373,25 @@ def run(options: dict, say: Progress) -> ActivationReport:
     report = ActivationReport(command=command_line(options), kill_at=options["kill_at"],
                               readback_repeat=options["readback_repeat"], machine=machine(),
                               commit=product_commit())
-    for n in counts:
-        with ThrowawayDatabases([f"{base}_{n}"], f"{base}_{n}_journal", keep=options["keep"], say=say):
-            if not report.postgres:
-                report.postgres, report.settings = server_facts()
-            try:
-                report.results.append(measure_activation(
-                    n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say))
-            except (ActivationBenchError, ConnectorError, DatabaseError) as exc:
-                # a cardinality the product (or the bench) cannot handle is a finding: keep the others
-                say(f"{n:,} accounts: NOT MEASURED: {type(exc).__name__}: {exc}")
-                report.failures.append({"accounts": n, "error": f"{type(exc).__name__}: {exc}"})
-        write_json(report, options.get("json"))  # after each cardinality: a long run keeps what it measured
+    chosen = options.get("scenario") or "first"
+    scenarios = ("first", "successor") if chosen == "both" else (chosen,)
+    for scenario in scenarios:
+        for n in counts:
+            with ThrowawayDatabases([f"{base}_{n}"], f"{base}_{n}_journal", keep=options["keep"], say=say):
+                if not report.postgres:
+                    report.postgres, report.settings = server_facts()
+                try:
+                    # looked up at call time (not through SCENARIOS), so a replaced module function is the one run
+                    measure = measure_activation if scenario == "first" else measure_successor
+                    report.results.append(measure(
+                        n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say))
+                except (ActivationBenchError, ConnectorError, DatabaseError) as exc:
+                    # a cardinality the product (or the bench) cannot handle is a finding: keep the others
+                    label = "" if scenario == "first" else f" ({scenario})"
+                    say(f"{n:,} accounts{label}: NOT MEASURED: {type(exc).__name__}: {exc}")
+                    failure = {"accounts": n, "error": f"{type(exc).__name__}: {exc}"}
+                    report.failures.append(failure if scenario == "first" else {**failure, "scenario": scenario})
+            write_json(report, options.get("json"))  # after each cardinality: a long run keeps what it measured
     return report
 
 

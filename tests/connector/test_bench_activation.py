@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 
 from connector.benchmarks.activation import (
     BUDGET_FIGURES,
+    SCENARIOS,
     SUCCESSOR_STATUS,
     ActivationBenchError,
     ActivationReport,
@@ -25,6 +26,7 @@ from connector.benchmarks.activation import (
     build_activation_world,
     check_budgets,
     checkpoint,
+    format_table,
     kill_mid_activation,
     load_budgets,
     measure_activation,
@@ -247,3 +249,36 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
     report = json.loads(report_path.read_text())
     assert [r["accounts"] for r in report["first_activation"]] == [10]
     assert report["failures"] == [{"accounts": 20, "error": "ActivationBenchError: epoch verification refused"}]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "journal"])
+def test_successor_scenario_runs_end_to_end():
+    """`--scenario successor` at 24 accounts: the first-activation world activated, a successor verified over the
+    same accounts, every gate halted through gate_transition, the barrier set held (no lanes: zero handoffs); a
+    killed successor_activate leaves nothing partial (successor verified, gates v2_halted, no successor audit rows,
+    no row locks), the retry commits, and every gate names the successor with its fence advanced by one."""
+    from cutover.models import ServingPublicationBarrierSet
+
+    result = SCENARIOS["successor"](24, prefix="bs-", readback_repeat=2)
+    assert result.scenario == "successor"
+    assert not result.recovery.partial_visible
+    assert result.recovery.untouched.epoch_state == "verified"
+    assert result.recovery.untouched.gates_validating == 24  # still v2_halted after the kill
+    assert result.recovery.untouched.activation_audit_rows == 0
+    figures = result.figures()
+    assert all(value is not None for value in figures.values()), figures
+    assert figures["row_locks"] == 24 + 3  # gates, both epochs, the barrier set
+    assert result.rows["ordering_handoff_rows"] == 0 and result.rows["audit_rows"] == 2 + 24  # barrier set, successor, gates
+    # (the predecessor's row carries the predecessor's digest)
+    epochs = dict(ServingEpoch.objects.filter(epoch_id__in=["bs-activation-epoch", "bs-activation-epoch-2"])
+                  .values_list("epoch_id", "state"))
+    assert epochs == {"bs-activation-epoch": EpochState.DRAINING, "bs-activation-epoch-2": EpochState.ACTIVE}
+    assert set(ServingPublicationBarrierSet.objects.values_list("state", flat=True)) == {"activation_committed"}
+    successor = ServingEpoch.objects.get(epoch_id="bs-activation-epoch-2")
+    assert set(AccountServingGate.objects.filter(account__account_key__startswith="bs-")
+               .values_list("mode", "epoch_id").distinct()) == {(GateMode.V2_SERVING, successor.pk)}
+    report = ActivationReport(command="", kill_at="before_commit", readback_repeat=2, results=[result])
+    assert suggest_budgets(report)["successor"]["24"]["row_locks"] == 27
+    assert check_budgets(report, {"24": {}}) == ["24 accounts: no successor activation budget"]
+    assert "successor activation (succession.successor_activate" in format_table(report)
+    assert report.as_dict()["scenarios"]["successor"][0]["scenario"] == "successor"
