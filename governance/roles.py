@@ -5,7 +5,8 @@ check itself.
 - auditor: read-only; opens every screen and browses every fact in the admin.
 - operator: auditor + reconciles uncertain effects and delivery operations, operates serving gates, terminates
   holder generations.
-- approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (and, with the rest of
+- approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (halting gates
+  included, so the approver can run every succession phase from the console) (and, with the rest of
   the cutover work, restore points, readiness certificates and activation decisions).
 - certifier: auditor + approves platform-attested receiver certifications (dual approval).
 """
@@ -16,7 +17,7 @@ from django.contrib.auth.models import Group, Permission
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
             "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
-APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession")
+APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "connector.operate_accountservinggate")
 CERTIFIER = ("effects.approve_certification",)
 ROLES = {"auditor": (), "operator": OPERATOR, "approver": APPROVER, "certifier": CERTIFIER}
 

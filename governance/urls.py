@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import console, views
 
 app_name = "governance"
 urlpatterns = [
@@ -12,5 +12,6 @@ urlpatterns = [
     path("attestations/", views.attestations, name="attestations"),
     path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),
     path("board/", views.board, name="board"),
-    path("cutover/", views.cutover, name="cutover"),
+    path("cutover/", console.cutover, name="cutover"),
+    path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),
 ]

@@ -18,8 +18,7 @@ from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate, AuditRecord, ServingEpoch
-from cutover.models import CutoverDecision
+from connector.models import AuditRecord
 from effects.delivery.contract import contract
 from effects.models import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
@@ -215,19 +214,6 @@ def attestation(request, pk: int):
         "may_approve": may_approve and cert.state == "pending_approval" and not already
         and cert.requested_by_id != request.user.pk, "already": already,
         "is_requester": cert.requested_by_id == request.user.pk, "nav": "attestations"})
-
-
-# -- cutover console ------------------------------------------------------------------------------------------------
-
-@screen
-def cutover(request):
-    gates = AccountServingGate.objects.select_related("account", "epoch").order_by("account_id")
-    modes: dict[str, int] = {}
-    for gate in gates:
-        modes[gate.mode] = modes.get(gate.mode, 0) + 1
-    return render(request, "governance/cutover.html", {
-        "gates": gates, "modes": modes, "epochs": ServingEpoch.objects.order_by("-pk")[:10],
-        "decisions": CutoverDecision.objects.order_by("-pk")[:10], "nav": "cutover"})
 
 
 def method_not_allowed(request):  # pragma: no cover - routing helper

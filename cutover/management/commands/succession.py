@@ -17,13 +17,10 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from connector.actors import Actor
-from connector.choices import GateMode
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate, OrderingLane, ServingEpoch
-from connector.services import gates as gate_services
-from cutover.models import OrderingHandoff
+from connector.models import ServingEpoch
 from cutover.selectors import barrier_set_open_for, succession_status
-from cutover.services import succession
+from cutover.services import succession, succession_phases
 
 
 class Command(BaseCommand):
@@ -94,54 +91,25 @@ class Command(BaseCommand):
                                              f"receipts {bytes(row.owner_receipts_digest).hex()[:16]}…"))
 
     def phase_halt(self, **_):
-        accounts = sorted(self.predecessor.configuration.accounts.values_list("account_id", flat=True))
-        blocked = []
-        for i, account_id in enumerate(accounts, 1):
-            gate = AccountServingGate.objects.get(account_id=account_id)
-            try:
-                if gate.mode == GateMode.V2_SERVING:
-                    gate = gate_services.gate_transition(account_id=account_id, action="halt_v2",
-                                                         expected_fence=gate.fence, actor=self.actor,
-                                                         reason="successor activation (requires_drain)")
-                if gate.mode == GateMode.HALTING_V2:
-                    gate = gate_services.gate_transition(account_id=account_id, action="confirm_halted",
-                                                         expected_fence=gate.fence, actor=self.actor,
-                                                         reason="successor activation (requires_drain)")
-            except ConnectorError as exc:
-                blocked.append(f"account {account_id}: {exc.detail}")
-            self._progress(i, len(accounts), f"account {account_id}: {gate.mode}")
-        if blocked:
+        outcome = succession_phases.halt_all(predecessor=self.predecessor, actor=self.actor, on_step=self._progress)
+        if outcome.refused:
             raise CommandError("not every gate is v2_halted (rerun when open permits settled):\n  "
-                               + "\n  ".join(blocked))
-        self.stdout.write(self.style.SUCCESS(f"{len(accounts)} gates v2_halted"))
+                               + "\n  ".join(outcome.refused))
+        self.stdout.write(self.style.SUCCESS(f"{outcome.total} gates v2_halted"))
 
     def phase_handoffs(self, *, holder: str, **_):
         row = self._open_set(holder)
-        lanes = list(OrderingLane.objects.filter(epoch=self.predecessor).order_by("pk").values_list("pk", flat=True))
-        done = set(OrderingHandoff.objects.filter(successor_epoch_id=row.successor_epoch_id)
-                   .values_list("predecessor_lane_id", flat=True))
-        refused = []
-        for i, lane_pk in enumerate(lanes, 1):
-            if lane_pk in done:
-                self._progress(i, len(lanes), f"lane {lane_pk}: already handed off")
-                continue
-            try:
-                h = succession.ordering_handoff(barrier_set_pk=row.pk, lane_pk=lane_pk, actor=self.actor)
-                self._progress(i, len(lanes), f"lane {lane_pk}: frozen at high-water {h.high_water}")
-            except ConnectorError as exc:
-                refused.append(f"lane {lane_pk}: {exc.detail}")
-                self._progress(i, len(lanes), f"lane {lane_pk}: REFUSED")
-        if refused:
-            raise CommandError(f"{len(refused)} lane(s) refused; drain them and rerun:\n  " + "\n  ".join(refused))
-        self.stdout.write(self.style.SUCCESS(f"{len(lanes)} predecessor lanes handed off"))
+        outcome = succession_phases.handoff_all(barrier_set=row, actor=self.actor, on_step=self._progress)
+        if outcome.refused:
+            raise CommandError(f"{len(outcome.refused)} lane(s) refused; drain them and rerun:\n  "
+                               + "\n  ".join(outcome.refused))
+        self.stdout.write(self.style.SUCCESS(f"{outcome.total} predecessor lanes handed off"))
 
     def phase_activate(self, *, holder: str, **_):
         row = self._open_set(holder)
-        successor = succession.successor_activate(barrier_set_pk=row.pk, expected_fence=row.fence, actor=self.actor)
-        self.stdout.write(f"successor {successor.epoch_id} {successor.state}; readback and release…")
-        row = self._open_set(holder)
-        row = succession.barrier_set_release(barrier_set_pk=row.pk, expected_fence=row.fence,
-                                             reason="successor activation read back", actor=self.actor)
+        successor, row = succession_phases.activate_and_release(barrier_set=row, expected_fence=row.fence,
+                                                                actor=self.actor)
+        self.stdout.write(f"successor {successor.epoch_id} {successor.state}; read back")
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state}; {successor.epoch_id} serves"))
 
     def phase_release(self, *, holder: str, reason: str, replacement: bool, **_):
