@@ -154,3 +154,32 @@ def test_dual_approval_needs_a_different_second_approver(browser, live_server, p
     assert ReceiverCertification.objects.get(pk=pending_attestation.pk).state == "certified"
     for context in (first, again, other):
         context.close()
+
+
+def test_approver_runs_a_successor_activation_from_the_cutover_console(browser, live_server, shot):
+    """The cutover console in a browser: the approver opens the successor activation, sees each phase with its
+    receipts, and takes the offered action of each phase in turn until every phase is done."""
+    from cutover.services import succession
+    from tests.connector.inbound_helpers import drain
+    from tests.cutover.succession_helpers import ACTOR, build_succession_world, send
+
+    world = build_succession_world("bc-")
+    send(world, "evt-1", 1)
+    drain()
+    row = succession.barrier_set_acquire(predecessor_epoch_id=world.epoch.epoch_id,
+                                         successor_epoch_id=world.successor.epoch_id, holder="console", actor=ACTOR)
+    _user("alma", "approver")
+    context, page = _login(browser, live_server, "alma")
+    page.goto(f"{live_server.url}/cutover/")
+    shot(page, "10-cutover-console")
+    page.get_by_role("link", name=f"#{row.pk}").click()
+    page.wait_for_url(f"**/cutover/succession/{row.pk}/")
+    shot(page, "11-succession-phases")
+    for label in ("Reread the owners and hold the barriers", "Halt every gate", "Freeze the remaining lanes",
+                  "Activate the successor"):
+        page.get_by_role("button", name=label, exact=False).click()
+        page.wait_for_load_state()
+        assert page.locator(".msg.error").count() == 0, page.locator(".msg.error").inner_text()
+    assert page.get_by_text("Every phase is done").is_visible()
+    shot(page, "12-succession-done")
+    context.close()
