@@ -124,9 +124,26 @@ class SecretBackendError(ConnectorError):
     operator_action = "Check the secret backend directory and its version references."
 
 
+class ApprovalRefused(ConnectorError):
+    """The approval cannot be recorded: the requester may not approve, one person approves once, or the subject
+    changed since it was shown (approvals of an old digest are void)."""
+
+    code = "APPROVAL_REFUSED"
+    http_status = 409
+    operator_action = "Reload the subject and its current digest; a second approval needs a different person."
+
+
+class ApprovalMissing(ConnectorError):
+    """The subject needs two distinct approvals of its exact current digest before this step may run."""
+
+    code = "APPROVAL_MISSING"
+    http_status = 409
+    operator_action = "Request dual approval of the current subject (attestations screen) and wait for two approvers."
+
+
 ERROR_CATALOG = MappingProxyType({
     cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
     for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CredentialMappingInvalid,
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, FenceStale, GateNotServing,
-                PermissionRefused, SecretBackendError)
+                PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing)
 })

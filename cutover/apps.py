@@ -12,3 +12,9 @@ class CutoverConfig(AppConfig):
 
         # v2_halted -> v2_serving on the predecessor is refused once any OrderingHandoff exists (CV2-11-020).
         hooks.register_resume_blocker(selectors.predecessor_resume_blockers)
+
+        from connector.services import approvals
+        from cutover.services import approval_subjects
+
+        for kind, resolver in approval_subjects.SUBJECTS.items():  # dual approval of cutover subjects
+            approvals.register_subject(kind, resolver)

@@ -18,7 +18,10 @@ from connector import hooks
 from connector.actors import Actor
 from connector.choices import EpochState, GateMode
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate, OrderingLane, ServingEpoch
+from connector.models import (AccountServingGate, ApprovalKind, DualApprovalRequest, OrderingLane,
+                              ServingEpoch)
+from connector.models.approvals import APPROVAL_LIVE
+from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
 from cutover.models import CutoverDecision, OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import succession, succession_phases
@@ -126,7 +129,16 @@ def cutover(request):
         "gates": gates, "modes": modes, "epochs": ServingEpoch.objects.order_by("-pk")[:10],
         "decisions": CutoverDecision.objects.order_by("-pk")[:10],
         "successions": ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch")
-        .order_by("-pk")[:20], "nav": "cutover"})
+        .order_by("-pk")[:20], "activation_subjects": _activation_subjects(),
+        "may_request": request.user.has_perm(approvals.PERMISSION), "nav": "cutover"})
+
+
+def _activation_subjects() -> list[tuple[ServingEpoch, DualApprovalRequest | None]]:
+    """Every verified epoch with the live dual-approval request of its activation decision, if any."""
+    live = {r.subject_key: r for r in DualApprovalRequest.objects.filter(
+        kind=ApprovalKind.ACTIVATION_DECISION, state__in=APPROVAL_LIVE)}
+    return [(epoch, live.get(epoch.epoch_id))
+            for epoch in ServingEpoch.objects.filter(state=EpochState.VERIFIED).order_by("pk")]
 
 
 def _act(request, row: ServingPublicationBarrierSet, action: str) -> str:

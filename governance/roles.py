@@ -7,7 +7,8 @@ check itself.
   holder generations.
 - approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (halting gates
   included, so the approver can run every succession phase from the console) (and, with the rest of
-  the cutover work, restore points, readiness certificates and activation decisions).
+  the cutover work, restore points, readiness certificates and activation decisions: requests and gives dual
+  approvals of those subjects).
 - certifier: auditor + approves platform-attested receiver certifications (dual approval).
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from django.contrib.auth.models import Group, Permission
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
             "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
-APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "connector.operate_accountservinggate")
+APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "connector.operate_accountservinggate",
+            "connector.give_dual_approval")
 CERTIFIER = ("effects.approve_certification",)
 ROLES = {"auditor": (), "operator": OPERATOR, "approver": APPROVER, "certifier": CERTIFIER}
 

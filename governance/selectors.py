@@ -132,6 +132,15 @@ def attestations() -> list[Attestation]:
     return out
 
 
+def cutover_approvals(*, recent: int = 20) -> list:
+    """Dual-approval requests of cutover subjects: every pending one, then the most recent decided ones."""
+    from connector.models import DualApprovalRequest
+
+    rows = DualApprovalRequest.objects.select_related("requested_by").prefetch_related("approvals__approver")
+    return list(rows.filter(state="pending").order_by("pk")) + list(rows.exclude(state="pending")
+                                                                   .order_by("-pk")[:recent])
+
+
 def recertification_due(*, within: timedelta = timedelta(days=14)) -> list[ReceiverCertification]:
     """Certified identities whose validity ends soon or has ended (periodic recertification), soonest first."""
     horizon = timezone.now() + within

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import console, views
+from . import approvals, console, views
 
 app_name = "governance"
 urlpatterns = [
@@ -11,6 +11,8 @@ urlpatterns = [
     path("queue/execution/<int:pk>/", views.execution, name="execution"),
     path("attestations/", views.attestations, name="attestations"),
     path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),
+    path("attestations/approval/<int:pk>/", approvals.approval, name="approval"),
+    path("attestations/request/", approvals.request_approval, name="request_approval"),
     path("board/", views.board, name="board"),
     path("cutover/", console.cutover, name="cutover"),
     path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),

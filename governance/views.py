@@ -186,7 +186,8 @@ def delivery(request, pk: int):
 @screen
 def attestations(request):
     return render(request, "governance/attestations.html", {
-        "pending": selectors.attestations(), "due": selectors.recertification_due(), "nav": "attestations"})
+        "pending": selectors.attestations(), "due": selectors.recertification_due(),
+        "cutover_requests": selectors.cutover_approvals(), "nav": "attestations"})
 
 
 @screen

@@ -1,3 +1,4 @@
+from connector.models.approvals import *  # noqa: F401,F403
 from connector.models.audit import *  # noqa: F401,F403
 from connector.models.execution import *  # noqa: F401,F403
 from connector.models.ingress import *  # noqa: F401,F403

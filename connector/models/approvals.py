@@ -1,0 +1,94 @@
+"""Dual approval of a cutover subject: a readiness certificate, a restore point or an activation decision needs
+two distinct people, neither the requester, each approving the exact subject digest they were shown.
+
+Invariants: at most one live (pending or approved) request per (kind, subject key); a request for a changed
+subject (another digest) voids the live one and every approval it had; an approval is append-only, one per
+(request, approver), never by the requester (a CHECK on the copied requester column).
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Length
+from django.db.models.lookups import Exact
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+__all__ = ["ApprovalKind", "ApprovalState", "APPROVAL_TRANSITIONS", "DualApprovalRequest", "DualApproval"]
+
+
+class ApprovalKind(models.TextChoices):
+    """The closed set of subjects that need two approvers (issue: dual-approval attestations)."""
+
+    READINESS_CERTIFICATE = "readiness_certificate"
+    RESTORE_POINT = "restore_point"
+    ACTIVATION_DECISION = "activation_decision"
+
+
+class ApprovalState(models.TextChoices):
+    PENDING = "pending"  # initial: waiting for two distinct approvers
+    APPROVED = "approved"  # pending -> approved: the second distinct approver approved the current digest
+    VOIDED = "voided"  # pending|approved -> voided: the subject changed (a new request) or was withdrawn; terminal
+
+
+APPROVAL_TRANSITIONS = (
+    (ApprovalState.PENDING, ApprovalState.APPROVED),
+    (ApprovalState.PENDING, ApprovalState.VOIDED),
+    (ApprovalState.APPROVED, ApprovalState.VOIDED),
+)
+APPROVAL_LIVE = (ApprovalState.PENDING, ApprovalState.APPROVED)
+
+
+class DualApprovalRequest(ConcurrentTransitionMixin, models.Model):
+    kind = models.CharField(max_length=32, choices=ApprovalKind.choices)
+    subject_key = models.CharField(max_length=255)
+    subject_digest = models.BinaryField(max_length=32)
+    summary = models.TextField()
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    state = FSMField(default=ApprovalState.PENDING, choices=ApprovalState.choices, protected=True)
+    void_reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "subject_key"], condition=Q(state__in=APPROVAL_LIVE),
+                                    name="connector_dualapproval_one_live_request"),
+            models.CheckConstraint(condition=Q(kind__in=ApprovalKind.values), name="connector_dualapproval_kind"),
+            models.CheckConstraint(condition=Q(state__in=ApprovalState.values), name="connector_dualapproval_state"),
+            models.CheckConstraint(condition=Exact(Length("subject_digest"), 32),
+                                   name="connector_dualapproval_digest_length"),
+            models.CheckConstraint(condition=Q(state=ApprovalState.VOIDED) | Q(void_reason=""),
+                                   name="connector_dualapproval_reason_only_when_voided"),
+        ]
+        permissions = [("give_dual_approval", "Can give one of the two approvals of a cutover subject")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.subject_key} ({self.state})"
+
+    @transition(field=state, source=ApprovalState.PENDING, target=ApprovalState.APPROVED)
+    def approve(self) -> None:
+        pass
+
+    @transition(field=state, source=[ApprovalState.PENDING, ApprovalState.APPROVED], target=ApprovalState.VOIDED)
+    def void(self, *, reason: str) -> None:
+        self.void_reason = reason
+
+
+class DualApproval(models.Model):
+    """One person's approval of the digest they saw. Append-only."""
+
+    request = models.ForeignKey(DualApprovalRequest, on_delete=models.PROTECT, related_name="approvals")
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requester = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    digest_seen = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "approver"], name="connector_dualapproval_once_per_person"),
+            models.CheckConstraint(condition=~Q(approver=F("requester")),
+                                   name="connector_dualapproval_not_the_requester"),
+        ]

@@ -1,0 +1,111 @@
+"""Dual approval of cutover subjects (readiness certificates, restore points, activation decisions).
+
+The owning app registers, per kind, a resolver `(subject_key) -> (digest, summary)` that recomputes the subject's
+current digest from the durable facts (connector.hooks-style registration, so connector never imports cutover).
+Requesting approval of a changed subject voids the live request and its approvals. An approval records who, when
+and the digest they saw; it is refused unless that digest is the subject's current one, the approver is not the
+requester and has not approved this request before. The second distinct approval moves the request to `approved`.
+`approval_require` is what the guarded step calls: it passes only for an approved request of exactly the digest
+the step is about to act on.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import IntegrityError, transaction
+
+from connector.actors import Actor
+from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused, TransitionRefused
+from connector.models import ApprovalKind, ApprovalState, DualApproval, DualApprovalRequest
+from connector.models.approvals import APPROVAL_LIVE
+from connector.services.audit import audit_record
+
+PERMISSION = "connector.give_dual_approval"
+REQUIRED_APPROVALS = 2
+Resolver = Callable[[str], tuple[bytes, str]]
+_RESOLVERS: dict[str, Resolver] = {}
+
+
+def register_subject(kind: str, resolver: Resolver) -> None:
+    if kind not in ApprovalKind.values:
+        raise ValueError(f"{kind!r} is not an approval kind")
+    _RESOLVERS[kind] = resolver
+
+
+def subject_current(kind: str, subject_key: str) -> tuple[bytes, str]:
+    """The subject's current digest and summary, recomputed from the durable facts."""
+    try:
+        resolver = _RESOLVERS[kind]
+    except KeyError:
+        raise TransitionRefused(f"no resolver is registered for approval kind {kind!r}") from None
+    return resolver(subject_key)
+
+
+def _person(actor: Actor) -> None:
+    if actor.user is None:
+        raise PermissionRefused("dual approval is given and requested by people, not system actors")
+
+
+@transaction.atomic
+def approval_request(*, kind: str, subject_key: str, actor: Actor) -> DualApprovalRequest:
+    """Open (or return) the live request for the subject's current digest. A live request for another digest is
+    voided first: the subject changed, so its approvals count for nothing."""
+    _person(actor)
+    digest, summary = subject_current(kind, subject_key)
+    live = (DualApprovalRequest.objects.select_for_update()
+            .filter(kind=kind, subject_key=subject_key, state__in=APPROVAL_LIVE).first())
+    if live is not None:
+        if bytes(live.subject_digest) == digest:
+            return live
+        from_state = live.state
+        live.void(reason=f"subject changed: new digest {digest.hex()[:16]}…")
+        live.save()
+        audit_record(actor=actor, entity=live, action="dual_approval_void", from_state=from_state,
+                     to_state=live.state, evidence_digest=digest, reason=live.void_reason)
+    request = DualApprovalRequest.objects.create(kind=kind, subject_key=subject_key, subject_digest=digest,
+                                                 summary=summary, requested_by=actor.user)
+    audit_record(actor=actor, entity=request, action="dual_approval_request", to_state=request.state,
+                 evidence_digest=digest)
+    return request
+
+
+@transaction.atomic
+def approval_give(*, request_pk: int, digest_seen: bytes, actor: Actor) -> DualApprovalRequest:
+    _person(actor)
+    if not actor.user.has_perm(PERMISSION):
+        raise PermissionRefused(f"{actor} lacks {PERMISSION}")
+    request = DualApprovalRequest.objects.select_for_update().get(pk=request_pk)
+    if request.state != ApprovalState.PENDING:
+        raise ApprovalRefused(f"the request is {request.state}; nothing to approve")
+    current, _ = subject_current(request.kind, request.subject_key)
+    if bytes(digest_seen) != bytes(request.subject_digest) or current != bytes(request.subject_digest):
+        raise ApprovalRefused("the subject changed since it was shown: approvals of the old digest are void; "
+                              "request approval of the current subject")
+    if request.requested_by_id == actor.user.pk:
+        raise ApprovalRefused("the requester cannot approve their own request")
+    try:
+        with transaction.atomic():
+            DualApproval.objects.create(request=request, approver=actor.user, requester_id=request.requested_by_id,
+                                        digest_seen=current)
+    except IntegrityError as exc:
+        raise ApprovalRefused(f"{actor} already approved this request") from exc
+    audit_record(actor=actor, entity=request, action="dual_approval_give", from_state=request.state,
+                 to_state=request.state, evidence_digest=current)
+    if request.approvals.filter(digest_seen=current).count() >= REQUIRED_APPROVALS:
+        request.approve()
+        request.save()
+        audit_record(actor=actor, entity=request, action="dual_approval_approved", from_state=ApprovalState.PENDING,
+                     to_state=request.state, evidence_digest=current)
+    return request
+
+
+def approval_require(*, kind: str, subject_key: str, digest: bytes) -> DualApprovalRequest:
+    """Pass only if an approved request exists for exactly this digest. Call it inside the guarded step's
+    transaction: the request row stays locked until that transaction ends, so a concurrent void (a new request for a
+    changed subject) either commits first and is seen, or waits for the step."""
+    with transaction.atomic():
+        request = (DualApprovalRequest.objects.select_for_update()
+                   .filter(kind=kind, subject_key=subject_key, state=ApprovalState.APPROVED).first())
+    if request is None or bytes(request.subject_digest) != bytes(digest):
+        raise ApprovalMissing(f"{kind} {subject_key} has no dual approval of digest {bytes(digest).hex()[:16]}…")
+    return request

@@ -1,0 +1,189 @@
+"""Dual approval of cutover subjects: two distinct people, neither the requester, each approving the exact digest
+they saw; one person approves once; a changed subject voids earlier approvals; the guarded step passes only for an
+approved request of exactly its digest. Rules hold in the service and, where they are facts, in PostgreSQL."""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.db import IntegrityError, close_old_connections, connection, transaction
+from django_fsm import TransitionNotAllowed
+
+from connector.actors import Actor
+from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused
+from connector.models import ApprovalState, DualApproval, DualApprovalRequest
+from connector.services import approvals, serving
+from tests.cutover.succession_helpers import ACTOR, build_succession_world
+
+KIND = "activation_decision"
+SEED = {("pending", "approved"), ("pending", "voided"), ("approved", "voided")}
+STATES = ["pending", "approved", "voided"]
+
+
+def _people():
+    def make(name, group="approver"):
+        user = User.objects.create_user(name)
+        if group:
+            user.groups.add(Group.objects.get(name=group))
+        return Actor.for_user(User.objects.get(pk=user.pk))
+    return make("req"), make("a1"), make("a2"), make("aud", "auditor")
+
+
+@pytest.fixture
+def subject(db):
+    world = build_succession_world("da-")
+    return world, world.successor.epoch_id
+
+
+def test_two_distinct_approvers_other_than_the_requester_approve(subject):
+    """Proves: the issue's dual-approval rules (requester excluded, one approval per person, second distinct approver
+    approves) for the activation decision of a verified epoch."""
+    world, key = subject
+    req, a1, a2, aud = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    digest = bytes(row.subject_digest)
+    with pytest.raises(ApprovalRefused, match="requester"):
+        approvals.approval_give(request_pk=row.pk, digest_seen=digest, actor=req)
+    with pytest.raises(PermissionRefused):
+        approvals.approval_give(request_pk=row.pk, digest_seen=digest, actor=aud)
+    with pytest.raises(ApprovalMissing):
+        approvals.approval_require(kind=KIND, subject_key=key, digest=digest)
+    assert approvals.approval_give(request_pk=row.pk, digest_seen=digest, actor=a1).state == "pending"
+    with pytest.raises(ApprovalRefused, match="already approved"):
+        approvals.approval_give(request_pk=row.pk, digest_seen=digest, actor=a1)
+    assert approvals.approval_give(request_pk=row.pk, digest_seen=digest, actor=a2).state == "approved"
+    assert approvals.approval_require(kind=KIND, subject_key=key, digest=digest).pk == row.pk
+    with pytest.raises(ApprovalMissing):
+        approvals.approval_require(kind=KIND, subject_key=key, digest=b"\x01" * 32)
+    assert [a.approver.username for a in row.approvals.order_by("pk")] == ["a1", "a2"]
+    assert approvals.approval_request(kind=KIND, subject_key=key, actor=a1).pk == row.pk  # same digest: same row
+
+
+def test_a_changed_subject_voids_earlier_approvals(subject):
+    """An approval of a digest that is no longer the subject's is refused; a request for the changed subject voids
+    the live request (and so its approvals), and approvals start again from zero. Proves: void-on-digest-change."""
+    world, key = subject
+    req, a1, a2, _ = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    old = bytes(row.subject_digest)
+    approvals.approval_give(request_pk=row.pk, digest_seen=old, actor=a1)
+    serving.epoch_reject(epoch_pk=world.successor.pk, reason="replaced by a corrected candidate", actor=ACTOR)
+    with pytest.raises(ApprovalRefused, match="subject changed"):
+        approvals.approval_give(request_pk=row.pk, digest_seen=old, actor=a2)
+    assert DualApprovalRequest.objects.get(pk=row.pk).state == "pending"
+    fresh = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    assert fresh.pk != row.pk and bytes(fresh.subject_digest) != old and fresh.approvals.count() == 0
+    voided = DualApprovalRequest.objects.get(pk=row.pk)
+    assert voided.state == "voided" and "subject changed" in voided.void_reason
+    with pytest.raises(ApprovalRefused):
+        approvals.approval_give(request_pk=row.pk, digest_seen=old, actor=a2)
+
+
+def test_an_approved_request_is_voided_by_a_change(subject):
+    world, key = subject
+    req, a1, a2, _ = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    for who in (a1, a2):
+        approvals.approval_give(request_pk=row.pk, digest_seen=bytes(row.subject_digest), actor=who)
+    serving.epoch_reject(epoch_pk=world.successor.pk, reason="withdrawn", actor=ACTOR)
+    approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    assert DualApprovalRequest.objects.get(pk=row.pk).state == "voided"
+    with pytest.raises(ApprovalMissing):
+        approvals.approval_require(kind=KIND, subject_key=key, digest=bytes(row.subject_digest))
+
+
+def test_postgres_refuses_self_approval_double_approval_and_edits(subject):
+    """The database itself: the approver is never the requester (CHECK + composite FK to the request's requester),
+    one approval per person (UNIQUE), approvals are append-only, one live request per subject."""
+    world, key = subject
+    req, a1, a2, _ = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    d = bytes(row.subject_digest)
+    cases = [
+        lambda: DualApproval.objects.create(request=row, approver=req.user, requester=req.user, digest_seen=d),
+        lambda: DualApproval.objects.create(request=row, approver=a1.user, requester=a2.user, digest_seen=d),
+        lambda: DualApprovalRequest.objects.create(kind=KIND, subject_key=key, subject_digest=d, summary="x",
+                                                   requested_by=a1.user),
+    ]
+    for case in cases:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            case()
+    approvals.approval_give(request_pk=row.pk, digest_seen=d, actor=a1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DualApproval.objects.create(request=row, approver=a1.user, requester=req.user, digest_seen=d)
+    for sql in ("UPDATE connector_dualapproval SET digest_seen = %s", "DELETE FROM connector_dualapproval"):
+        with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, [b"\x00" * 32] if "%s" in sql else [])
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE connector_dualapprovalrequest SET subject_digest = %s", [b"\x00" * 32])
+
+
+def test_every_unlisted_request_transition_is_refused(subject):
+    """django-fsm and PostgreSQL both allow exactly pending -> approved | voided and approved -> voided."""
+    world, key = subject
+    req, *_ = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    field = DualApprovalRequest._meta.get_field("state")
+    assert {(t.source, t.target) for t in field.get_all_transitions(DualApprovalRequest)} == SEED
+    assert field.protected
+    for source, target in itertools.product(STATES, STATES):
+        if source == target:
+            continue
+        reached = set()
+        for t in field.get_all_transitions(DualApprovalRequest):
+            instance = DualApprovalRequest(state=source)
+            try:
+                getattr(instance, t.name)(**({"reason": "r"} if t.name == "void" else {}))
+                reached.add(instance.state)
+            except TransitionNotAllowed:
+                pass
+        assert (target in reached) == ((source, target) in SEED), (source, target)
+        with connection.cursor() as cursor:
+            cursor.execute("SET session_replication_role = replica")
+            cursor.execute("UPDATE connector_dualapprovalrequest SET state=%s, void_reason=%s WHERE id=%s",
+                           [source, "r" if source == "voided" else "", row.pk])
+            cursor.execute("SET session_replication_role = origin")
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("UPDATE connector_dualapprovalrequest SET state=%s, void_reason=%s WHERE id=%s",
+                               [target, "r" if target == "voided" else "", row.pk])
+            ok = True
+        except IntegrityError:
+            ok = False
+        assert ok == ((source, target) in SEED), (source, target)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_approvals_by_the_same_person_count_once():
+    """Two sessions of the same approver approve at the same moment (separate connections): exactly one approval is
+    recorded and the request stays pending; two different approvers racing approve it."""
+    build_succession_world("dr-")
+    key = "dr-epoch-2"
+    req, a1, a2, _ = _people()
+    row = approvals.approval_request(kind=KIND, subject_key=key, actor=req)
+    d = bytes(row.subject_digest)
+
+    def race(actors):
+        barrier, outcomes = threading.Barrier(len(actors)), []
+
+        def run(actor):
+            try:
+                barrier.wait()
+                outcomes.append(approvals.approval_give(request_pk=row.pk, digest_seen=d, actor=actor).state)
+            except ApprovalRefused as exc:
+                outcomes.append(exc.code)
+            finally:
+                close_old_connections()
+        threads = [threading.Thread(target=run, args=(a,)) for a in actors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(outcomes)
+
+    assert race([a1, a1]) == ["APPROVAL_REFUSED", "pending"]
+    assert DualApproval.objects.filter(request=row).count() == 1
+    assert race([a2]) == ["approved"]
+    assert DualApprovalRequest.objects.get(pk=row.pk).state == ApprovalState.APPROVED
