@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
             name='DualApprovalRequest',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('readiness_certificate', 'Readiness Certificate'), ('restore_point', 'Restore Point'), ('activation_decision', 'Activation Decision')], max_length=32)),
+                ('kind', models.CharField(choices=[('readiness_certificate', 'readiness certificate'), ('restore_point', 'restore point'), ('activation_decision', 'activation decision')], max_length=32)),
                 ('subject_key', models.CharField(max_length=255)),
                 ('subject_digest', models.BinaryField(max_length=32)),
                 ('summary', models.TextField()),

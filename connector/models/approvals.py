@@ -20,9 +20,9 @@ __all__ = ["ApprovalKind", "ApprovalState", "APPROVAL_TRANSITIONS", "DualApprova
 class ApprovalKind(models.TextChoices):
     """The closed set of subjects that need two approvers (issue: dual-approval attestations)."""
 
-    READINESS_CERTIFICATE = "readiness_certificate"
-    RESTORE_POINT = "restore_point"
-    ACTIVATION_DECISION = "activation_decision"
+    READINESS_CERTIFICATE = "readiness_certificate", "readiness certificate"
+    RESTORE_POINT = "restore_point", "restore point"
+    ACTIVATION_DECISION = "activation_decision", "activation decision"
 
 
 class ApprovalState(models.TextChoices):

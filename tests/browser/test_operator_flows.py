@@ -183,3 +183,36 @@ def test_approver_runs_a_successor_activation_from_the_cutover_console(browser, 
     assert page.get_by_text("Every phase is done").is_visible()
     shot(page, "12-succession-done")
     context.close()
+
+
+def test_activation_decision_needs_two_approvers_other_than_the_requester(browser, live_server, shot):
+    """Dual approval of a cutover subject in the browser: the requester asks from the cutover console and gets no
+    Approve button; a second session of the first approver cannot approve twice; a different approver completes it."""
+    from connector.models import DualApprovalRequest
+    from tests.cutover.succession_helpers import build_succession_world
+
+    world = build_succession_world("ba-")
+    for name in ("alma", "abe", "ada"):
+        _user(name, "approver")
+    context, page = _login(browser, live_server, "alma")
+    page.goto(f"{live_server.url}/cutover/")
+    page.get_by_role("button", name="Request dual approval").first.click()
+    page.wait_for_url("**/attestations/approval/*/")
+    assert page.get_by_role("button", name="Approve").count() == 0
+    url = page.url
+    context2, page2 = _login(browser, live_server, "abe")
+    page2.goto(url)
+    shot(page2, "13-cutover-approval")
+    page2.get_by_role("button", name="Approve").click()
+    page2.wait_for_load_state()
+    context3, page3 = _login(browser, live_server, "abe")  # a second browser session of the same approver
+    page3.goto(url)
+    assert page3.get_by_role("button", name="Approve").count() == 0
+    context4, page4 = _login(browser, live_server, "ada")
+    page4.goto(url)
+    page4.get_by_role("button", name="Approve").click()
+    page4.wait_for_load_state()
+    assert DualApprovalRequest.objects.get(subject_key=world.successor.epoch_id).state == "approved"
+    shot(page4, "14-cutover-approved")
+    for c in (context, context2, context3, context4):
+        c.close()
