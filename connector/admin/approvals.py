@@ -1,0 +1,48 @@
+"""Dual-approval facts: each request with its approvals inline, read-only (they change only through
+connector.services.approvals and the attestation screens)."""
+from __future__ import annotations
+
+from django.contrib import admin
+
+from connector.admin.base import FactAdmin, FactInline, badge, digest_col, state_diagram
+from connector.models.approvals import APPROVAL_TRANSITIONS, DualApproval, DualApprovalRequest
+
+
+class DualApprovalInline(FactInline):
+    model = DualApproval
+    fields = ("approver", "digest", "created_at")
+    digest = digest_col("digest_seen", "digest seen")
+
+
+@admin.register(DualApprovalRequest)
+class DualApprovalRequestAdmin(FactAdmin):
+    fact_description = ("A request for two distinct approvals of one cutover subject (readiness certificate, "
+                        "restore point or activation decision) at an exact digest. Written by "
+                        "connector.services.approvals; a request for a changed subject voids this one and its "
+                        "approvals. Approve on the attestation screens, not here.")
+    list_display = ("id", "kind", "subject_key", "state_badge", "requested_by", "approval_count", "created_at")
+    list_filter = ("kind", "state")
+    search_fields = ("subject_key", "summary")
+    date_hierarchy = "created_at"
+    inlines = (DualApprovalInline,)
+    fieldsets = (
+        (None, {"fields": ("kind", "subject_key", "summary", "state_badge", "void_reason", "requested_by",
+                           "created_at", "changed_at")}),
+        ("Digest", {"fields": ("digest_hex",)}),
+        ("Transitions", {"fields": ("diagram",)}),
+    )
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return badge(obj.state)
+
+    @admin.display(description="approvals")
+    def approval_count(self, obj):
+        return obj.approvals.count()
+
+    @admin.display(description="state machine")
+    def diagram(self, obj):
+        return state_diagram(obj.state, APPROVAL_TRANSITIONS)
+
+    digest_hex = digest_col("subject_digest", "subject digest")
+
