@@ -9,3 +9,6 @@ CONNECTOR = {
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
 }
+
+# The V1 deployment the cutover coordinator drives, through cutover.ports.V1OwnerPort (the `v1` app).
+CUTOVER_V1_OWNER = env_str("CUTOVER_V1_OWNER", "v1.owner.V1Owner")

@@ -1,2 +1,3 @@
 from cutover.models.journal import *  # noqa: F401,F403
 from cutover.models.succession import *  # noqa: F401,F403
+from cutover.models.attempt import *  # noqa: F401,F403
