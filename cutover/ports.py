@@ -183,6 +183,11 @@ class V1OwnerPort(Protocol):
         effect row (CV2-12-040/042)."""
 
     def transport_identities(self, account_keys: list[str]) -> list[TransportIdentity]: ...
+
+    def boot_check(self, database_url: str, release: V1Release, attempt_key: str) -> Receipt:
+        """Boot the exact V1 release (a separate process) against another database, a restore rehearsal's or a
+        restore's copy, and verify it serves that release: V1 schema digest, release tuple, readable cursors,
+        high-waters and generations. Raises cutover.errors' refusal on any mismatch (CV2-12-052)."""
     def high_waters(self, account_keys: list[str]) -> list[HighWater]: ...
 
 
