@@ -20,6 +20,8 @@ POINTS = (
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
     "succession.before_commit",  # successor activation wrote every transition, not yet committed
     "succession.after_commit",  # successor activation committed, barrier set not yet released
+    "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
+    "v1.after_request",  # the V1 provider call returned (or not), the V1 effect not finalized
 )
 
 
