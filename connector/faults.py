@@ -21,7 +21,8 @@ POINTS = (
     "succession.before_commit",  # successor activation wrote every transition, not yet committed
     "succession.after_commit",  # successor activation committed, barrier set not yet released
     "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
-    "v1.after_request",  # the V1 provider call returned (or not), the V1 effect not finalized
+    "v1.after_request",
+    "cutover.certify_before_commit",  # shutdown certificate and every v1_drained move written, not committed  # the V1 provider call returned (or not), the V1 effect not finalized
 )
 
 

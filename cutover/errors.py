@@ -48,3 +48,34 @@ class SuccessorActivationRefused(ConnectorError):
     code = "SUCCESSOR_ACTIVATION_REFUSED"
     http_status = 409
     operator_action = "Complete the missing phase (`manage.py succession status` names it) and retry."
+
+
+# -- V1 -> V2 service cutover up to v1_drained ------------------------------------------------------------------
+
+class CutoverPreflightRefused(ConnectorError):
+    """Preflight refuses the cutover: an unsupported or unproved route, no lossless halt contract or remediation
+    owner, an unsupported egress manifest, incomplete budgets, a projection over budget, or another open attempt
+    (CV2-12-012..017)."""
+
+    code = "CUTOVER_PREFLIGHT_REFUSED"
+    http_status = 422
+    operator_action = "Fix the named input and open a NEW attempt; a certificate is never edited."
+
+
+class CutoverPhaseRefused(ConnectorError):
+    """The cutover phase cannot run now: the attempt is closed or unknown, a gate is not in the phase's mode, the
+    account/gate set drifted, a receipt does not name the attempt, or the certificate bytes do not verify."""
+
+    code = "CUTOVER_PHASE_REFUSED"
+    http_status = 409
+    operator_action = "Read `manage.py cutover status`; run the phase it names next."
+
+
+class DrainBlocked(ConnectorError):
+    """V1 still has work that blocks the drain or the shutdown certificate (nonterminal items, live leases,
+    effects whose provider I/O may have started, missing tombstones or baselines). Never resolved by a timeout."""
+
+    code = "DRAIN_BLOCKED"
+    http_status = 409
+    retryable = True
+    operator_action = "Let V1 finish, or reconcile io_may_have_started effects with evidence in v1_stopped."

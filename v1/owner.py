@@ -130,6 +130,10 @@ class V1Owner:
         for item in V1WorkItem.objects.filter(account_key__in=account_keys).exclude(state=WorkState.DONE) \
                 .order_by("pk"):
             kind = "live_lease" if item.state == WorkState.CLAIMED else "inbound_nonterminal"
+            open_effects = {str(e) for e in item.effects.exclude(state__in=EFFECT_TERMINAL)
+                            .values_list("state", flat=True)}
+            if kind == "live_lease" and open_effects == {EffectState.DISPATCHING}:
+                kind = "io_may_have_started"  # its fate rests only on the provider call in flight
             blocking.append(InventoryItem(kind, "v1_v1workitem", str(item.pk), item.account_key,
                                           f"{item.transport_key} {item.state}"))
         for effect in V1OutboundEffect.objects.filter(account_key__in=account_keys) \

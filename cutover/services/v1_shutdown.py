@@ -1,0 +1,587 @@
+"""The V1 -> V2 service cutover up to `v1_drained` (seed "Offline V1 shutdown", steps 1-5; CV2-12-012..049).
+
+Phases, each an idempotent service (rerunning a finished phase changes nothing):
+
+1. `cutover_open` + `cutover_certify`: the attempt and its immutable CutoverReadinessCertificate (preflight).
+2. `maintenance_close`: owner barriers closed (receipts), then one transaction locks and byte-compares the
+   certificate, requires the exhaustive one-to-one gate set and moves every gate `v1_serving -> halting_v1`.
+3. `maintenance_remeasure`: the workload against the certificate; a breach takes `cutover_abort` (fenced
+   `halting_v1 -> v1_serving`, barriers reopened) before any termination.
+4. `v1_stop`: after the live inventory first reaches zero, terminate and egress-isolate the exact V1 generation
+   (receipts) and move every gate `halting_v1 -> v1_stopped`.
+5. `v1_reconcile` (fenced, in `v1_stopped` only), `v1_export` (tombstones and OrderingBaselines) and
+   `v1_certify_drained` (second inventory under the same gate locks, the V1ShutdownCertificate, every gate
+   `v1_stopped -> v1_drained`).
+
+The coordinator never imports `v1`: it talks to `cutover.ports.v1_owner()`. Gates are locked FOR UPDATE in
+ascending account id (docs/locking.md); owner calls that wait (barrier closes) happen before those transactions.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from connector import locks as connector_locks
+from connector.actors import Actor
+from connector.canonical.encoding import Record, encode
+from connector.choices import EpochState, GateMode
+from connector.errors import PermissionRefused
+from connector.faults import fault_point
+from connector.models import (
+    AccountServingGate,
+    ConnectorAccount,
+    Receipt,
+    ServiceConfigurationGeneration,
+    ServingEpoch,
+    V1AcceptanceTombstone,
+)
+from connector.services.audit import audit_record
+from connector.services.tombstones import tombstones_import
+from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, DrainBlocked
+from cutover.models import (
+    AttemptOutcome,
+    CutoverReadinessCertificate,
+    MaintenanceBarrierReceipt,
+    OrderingBaseline,
+    OrderingDisposition,
+    ServiceCutoverAttempt,
+    V1GenerationReceipt,
+    V1Reconciliation,
+    V1ShutdownCertificate,
+)
+from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
+from cutover.reasons import CUTOVER_REASONS
+
+PERMISSION = "cutover.coordinate_cutover"
+DOMAIN = "nexuscrm.cutover.evidence.v1"
+# Barrier order: authoring first (no account appears or leaves meanwhile), then ingress, then new roots.
+BARRIER_ORDER = (BarrierKind.AUTHORING, BarrierKind.INGRESS, BarrierKind.ROOT_OUTBOUND)
+BUDGET_PHASES = ("barrier_closure", "drain", "baseline_capture", "recovery_point_capture", "restore_rehearsal",
+                 "offline_validation", "activation_readback", "full_restore")
+# Conservative throughput figures the projections use (measured on this product: docs/cutover.md).
+SECONDS_PER_BACKLOG_ITEM = 0.05
+DUMP_BYTES_PER_SECOND = 25_000_000
+SAFETY_FACTOR = 2
+IN_FLIGHT = "io_may_have_started"
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def canon(value):
+    """JSON-shaped values as canonical-encoder values (dicts as key-sorted Records, floats as text)."""
+    if isinstance(value, dict):
+        return Record([(str(k), canon(value[k])) for k in sorted(value)])
+    if isinstance(value, (list, tuple)):
+        return [canon(v) for v in value]
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def evidence_digest(kind: str, value) -> tuple[bytes, bytes]:
+    payload = encode(DOMAIN, Record([("kind", kind), ("value", canon(value))]))
+    return payload, hashlib.sha256(payload).digest()
+
+
+def _require(actor: Actor) -> None:
+    if actor.user is not None and not actor.user.has_perm(PERMISSION):
+        raise PermissionRefused(f"{actor} lacks the {PERMISSION} permission")
+
+
+def attempt_get(attempt_key: str, *, lock: bool = False) -> ServiceCutoverAttempt:
+    rows = ServiceCutoverAttempt.objects.select_related("configuration", "candidate_epoch")
+    attempt = (rows.select_for_update(of=("self",)) if lock else rows).filter(attempt_key=attempt_key).first()
+    if attempt is None:
+        raise CutoverPhaseRefused(f"no service cutover attempt {attempt_key!r}")
+    return attempt
+
+
+def _open(attempt: ServiceCutoverAttempt) -> None:
+    if attempt.outcome != AttemptOutcome.OPEN:
+        raise CutoverPhaseRefused(f"attempt {attempt.attempt_key} is closed ({attempt.outcome})")
+
+
+def account_set(configuration: ServiceConfigurationGeneration) -> list[tuple[int, str]]:
+    """The configuration's exhaustive account set: (account id, account key), ascending id."""
+    return sorted(configuration.accounts.values_list("account_id", "account__account_key"))
+
+
+def account_set_digest(configuration: ServiceConfigurationGeneration) -> bytes:
+    return evidence_digest("account_set", [[i, k] for i, k in account_set(configuration)])[1]
+
+
+def _keys(attempt: ServiceCutoverAttempt) -> list[str]:
+    return [k for _, k in account_set(attempt.configuration)]
+
+
+def frozen_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
+    """Lock every gate of the frozen account set (ascending account id) after rereading the configuration and
+    the gate repository: exactly one gate per account, the set unchanged, and no current account outside it
+    (CV2-12-029/031/046/090)."""
+    accounts = account_set(attempt.configuration)
+    if not hmac.compare_digest(account_set_digest(attempt.configuration), bytes(attempt.account_set_digest)):
+        raise CutoverPhaseRefused("the configuration's account set differs from the attempt's frozen set")
+    outside = ConnectorAccount.objects.exclude(pk__in=[i for i, _ in accounts]).values_list("account_key", flat=True)
+    if outside.exists():
+        raise CutoverPhaseRefused("accounts outside the frozen set exist: " + ", ".join(list(outside[:10])))
+    gates = connector_locks.gates_for_update([i for i, _ in accounts])
+    if [g.account_id for g in gates] != [i for i, _ in accounts]:
+        raise CutoverPhaseRefused("the gate set is not one-to-one with the frozen account set")
+    return gates
+
+
+def _move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor, attempt: ServiceCutoverAttempt,
+          evidence: bytes | None) -> int:
+    moved = 0
+    for gate in gates:
+        if gate.mode != source:
+            continue
+        getattr(gate, action)()
+        gate.save()
+        audit_record(actor=actor, entity=gate, action=f"gate_{action}", from_state=source, to_state=gate.mode,
+                     fence=gate.fence, evidence_digest=evidence, reason=f"service cutover {attempt.attempt_key}")
+        moved += 1
+    return moved
+
+
+def _modes(gates) -> set[str]:
+    return {g.mode for g in gates}
+
+
+def _verify_receipt(receipt: OwnerReceipt, attempt: ServiceCutoverAttempt, kind: str, subject: str) -> None:
+    if (receipt.attempt_key != attempt.attempt_key or receipt.kind != kind or receipt.subject != subject
+            or not hmac.compare_digest(hashlib.sha256(receipt.payload).digest(), receipt.digest)):
+        raise CutoverPhaseRefused(f"owner receipt {receipt.kind}/{receipt.subject} does not name attempt "
+                                  f"{attempt.attempt_key} and {kind}/{subject} exactly (CV2-12-028)")
+
+
+# -- 1. preflight ----------------------------------------------------------------------------------------------
+
+def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidate_epoch_id: str,
+                 actor: Actor) -> ServiceCutoverAttempt:
+    """Open the attempt: the exact configuration, the verified candidate epoch, the running V1 generation and the
+    exhaustive account set. Idempotent for the same inputs; another open attempt refuses."""
+    _require(actor)
+    existing = ServiceCutoverAttempt.objects.filter(attempt_key=attempt_key).first()
+    if existing is not None:
+        return existing
+    configuration = ServiceConfigurationGeneration.objects.filter(generation_id=configuration_generation_id).first()
+    epoch = ServingEpoch.objects.filter(epoch_id=candidate_epoch_id).first()
+    if configuration is None or epoch is None:
+        raise CutoverPreflightRefused("the configuration generation or candidate epoch does not exist")
+    if epoch.state != EpochState.VERIFIED or epoch.configuration_id != configuration.pk:
+        raise CutoverPreflightRefused(f"epoch {epoch.epoch_id} must be verified (offline) for exactly this "
+                                      f"configuration; it is {epoch.state}")
+    generation = v1_owner().current_generation()
+    if generation is None or generation.state != "running":
+        raise CutoverPreflightRefused("no running V1 process generation to freeze")
+    accounts = account_set(configuration)
+    with transaction.atomic():
+        if ServiceCutoverAttempt.objects.filter(outcome=AttemptOutcome.OPEN).exists():
+            raise CutoverPreflightRefused("another service cutover attempt is open")
+        attempt = ServiceCutoverAttempt.objects.create(
+            attempt_key=attempt_key, configuration=configuration, candidate_epoch=epoch,
+            candidate_epoch_digest=bytes(epoch.digest), v1_release_id=generation.release_id,
+            v1_generation_id=generation.generation_id, account_set_digest=account_set_digest(configuration),
+            account_count=len(accounts), opened_by=str(actor))
+        audit_record(actor=actor, entity=attempt, action="cutover_open", to_state=AttemptOutcome.OPEN,
+                     evidence_digest=bytes(attempt.account_set_digest))
+    return attempt
+
+
+def project(workload, budgets: dict) -> dict[str, float]:
+    """Conservative projections (seconds) of each budgeted phase from the measured workload."""
+    dump_s = workload.database_bytes / DUMP_BYTES_PER_SECOND
+    return {
+        "barrier_closure": 1.0 * SAFETY_FACTOR,
+        "drain": workload.accepted_backlog * SECONDS_PER_BACKLOG_ITEM * SAFETY_FACTOR,
+        "baseline_capture": (workload.open_partitions + 1) * 0.01 * SAFETY_FACTOR,
+        "recovery_point_capture": dump_s * SAFETY_FACTOR,
+        "restore_rehearsal": dump_s * 2 * SAFETY_FACTOR,
+        "offline_validation": 5.0 * SAFETY_FACTOR,
+        "activation_readback": 1.0 * SAFETY_FACTOR,
+        "full_restore": dump_s * 2 * SAFETY_FACTOR,
+    }
+
+
+def _workload_dict(workload) -> dict:
+    return {"accepted_backlog": workload.accepted_backlog, "open_partitions": workload.open_partitions,
+            "live_leases": workload.live_leases, "ambiguous_effects": workload.ambiguous_effects,
+            "database_bytes": workload.database_bytes}
+
+
+def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor) -> CutoverReadinessCertificate:
+    """Preflight and the immutable CutoverReadinessCertificate (CV2-12-012..017, CV2-12-087/088). Refuses an
+    `unsupported` route, a route without a lossless halt contract or remediation owner, an unsupported egress
+    manifest, a missing or non-positive budget, and any projection over its budget."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    existing = CutoverReadinessCertificate.objects.filter(attempt=attempt).first()
+    if existing is not None:
+        return existing
+    owner = v1_owner()
+    problems: list[str] = []
+    routes = owner.route_contracts()
+    for route in routes:
+        if route.ordering_disposition not in OrderingDisposition.values or \
+                route.ordering_disposition == OrderingDisposition.UNSUPPORTED:
+            problems.append(f"route {route.route_key}: ordering disposition {route.ordering_disposition}")
+        if not route.lossless_halt:
+            problems.append(f"route {route.route_key}: no lossless root halt contract")
+        if not route.remediation_owner:
+            problems.append(f"route {route.route_key}: no remediation owner")
+    if not routes:
+        problems.append("no route dispositions")
+    manifest = owner.egress_manifest()
+    if not manifest.supported:
+        problems.append("egress manifest unsupported: untracked " + ", ".join(manifest.untracked or ("-",)))
+    missing = [p for p in BUDGET_PHASES if not isinstance(budgets.get(p), (int, float)) or budgets[p] <= 0]
+    if missing:
+        problems.append("budgets missing or not positive: " + ", ".join(missing))
+    workload = owner.measure(_keys(attempt))
+    projections = project(workload, budgets)
+    if not missing:
+        problems += [f"projection {p} {projections[p]:.1f}s over budget {budgets[p]}s" for p in BUDGET_PHASES
+                     if projections[p] > budgets[p]]
+    if problems:
+        raise CutoverPreflightRefused("; ".join(problems))
+    release = owner.release()
+    value = {
+        "attempt": attempt.attempt_key, "epoch_id": attempt.candidate_epoch.epoch_id,
+        "epoch_digest": bytes(attempt.candidate_epoch_digest).hex(),
+        "configuration": attempt.configuration.generation_id,
+        "account_set_digest": bytes(attempt.account_set_digest).hex(),
+        "v1_release": [release.release_id, release.binary_digest.hex(), release.schema_digest.hex(),
+                       release.configuration_digest.hex()],
+        "v1_generation": attempt.v1_generation_id, "egress_manifest": manifest.digest.hex(),
+        "routes": [{"route": r.route_key, "disposition": r.ordering_disposition, "lossless_halt": r.lossless_halt,
+                    "proof": r.disposition_proof_digest.hex(), "owner": r.remediation_owner} for r in routes],
+        "budgets": {p: float(budgets[p]) for p in BUDGET_PHASES}, "measurements": _workload_dict(workload),
+        "projections": projections, "reason_map": CUTOVER_REASONS,
+    }
+    payload, digest = evidence_digest("readiness_certificate", value)
+    with transaction.atomic():
+        certificate = CutoverReadinessCertificate.objects.create(
+            attempt=attempt, epoch_id=value["epoch_id"], epoch_digest=bytes(attempt.candidate_epoch_digest),
+            configuration_generation_id=value["configuration"], v1_release_id=release.release_id,
+            egress_manifest_digest=manifest.digest, routes=value["routes"], budgets=value["budgets"],
+            measurements=value["measurements"], projections=projections, reason_map=CUTOVER_REASONS,
+            payload=payload, digest=digest)
+        audit_record(actor=actor, entity=attempt, action="cutover_certify", evidence_digest=digest)
+    return certificate
+
+
+def certificate_locked(attempt: ServiceCutoverAttempt) -> CutoverReadinessCertificate:
+    """Lock the certificate and byte-compare it with its digest (CV2-12-031)."""
+    certificate = CutoverReadinessCertificate.objects.select_for_update().filter(attempt=attempt).first()
+    if certificate is None:
+        raise CutoverPhaseRefused(f"attempt {attempt.attempt_key} has no readiness certificate")
+    if not hmac.compare_digest(hashlib.sha256(bytes(certificate.payload)).digest(), bytes(certificate.digest)):
+        raise CutoverPhaseRefused("the readiness certificate's bytes do not match its digest")
+    return certificate
+
+
+# -- 2./3. barriers, halt, remeasure, abort -------------------------------------------------------------------
+
+def _barrier_receipt(attempt, kind: BarrierKind, action: str, receipt: OwnerReceipt) -> None:
+    _verify_receipt(receipt, attempt, f"barrier.{kind.value}.{'closed' if action == 'closed' else 'open'}",
+                    kind.value)
+    MaintenanceBarrierReceipt.objects.get_or_create(
+        attempt=attempt, barrier=kind.value, action=action,
+        defaults={"owner_kind": receipt.kind, "subject": receipt.subject, "payload": receipt.payload,
+                  "digest": receipt.digest})
+
+
+def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
+    """Close every owner barrier (each close waits for the transactions crossing it), store the receipts, then
+    halt every frozen gate `v1_serving -> halting_v1`. Returns the gates moved now."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    owner = v1_owner()
+    for kind in BARRIER_ORDER:
+        receipt = owner.close_barrier(kind, attempt.attempt_key)
+        with transaction.atomic():
+            _barrier_receipt(attempt, kind, "closed", receipt)
+    with transaction.atomic():
+        certificate = certificate_locked(attempt)
+        gates = frozen_gates(attempt)
+        if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
+            raise CutoverPhaseRefused("every frozen gate must be v1_serving or halting_v1 to halt")
+        return _move(gates, source=GateMode.V1_SERVING, action="halt_v1", actor=actor, attempt=attempt,
+                     evidence=bytes(certificate.digest))
+
+
+def maintenance_remeasure(*, attempt_key: str, actor: Actor) -> list[str]:
+    """Remeasure the actual workload against the certificate's budgets (after the barriers closed). Returns the
+    breaches; a breach takes the fenced abort at once (CV2-12-033/089)."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    certificate = CutoverReadinessCertificate.objects.get(attempt=attempt)
+    workload = v1_owner().measure(_keys(attempt))
+    now = project(workload, certificate.budgets)
+    breaches = [f"{p}: projected {now[p]:.1f}s > budget {certificate.budgets[p]}s" for p in BUDGET_PHASES
+                if now[p] > certificate.budgets[p]]
+    if breaches:
+        cutover_abort(attempt_key=attempt_key, reason="budget breach: " + "; ".join(breaches), actor=actor)
+    return breaches
+
+
+def v2_stopped_proof(attempt: ServiceCutoverAttempt) -> list[str]:
+    """Why V2 is not provably stopped for the attempt's accounts (empty = stopped)."""
+    problems = []
+    if ServingEpoch.objects.filter(state=EpochState.ACTIVE).exists():
+        problems.append("a ServingEpoch is active")
+    ids = [i for i, _ in account_set(attempt.configuration)]
+    if Receipt.objects.filter(account_id__in=ids).exists():
+        problems.append("a V2 receipt exists for the attempt's accounts")
+    return problems
+
+
+def cutover_abort(*, attempt_key: str, reason: str, actor: Actor) -> int:
+    """The fenced abort `halting_v1 -> v1_serving`, only before termination/isolation receipts exist, after proving
+    V2 stopped and reopening the owner barriers; closes the attempt `aborted` (CV2-12-034)."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    if V1GenerationReceipt.objects.filter(attempt=attempt).exists():
+        raise CutoverPhaseRefused("V1 was terminated or isolated: the halting abort is no longer allowed "
+                                  "(cold abort after v1_drained, or restore)")
+    stopped = v2_stopped_proof(attempt)
+    if stopped:
+        raise CutoverPhaseRefused("V2 is not provably stopped: " + "; ".join(stopped))
+    owner = v1_owner()
+    for kind in reversed(BARRIER_ORDER):
+        receipt = owner.reopen_barrier(kind, attempt.attempt_key)
+        with transaction.atomic():
+            _barrier_receipt(attempt, kind, "reopened", receipt)
+    with transaction.atomic():
+        locked = attempt_get(attempt_key, lock=True)
+        gates = frozen_gates(locked)
+        if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
+            raise CutoverPhaseRefused("only halting_v1 gates can take the abort")
+        moved = _move(gates, source=GateMode.HALTING_V1, action="abort_halt_v1", actor=actor, attempt=locked,
+                      evidence=None)
+        locked.outcome, locked.closed_at = AttemptOutcome.ABORTED, timezone.now()
+        locked.save(update_fields=["outcome", "closed_at"])
+        audit_record(actor=actor, entity=locked, action="cutover_abort", from_state=AttemptOutcome.OPEN,
+                     to_state=AttemptOutcome.ABORTED, reason=reason)
+    return moved
+
+
+# -- 4. stop -----------------------------------------------------------------------------------------------------
+
+def v1_stop(*, attempt_key: str, actor: Actor) -> int:
+    """After the live V1 inventory first reaches zero: terminate and isolate the exact V1 generation (receipts),
+    then move every frozen gate `halting_v1 -> v1_stopped` binding both receipts (CV2-12-037..039). Refuses with
+    DRAIN_BLOCKED (retryable) while anything blocks."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    owner = v1_owner()
+    done = {r.kind for r in V1GenerationReceipt.objects.filter(attempt=attempt)}
+    if not done:
+        # Zero accepted work left for V1 to do; a provider call in flight is interrupted by the termination and
+        # becomes `v1_stopped` reconciliation work (CV2-12-040/080, decision D-137).
+        blocking = [b for b in owner.inventory(_keys(attempt)).blocking if b.kind != IN_FLIGHT]
+        if blocking:
+            raise DrainBlocked(f"{len(blocking)} V1 rows block the drain: " + ", ".join(
+                f"{b.kind} {b.table}#{b.row_id}" for b in blocking[:10]))
+    for kind, call, owner_kind in (("terminated", owner.terminate_generation, "generation.terminated"),
+                                   ("isolated", owner.isolate_egress, "egress.isolated")):
+        if kind in done:
+            continue
+        receipt = call(attempt.v1_generation_id, attempt.attempt_key)
+        _verify_receipt(receipt, attempt, owner_kind, attempt.v1_generation_id)
+        with transaction.atomic():
+            V1GenerationReceipt.objects.get_or_create(attempt=attempt, kind=kind, defaults={
+                "generation_id": attempt.v1_generation_id, "payload": receipt.payload, "digest": receipt.digest})
+    receipts = evidence_digest("stop_receipts", [bytes(r.digest).hex() for r in
+                                                 V1GenerationReceipt.objects.filter(attempt=attempt).order_by("kind")])
+    with transaction.atomic():
+        gates = frozen_gates(attempt)
+        if _modes(gates) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
+            raise CutoverPhaseRefused("every frozen gate must be halting_v1 to stop")
+        return _move(gates, source=GateMode.HALTING_V1, action="stop_v1", actor=actor, attempt=attempt,
+                     evidence=receipts[1])
+
+
+def _stopped_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
+    gates = frozen_gates(attempt)
+    if _modes(gates) != {GateMode.V1_STOPPED}:
+        raise CutoverPhaseRefused("every frozen gate must be v1_stopped; modes: " + ", ".join(sorted(_modes(gates))))
+    return gates
+
+
+def gate_fences_digest(gates) -> bytes:
+    return evidence_digest("gate_fences", [[g.account_id, g.mode, g.fence] for g in gates])[1]
+
+
+# -- 5. reconcile, export, certify -------------------------------------------------------------------------------
+
+def v1_reconcile(*, attempt_key: str, effect_row_id: str, outcome: str, evidence: bytes, reason: str,
+                 expected_fences_digest: bytes | None, actor: Actor) -> V1Reconciliation:
+    """A fenced `v1_stopped` reconciliation (CV2-12-040..042/092): lock the same gate rows certification locks,
+    require them `v1_stopped` at the fences the caller saw, and append the evidence while the V1 owner
+    terminalizes its row in this same transaction. No V1 execution or restart happens here."""
+    _require(actor)
+    if not evidence or not reason.strip():
+        raise CutoverPhaseRefused("a reconciliation needs evidence bytes and a reason")
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    with transaction.atomic():
+        gates = _stopped_gates(attempt)
+        fences = gate_fences_digest(gates)
+        if expected_fences_digest is not None and not hmac.compare_digest(fences, bytes(expected_fences_digest)):
+            raise CutoverPhaseRefused("the gate fences changed since the page was read; reload")
+        if V1ShutdownCertificate.objects.filter(attempt=attempt).exists():
+            raise CutoverPhaseRefused("the shutdown certificate is written: no reconciliation after it")
+        receipt = v1_owner().reconcile_effect(effect_row_id, outcome, evidence, attempt.attempt_key)
+        row = V1Reconciliation.objects.create(
+            attempt=attempt, effect_row_id=effect_row_id, outcome=outcome,
+            evidence_digest=hashlib.sha256(evidence).digest(), gate_fences_digest=fences,
+            receipt_digest=receipt.digest, reason=reason, actor=str(actor))
+        audit_record(actor=actor, entity=attempt, action="v1_reconcile", evidence_digest=receipt.digest,
+                     reason=f"V1 effect {effect_row_id}: {outcome}: {reason}")
+    return row
+
+
+def v1_export(*, attempt_key: str, actor: Actor) -> tuple[int, int]:
+    """Export every accepted V1 transport identity as a ReceiptAdmissionKey tombstone (byte-compared) and every
+    order-dependent route's OrderingBaseline from the drained V1 high-water. Idempotent. Returns (tombstones,
+    baselines) created now."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    owner = v1_owner()
+    keys = _keys(attempt)
+    identities = owner.transport_identities(keys)
+    waters = owner.high_waters(keys)
+    dispositions = {r["route"]: r["disposition"] for r in
+                    CutoverReadinessCertificate.objects.get(attempt=attempt).routes}
+    accounts = dict(ConnectorAccount.objects.filter(account_key__in=keys).values_list("account_key", "pk"))
+    with transaction.atomic():
+        _stopped_gates(attempt)
+        imported = tombstones_import(rows=[{
+            "account": i.account_key, "channel": i.source_key, "transport_key": i.transport_identity.decode(),
+            "payload_digest": i.payload_digest, "predecessor_ref": i.predecessor_ref} for i in identities],
+            actor=actor)
+        created = 0
+        for water in waters:
+            disposition = dispositions.get(water.route_key)
+            if disposition not in (OrderingDisposition.V1_HIGH_WATER, OrderingDisposition.PROVIDER_SNAPSHOT_BARRIER):
+                continue
+            _, new = OrderingBaseline.objects.get_or_create(
+                attempt=attempt, account_id=accounts[water.account_key], route_key=water.route_key,
+                partition=water.partition_key.decode(),
+                defaults={"high_water": Decimal(water.high_water.decode()), "comparator": water.comparator,
+                          "origin": disposition})
+            created += new
+    return imported.created, created
+
+
+def coverage(attempt: ServiceCutoverAttempt) -> tuple[list[str], bytes, bytes]:
+    """(gaps, tombstone coverage digest, baseline coverage digest): every transport identity has its tombstone with
+    the same digest and predecessor; every drained high-water of a v1_high_water route has its baseline."""
+    owner = v1_owner()
+    keys = _keys(attempt)
+    gaps: list[str] = []
+    tombstones = {(t.account.account_key, t.channel, t.transport_key): t for t in
+                  V1AcceptanceTombstone.objects.filter(account__account_key__in=keys).select_related("account")}
+    covered = []
+    for i in owner.transport_identities(keys):
+        t = tombstones.get((i.account_key, i.source_key, i.transport_identity.decode()))
+        if t is None or bytes(t.payload_digest) != i.payload_digest or t.predecessor_ref != i.predecessor_ref:
+            gaps.append(f"identity {i.account_key}/{i.transport_identity.decode()} has no exact tombstone")
+        else:
+            covered.append([i.account_key, i.transport_identity.decode(), i.payload_digest.hex()])
+    baselines = {(b.account.account_key, b.route_key, b.partition): b for b in
+                 OrderingBaseline.objects.filter(attempt=attempt).select_related("account")}
+    ordered = []
+    dispositions = {r["route"]: r["disposition"] for r in
+                    CutoverReadinessCertificate.objects.get(attempt=attempt).routes}
+    for w in owner.high_waters(keys):
+        if dispositions.get(w.route_key) == OrderingDisposition.ORDER_INDEPENDENT:
+            continue
+        b = baselines.get((w.account_key, w.route_key, w.partition_key.decode()))
+        if b is None or str(int(b.high_water)) != w.high_water.decode():
+            gaps.append(f"route {w.route_key}/{w.partition_key.decode()} of {w.account_key} has no exact baseline")
+        else:
+            ordered.append([w.account_key, w.route_key, w.partition_key.decode(), w.high_water.decode()])
+    return gaps, evidence_digest("tombstones", covered)[1], evidence_digest("baselines", ordered)[1]
+
+
+def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertificate:
+    """The V1ShutdownCertificate and every frozen gate `v1_stopped -> v1_drained`, in ONE transaction that locks the
+    same gate rows a reconciliation locks and takes the second authoritative inventory inside it
+    (CV2-12-043..049, CV2-12-091/092). Any blocking row, live or egress-capable generation, missing receipt,
+    tombstone or baseline refuses and writes nothing."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    _open(attempt)
+    existing = V1ShutdownCertificate.objects.filter(attempt=attempt).first()
+    if existing is not None:
+        return existing
+    owner = v1_owner()
+    release = owner.release()
+    manifest = owner.egress_manifest()
+    with transaction.atomic():
+        certificate = certificate_locked(attempt)
+        gates = _stopped_gates(attempt)
+        problems: list[str] = []
+        inventory = owner.inventory(_keys(attempt))
+        problems += [f"{b.kind} {b.table}#{b.row_id}" for b in inventory.blocking[:10]]
+        generation = owner.current_generation()
+        if generation is None or generation.generation_id != attempt.v1_generation_id or \
+                generation.state != "terminated" or not generation.egress_isolated:
+            problems.append("the frozen V1 generation is not terminated and egress-isolated (or a newer one runs)")
+        receipts = {r.kind: r for r in V1GenerationReceipt.objects.filter(attempt=attempt)}
+        if set(receipts) != {"terminated", "isolated"}:
+            problems.append("termination or isolation receipt missing")
+        barrier_rows = list(MaintenanceBarrierReceipt.objects.filter(attempt=attempt, action="closed")
+                            .order_by("barrier"))
+        if len(barrier_rows) != len(BARRIER_ORDER):
+            problems.append("a maintenance barrier receipt is missing")
+        if not manifest.supported or release.release_id != attempt.v1_release_id:
+            problems.append("the egress manifest or V1 release changed since the certificate")
+        gaps, tombstone_digest, baseline_digest = coverage(attempt)
+        problems += gaps[:10]
+        if problems:
+            raise DrainBlocked("the shutdown cannot be certified: " + "; ".join(problems))
+        barrier_digest = evidence_digest("barrier_receipts", [bytes(r.digest).hex() for r in barrier_rows])[1]
+        value = {
+            "attempt": attempt.attempt_key, "v1_release": release.release_id,
+            "v1_binary": release.binary_digest.hex(), "v1_schema": release.schema_digest.hex(),
+            "configuration": attempt.configuration.generation_id,
+            "readiness_certificate": bytes(certificate.digest).hex(),
+            "account_gate_set": [[g.account_id, g.pk] for g in gates],
+            "egress_manifest": manifest.digest.hex(), "barrier_receipts": barrier_digest.hex(),
+            "inventory": inventory.digest.hex(), "tombstones": tombstone_digest.hex(),
+            "baselines": baseline_digest.hex(), "terminated": bytes(receipts["terminated"].digest).hex(),
+            "isolated": bytes(receipts["isolated"].digest).hex(),
+        }
+        payload, digest = evidence_digest("v1_shutdown_certificate", value)
+        shutdown = V1ShutdownCertificate.objects.create(
+            attempt=attempt, v1_release_id=release.release_id, v1_binary_digest=release.binary_digest,
+            v1_schema_digest=release.schema_digest,
+            configuration_digest=evidence_digest("configuration", attempt.configuration.generation_id)[1],
+            readiness_certificate_digest=bytes(certificate.digest),
+            account_set_digest=bytes(attempt.account_set_digest), egress_manifest_digest=manifest.digest,
+            barrier_receipts_digest=barrier_digest, inventory_digest=inventory.digest,
+            tombstone_coverage_digest=tombstone_digest, baseline_coverage_digest=baseline_digest,
+            termination_receipt_digest=bytes(receipts["terminated"].digest),
+            isolation_receipt_digest=bytes(receipts["isolated"].digest), payload=payload, digest=digest)
+        _move(gates, source=GateMode.V1_STOPPED, action="certify_drained", actor=actor, attempt=attempt,
+              evidence=digest)
+        fault_point("cutover.certify_before_commit")
+    return shutdown
