@@ -20,6 +20,9 @@ POINTS = (
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
     "succession.before_commit",  # successor activation wrote every transition, not yet committed
     "succession.after_commit",  # successor activation committed, barrier set not yet released
+    "restore.after_restoring_v1",  # CutoverDecision restoring_v1 and the RestoreAttempt durable, nothing restored
+    "restore.after_pg_restore",  # default replaced by the dump, RestoreAttempt still `started`
+    "restore.after_recovery_receipt",  # recovery receipt durable, CutoverDecision still restoring_v1, V1 offline
 )
 
 
