@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -82,6 +83,17 @@ def _cli_args(database: str) -> list[str]:
     return ["-h", p["host"], "-p", p["port"], "-U", p["user"], "-d", database]
 
 
+_CAST = re.compile(r"::[a-z_ ]+(\[\])?")
+
+
+def _normalized(value: object) -> object:
+    """A definition as PostgreSQL deparses it, minus casts and parentheses: a restored `CHECK (x = ANY (ARRAY[..]))`
+    deparses with different casts than the one created by the migration, with the same meaning."""
+    if not isinstance(value, str):
+        return value
+    return re.sub(r"[()\s]", "", _CAST.sub("", value))
+
+
 def _digest_cursor(cursor) -> Digests:
     cursor.execute("SET LOCAL TimeZone = 'UTC'")
     schema = hashlib.sha256(b"schema.v1")
@@ -89,7 +101,7 @@ def _digest_cursor(cursor) -> Digests:
     for label, sql in SCHEMA_SQL:
         cursor.execute(sql)
         for row in cursor.fetchall():
-            schema.update(repr((label, *row)).encode())
+            schema.update(repr((label, *map(_normalized, row))).encode())
             if label == "tables":
                 tables.append(row[0])
     content = hashlib.sha256(b"content.v1")

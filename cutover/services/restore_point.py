@@ -60,8 +60,7 @@ def restore_point_for(attempt_key: str) -> V1RestorePoint | None:
 
 
 def _dump_path(attempt_key: str) -> str:
-    root = getattr(settings, "CUTOVER_RESTORE_POINT_DIR", None) or os.path.join(settings.BASE_DIR, ".data",
-                                                                               "restore-points")
+    root = settings.CUTOVER_RESTORE_POINT_DIR
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in attempt_key)
     return os.path.join(str(root), safe, f"default-{uuid.uuid4().hex}.dump")
 
