@@ -23,6 +23,8 @@ POINTS = (
     "restore.after_restoring_v1",  # CutoverDecision restoring_v1 and the RestoreAttempt durable, nothing restored
     "restore.after_pg_restore",  # default replaced by the dump, RestoreAttempt still `started`
     "restore.after_recovery_receipt",  # recovery receipt durable, CutoverDecision still restoring_v1, V1 offline
+    "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
+    "v1.after_request",  # the V1 provider call returned (or not), the V1 effect not finalized
 )
 
 

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "effects",
     "cutover",
     "governance",
+    "v1",
 ]
 
 MIDDLEWARE = [

@@ -16,6 +16,7 @@ CELERY_TASK_ROUTES = {
     "effects.tasks.effect_dispatch": {"queue": "egress"},
     "effects.tasks.delivery_step": {"queue": "delivery"},
     "effects.tasks.*": {"queue": "sweeper"},
+    "v1.tasks.*": {"queue": "v1"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {

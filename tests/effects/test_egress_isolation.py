@@ -19,7 +19,7 @@ def tx_push_world(transactional_db):
     return build_push_world()
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT_PACKAGES = ("connector", "effects", "cutover")
+PRODUCT_PACKAGES = ("connector", "effects", "cutover", "v1")
 HTTP_CLIENTS = ("httpx", "requests", "urllib.request", "http.client", "aiohttp")
 
 
@@ -60,8 +60,9 @@ def test_the_detector_sees_every_import_form():
 
 
 def test_only_the_egress_adapter_imports_an_http_client():
-    """Walking every .py file of connector/, effects/ and cutover/: httpx, requests, urllib.request, http.client
-    and aiohttp are imported by effects/egress.py and by no other product module. Proves: CV2-10-036"""
+    """Walking every .py file of connector/, effects/, cutover/ and v1/: httpx, requests, urllib.request,
+    http.client and aiohttp are imported by effects/egress.py (V2's sole egress) and v1/egress.py (the V1 release's
+    own sole egress, listed in its egress manifest) and by no other product module. Proves: CV2-10-036"""
     importers = {}
     files = [p for pkg in PRODUCT_PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     assert len(files) > 50
@@ -69,7 +70,7 @@ def test_only_the_egress_adapter_imports_an_http_client():
         found = http_client_imports(path.read_text(encoding="utf-8"))
         if found:
             importers[str(path.relative_to(ROOT))] = found
-    assert importers == {"effects/egress.py": ["httpx"]}
+    assert importers == {"effects/egress.py": ["httpx"], "v1/egress.py": ["httpx"]}
 
 
 # -- one permit, one request ------------------------------------------------------------------------------------
