@@ -1,7 +1,8 @@
 """Builders for the V1 restore tests: accounts, a Catalog view, one configuration generation and a verified
-candidate epoch (never activated), the frozen gates walked to `v1_drained` (halt_v1, stop_v1, certify_drained:
-engineer B writes the real drain), a ServiceCutoverAttempt and its V1ShutdownCertificate, and the V1 double's
-state (cursors, high-waters, terminal effect evidence, a terminated generation)."""
+candidate epoch (never activated); the REAL V1 (`v1` app) accepting and finishing work against a loopback
+provider, its barriers closed and its generation terminated and isolated; the frozen gates walked to `v1_drained`
+(halt_v1, stop_v1, certify_drained: engineer B writes the real drain); a ServiceCutoverAttempt and its
+V1ShutdownCertificate (written here; B writes the real writer)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,11 @@ from connector.selectors.routes import clear_caches
 from connector.services import gates as gate_services
 from connector.services import owners, serving
 from cutover.models import ServiceCutoverAttempt, V1ShutdownCertificate
+from cutover.ports import BarrierKind, v1_owner
 from tests.conformance.packs import PACK_A
-from tests.cutover import restore_v1_double as v1
+from tests.effects.receiver import Receiver
+from v1 import runtime
+from v1.models import RELEASE_ID, V1SourceCursor
 
 ACTOR = Actor.system("restore-test")
 H = lambda s: hashlib.sha256(s.encode()).digest()  # noqa: E731
@@ -28,6 +32,7 @@ class RestoreWorld:
     configuration: object = None
     epoch: ServingEpoch | None = None
     attempt: ServiceCutoverAttempt | None = None
+    v1_generation: str = ""
 
     @property
     def key(self) -> str:
@@ -80,16 +85,38 @@ def build_owners(prefix: str, account_keys=("acct-1", "acct-2")) -> RestoreWorld
     return world
 
 
+def start_provider(settings) -> Receiver:
+    """The provider V1's egress calls: a real loopback HTTP receiver."""
+    receiver = Receiver().start()
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    return receiver
+
+
+def accept(account_key: str, transport_key: str, position: int):
+    return runtime.accept(account_key=account_key, source_key=f"{account_key}/webhook", transport_key=transport_key,
+                          payload=f'{{"k":"{transport_key}"}}'.encode(), partition="rec-1", position=position)
+
+
 def seed_v1(world: RestoreWorld) -> None:
-    """The V1 deployment's durable state in the double's table: one cursor, one high-water and one terminal
-    effect per account, one accepted transport identity (tombstone), and the terminated generation."""
-    v1.create_table()
+    """The real V1 serves: two items per account accepted (cursor checkpointed) and finished (one provider call
+    each, effect finalized, high-water advanced); then the owner barriers close and the generation is terminated
+    and egress-isolated, as the drain leaves it."""
+    owner = v1_owner()
+    generation = runtime.generation_start(started_by="restore-test")
     for i, account in enumerate(world.accounts):
-        v1.put("cursor", f"{account.account_key}/records.poll", f"cursor-{100 + i}", account.account_key)
-        v1.put("high_water", f"{account.account_key}/records.webhook", str(40 + i), account.account_key)
-        v1.put("effect", f"fx-{i}", "remote_finalized", account.account_key)
-        v1.put("transport", f"{account.account_key}/evt-{i}", "accepted", account.account_key)
-    v1.put("generation", "gen-1", "terminated")
+        accept(account.account_key, f"evt-{i}-a", 10 + i)
+        accept(account.account_key, f"evt-{i}-b", 20 + i)
+    runtime.drain(generation.generation_id)
+    key = f"{world.prefix}attempt-1"
+    for kind in BarrierKind:
+        owner.close_barrier(kind, key)
+    owner.terminate_generation(generation.generation_id, key)
+    owner.isolate_egress(generation.generation_id, key)
+    world.v1_generation = generation.generation_id
+
+
+def v1_cursors() -> dict[str, str]:
+    return dict(V1SourceCursor.objects.values_list("source_key", "cursor"))
 
 
 def drain(world: RestoreWorld, *, actions=("halt_v1", "stop_v1", "certify_drained")) -> None:
@@ -102,8 +129,8 @@ def drain(world: RestoreWorld, *, actions=("halt_v1", "stop_v1", "certify_draine
 def open_attempt(world: RestoreWorld, *, certificate: bool = True) -> ServiceCutoverAttempt:
     world.attempt = ServiceCutoverAttempt.objects.create(
         attempt_key=f"{world.prefix}attempt-1", configuration=world.configuration, candidate_epoch=world.epoch,
-        candidate_epoch_digest=bytes(world.epoch.digest), v1_release_id=v1.RELEASE.release_id,
-        v1_generation_id="gen-1", account_set_digest=H("accounts"), account_count=len(world.accounts),
+        candidate_epoch_digest=bytes(world.epoch.digest), v1_release_id=RELEASE_ID,
+        v1_generation_id=world.v1_generation, account_set_digest=H("accounts"), account_count=len(world.accounts),
         opened_by="restore-test")
     if certificate:
         write_certificate(world)
@@ -116,9 +143,10 @@ def write_certificate(world: RestoreWorld) -> V1ShutdownCertificate:
         "tombstone_coverage_digest", "baseline_coverage_digest", "termination_receipt_digest",
         "isolation_receipt_digest")}
     payload = b"|".join(sorted(digests.values()))
+    release = v1_owner().release()
     return V1ShutdownCertificate.objects.create(
-        attempt=world.attempt, v1_release_id=v1.RELEASE.release_id, v1_binary_digest=v1.RELEASE.binary_digest,
-        v1_schema_digest=v1.RELEASE.schema_digest, configuration_digest=v1.RELEASE.configuration_digest,
+        attempt=world.attempt, v1_release_id=release.release_id, v1_binary_digest=release.binary_digest,
+        v1_schema_digest=release.schema_digest, configuration_digest=release.configuration_digest,
         account_set_digest=bytes(world.attempt.account_set_digest), payload=payload,
         digest=hashlib.sha256(payload).digest(), **digests)
 

@@ -13,18 +13,24 @@ from cutover.errors import RestorePointInvalid, RestorePointRefused
 from cutover.models import RestorePointRehearsal, V1RestorePoint, V1ShutdownCertificate
 from cutover.services import pg_snapshot
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
-from tests.cutover import restore_v1_double as v1
-from tests.cutover.restore_helpers import build_owners, drain, drained_world, open_attempt, seed_v1
+from cutover.ports import v1_owner
+from tests.cutover.restore_helpers import (
+    build_owners, drain, drained_world, open_attempt, seed_v1, start_provider, v1_cursors,
+)
+from v1.errors import V1BootCheckFailed
+from v1.models import RELEASE_ID, V1SourceCursor
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def restore_env(settings, tmp_path):
-    v1.install_double(settings)
+    """The real V1 (settings.CUTOVER_V1_OWNER = v1.owner.V1Owner) against a loopback provider; dumps in tmp."""
+    v1_owner.cache_clear()
     settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    yield
-    v1.v1_owner.cache_clear()
+    receiver = start_provider(settings)
+    yield receiver
+    receiver.stop()
 
 
 def scratch_databases() -> list[str]:
@@ -48,8 +54,10 @@ def test_capture_freezes_every_digest_in_the_journal_and_the_dump_matches():
     assert (live.schema, live.content) == (bytes(point.schema_digest), bytes(point.content_digest))
     certificate = V1ShutdownCertificate.objects.get(attempt=world.attempt)
     assert bytes(point.shutdown_certificate_digest) == bytes(certificate.digest)
-    assert point.v1_release_id == v1.RELEASE.release_id
-    assert bytes(point.v1_binary_digest) == v1.RELEASE.binary_digest
+    release = v1_owner().release()
+    assert point.v1_release_id == RELEASE_ID == release.release_id
+    assert bytes(point.v1_binary_digest) == release.binary_digest
+    assert bytes(point.v1_schema_digest) == release.schema_digest
     # idempotent: the same receipt, not a second dump
     assert restore_point_capture(attempt_key=world.key, actor="op").pk == point.pk
     assert len(os.listdir(os.path.dirname(point.dump_path))) == 1
@@ -168,7 +176,8 @@ def test_live_drift_after_capture_rejects_the_rehearsal():
     """Proves: CV2-12-053 (the live database changed after capture: no rehearsal, no validation)."""
     world = drained_world()
     restore_point_capture(attempt_key=world.key, actor="op")
-    v1.set_value("cursor", f"{world.accounts[0].account_key}/records.poll", "cursor-moved")
+    assert v1_cursors()  # the real V1's checkpointed cursors are part of the snapshot
+    V1SourceCursor.objects.filter(source_key=f"{world.accounts[0].account_key}/webhook").update(cursor="moved")
     with pytest.raises(RestorePointInvalid, match="drifted"):
         restore_point_rehearse(attempt_key=world.key, actor="op")
 
