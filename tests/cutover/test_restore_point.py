@@ -20,17 +20,7 @@ from tests.cutover.restore_helpers import (
 from v1.errors import V1BootCheckFailed
 from v1.models import RELEASE_ID, V1SourceCursor
 
-TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def restore_env(settings, tmp_path):
-    """The real V1 (settings.CUTOVER_V1_OWNER = v1.owner.V1Owner) against a loopback provider; dumps in tmp."""
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = start_provider(settings)
-    yield receiver
-    receiver.stop()
+from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401 (autouse fixture)
 
 
 def scratch_databases() -> list[str]:
