@@ -20,6 +20,9 @@ POINTS = (
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
     "succession.before_commit",  # successor activation wrote every transition, not yet committed
     "succession.after_commit",  # successor activation committed, barrier set not yet released
+    "restore.after_restoring_v1",  # CutoverDecision restoring_v1 and the RestoreAttempt durable, nothing restored
+    "restore.after_pg_restore",  # default replaced by the dump, RestoreAttempt still `started`
+    "restore.after_recovery_receipt",  # recovery receipt durable, CutoverDecision still restoring_v1, V1 offline
     "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
     "v1.after_request",
     "cutover.certify_before_commit",  # shutdown certificate and every v1_drained move written, not committed  # the V1 provider call returned (or not), the V1 effect not finalized

@@ -43,3 +43,21 @@ class SuccessorClass(models.TextChoices):
 
 
 SUPPORTED_SUCCESSOR_CLASSES = (SuccessorClass.REQUIRES_DRAIN,)
+
+
+class RestoreAttemptState(models.TextChoices):
+    """One full V1 restore (seed step 10b, CV2-12-073..075). Each state is a durable boundary a crashed
+    coordinator resumes from; no state changes because time passed."""
+
+    STARTED = "started"  # initial: the CutoverDecision moved rollback_open -> restoring_v1 for this attempt
+    DATABASE_RESTORED = "database_restored"  # started -> database_restored (pg_restore committed, digests verified)
+    RECEIPT_RECORDED = "receipt_recorded"  # database_restored -> receipt_recorded (recovery receipt durable,
+    # CutoverDecision v1_restored)
+    V1_SERVING = "v1_serving"  # receipt_recorded -> v1_serving (new V1 generation, gates v1_serving); terminal
+
+
+RESTORE_ATTEMPT_TRANSITIONS = (
+    (RestoreAttemptState.STARTED, RestoreAttemptState.DATABASE_RESTORED),
+    (RestoreAttemptState.DATABASE_RESTORED, RestoreAttemptState.RECEIPT_RECORDED),
+    (RestoreAttemptState.RECEIPT_RECORDED, RestoreAttemptState.V1_SERVING),
+)

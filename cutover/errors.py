@@ -79,3 +79,43 @@ class DrainBlocked(ConnectorError):
     http_status = 409
     retryable = True
     operator_action = "Let V1 finish, or reconcile io_may_have_started effects with evidence in v1_stopped."
+
+
+# -- V1 restore point, rehearsal, begin validation, cold abort and full restore (engineer C) -------------------
+
+class RestorePointRefused(ConnectorError):
+    """A restore point cannot be captured: a frozen gate is not `v1_drained`, the attempt has no
+    V1ShutdownCertificate, a V2 execution row exists for the attempt's accounts, the candidate epoch is active,
+    or the snapshot tools are missing (CV2-12-050/051, decision 2)."""
+
+    code = "RESTORE_POINT_REFUSED"
+    http_status = 409
+    operator_action = "Finish the drain (every gate v1_drained, certificate written) with no V2 mutation, then retry."
+
+
+class RestorePointInvalid(ConnectorError):
+    """The restore point's dump or digests do not verify: a truncated or missing dump, an empty database, a
+    schema/content digest mismatch, or live drift since capture (CV2-12-052/053)."""
+
+    code = "RESTORE_POINT_INVALID"
+    http_status = 409
+    operator_action = ("Do not begin validation; cold-abort to V1 or capture a new restore point after "
+                       "investigating the drift.")
+
+
+class RestoreRefused(ConnectorError):
+    """A restore or V1 downgrade is refused: a ServingEpoch first became active, the CutoverDecision chose
+    activation, or a V2 admission / Runtime submission / provider I/O / source ack exists for the attempt's scope
+    (CV2-12-076/083/098)."""
+
+    code = "RESTORE_REFUSED"
+    http_status = 409
+    operator_action = "Stay on V2; recovery after first activation is forward-only (V2 -> V2 succession)."
+
+
+class ColdAbortRefused(ConnectorError):
+    """Cold abort is only for `v1_drained` before any V2 mutation (CV2-12-072/082); later, use the full restore."""
+
+    code = "COLD_ABORT_REFUSED"
+    http_status = 409
+    operator_action = "Read `manage.py restore_point status`; after validation began use `restore_point restore`."

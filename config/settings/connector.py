@@ -12,3 +12,7 @@ CONNECTOR = {
 
 # The V1 deployment the cutover coordinator drives, through cutover.ports.V1OwnerPort (the `v1` app).
 CUTOVER_V1_OWNER = env_str("CUTOVER_V1_OWNER", "v1.owner.V1Owner")
+# Where V1RestorePoint dumps are written (pg_dump -Fc), one directory per cutover attempt; PG_BINDIR names the
+# PostgreSQL client binaries when they are not on PATH.
+CUTOVER_RESTORE_POINT_DIR = env_str("CUTOVER_RESTORE_POINT_DIR", str(BASE_DIR / ".data" / "restore-points"))
+PG_BINDIR = env_str("PG_BINDIR", "")

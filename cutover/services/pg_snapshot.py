@@ -1,0 +1,197 @@
+"""PostgreSQL snapshot mechanics of a V1 restore point: a REPEATABLE READ snapshot exported to `pg_dump`, schema and
+content digests computed inside that same snapshot, scratch databases for rehearsal and the atomic restore of
+`default` (`pg_restore --clean --if-exists --single-transaction`: a failed restore leaves the old database, a
+successful one commits the whole snapshot at once, so no partial state is ever visible).
+
+Digests: `schema` hashes every table, column, constraint and trigger of the public schema as PostgreSQL describes
+them (pg_catalog); `content` hashes every table's rows as text, in table-name then row-text order, under
+TimeZone UTC. The connections here are plain psycopg connections, never Django's, so their isolation is exact.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+from django.conf import settings
+from django.db import connections
+
+from cutover.errors import RestorePointInvalid, RestorePointRefused
+
+__all__ = ["Digests", "binary", "snapshot_and_dump", "digests_of", "create_scratch", "drop_database",
+           "restore_into", "restore_default", "file_sha256"]
+
+SCHEMA_SQL = [
+    ("tables", "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+               "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 1"),
+    ("columns", "SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '') "
+                "FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2"),
+    ("constraints", "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+                    "JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = 'public' ORDER BY 1, 2"),
+    ("triggers", "SELECT t.tgrelid::regclass::text, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+                 "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                 "WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1, 2"),
+]
+
+
+@dataclass(frozen=True)
+class Digests:
+    schema: bytes
+    content: bytes
+    tables: int
+    rows: int
+
+
+def binary(name: str) -> str:
+    """The PostgreSQL client binary `name` (PG_BINDIR first, then PATH)."""
+    bindir = os.environ.get("PG_BINDIR") or getattr(settings, "PG_BINDIR", "")
+    path = os.path.join(bindir, name) if bindir else shutil.which(name)
+    if not path or not os.access(path, os.X_OK):
+        raise RestorePointRefused(f"{name} is not installed: install the PostgreSQL {name} client matching the "
+                                  "server (Debian: apt-get install postgresql-client) or set PG_BINDIR")
+    return path
+
+
+def _params(database: str | None = None) -> dict:
+    s = connections["default"].settings_dict
+    return {"host": s.get("HOST") or "127.0.0.1", "port": str(s.get("PORT") or 5432),
+            "user": s.get("USER") or "postgres", "password": s.get("PASSWORD") or "",
+            "dbname": database or s["NAME"]}
+
+
+def _connect(database: str | None = None, **kwargs) -> psycopg.Connection:
+    params = {k: v for k, v in _params(database).items() if v}
+    return psycopg.connect(**params, **kwargs)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    params = _params()
+    if params["password"]:
+        env["PGPASSWORD"] = params["password"]
+    return env
+
+
+def _cli_args(database: str) -> list[str]:
+    p = _params(database)
+    return ["-h", p["host"], "-p", p["port"], "-U", p["user"], "-d", database]
+
+
+_CAST = re.compile(r"::[a-z_ ]+(\[\])?")
+
+
+def _normalized(value: object) -> object:
+    """A definition as PostgreSQL deparses it, minus casts and parentheses: a restored `CHECK (x = ANY (ARRAY[..]))`
+    deparses with different casts than the one created by the migration, with the same meaning."""
+    if not isinstance(value, str):
+        return value
+    return re.sub(r"[()\s]", "", _CAST.sub("", value))
+
+
+def _digest_cursor(cursor) -> Digests:
+    cursor.execute("SET LOCAL TimeZone = 'UTC'")
+    schema = hashlib.sha256(b"schema.v1")
+    tables: list[str] = []
+    for label, sql in SCHEMA_SQL:
+        cursor.execute(sql)
+        for row in cursor.fetchall():
+            schema.update(repr((label, *map(_normalized, row))).encode())
+            if label == "tables":
+                tables.append(row[0])
+    content = hashlib.sha256(b"content.v1")
+    rows = 0
+    for table in tables:
+        content.update(b"\x00table:" + table.encode())
+        cursor.execute(f'SELECT t::text FROM "{table}" t ORDER BY 1')
+        for (text,) in cursor:
+            content.update(b"\x01" + text.encode())
+            rows += 1
+    return Digests(schema.digest(), content.digest(), len(tables), rows)
+
+
+def digests_of(database: str | None = None) -> Digests:
+    """Schema and content digests of `database` (default: the `default` database), in one REPEATABLE READ
+    snapshot."""
+    with _connect(database) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction(), conn.cursor() as cursor:
+            return _digest_cursor(cursor)
+
+
+def file_sha256(path: str) -> tuple[bytes, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return h.digest(), size
+
+
+@contextmanager
+def exported_snapshot() -> Iterator[tuple[str, object]]:
+    """A REPEATABLE READ transaction on `default` whose snapshot is exported; yields (snapshot id, cursor)."""
+    with _connect() as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction(), conn.cursor() as cursor:
+            cursor.execute("SELECT pg_export_snapshot()")
+            yield cursor.fetchone()[0], cursor
+
+
+def snapshot_and_dump(path: str, check=None) -> tuple[Digests, object]:
+    """Open one exported snapshot of `default`; inside it run `check(cursor)` (the caller's facts read at the very
+    snapshot dumped, returned), compute the digests, and `pg_dump -Fc --snapshot` the same database to `path`."""
+    pg_dump = binary("pg_dump")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with exported_snapshot() as (snapshot_id, cursor):
+        facts = check(cursor) if check else None
+        digests = _digest_cursor(cursor)
+        database = _params()["dbname"]
+        proc = subprocess.run([pg_dump, "-Fc", f"--snapshot={snapshot_id}", "-f", path, *_cli_args(database)],
+                              env=_env(), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RestorePointRefused(f"pg_dump failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
+    return digests, facts
+
+
+def create_scratch(name: str) -> None:
+    with _connect("postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+
+
+def drop_database(name: str) -> None:
+    with _connect("postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _pg_restore(path: str, database: str, *extra: str) -> None:
+    pg_restore = binary("pg_restore")
+    proc = subprocess.run([pg_restore, "--exit-on-error", "--no-owner", *extra, *_cli_args(database), path],
+                          env=_env(), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RestorePointInvalid(f"pg_restore of {path} into {database} failed ({proc.returncode}): "
+                                  f"{proc.stderr.strip()[:500]}")
+
+
+def restore_into(path: str, database: str) -> None:
+    """Restore the dump into an empty scratch database, in one transaction."""
+    _pg_restore(path, database, "--single-transaction")
+
+
+def restore_default(path: str) -> str:
+    """Replace the `default` database's contents with the dump, atomically. Django's connections are closed and
+    every other session of that database terminated first (V1 and V2 are offline: none may be writing)."""
+    database = _params()["dbname"]
+    connections.close_all()
+    with _connect("postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = %s AND pid <> pg_backend_pid()", [database])
+    _pg_restore(path, database, "--clean", "--if-exists", "--single-transaction")
+    return database
