@@ -25,7 +25,11 @@ POINTS = (
     "restore.after_recovery_receipt",  # recovery receipt durable, CutoverDecision still restoring_v1, V1 offline
     "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
     "v1.after_request",
-    "cutover.certify_before_commit",  # shutdown certificate and every v1_drained move written, not committed  # the V1 provider call returned (or not), the V1 effect not finalized
+    "cutover.certify_before_commit",
+    "activation.after_decision",  # CutoverDecision activating_v2 committed, activation transaction open
+    "activation.before_commit",  # barrier set, epoch and every gate written, not committed
+    "activation.after_commit",  # activation committed, not read back, decision still activating_v2
+    "activation.after_v2_committed",  # decision v2_committed, barrier set not released, attempt open  # shutdown certificate and every v1_drained move written, not committed  # the V1 provider call returned (or not), the V1 effect not finalized
 )
 
 

@@ -62,3 +62,35 @@ def register_revocation_evidence(fn: Callable[[object], list[str]]) -> Callable[
 
 def revocation_evidence(credential_gate) -> list[str]:
     return [line for fn in _REVOCATION_EVIDENCE for line in fn(credential_gate)]
+
+
+# -- publication barriers -------------------------------------------------------------------------------------------
+# Every publication write of an owner (Catalog view, pack/binding definitions, L2 configuration, credential
+# generation) and every credential revocation asks the cutover app's barrier sets first, inside its own transaction:
+# a held ServingPublicationBarrierSet refuses the write (CV2-11/CV2-12-064); an urgent revocation aborts and
+# releases a first-activation set only while its CutoverDecision is still rollback_open (CV2-12-065).
+_PUBLICATION_GUARDS: list[Callable[[str], None]] = []
+_REVOCATION_GUARDS: list[Callable[[object], None]] = []
+
+
+def register_publication_guard(fn: Callable[[str], None]) -> Callable[[str], None]:
+    if fn not in _PUBLICATION_GUARDS:
+        _PUBLICATION_GUARDS.append(fn)
+    return fn
+
+
+def register_revocation_guard(fn: Callable[[object], None]) -> Callable[[object], None]:
+    if fn not in _REVOCATION_GUARDS:
+        _REVOCATION_GUARDS.append(fn)
+    return fn
+
+
+def publication_guard(owner: str) -> None:
+    """Raise (refusing the caller's write) while a publication barrier for `owner` is held."""
+    for fn in _PUBLICATION_GUARDS:
+        fn(owner)
+
+
+def revocation_guard(credential_gate) -> None:
+    for fn in _REVOCATION_GUARDS:
+        fn(credential_gate)

@@ -13,6 +13,12 @@ class CutoverConfig(AppConfig):
         # v2_halted -> v2_serving on the predecessor is refused once any OrderingHandoff exists (CV2-11-020).
         hooks.register_resume_blocker(selectors.predecessor_resume_blockers)
 
+        from cutover.services import first_activation
+
+        # Owner publications and credential revocations ask the publication barrier sets first (CV2-12-064/065).
+        hooks.register_publication_guard(first_activation.publication_guard)
+        hooks.register_revocation_guard(first_activation.revocation_guard)
+
         from connector.services import approvals
         from cutover.services import approval_subjects
 

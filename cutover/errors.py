@@ -119,3 +119,24 @@ class ColdAbortRefused(ConnectorError):
     code = "COLD_ABORT_REFUSED"
     http_status = 409
     operator_action = "Read `manage.py restore_point status`; after validation began use `restore_point restore`."
+
+
+# -- first activation ----------------------------------------------------------------------------------------------
+
+class ActivationLost(ConnectorError):
+    """A RestoreAttempt won the CutoverDecision first: the activation recorded nothing and released its barrier
+    set (CV2-12-066/097). A stale activation coordinator cannot reacquire."""
+
+    code = "ACTIVATION_LOST"
+    http_status = 409
+    operator_action = "Follow the restore (`manage.py restore_point status`); plan a new attempt later."
+
+
+class PublicationBarrierHeld(ConnectorError):
+    """A publication barrier set is held for an activation: owner publications (and revocations once activation
+    won) are refused until it is released."""
+
+    code = "PUBLICATION_BARRIER_HELD"
+    http_status = 409
+    retryable = True
+    operator_action = "Retry after the activation finished or was aborted (cutover console)."

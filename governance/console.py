@@ -129,7 +129,7 @@ def cutover(request):
         "gates": gates, "modes": modes, "epochs": ServingEpoch.objects.order_by("-pk")[:10],
         "decisions": CutoverDecision.objects.order_by("-pk")[:10],
         "successions": ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch")
-        .order_by("-pk")[:20], "activation_subjects": _activation_subjects(),
+        .filter(predecessor_epoch__isnull=False).order_by("-pk")[:20], "activation_subjects": _activation_subjects(),
         "may_request": request.user.has_perm(approvals.PERMISSION), "nav": "cutover"})
 
 
@@ -173,7 +173,7 @@ def _act(request, row: ServingPublicationBarrierSet, action: str) -> str:
 @require_http_methods(["GET", "POST"])
 def succession_view(request, pk: int):
     row = get_object_or_404(ServingPublicationBarrierSet.objects.select_related(
-        "predecessor_epoch__configuration", "successor_epoch"), pk=pk)
+        "predecessor_epoch__configuration", "successor_epoch").filter(predecessor_epoch__isnull=False), pk=pk)
     may_act = request.user.has_perm(COORDINATE)
     if request.method == "POST":
         if not may_act:

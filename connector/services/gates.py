@@ -68,6 +68,8 @@ def credential_gate_transition(*, generation_id: str, action: str, expected_fenc
     if generation is None:
         raise TransitionRefused(f"credential generation {generation_id} is absent")
     gate = locks.credential_gate_for_update(generation.pk)
+    if action == "revoke":
+        hooks.revocation_guard(gate)
     from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor, blockers=[])
     evidence = hooks.revocation_evidence(gate) if action == "revoke" else []
     audit_record(actor=actor, entity=gate, action=f"credential_gate_{action}", from_state=from_state,

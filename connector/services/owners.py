@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from connector import receipts
+from connector import hooks, receipts
 from connector.actors import Actor
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import BindingKind
@@ -80,6 +80,7 @@ def pack_generation_install(*, generation_id: str, owner_pack: str, pack_install
                             actor: Actor) -> PackGeneration:
     """Install one immutable pack generation and its binding definitions (the binding-definition owner).
     `definitions`: [{kind, business_key, version, definition}] with definition a JSON object."""
+    hooks.publication_guard("binding_definitions")
     generation_id = ident(generation_id, "generation_id")
     owner_pack = ident(owner_pack, "owner_pack")
     pack_installation_id = ident(pack_installation_id, "pack_installation_id")
@@ -124,6 +125,7 @@ def catalog_view_publish(*, view_key: str, organization: str, application_instal
                          actor: Actor) -> IntegrationBindingView:
     """Publish the next revision of a Catalog view with its ordered bindings. `bindings`: [{kind,
     pack_generation_id, business_key, definition_version, credential_refs, runtime: (id, version) | None}]."""
+    hooks.publication_guard("catalog")
     view_key = ident(view_key, "view_key")
     last = IntegrationBindingView.objects.filter(view_key=view_key).order_by("-revision").first()
     revision = 1 if last is None else last.revision + 1
@@ -180,6 +182,7 @@ def credential_generation_create(*, generation_id: str, credential_identity: str
     """Mint an immutable CredentialGeneration: the secret goes to the secret backend (never PostgreSQL), the row
     keeps its immutable version reference; its dispatch gate is created `enabled` in the same transaction
     (decision 15)."""
+    hooks.publication_guard("credential_authority")
     generation_id = ident(generation_id, "generation_id")
     credential_identity = ident(credential_identity, "credential_identity")
     account = ConnectorAccount.objects.filter(account_key=account_key).first()
@@ -212,6 +215,7 @@ def service_configuration_create(*, generation_id: str, catalog_view_key: str, c
     canonical order: [{account_key, enabled_routes, mapping_selections, policy_values}];
     `credential_relation`: the exhaustive [(account_key, credential_ref, credential_generation_id)]. Missing,
     extra or duplicate mappings and scope mismatches are refused (CV2-02-016)."""
+    hooks.publication_guard("configuration")
     generation_id = ident(generation_id, "generation_id")
     catalog = owner_readers.catalog_view_read_exact(view_key=catalog_view_key, revision=catalog_revision)
     account_rows = []

@@ -292,20 +292,29 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
             audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                          to_state=locked.state, evidence_digest=observed, reason=f"{outcome[0]}: {outcome[1]}")
             return locked
-        gates = locks.gates_for_update(account_ids)
-        if len(gates) != len(account_ids):
-            raise TransitionRefused("an account of the configuration has no serving gate")
-        not_ready = [g for g in gates if g.mode != GateMode.V2_VALIDATING]
-        if not_ready:
-            raise TransitionRefused("every gate must be v2_validating; not ready: "
-                                    + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
-        locked.activate()
-        locked.save(update_fields=EPOCH_STATE_FIELDS)
-        audit_record(actor=actor, entity=locked, action="epoch_activate_first", from_state=EpochState.VERIFIED,
-                     to_state=EpochState.ACTIVE, evidence_digest=observed)
-        for gate in gates:
-            gate.activate_first(epoch=locked)
-            gate.save()
-            audit_record(actor=actor, entity=gate, action="gate_activate_first", from_state=GateMode.V2_VALIDATING,
-                         to_state=gate.mode, fence=gate.fence, evidence_digest=observed)
+        activate_first_locked(epoch=locked, account_ids=account_ids, actor=actor, observed=observed)
     return locked
+
+
+def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor: Actor, observed: bytes) -> None:
+    """Inside the caller's transaction, with the epoch already locked FOR UPDATE and checked `verified` with the
+    observed digest: lock every gate of the exhaustive account set (ascending account id), require each
+    `v2_validating`, and move the epoch `verified -> active` and every gate to `v2_serving` naming it (new fence
+    each). The first activation of a service cutover (cutover.services.first_activation) runs this same body
+    inside its barrier-set transaction."""
+    gates = locks.gates_for_update(account_ids)
+    if len(gates) != len(account_ids):
+        raise TransitionRefused("an account of the configuration has no serving gate")
+    not_ready = [g for g in gates if g.mode != GateMode.V2_VALIDATING]
+    if not_ready:
+        raise TransitionRefused("every gate must be v2_validating; not ready: "
+                                + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
+    epoch.activate()
+    epoch.save(update_fields=EPOCH_STATE_FIELDS)
+    audit_record(actor=actor, entity=epoch, action="epoch_activate_first", from_state=EpochState.VERIFIED,
+                 to_state=EpochState.ACTIVE, evidence_digest=observed)
+    for gate in gates:
+        gate.activate_first(epoch=epoch)
+        gate.save()
+        audit_record(actor=actor, entity=gate, action="gate_activate_first", from_state=GateMode.V2_VALIDATING,
+                     to_state=gate.mode, fence=gate.fence, evidence_digest=observed)

@@ -19,15 +19,20 @@ __all__ = ["ServingPublicationBarrierSet", "OrderingHandoff"]
 
 
 class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
-    """Activation evidence of one successor attempt: binds the exact predecessor and successor epochs (ID and
+    """Activation evidence of one successor attempt, or of the first activation of a service cutover attempt
+    (no predecessor; `attempt_key` names the attempt; its frozen digest also covers the readiness and shutdown
+    certificates and the restore point): binds the exact predecessor and successor epochs (ID and
     digest) and the successor's serving scope, and, once held, the digest of the owner receipts reread under it.
     Invariants: at most one nonreleased set per predecessor epoch (the activation scope of a V2 -> V2
     succession); `fence` advances by exactly one on every transition and a stale holder's fence is refused;
     the binding columns never change; only `requires_drain` successors exist; `released` is terminal; the set
     never expires into release (there is no time column that decides anything)."""
 
-    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
-    predecessor_digest = models.BinaryField(max_length=32)
+    # Null for a first activation (V1 -> V2), which names its service cutover attempt instead.
+    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+", null=True,
+                                          blank=True)
+    predecessor_digest = models.BinaryField(max_length=32, null=True, blank=True)
+    attempt_key = models.CharField(max_length=255, blank=True, default="")
     successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
     successor_key = models.CharField(max_length=255)  # the successor's exact epoch ID
     successor_digest = models.BinaryField(max_length=32)
@@ -48,6 +53,15 @@ class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
             models.UniqueConstraint(fields=["predecessor_epoch"], condition=Q(state__in=BARRIER_SET_OPEN),
                                     name="cutover_barrierset_one_open_per_predecessor",
                                     violation_error_code="barrier_set_open"),
+            models.UniqueConstraint(fields=["successor_epoch"], condition=Q(state__in=BARRIER_SET_OPEN,
+                                                                           predecessor_epoch__isnull=True),
+                                    name="cutover_barrierset_one_open_first_activation",
+                                    violation_error_code="barrier_set_open"),
+            models.CheckConstraint(condition=(Q(predecessor_epoch__isnull=True, predecessor_digest__isnull=True)
+                                              & ~Q(attempt_key=""))
+                                   | (Q(predecessor_epoch__isnull=False, predecessor_digest__isnull=False)
+                                      & Q(attempt_key="")),
+                                   name="cutover_barrierset_first_activation_or_succession"),
             models.CheckConstraint(condition=Q(successor_class=SuccessorClass.REQUIRES_DRAIN),
                                    name="cutover_barrierset_requires_drain_only",
                                    violation_error_code="successor_class_unsupported"),

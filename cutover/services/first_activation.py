@@ -1,0 +1,261 @@
+"""The first production activation of a V1 -> V2 service cutover (seed step 8; CV2-12-064..071, CV2-12-085,
+CV2-12-096/097).
+
+Phases (each idempotent and resumable from the durable facts alone):
+
+- `first_activation_acquire`: the attempt's ServingPublicationBarrierSet (no predecessor), `acquiring`, while the
+  gates are `v2_validating` and the CutoverDecision is `rollback_open`.
+- `first_activation_hold`: in one transaction holding the set FOR UPDATE, reread the candidate epoch's owners and
+  the readiness certificate, V1ShutdownCertificate, V1RestorePoint and exhaustive gate set; freeze their combined
+  digest (`held`). From now on every owner publication is refused (connector.hooks.publication_guard) and an urgent
+  revocation aborts the activation only while rollback is open.
+- `first_activation_commit`: requires the dual approval of the activation decision, then ONE `default` transaction
+  locks the set, wins `CutoverDecision: rollback_open -> activating_v2` in the journal while holding it (a restore
+  that won first makes this record no activation and fenced-release the set), rejects any drift, and moves the set
+  `held -> activation_committed`, the epoch `verified -> active` and every gate `v2_validating -> v2_serving`
+  (connector.services.serving.activate_first_locked). After a fresh readback: `v2_committed`, then the set is
+  released and the attempt closed `v2_committed`. V1's owner barriers stay closed and its generation terminated:
+  V1 tables are terminal read-only from here (CV2-12-069); V2 admission opens through the serving gates.
+
+Crash points: activation.after_decision, activation.before_commit, activation.after_commit,
+activation.after_v2_committed. `first_activation_commit` is also the resume: it continues from what it finds.
+"""
+from __future__ import annotations
+
+import hmac
+
+from django.db import transaction
+from django.utils import timezone
+
+from connector import locks as connector_locks
+from connector.actors import Actor
+from connector.choices import EpochState, GateMode
+from connector.errors import FenceStale, TransitionRefused
+from connector.faults import fault_point
+from connector.models import AccountServingGate, ServingEpoch
+from connector.services import approvals, serving
+from connector.services.audit import audit_record
+from cutover import locks
+from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, DecisionState
+from cutover.errors import ActivationLost, BarrierSetRefused, CutoverPhaseRefused, PublicationBarrierHeld
+from cutover.models import (
+    AttemptOutcome,
+    CutoverReadinessCertificate,
+    ServiceCutoverAttempt,
+    ServingPublicationBarrierSet,
+    V1ShutdownCertificate,
+)
+from cutover.services import decision as decisions
+from cutover.services import succession
+from cutover.services.approval_subjects import activation_decision
+from cutover.services.restore_point import rehearsed_restore_point
+from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest
+
+__all__ = ["first_activation_acquire", "first_activation_hold", "first_activation_commit", "activation_evidence",
+           "barrier_set_of"]
+
+
+def barrier_set_of(attempt: ServiceCutoverAttempt) -> ServingPublicationBarrierSet | None:
+    """The attempt's latest first-activation barrier set."""
+    return (ServingPublicationBarrierSet.objects.filter(attempt_key=attempt.attempt_key, predecessor_epoch=None)
+            .order_by("-pk").first())
+
+
+def _account_ids(attempt: ServiceCutoverAttempt) -> list[int]:
+    return sorted(attempt.configuration.accounts.values_list("account_id", flat=True))
+
+
+def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch) -> bytes:
+    """The combined digest the held set freezes and the activation transaction recomputes: the candidate's owner
+    receipts, the readiness certificate, the V1ShutdownCertificate, the V1RestorePoint and the exhaustive gate set
+    (account, gate row, mode). Any difference is drift (CV2-12-064/067)."""
+    readiness = CutoverReadinessCertificate.objects.filter(attempt=attempt).first()
+    shutdown = V1ShutdownCertificate.objects.filter(attempt=attempt).first()
+    if readiness is None or shutdown is None:
+        raise CutoverPhaseRefused("the readiness or shutdown certificate is missing")
+    point = rehearsed_restore_point(attempt.attempt_key)
+    gates = [[g.account_id, g.pk, g.mode] for g in
+             AccountServingGate.objects.filter(account_id__in=_account_ids(attempt)).order_by("account_id")]
+    return evidence_digest("first_activation_evidence", {
+        "owners": succession._owner_receipts_digest(epoch).hex(), "epoch": bytes(epoch.digest).hex(),
+        "readiness": bytes(readiness.digest).hex(), "shutdown": bytes(shutdown.digest).hex(),
+        "restore_point": bytes(point.digest).hex(), "gates": gates,
+        "account_set": bytes(attempt.account_set_digest).hex()})[1]
+
+
+def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublicationBarrierSet:
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    decision = decisions.decision_read(attempt_key)
+    if decision is None or decision.state != DecisionState.ROLLBACK_OPEN:
+        raise BarrierSetRefused(f"the CutoverDecision of {attempt_key} is "
+                                f"{decision.state if decision else 'absent'}, not rollback_open")
+    existing = barrier_set_of(attempt)
+    if existing is not None and existing.state in BARRIER_SET_OPEN:
+        return existing
+    epoch = attempt.candidate_epoch
+    with transaction.atomic():
+        connector_locks.epoch_for_share(epoch.pk)
+        modes = set(AccountServingGate.objects.filter(account_id__in=_account_ids(attempt))
+                    .values_list("mode", flat=True))
+        if modes != {GateMode.V2_VALIDATING}:
+            raise BarrierSetRefused("every frozen gate must be v2_validating; modes: " + ", ".join(sorted(modes)))
+        row = ServingPublicationBarrierSet.objects.create(
+            successor_epoch=epoch, successor_key=epoch.epoch_id, successor_digest=bytes(epoch.digest),
+            scope_digest=bytes(epoch.serving_scope_digest), holder=f"cutover:{attempt_key}",
+            attempt_key=attempt_key)
+        audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
+                     evidence_digest=bytes(epoch.digest), reason=f"first activation of {attempt_key}")
+    return row
+
+
+def _release(row: ServingPublicationBarrierSet, reason: str, actor: Actor) -> None:
+    from_state = row.state
+    row.release(reason=reason)
+    row.save()
+    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
+                 fence=row.fence, reason=reason)
+
+
+def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicationBarrierSet:
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    current = barrier_set_of(attempt)
+    if current is None or current.state not in BARRIER_SET_OPEN:
+        raise BarrierSetRefused(f"attempt {attempt_key} has no open first-activation barrier set; acquire first")
+    if current.state != BarrierSetState.ACQUIRING:
+        return current
+    with transaction.atomic():
+        row = locks.barrier_set_for_update(current.pk)
+        if row.state != BarrierSetState.ACQUIRING:
+            return row
+        epoch = connector_locks.epoch_for_share(row.successor_epoch_id)
+        drift = serving.epoch_owner_drift(epoch_pk=epoch.pk)
+        problems = []
+        if epoch.state != EpochState.VERIFIED or not hmac.compare_digest(bytes(epoch.digest),
+                                                                          bytes(row.successor_digest)):
+            problems.append(f"candidate {epoch.epoch_id} is {epoch.state} or not the bound bytes")
+        if drift is not None:
+            problems.append(f"owner drift {drift[0]}: {drift[1]}")
+        if problems:
+            _release(row, "mismatch under the held fences: " + "; ".join(problems), actor)
+            return row
+        row.hold(owner_receipts_digest=activation_evidence(attempt, epoch))
+        row.save()
+        audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
+                     to_state=row.state, fence=row.fence, evidence_digest=bytes(row.owner_receipts_digest))
+    return row
+
+
+def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
+    epoch = ServingEpoch.objects.get(pk=epoch_pk)
+    gates = list(AccountServingGate.objects.filter(account_id__in=_account_ids(attempt)))
+    return (epoch.state == EpochState.ACTIVE and len(gates) == attempt.account_count
+            and all(g.mode == GateMode.V2_SERVING and g.epoch_id == epoch.pk
+                    and bytes(g.epoch_digest) == bytes(epoch.digest) for g in gates))
+
+
+def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor) -> None:
+    with transaction.atomic():
+        row = locks.barrier_set_for_update(set_pk)
+        if row.state == BarrierSetState.ACTIVATION_COMMITTED:
+            return
+        if row.state != BarrierSetState.HELD:
+            raise BarrierSetRefused(f"{row} is {row.state}, not held")
+        decision = decisions.decision_read(attempt.attempt_key)
+        if decision is not None and decision.state == DecisionState.ROLLBACK_OPEN:
+            try:  # won in the journal while this transaction holds the set (a revocation waits for it)
+                decision = decisions.decision_choose_activation(attempt.attempt_key, expected_fence=decision.fence)
+            except (FenceStale, TransitionRefused):
+                decision = decisions.decision_read(attempt.attempt_key)
+        if decision is None or decision.state != DecisionState.ACTIVATING_V2:
+            _release(row, f"restore won the CutoverDecision ({decision.state if decision else 'absent'}); "
+                          "no activation recorded", actor)
+            lost = True
+        else:
+            lost = False
+            fault_point("activation.after_decision")
+            epoch = connector_locks.epoch_for_update(row.successor_epoch_id)
+            if epoch.state != EpochState.VERIFIED or not hmac.compare_digest(bytes(epoch.digest),
+                                                                              bytes(row.successor_digest)):
+                raise CutoverPhaseRefused(f"candidate {epoch.epoch_id} is {epoch.state} or changed")
+            if not hmac.compare_digest(activation_evidence(attempt, epoch), bytes(row.owner_receipts_digest)):
+                raise CutoverPhaseRefused("owner, certificate, restore point or gate-set drift under the held "
+                                          "barriers; nothing moved")
+            row.commit_activation()
+            row.save()
+            audit_record(actor=actor, entity=row, action="barrier_set_commit_activation",
+                         from_state=BarrierSetState.HELD, to_state=row.state, fence=row.fence)
+            serving.activate_first_locked(epoch=epoch, account_ids=_account_ids(attempt), actor=actor,
+                                          observed=bytes(row.successor_digest))
+            fault_point("activation.before_commit")
+    if lost:
+        raise ActivationLost(f"a RestoreAttempt won the CutoverDecision of {attempt.attempt_key}; the barrier "
+                             "set was released and nothing activated")
+
+
+def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
+    """The activation, its readback, `v2_committed`, the release: continues from whatever state it finds."""
+    _require(actor)
+    attempt = attempt_get(attempt_key)
+    row = barrier_set_of(attempt)
+    if row is None:
+        raise BarrierSetRefused(f"attempt {attempt_key} has no first-activation barrier set")
+    epoch = attempt.candidate_epoch
+    if row.state == BarrierSetState.HELD:
+        digest, _ = activation_decision(epoch.epoch_id)
+        approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
+        _activation_transaction(attempt, row.pk, actor)
+        fault_point("activation.after_commit")
+        row.refresh_from_db()
+    if row.state not in (BarrierSetState.ACTIVATION_COMMITTED, BarrierSetState.RELEASED):
+        raise BarrierSetRefused(f"{row} is {row.state}")
+    if not _readback(attempt, epoch.pk):
+        raise CutoverPhaseRefused("activation readback does not show the epoch active on every frozen gate")
+    decision = decisions.decision_read(attempt_key)
+    if decision.state == DecisionState.ACTIVATING_V2:
+        decisions.decision_commit_activation(attempt_key, expected_fence=decision.fence)
+        fault_point("activation.after_v2_committed")
+    with transaction.atomic():
+        row = locks.barrier_set_for_update(row.pk)
+        if row.state == BarrierSetState.ACTIVATION_COMMITTED:
+            _release(row, "first activation read back and v2_committed", actor)
+        locked = attempt_get(attempt_key, lock=True)
+        if locked.outcome == AttemptOutcome.OPEN:
+            locked.outcome, locked.closed_at = AttemptOutcome.V2_COMMITTED, timezone.now()
+            locked.save(update_fields=["outcome", "closed_at"])
+            audit_record(actor=actor, entity=locked, action="cutover_v2_committed", from_state=AttemptOutcome.OPEN,
+                         to_state=AttemptOutcome.V2_COMMITTED, evidence_digest=bytes(epoch.digest))
+    return ServingEpoch.objects.get(pk=epoch.pk)
+
+
+# -- publication and revocation guards (registered in cutover.apps) -----------------------------------------------
+
+def _held_sets():
+    """Every held or committing set, locked FOR SHARE: an activation (FOR UPDATE) and a publication serialize."""
+    queryset = ServingPublicationBarrierSet.objects.filter(
+        state__in=(BarrierSetState.HELD, BarrierSetState.ACTIVATION_COMMITTED)).order_by("pk")
+    sql, params = queryset.query.sql_with_params()
+    return list(ServingPublicationBarrierSet.objects.raw(sql + " FOR SHARE", params))
+
+
+def publication_guard(owner: str) -> None:
+    held = _held_sets()
+    if held:
+        raise PublicationBarrierHeld(f"the {owner} publication barrier is held by {held[0]}; retry after the "
+                                     "activation is released")
+
+
+def revocation_guard(credential_gate) -> None:
+    """An urgent revocation: while a first-activation set is held and its decision still rollback_open, abort the
+    activation (release the set) and let the revocation commit; once activation won, refuse (retryable)."""
+    for row in _held_sets():
+        decision = decisions.decision_read(row.attempt_key) if row.attempt_key else None
+        if row.attempt_key and row.state == BarrierSetState.HELD and decision is not None and \
+                decision.state == DecisionState.ROLLBACK_OPEN:
+            locked = locks.barrier_set_for_update(row.pk)
+            _release(locked, f"urgent revocation of credential generation #{credential_gate.credential_generation_id}"
+                             " while rollback was open", Actor.system("revocation"))
+            continue
+        raise PublicationBarrierHeld(f"{row} is committing an activation; the revocation is retried after it")
+
