@@ -208,6 +208,8 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
         _activation_transaction(attempt, row.pk, actor)
         fault_point("activation.after_commit")
         row.refresh_from_db()
+    if row.state == BarrierSetState.RELEASED and not _readback(attempt, epoch.pk):
+        raise BarrierSetRefused(f"{row} was released without activation ({row.release_reason}); acquire a new set")
     if row.state not in (BarrierSetState.ACTIVATION_COMMITTED, BarrierSetState.RELEASED):
         raise BarrierSetRefused(f"{row} is {row.state}")
     if not _readback(attempt, epoch.pk):

@@ -31,9 +31,11 @@ class V1World:
     def modes(self) -> set[str]:
         return set(AccountServingGate.objects.filter(account__in=self.accounts).values_list("mode", flat=True))
 
-    def accept(self, index: int, key: str, position: int, partition: str = "rec-1"):
-        return runtime.accept(account_key=self.accounts[index].account_key, source_key="webhook",
-                              transport_key=key, payload=f'{{"id":"{key}","sequence":{position}}}'.encode(),
+    def accept(self, index: int, key: str, position: int, partition: str = "rec-1", source: str = "webhook",
+               payload: bytes | None = None):
+        return runtime.accept(account_key=self.accounts[index].account_key, source_key=source,
+                              transport_key=key,
+                              payload=payload or f'{{"id":"{key}","sequence":{position}}}'.encode(),
                               partition=partition, position=position)
 
 
@@ -46,3 +48,39 @@ def build_v1_world(prefix: str = "c-") -> V1World:
     world.epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)
     world.generation_id = runtime.generation_start(started_by="test").generation_id
     return world
+
+
+def approve_activation(epoch_id: str) -> None:
+    """Two approvers other than the requester approve the activation decision's current digest."""
+    from django.contrib.auth.models import Group, User
+
+    from connector.services import approvals
+
+    people = []
+    for name in ("requester", "approver-1", "approver-2"):
+        user = User.objects.create_user(name)
+        user.groups.add(Group.objects.get(name="approver"))
+        people.append(Actor.for_user(User.objects.get(pk=user.pk)))
+    request = approvals.approval_request(kind="activation_decision", subject_key=epoch_id, actor=people[0])
+    for approver in people[1:]:
+        approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest), actor=approver)
+
+
+def to_validating(world: V1World, key: str = "att-1") -> None:
+    """Every phase up to v2_validating through the services: certificate, barriers, drain, stop, export, shutdown
+    certificate, restore point with its rehearsal, begin validation."""
+    from cutover.services import v1_shutdown as sd
+    from cutover.services.restore import cutover_begin_validation
+    from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
+
+    sd.cutover_open(attempt_key=key, configuration_generation_id=world.configuration.generation_id,
+                    candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
+    sd.cutover_certify(attempt_key=key, budgets=BUDGETS, actor=ACTOR)
+    sd.maintenance_close(attempt_key=key, actor=ACTOR)
+    runtime.drain(world.generation_id)
+    sd.v1_stop(attempt_key=key, actor=ACTOR)
+    sd.v1_export(attempt_key=key, actor=ACTOR)
+    sd.v1_certify_drained(attempt_key=key, actor=ACTOR)
+    restore_point_capture(attempt_key=key, actor="op")
+    restore_point_rehearse(attempt_key=key, actor="op")
+    cutover_begin_validation(attempt_key=key, actor=ACTOR)

@@ -1,0 +1,179 @@
+"""The first activation of a V1 -> V2 service cutover, on a service that really drained its V1: the barrier set,
+the dual-approved activation decision, one activation transaction, crashes at every boundary (a real process
+SIGKILLed), the race with a RestoreAttempt, and the publication/revocation guards."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections
+
+from connector.choices import EpochState, GateMode
+from connector.errors import ApprovalMissing
+from connector.models import ServingEpoch
+from connector.services import gates as gate_services
+from connector.services import owners
+from cutover.choices import BarrierSetState, DecisionState
+from cutover.errors import ActivationLost, BarrierSetRefused, PublicationBarrierHeld
+from cutover.models import AttemptOutcome, ServiceCutoverAttempt
+from cutover.ports import v1_owner
+from cutover.services import decision as decisions
+from cutover.services import first_activation as fa
+from tests.cutover.v1_world import ACTOR, approve_activation, build_v1_world, to_validating
+
+TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
+BOUNDARIES = ("activation.after_decision", "activation.before_commit", "activation.after_commit",
+              "activation.after_v2_committed")
+
+
+@pytest.fixture(autouse=True)
+def env(settings, tmp_path):
+    from tests.effects.receiver import Receiver
+
+    v1_owner.cache_clear()
+    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
+    receiver = Receiver().start()
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    yield receiver
+    receiver.stop()
+    connections.close_all()
+
+
+def held_world():
+    world = build_v1_world()
+    world.accept(0, "k1", 1)
+    to_validating(world)
+    fa.first_activation_acquire(attempt_key="att-1", actor=ACTOR)
+    row = fa.first_activation_hold(attempt_key="att-1", actor=ACTOR)
+    assert row.state == BarrierSetState.HELD
+    return world
+
+
+def all_or_nothing(world) -> str:
+    """'serving' (epoch active, every gate v2_serving on it) or 'offline' (epoch verified, every gate
+    v2_validating); anything else fails."""
+    epoch = ServingEpoch.objects.get(pk=world.epoch.pk)
+    modes = world.modes()
+    if epoch.state == EpochState.ACTIVE and modes == {GateMode.V2_SERVING}:
+        return "serving"
+    assert epoch.state == EpochState.VERIFIED and modes == {GateMode.V2_VALIDATING}, (epoch.state, modes)
+    return "offline"
+
+
+@TX
+def test_activation_needs_the_dual_approval_then_commits_everything_at_once():
+    """Without two approvals the commit is refused and nothing moves; with them the set is held -> committed ->
+    released, the epoch active, every gate v2_serving on it, the decision v2_committed and the attempt closed.
+    Proves: CV2-12-058, CV2-12-059, CV2-12-064, CV2-12-067, CV2-12-068, CV2-12-070"""
+    world = held_world()
+    with pytest.raises(ApprovalMissing):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert all_or_nothing(world) == "offline"
+    assert decisions.decision_read("att-1").state == DecisionState.ROLLBACK_OPEN
+    approve_activation(world.epoch.epoch_id)
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert all_or_nothing(world) == "serving"
+    assert decisions.decision_read("att-1").state == DecisionState.V2_COMMITTED
+    attempt = ServiceCutoverAttempt.objects.get(attempt_key="att-1")
+    assert attempt.outcome == AttemptOutcome.V2_COMMITTED
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED
+    assert fa.first_activation_commit(attempt_key="att-1", actor=ACTOR).state == EpochState.ACTIVE  # idempotent
+
+
+@TX
+@pytest.mark.parametrize("point", BOUNDARIES)
+def test_a_crash_at_every_boundary_is_all_or_nothing_and_resumes(point, run_child):
+    """A coordinator process SIGKILLed at each boundary leaves either everything offline (verified epoch, every
+    gate v2_validating) or everything serving — never a part — and the resumed coordinator finishes with the same
+    decision. Proves: CV2-12-063, CV2-12-085, CV2-12-096"""
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+    child = run_child("""
+        from connector.actors import Actor
+        from cutover.services import first_activation
+        first_activation.first_activation_commit(attempt_key="att-1", actor=Actor.system("coordinator"))
+        emit(done=True)
+    """, point)
+    assert child.killed, child.stderr
+    state = all_or_nothing(world)
+    decision = decisions.decision_read("att-1").state
+    if point in ("activation.after_decision", "activation.before_commit"):
+        assert state == "offline" and decision == DecisionState.ACTIVATING_V2  # restore no longer wins
+    else:
+        assert state == "serving"
+        assert decision == (DecisionState.V2_COMMITTED if point == "activation.after_v2_committed"
+                            else DecisionState.ACTIVATING_V2)
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert all_or_nothing(world) == "serving"
+    assert decisions.decision_read("att-1").state == DecisionState.V2_COMMITTED
+
+
+@TX
+def test_a_crash_before_the_decision_leaves_restore_authorized():
+    """Before the decision CAS nothing happened: the decision is still rollback_open (a restore may win) and
+    every gate offline. Proves: CV2-12-096"""
+    world = held_world()
+    assert all_or_nothing(world) == "offline"
+    assert decisions.decision_read("att-1").state == DecisionState.ROLLBACK_OPEN
+
+
+@TX
+def test_activation_losing_the_race_to_restore_records_nothing_and_releases():
+    """A RestoreAttempt that wins `rollback_open -> restoring_v1` first makes the activation record no commit and
+    release its held set; the stale coordinator cannot reacquire. Run as a real race on separate connections: one
+    branch wins, never both. Proves: CV2-12-066, CV2-12-085, CV2-12-095, CV2-12-097"""
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+    opened = decisions.decision_read("att-1")
+    start = threading.Barrier(2)
+    results = {}
+
+    def run(name, call):
+        start.wait()
+        try:
+            results[name] = call()
+        except Exception as exc:  # noqa: BLE001
+            results[name] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=("activate", lambda: fa.first_activation_commit(
+        attempt_key="att-1", actor=ACTOR))),
+        threading.Thread(target=run, args=("restore", lambda: decisions.decision_choose_restore(
+            "att-1", expected_fence=opened.fence)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    state = all_or_nothing(world)
+    decision = decisions.decision_read("att-1").state
+    if decision == DecisionState.RESTORING_V1:
+        assert state == "offline" and isinstance(results["activate"], ActivationLost)
+        assert fa.barrier_set_of(ServiceCutoverAttempt.objects.get()).state == BarrierSetState.RELEASED
+        with pytest.raises(BarrierSetRefused):
+            fa.first_activation_acquire(attempt_key="att-1", actor=ACTOR)
+    else:
+        assert state == "serving" and decision == DecisionState.V2_COMMITTED
+        assert isinstance(results["restore"], Exception)
+
+
+@TX
+def test_a_held_set_refuses_publications_and_an_urgent_revocation_aborts_only_while_rollback_is_open():
+    """While the set is held, a Catalog/configuration/credential publication is refused (retryable); an urgent
+    credential revocation commits and releases the set while the decision is rollback_open (the activation is
+    aborted), and activation then refuses. Proves: CV2-12-064, CV2-12-065"""
+    world = held_world()
+    with pytest.raises(PublicationBarrierHeld):
+        owners.credential_generation_create(
+            generation_id="late.g1", credential_identity="crm-api", account_key=world.keys[0], secret=b"s" * 16,
+            transport_config={"base_url": "http://127.0.0.1:1", "auth": "bearer"}, actor=ACTOR)
+    generation_id = world.configuration.credential_mappings.first().credential_generation.generation_id
+    gate_services.credential_gate_transition(generation_id=generation_id, action="revoke", expected_fence=None,
+                                             actor=ACTOR, reason="key leaked")
+    attempt = ServiceCutoverAttempt.objects.get()
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED
+    approve_activation(world.epoch.epoch_id)
+    with pytest.raises(BarrierSetRefused):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert all_or_nothing(world) == "offline"
+    assert decisions.decision_read("att-1").state == DecisionState.ROLLBACK_OPEN
