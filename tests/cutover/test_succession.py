@@ -303,21 +303,23 @@ def test_changed_partition_derivation_refuses_the_handoff(sworld):
 
 
 def test_owner_change_after_verification_refuses_hold_and_activation(sworld):
-    """The owners publish a new Catalog view revision after the successor was verified: holding the barrier set
-    (which rereads the owners) is refused, and an activation of a set held before the change is refused too;
-    nothing moves. Proves: CV2-11-013, CV2-11-035, CV2-11-057"""
+    """While the barrier set is held, an owner publication (a new Catalog view revision) is refused and nothing
+    moves; once the set is released the owners publish, and holding a new set for the old successor (which
+    rereads the owners) is refused. Proves: CV2-11-013, CV2-11-035, CV2-11-057, CV2-12-064"""
+    from cutover.errors import PublicationBarrierHeld
     from tests.cutover.succession_helpers import build_changed_successor
 
     halt_all(sworld)
     row = succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
                                          successor_epoch_id=sworld.successor.epoch_id, holder="c", actor=ACTOR)
     held = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=ACTOR)
-    build_changed_successor(sworld, epoch_key="epoch-3", ordering_patch={"tie_breaker": "/evt_type"})
     before = state_of(sworld)
-    with pytest.raises(SuccessorDrifted, match="owners changed"):
-        succession.successor_activate(barrier_set_pk=held.pk, expected_fence=held.fence, actor=ACTOR)
+    with pytest.raises(PublicationBarrierHeld):
+        build_changed_successor(sworld, epoch_key="epoch-3", ordering_patch={"tie_breaker": "/evt_type"})
     assert state_of(sworld) == before
-    succession.barrier_set_release(barrier_set_pk=held.pk, expected_fence=held.fence, reason="drift", actor=ACTOR)
+    succession.barrier_set_release(barrier_set_pk=held.pk, expected_fence=held.fence, reason="owner change",
+                                   actor=ACTOR)
+    build_changed_successor(sworld, epoch_key="epoch-3", ordering_patch={"tie_breaker": "/evt_type"})
     again = succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
                                            successor_epoch_id=sworld.successor.epoch_id, holder="c", actor=ACTOR)
     with pytest.raises(SuccessorDrifted, match="owners changed"):
