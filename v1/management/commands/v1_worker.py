@@ -27,6 +27,7 @@ class Command(BaseCommand):
         self.stdout.write(f"v1 worker: generation {generation} running")
         while True:
             try:
+                runtime._running(generation)  # a terminated generation stops at once, even when idle
                 sent = runtime.drain(generation, limit=50)
             except V1GenerationRefused as exc:
                 self.stdout.write(f"v1 worker: {exc.detail}; exiting")
