@@ -179,3 +179,35 @@ def test_missing_pg_dump_names_what_to_install(monkeypatch):
     monkeypatch.setenv("PG_BINDIR", "/nonexistent")
     with pytest.raises(RestorePointRefused, match="pg_dump is not installed.*postgresql-client"):
         restore_point_capture(attempt_key=world.key, actor="op")
+
+
+@TX
+def test_rehearsal_refuses_a_v1_release_other_than_the_frozen_tuple(monkeypatch):
+    """Proves: CV2-12-052 (the rehearsal boots only the exact V1 release frozen in the restore point)."""
+    import dataclasses
+    world = drained_world()
+    restore_point_capture(attempt_key=world.key, actor="op")
+    owner = v1_owner()
+    frozen = owner.release()
+    monkeypatch.setattr(type(owner), "release",
+                        lambda self: dataclasses.replace(frozen, binary_digest=b"\x09" * 32))
+    with pytest.raises(RestorePointInvalid, match="frozen release tuple"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
+    assert scratch_databases() == []
+
+
+@TX
+def test_the_real_v1_boot_check_failing_on_the_copy_refuses_the_rehearsal(monkeypatch):
+    """Proves: CV2-12-052 (a copy the exact release does not boot against is refused: the real `v1_boot_check`
+    runs in a separate process against the scratch database, here told to expect another schema)."""
+    import dataclasses
+    world = drained_world()
+    restore_point_capture(attempt_key=world.key, actor="op")
+    owner = v1_owner()
+    real_boot = type(owner).boot_check
+    monkeypatch.setattr(type(owner), "boot_check", lambda self, url, release, key: real_boot(
+        self, url, dataclasses.replace(release, schema_digest=b"\x01" * 32), key))
+    with pytest.raises(V1BootCheckFailed, match="schema digest"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
+    assert not RestorePointRehearsal.objects.using(JOURNAL_DB).exists()
+    assert scratch_databases() == []
