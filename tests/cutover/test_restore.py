@@ -226,3 +226,25 @@ def test_a_missing_dump_refuses_the_restore_before_the_decision():
         restore_run(attempt_key=world.key, actor=ACTOR)
     assert decision_read(world.key).state == DecisionState.ROLLBACK_OPEN
     assert world.modes() == {GateMode.V2_VALIDATING}
+
+
+@TX
+def test_a_pg_restore_failing_midway_exposes_no_partial_state():
+    """Proves: CV2-12-073 (the restore of `default` is one transaction: a restore that breaks part-way through,
+    after `--clean` already dropped constraints, leaves the previous database exactly as it was; the RestoreAttempt
+    stays `started`, nothing serves)."""
+    from cutover.services import pg_snapshot
+    world = validating_world()
+    V1HighWater.objects.update(high_water=999)
+    with connections["default"].cursor() as cursor:  # an object the dump does not know blocks one DROP TABLE
+        cursor.execute("CREATE VIEW hc_blocker AS SELECT * FROM v1_v1highwater")
+    before = pg_snapshot.digests_of()
+    with pytest.raises(RestorePointInvalid, match="pg_restore"):
+        restore_run(attempt_key=world.key, actor=ACTOR)
+    connections.close_all()
+    assert pg_snapshot.digests_of() == before
+    assert world.modes() == {GateMode.V2_VALIDATING}
+    assert RestoreAttempt.objects.using(JOURNAL_DB).get(attempt_key=world.key).state == RestoreAttemptState.STARTED
+    assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DROP VIEW hc_blocker")
