@@ -211,3 +211,41 @@ def test_the_real_v1_boot_check_failing_on_the_copy_refuses_the_rehearsal(monkey
         restore_point_rehearse(attempt_key=world.key, actor="op")
     assert not RestorePointRehearsal.objects.using(JOURNAL_DB).exists()
     assert scratch_databases() == []
+
+
+@TX
+def test_a_write_committed_during_capture_is_in_neither_the_dump_nor_the_digests(monkeypatch):
+    """Proves: CV2-12-051 (the digests, the refusal checks and the dump come from ONE snapshot: a write another
+    connection commits after the snapshot was exported is in none of them, and shows as live drift)."""
+    import threading
+    from cutover.services import restore_point as rp
+    from v1.models import V1HighWater
+    world = drained_world()
+    original = rp._snapshot_facts
+
+    def facts_then_concurrent_write(attempt, account_ids, certificate):
+        check = original(attempt, account_ids, certificate)
+
+        def wrapped(cursor, snapshot_id):
+            facts = check(cursor, snapshot_id)
+            writer = threading.Thread(target=lambda: (V1HighWater.objects.update(high_water=777),
+                                                      connections.close_all()))
+            writer.start()
+            writer.join()
+            return facts
+        return wrapped
+
+    monkeypatch.setattr(rp, "_snapshot_facts", facts_then_concurrent_write)
+    point = restore_point_capture(attempt_key=world.key, actor="op")
+    assert set(V1HighWater.objects.values_list("high_water", flat=True)) == {777}  # committed meanwhile
+    scratch = point.database_name + "_hc_consistency"
+    pg_snapshot.create_scratch(scratch)
+    try:
+        pg_snapshot.restore_into(point.dump_path, scratch)
+        copy = pg_snapshot.digests_of(scratch)
+    finally:
+        pg_snapshot.drop_database(scratch)
+    assert (copy.schema, copy.content) == (bytes(point.schema_digest), bytes(point.content_digest))
+    assert pg_snapshot.digests_of().content != bytes(point.content_digest)
+    with pytest.raises(RestorePointInvalid, match="drifted"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
