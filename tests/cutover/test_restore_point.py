@@ -11,17 +11,15 @@ from connector.choices import OrderingContract
 from connector.models import OrderingLane
 from cutover.errors import RestorePointInvalid, RestorePointRefused
 from cutover.models import RestorePointRehearsal, V1RestorePoint, V1ShutdownCertificate
+from cutover.ports import v1_owner
 from cutover.services import pg_snapshot
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
-from cutover.ports import v1_owner
+from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401 (autouse fixture)
 from tests.cutover.restore_helpers import (
-    build_owners, drain, drained_world, open_attempt, seed_v1, start_provider, v1_cursors,
+    build_owners, drain, drained_world, open_attempt, seed_v1, v1_cursors,
 )
 from v1.errors import V1BootCheckFailed
 from v1.models import RELEASE_ID, V1SourceCursor
-
-from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401 (autouse fixture)
-
 
 def scratch_databases() -> list[str]:
     with connections["default"].cursor() as cursor:
