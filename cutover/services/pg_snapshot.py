@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 
 from cutover.errors import RestorePointInvalid, RestorePointRefused
 
-__all__ = ["Digests", "binary", "snapshot_and_dump", "digests_of", "create_scratch", "drop_database",
+__all__ = ["Digests", "binary", "snapshot_and_dump", "exported_snapshot", "django_in_snapshot", "digests_of", "create_scratch", "drop_database",
            "restore_into", "restore_default", "file_sha256"]
 
 SCHEMA_SQL = [
@@ -144,13 +144,26 @@ def exported_snapshot() -> Iterator[tuple[str, object]]:
             yield cursor.fetchone()[0], cursor
 
 
+@contextmanager
+def django_in_snapshot(snapshot_id: str) -> Iterator[None]:
+    """A read-only `default` transaction of Django's own connection that imports the exported snapshot, so the V1
+    owner port (which reads through Django) sees exactly the rows being dumped and digested."""
+    if connections["default"].in_atomic_block:
+        raise RestorePointRefused("a restore point is taken outside any transaction")
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        cursor.execute("SET TRANSACTION SNAPSHOT %s", [snapshot_id])
+        yield
+
+
 def snapshot_and_dump(path: str, check=None) -> tuple[Digests, object]:
-    """Open one exported snapshot of `default`; inside it run `check(cursor)` (the caller's facts read at the very
-    snapshot dumped, returned), compute the digests, and `pg_dump -Fc --snapshot` the same database to `path`."""
+    """Open one exported snapshot of `default`; inside it run `check(cursor, snapshot_id)` (the caller's facts read
+    at the very snapshot dumped, returned), compute the digests, and `pg_dump -Fc --snapshot` the same database to
+    `path`."""
     pg_dump = binary("pg_dump")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with exported_snapshot() as (snapshot_id, cursor):
-        facts = check(cursor) if check else None
+        facts = check(cursor, snapshot_id) if check else None
         digests = _digest_cursor(cursor)
         database = _params()["dbname"]
         proc = subprocess.run([pg_dump, "-Fc", f"--snapshot={snapshot_id}", "-f", path, *_cli_args(database)],

@@ -65,9 +65,10 @@ def _dump_path(attempt_key: str) -> str:
     return os.path.join(str(root), safe, f"default-{uuid.uuid4().hex}.dump")
 
 
-def _snapshot_facts(attempt: ServiceCutoverAttempt, account_ids: list[int]):
-    """Runs inside the exported snapshot: the refusal rules, read at the snapshot dumped."""
-    def check(cursor) -> dict:
+def _snapshot_facts(attempt: ServiceCutoverAttempt, account_ids: list[int], certificate):
+    """Runs inside the exported snapshot: the refusal rules and every frozen fact, read at the snapshot dumped (the
+    owner port through Django's connection importing the same snapshot)."""
+    def check(cursor, snapshot_id: str) -> dict:
         gates = gate_rows(cursor, account_ids)
         if len(gates) != len(account_ids) or not account_ids:
             raise RestorePointRefused(f"attempt {attempt.attempt_key}: {len(account_ids)} frozen accounts but "
@@ -99,7 +100,9 @@ def _snapshot_facts(attempt: ServiceCutoverAttempt, account_ids: list[int]):
         cursor.execute('SELECT t::text FROM "connector_receiptadmissionkey" t WHERE account_id = ANY(%s) '
                        "ORDER BY 1", [account_ids])
         admission = [r[0] for r in cursor.fetchall()]
-        return {"gates": gates, "certificate_digest": bytes(row[0]), "keys": keys,
+        with pg_snapshot.django_in_snapshot(snapshot_id):
+            port = _port_digests(attempt, [keys[a] for a in account_ids], certificate)
+        return {"gates": gates, "certificate_digest": bytes(row[0]), "keys": keys, "port": port,
                 "identity": _sha("identity", *tombstones, "admission", *admission)}
     return check
 
@@ -111,9 +114,8 @@ def _port_digests(attempt: ServiceCutoverAttempt, account_keys: list[str], certi
     if release.release_id != attempt.v1_release_id or release.release_id != certificate.v1_release_id:
         raise RestorePointRefused(f"the V1 release {release.release_id} is not the attempt's certified release "
                                   f"{attempt.v1_release_id}")
-    with transaction.atomic():
-        inventory = port.inventory(account_keys)
-        high_waters = port.high_waters(account_keys)
+    inventory = port.inventory(account_keys)  # in the caller's (snapshot) transaction
+    high_waters = port.high_waters(account_keys)
     if inventory.blocking:
         raise RestorePointRefused(f"V1 is not drained: {len(inventory.blocking)} blocking inventory items")
     cursors = _sha("cursors", *(f"{s}={c}" for s, c in sorted(inventory.cursors)))
@@ -135,10 +137,10 @@ def restore_point_capture(*, attempt_key: str, actor: str) -> V1RestorePoint:
         raise RestorePointRefused(f"attempt {attempt_key} has no V1ShutdownCertificate")
     account_ids = attempt_account_ids(attempt)
     path = _dump_path(attempt_key)
-    digests, facts = pg_snapshot.snapshot_and_dump(path, _snapshot_facts(attempt, account_ids))
+    digests, facts = pg_snapshot.snapshot_and_dump(path, _snapshot_facts(attempt, account_ids, certificate))
     if digests.rows == 0:
         raise RestorePointRefused("the database is empty: nothing to restore to")
-    port = _port_digests(attempt, [facts["keys"][a] for a in account_ids], certificate)
+    port = facts["port"]
     dump_sha, dump_bytes = pg_snapshot.file_sha256(path)
     release = port["release"]
     values = {
@@ -190,10 +192,10 @@ def recompute_digests(point: V1RestorePoint) -> dict[str, tuple[bytes, bytes]]:
     if certificate is None:
         raise RestorePointInvalid(f"the restored database has no V1ShutdownCertificate for {point.attempt_key}")
     account_ids = attempt_account_ids(attempt)
-    with pg_snapshot.exported_snapshot() as (_, cursor):
-        facts = _snapshot_facts(attempt, account_ids)(cursor)
+    with pg_snapshot.exported_snapshot() as (snapshot_id, cursor):
+        facts = _snapshot_facts(attempt, account_ids, certificate)(cursor, snapshot_id)
         digests = pg_snapshot._digest_cursor(cursor)
-    port = _port_digests(attempt, [facts["keys"][a] for a in account_ids], certificate)
+    port = facts["port"]
     gates = _sha("gates", *(frame(a, facts["keys"][a], m, f) for a, m, f in facts["gates"]))
     now = {"schema": digests.schema, "content": digests.content, "cursors": port["cursors"],
            "account_gate": gates, "shutdown_certificate": facts["certificate_digest"],

@@ -186,3 +186,65 @@ def test_restore_without_validation_points_to_cold_abort():
     restore_point_rehearse(attempt_key=world.key, actor="op")
     with pytest.raises(RestoreRefused, match="cold abort"):
         restore_run(attempt_key=world.key, actor=ACTOR)
+
+
+@TX
+def test_a_restored_database_that_does_not_verify_stops_before_the_receipt(monkeypatch):
+    """Proves: CV2-12-074 (a digest mismatch after pg_restore records no receipt, does not complete the decision
+    and starts no V1; the RestoreAttempt stays `started` and a rerun retries)."""
+    from cutover.services import restore as restore_service
+    world = validating_world()
+    real = restore_service.recompute_digests
+
+    def cursors_differ(point):
+        digests = real(point)
+        now, frozen = digests["cursors"]
+        return {**digests, "cursors": (b"\xff" * 32, frozen)}
+
+    monkeypatch.setattr(restore_service, "recompute_digests", cursors_differ)
+    with pytest.raises(RestorePointInvalid, match="cursors"):
+        restore_run(attempt_key=world.key, actor=ACTOR)
+    connections.close_all()
+    row = RestoreAttempt.objects.using(JOURNAL_DB).get(attempt_key=world.key)
+    assert row.state == RestoreAttemptState.STARTED and row.recovery_digest is None
+    assert decision_read(world.key).state == DecisionState.RESTORING_V1
+    assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
+    assert world.modes() == {GateMode.V1_DRAINED}
+    monkeypatch.setattr(restore_service, "recompute_digests", real)
+    assert restore_run(attempt_key=world.key, actor=ACTOR).pk == row.pk
+    connections.close_all()
+    assert world.modes() == {GateMode.V1_SERVING}
+
+
+@TX
+def test_a_missing_dump_refuses_the_restore_before_the_decision():
+    """Proves: CV2-12-053, CV2-12-073 (no restore from a dump that no longer verifies; the decision stays open)."""
+    import os
+    world = validating_world()
+    os.remove(world.point.dump_path)
+    with pytest.raises(RestorePointInvalid, match="missing"):
+        restore_run(attempt_key=world.key, actor=ACTOR)
+    assert decision_read(world.key).state == DecisionState.ROLLBACK_OPEN
+    assert world.modes() == {GateMode.V2_VALIDATING}
+
+
+@TX
+def test_a_pg_restore_failing_midway_exposes_no_partial_state():
+    """Proves: CV2-12-073 (the restore of `default` is one transaction: a restore that breaks part-way through,
+    after `--clean` already dropped constraints, leaves the previous database exactly as it was; the RestoreAttempt
+    stays `started`, nothing serves)."""
+    from cutover.services import pg_snapshot
+    world = validating_world()
+    V1HighWater.objects.update(high_water=999)
+    with connections["default"].cursor() as cursor:  # an object the dump does not know blocks one DROP TABLE
+        cursor.execute("CREATE VIEW hc_blocker AS SELECT * FROM v1_v1highwater")
+    before = pg_snapshot.digests_of()
+    with pytest.raises(RestorePointInvalid, match="pg_restore"):
+        restore_run(attempt_key=world.key, actor=ACTOR)
+    connections.close_all()
+    assert pg_snapshot.digests_of() == before
+    assert world.modes() == {GateMode.V2_VALIDATING}
+    assert RestoreAttempt.objects.using(JOURNAL_DB).get(attempt_key=world.key).state == RestoreAttemptState.STARTED
+    assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DROP VIEW hc_blocker")

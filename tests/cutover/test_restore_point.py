@@ -11,17 +11,15 @@ from connector.choices import OrderingContract
 from connector.models import OrderingLane
 from cutover.errors import RestorePointInvalid, RestorePointRefused
 from cutover.models import RestorePointRehearsal, V1RestorePoint, V1ShutdownCertificate
+from cutover.ports import v1_owner
 from cutover.services import pg_snapshot
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
-from cutover.ports import v1_owner
+from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401 (autouse fixture)
 from tests.cutover.restore_helpers import (
-    build_owners, drain, drained_world, open_attempt, seed_v1, start_provider, v1_cursors,
+    build_owners, drain, drained_world, open_attempt, seed_v1, v1_cursors,
 )
 from v1.errors import V1BootCheckFailed
 from v1.models import RELEASE_ID, V1SourceCursor
-
-from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401 (autouse fixture)
-
 
 def scratch_databases() -> list[str]:
     with connections["default"].cursor() as cursor:
@@ -179,3 +177,73 @@ def test_missing_pg_dump_names_what_to_install(monkeypatch):
     monkeypatch.setenv("PG_BINDIR", "/nonexistent")
     with pytest.raises(RestorePointRefused, match="pg_dump is not installed.*postgresql-client"):
         restore_point_capture(attempt_key=world.key, actor="op")
+
+
+@TX
+def test_rehearsal_refuses_a_v1_release_other_than_the_frozen_tuple(monkeypatch):
+    """Proves: CV2-12-052 (the rehearsal boots only the exact V1 release frozen in the restore point)."""
+    import dataclasses
+    world = drained_world()
+    restore_point_capture(attempt_key=world.key, actor="op")
+    owner = v1_owner()
+    frozen = owner.release()
+    monkeypatch.setattr(type(owner), "release",
+                        lambda self: dataclasses.replace(frozen, binary_digest=b"\x09" * 32))
+    with pytest.raises(RestorePointInvalid, match="frozen release tuple"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
+    assert scratch_databases() == []
+
+
+@TX
+def test_the_real_v1_boot_check_failing_on_the_copy_refuses_the_rehearsal(monkeypatch):
+    """Proves: CV2-12-052 (a copy the exact release does not boot against is refused: the real `v1_boot_check`
+    runs in a separate process against the scratch database, here told to expect another schema)."""
+    import dataclasses
+    world = drained_world()
+    restore_point_capture(attempt_key=world.key, actor="op")
+    owner = v1_owner()
+    real_boot = type(owner).boot_check
+    monkeypatch.setattr(type(owner), "boot_check", lambda self, url, release, key: real_boot(
+        self, url, dataclasses.replace(release, schema_digest=b"\x01" * 32), key))
+    with pytest.raises(V1BootCheckFailed, match="schema digest"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
+    assert not RestorePointRehearsal.objects.using(JOURNAL_DB).exists()
+    assert scratch_databases() == []
+
+
+@TX
+def test_a_write_committed_during_capture_is_in_neither_the_dump_nor_the_digests(monkeypatch):
+    """Proves: CV2-12-051 (the digests, the refusal checks and the dump come from ONE snapshot: a write another
+    connection commits after the snapshot was exported is in none of them, and shows as live drift)."""
+    import threading
+    from cutover.services import restore_point as rp
+    from v1.models import V1HighWater
+    world = drained_world()
+    original = rp._snapshot_facts
+
+    def facts_then_concurrent_write(attempt, account_ids, certificate):
+        check = original(attempt, account_ids, certificate)
+
+        def wrapped(cursor, snapshot_id):
+            facts = check(cursor, snapshot_id)
+            writer = threading.Thread(target=lambda: (V1HighWater.objects.update(high_water=777),
+                                                      connections.close_all()))
+            writer.start()
+            writer.join()
+            return facts
+        return wrapped
+
+    monkeypatch.setattr(rp, "_snapshot_facts", facts_then_concurrent_write)
+    point = restore_point_capture(attempt_key=world.key, actor="op")
+    assert set(V1HighWater.objects.values_list("high_water", flat=True)) == {777}  # committed meanwhile
+    scratch = point.database_name + "_hc_consistency"
+    pg_snapshot.create_scratch(scratch)
+    try:
+        pg_snapshot.restore_into(point.dump_path, scratch)
+        copy = pg_snapshot.digests_of(scratch)
+    finally:
+        pg_snapshot.drop_database(scratch)
+    assert (copy.schema, copy.content) == (bytes(point.schema_digest), bytes(point.content_digest))
+    assert pg_snapshot.digests_of().content != bytes(point.content_digest)
+    with pytest.raises(RestorePointInvalid, match="drifted"):
+        restore_point_rehearse(attempt_key=world.key, actor="op")
