@@ -389,6 +389,9 @@ def v1_stop(*, attempt_key: str, actor: Actor) -> int:
     attempt = attempt_get(attempt_key)
     _open(attempt)
     owner = v1_owner()
+    with transaction.atomic():
+        if _modes(frozen_gates(attempt)) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
+            raise CutoverPhaseRefused("stop needs every frozen gate halting_v1 (close the barriers first)")
     done = {r.kind for r in V1GenerationReceipt.objects.filter(attempt=attempt)}
     if not done:
         # Zero accepted work left for V1 to do; a provider call in flight is interrupted by the termination and
