@@ -23,7 +23,7 @@ from connector.models import (AccountServingGate, ApprovalKind, DualApprovalRequ
 from connector.models.approvals import APPROVAL_LIVE
 from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
-from cutover.models import CutoverDecision, OrderingHandoff, ServingPublicationBarrierSet
+from cutover.models import CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet
 from cutover.services import succession, succession_phases
 
 from .views import screen
@@ -128,6 +128,7 @@ def cutover(request):
     return render(request, "governance/cutover.html", {
         "gates": gates, "modes": modes, "epochs": ServingEpoch.objects.order_by("-pk")[:10],
         "decisions": CutoverDecision.objects.order_by("-pk")[:10],
+        "attempts": ServiceCutoverAttempt.objects.select_related("candidate_epoch").order_by("-pk")[:10],
         "successions": ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch")
         .filter(predecessor_epoch__isnull=False).order_by("-pk")[:20], "activation_subjects": _activation_subjects(),
         "may_request": request.user.has_perm(approvals.PERMISSION), "nav": "cutover"})

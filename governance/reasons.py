@@ -49,6 +49,9 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
             "the predecessor is never resumed after the first handoff"),
     _r("EVENT_KEY_CONFLICT", "Same source event key, different bytes", "source owner", 240,
        "Compare both receipts; correct the provider or author a new pack generation"),
+    _r("V1_IO_MAY_HAVE_STARTED", "V1 effect interrupted by the V1 shutdown: the provider call may have started",
+       "records-integration-team", 15, "Query the provider by the V1 request key, then reconcile it in v1_stopped "
+       "(remote_finalized or no_effect, with the evidence) on the cutover console; V1 never dispatches again"),
     _r("GATE_HALTED", "Account gate halted (halting_v2 / v2_halted)", "service owner", 60,
        "Finish the drain (open permits must settle) or resume through the serving gate actions"),
     _r("CREDENTIAL_REVOKED", "Credential generation dispatch gate revoked", "credential authority", 120,

@@ -18,8 +18,8 @@ from django.contrib.auth.models import Group, Permission
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
             "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
-APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "connector.operate_accountservinggate",
-            "connector.give_dual_approval")
+APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "cutover.coordinate_cutover",
+            "connector.operate_accountservinggate", "connector.give_dual_approval")
 CERTIFIER = ("effects.approve_certification",)
 ROLES = {"auditor": (), "operator": OPERATOR, "approver": APPROVER, "certifier": CERTIFIER}
 

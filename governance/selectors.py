@@ -79,7 +79,27 @@ def queue() -> list[Item]:
                    _admin("effects_deliveryoperation", id=o.pk), reverse("governance:delivery", args=[o.pk]))
               for o in DeliveryOperation.objects.select_related("parent").filter(state__regex=WAITING_DELIVERY)
               .exclude(reconciled=True, state__startswith="final_")]
+    items += v1_reconciliations()
     return sorted(items, key=lambda i: i.since)
+
+
+def v1_reconciliations() -> list[Item]:
+    """V1 effect rows of an open service cutover in `v1_stopped` whose provider call may have started: each needs
+    a fenced reconciliation with the provider's evidence before the shutdown certificate (CV2-12-040)."""
+    from cutover.models import ServiceCutoverAttempt, V1GenerationReceipt
+
+    from .attempts import in_flight
+
+    found = []
+    for attempt in ServiceCutoverAttempt.objects.filter(outcome="open").select_related("configuration"):
+        stopped = V1GenerationReceipt.objects.filter(attempt=attempt).order_by("pk").first()
+        if stopped is None:
+            continue
+        found += [Item("v1_effect", int(row.row_id), f"V1 effect #{row.row_id} ({row.detail})", "io_may_have_started",
+                       "V1_IO_MAY_HAVE_STARTED", stopped.created_at, _admin("v1_v1outboundeffect", id=row.row_id),
+                       reverse("governance:attempt", args=[attempt.attempt_key]) + "#ph-reconcile")
+                  for row in in_flight(attempt)]
+    return found
 
 
 def board() -> dict[str, list[Item]]:

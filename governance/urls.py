@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import approvals, console, views
+from . import approvals, attempts, console, views
 
 app_name = "governance"
 urlpatterns = [
@@ -16,4 +16,5 @@ urlpatterns = [
     path("board/", views.board, name="board"),
     path("cutover/", console.cutover, name="cutover"),
     path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),
+    path("cutover/attempt/<str:key>/", attempts.attempt_view, name="attempt"),
 ]
