@@ -4,12 +4,16 @@ connector.services.approvals when the app is ready).
 - `activation_decision` (key: the verified ServingEpoch ID): the epoch's exact ID and digest, its configuration
   generation, and the exhaustive account/gate set it would activate. Any change to one of them is a new digest,
   which voids earlier approvals.
+- `readiness_certificate` (key: the service cutover attempt): the certificate's exact digest (its bytes bind the
+  epoch, configuration, routes, budgets, measurements and projections). Required before the barriers close.
+- `restore_point` (key: the service cutover attempt): the V1RestorePoint's digest and the digest of its latest
+  rehearsal. Required before validation begins.
 """
 from __future__ import annotations
 
 from connector.canonical.encoding import Record
 from connector.canonical.encoding import digest as canonical_digest
-from connector.errors import EpochNotFound
+from connector.errors import EpochNotFound, TransitionRefused
 from connector.models import AccountServingGate, ServingEpoch
 
 DOMAIN = "nexuscrm.cutover.approval-subject.v1"
@@ -33,4 +37,40 @@ def activation_decision(subject_key: str) -> tuple[bytes, str]:
     return canonical_digest(DOMAIN, value), summary
 
 
-SUBJECTS = {"activation_decision": activation_decision}
+def readiness_certificate(subject_key: str) -> tuple[bytes, str]:
+    from cutover.models import CutoverReadinessCertificate
+
+    row = CutoverReadinessCertificate.objects.filter(attempt__attempt_key=subject_key).first()
+    if row is None:
+        raise TransitionRefused(f"attempt {subject_key!r} has no readiness certificate")
+    value = Record([("kind", "readiness_certificate"), ("attempt", subject_key), ("digest", bytes(row.digest))])
+    routes = ", ".join(f"{r['route']}: {r['disposition']}" for r in row.routes)
+    return canonical_digest(DOMAIN, value), (f"Readiness certificate of cutover {subject_key}: epoch {row.epoch_id}, "
+                                             f"configuration {row.configuration_generation_id}, routes {routes}")
+
+
+def restore_point(subject_key: str) -> tuple[bytes, str]:
+    from config.routers import JOURNAL_DB
+    from cutover.models import RestorePointRehearsal, V1RestorePoint
+
+    point = V1RestorePoint.objects.using(JOURNAL_DB).filter(attempt_key=subject_key).first()
+    rehearsal = (RestorePointRehearsal.objects.using(JOURNAL_DB).filter(restore_point=point).order_by("-pk").first()
+                 if point else None)
+    if point is None or rehearsal is None:
+        raise TransitionRefused(f"attempt {subject_key!r} has no rehearsed restore point")
+    value = Record([("kind", "restore_point"), ("attempt", subject_key), ("digest", bytes(point.digest)),
+                    ("rehearsal", bytes(rehearsal.digest))])
+    return canonical_digest(DOMAIN, value), (f"V1 restore point of cutover {subject_key}: {point.dump_bytes} bytes, "
+                                             f"release {point.v1_release_id}, rehearsed in {rehearsal.scratch_database}")
+
+
+SUBJECTS = {"activation_decision": activation_decision, "readiness_certificate": readiness_certificate,
+            "restore_point": restore_point}
+
+
+def require(kind: str, subject_key: str) -> None:
+    """Pass only if the subject's current digest has its dual approval (connector.services.approvals)."""
+    from connector.services import approvals
+
+    digest, _ = SUBJECTS[kind](subject_key)
+    approvals.approval_require(kind=kind, subject_key=subject_key, digest=digest)

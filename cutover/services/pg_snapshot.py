@@ -94,6 +94,14 @@ def _normalized(value: object) -> object:
     return re.sub(r"[()\s]", "", _CAST.sub("", value))
 
 
+# Operator-governance tables: who signed in, who approved, what was audited. They are in the dump (a restore brings
+# them back) but not in the content digest, because the restore point's own dual approval is written after the
+# capture and must not read as drift (decision D-156). Every V1 and V2 authority table is digested.
+GOVERNANCE_TABLES = frozenset({
+    "connector_dualapprovalrequest", "connector_dualapproval", "connector_auditrecord", "auth_user",
+    "auth_user_groups", "auth_user_user_permissions", "django_session", "django_admin_log"})
+
+
 def _digest_cursor(cursor) -> Digests:
     cursor.execute("SET LOCAL TimeZone = 'UTC'")
     schema = hashlib.sha256(b"schema.v1")
@@ -107,6 +115,8 @@ def _digest_cursor(cursor) -> Digests:
     content = hashlib.sha256(b"content.v1")
     rows = 0
     for table in tables:
+        if table in GOVERNANCE_TABLES:
+            continue
         content.update(b"\x00table:" + table.encode())
         cursor.execute(f'SELECT t::text FROM "{table}" t ORDER BY 1')
         for (text,) in cursor:

@@ -30,6 +30,7 @@ from cutover.services import pg_snapshot
 from cutover.services.decision import (
     decision_choose_restore, decision_complete_restore, decision_open, decision_read,
 )
+from cutover.services import approval_subjects
 from cutover.services.lane_init import initialize_lanes_from_baselines
 from cutover.services.restore_point import (
     attempt_for, frame, live_drift, recompute_digests, rehearsed_restore_point,
@@ -83,6 +84,8 @@ def cutover_begin_validation(*, attempt_key: str, actor: Actor) -> list[AccountS
     database (no drift); opens the CutoverDecision first (decision 11). V2 stays disabled (CV2-12-056)."""
     point = rehearsed_restore_point(attempt_key)
     attempt = attempt_for(attempt_key)
+    if decision_read(attempt_key) is None:  # entering validation needs the dual approval of the restore point
+        approval_subjects.require("restore_point", attempt_key)
     if attempt.outcome != AttemptOutcome.OPEN:
         raise TransitionRefused(f"attempt {attempt_key} is {attempt.outcome}")
     modes = set(AccountServingGate.objects.filter(account_id__in=attempt_account_ids(attempt))

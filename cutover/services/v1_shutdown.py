@@ -55,6 +55,7 @@ from cutover.models import (
 )
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
 from cutover.reasons import CUTOVER_REASONS
+from cutover.services import approval_subjects
 
 PERMISSION = "cutover.coordinate_cutover"
 DOMAIN = "nexuscrm.cutover.evidence.v1"
@@ -302,11 +303,12 @@ def _barrier_receipt(attempt, kind: BarrierKind, action: str, receipt: OwnerRece
 
 
 def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
-    """Close every owner barrier (each close waits for the transactions crossing it), store the receipts, then
+    """Requires the dual approval of the readiness certificate. Close every owner barrier (each close waits for the transactions crossing it), store the receipts, then
     halt every frozen gate `v1_serving -> halting_v1`. Returns the gates moved now."""
     _require(actor)
     attempt = attempt_get(attempt_key)
     _open(attempt)
+    approval_subjects.require("readiness_certificate", attempt.attempt_key)  # fail fast, before any barrier
     owner = v1_owner()
     for kind in BARRIER_ORDER:
         receipt = owner.close_barrier(kind, attempt.attempt_key)
@@ -314,6 +316,7 @@ def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
             _barrier_receipt(attempt, kind, "closed", receipt)
     with transaction.atomic():
         certificate = certificate_locked(attempt)
+        approval_subjects.require("readiness_certificate", attempt.attempt_key)  # held until the gates moved
         gates = frozen_gates(attempt)
         if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
             raise CutoverPhaseRefused("every frozen gate must be v1_serving or halting_v1 to halt")

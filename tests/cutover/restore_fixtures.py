@@ -8,6 +8,7 @@ from django.db import connections
 from cutover.ports import v1_owner
 from cutover.services.restore import cutover_begin_validation
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
+from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import ACTOR, drained_world, start_provider
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
@@ -29,5 +30,6 @@ def validating_world(prefix: str = "v-"):
     world = drained_world(prefix)
     world.point = restore_point_capture(attempt_key=world.key, actor="op")
     restore_point_rehearse(attempt_key=world.key, actor="op")
+    approve("restore_point", world.key)
     cutover_begin_validation(attempt_key=world.key, actor=ACTOR)
     return world

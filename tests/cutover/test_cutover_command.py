@@ -12,6 +12,7 @@ from django.db import connections
 from connector.choices import GateMode
 from cutover.models import AttemptOutcome, ServiceCutoverAttempt
 from cutover.ports import v1_owner
+from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import approve_activation, build_v1_world
 from v1 import runtime
 
@@ -46,14 +47,21 @@ def test_the_whole_cutover_from_the_command_line():
     with pytest.raises(CommandError, match="CUTOVER_PHASE_REFUSED"):
         run("stop", "--attempt", "a1")
     run("certify", "--attempt", "a1")
+    with pytest.raises(CommandError, match="APPROVAL_MISSING"):
+        run("close", "--attempt", "a1")
+    approve("readiness_certificate", "a1")
     run("close", "--attempt", "a1")
     status = run("status", "--attempt", "a1")
     assert "BLOCKED: inbound_nonterminal" in status and "next: cutover stop --attempt a1" in status
     with pytest.raises(CommandError, match="DRAIN_BLOCKED"):
         run("stop", "--attempt", "a1")
     runtime.drain(world.generation_id)
-    for action in ("stop", "export", "certify-drained", "certify-drained", "capture", "rehearse",
-                   "begin-validation", "hold"):
+    for action in ("stop", "export", "certify-drained", "certify-drained", "capture", "rehearse"):
+        run(action, "--attempt", "a1")
+    with pytest.raises(CommandError, match="APPROVAL_MISSING"):
+        run("begin-validation", "--attempt", "a1")
+    approve("restore_point", "a1")
+    for action in ("begin-validation", "hold"):
         run(action, "--attempt", "a1")
     assert world.modes() == {GateMode.V2_VALIDATING}
     with pytest.raises(CommandError, match="APPROVAL_MISSING"):

@@ -26,6 +26,7 @@ from cutover.services.restore import cutover_begin_validation
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
 from tests.connector.inbound_helpers import drain as v2_drain
 from tests.crash.conftest import ROOT
+from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, approve_activation, build_v1_world
 from v1 import runtime
 from v1.errors import V1BarrierClosed
@@ -103,6 +104,7 @@ def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(
         sd.cutover_open(attempt_key="e2e", configuration_generation_id=world.configuration.generation_id,
                         candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
         sd.cutover_certify(attempt_key="e2e", budgets=BUDGETS, actor=ACTOR)
+        approve("readiness_certificate", "e2e")
         sd.maintenance_close(attempt_key="e2e", actor=ACTOR)
         load.thread.join(30)
         assert load.refused, "the source kept sending after the barriers closed"
@@ -128,6 +130,7 @@ def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(
     sd.v1_certify_drained(attempt_key="e2e", actor=ACTOR)
     restore_point_capture(attempt_key="e2e", actor="backup-owner")
     restore_point_rehearse(attempt_key="e2e", actor="backup-owner")
+    approve("restore_point", "e2e")
     cutover_begin_validation(attempt_key="e2e", actor=ACTOR)
     baselines = {(lane.account.account_key, lane.partition): int(lane.baseline)
                  for lane in OrderingLane.objects.select_related("account")}

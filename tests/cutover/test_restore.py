@@ -15,6 +15,7 @@ from cutover.services.decision import decision_choose_activation, decision_commi
 from cutover.services.restore import cutover_begin_validation, cutover_cold_abort, restore_run
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
 from tests.cutover.restore_fixtures import TX, restore_env, validating_world  # noqa: F401
+from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import ACTOR, accept, drained_world, v1_cursors
 from v1 import runtime
 from v1.models import GenerationState, V1Barrier, V1HighWater, V1OutboundEffect, V1ProcessGeneration, V1WorkItem
@@ -65,6 +66,7 @@ def test_live_drift_after_rehearsal_refuses_validation():
     world = drained_world()
     restore_point_capture(attempt_key=world.key, actor="op")
     restore_point_rehearse(attempt_key=world.key, actor="op")
+    approve("restore_point", world.key)
     V1HighWater.objects.update(high_water=999)
     with pytest.raises(RestorePointInvalid, match="drifted"):
         cutover_begin_validation(attempt_key=world.key, actor=ACTOR)

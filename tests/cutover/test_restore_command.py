@@ -10,6 +10,7 @@ from django.db import connections
 
 from connector.choices import GateMode
 from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401
+from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import drained_world
 
 
@@ -30,6 +31,7 @@ def test_the_command_walks_capture_rehearse_validate_restore_and_status_names_ea
     assert "next: rehearse" in run("status", world.key)
     assert "passed" in run("rehearse", world.key)
     assert "next: begin-validation" in run("status", world.key)
+    approve("restore_point", world.key)
     assert "v2_validating" in run("begin-validation", world.key)
     with pytest.raises(CommandError, match="COLD_ABORT_REFUSED"):
         run("cold-abort", world.key)

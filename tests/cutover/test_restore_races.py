@@ -13,6 +13,7 @@ from cutover.models import ServiceCutoverAttempt, V1RestorePoint
 from cutover.services.restore import cutover_begin_validation, cutover_cold_abort
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
 from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401
+from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import ACTOR, drained_world
 from v1.models import GenerationState, V1ProcessGeneration
 
@@ -57,6 +58,7 @@ def test_cold_abort_racing_begin_validation_lets_exactly_one_move_the_gates():
     world = drained_world("cr-")
     restore_point_capture(attempt_key=world.key, actor="op")
     restore_point_rehearse(attempt_key=world.key, actor="op")
+    approve("restore_point", world.key)
     abort, validate = together(lambda: cutover_cold_abort(attempt_key=world.key, actor=ACTOR),
                                lambda: cutover_begin_validation(attempt_key=world.key, actor=ACTOR))
     aborted = isinstance(abort, str)

@@ -22,6 +22,7 @@ from cutover.models import (
 )
 from cutover.ports import RouteHaltContract
 from cutover.services import v1_shutdown as sd
+from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world
 from v1 import runtime
 from v1.errors import V1BarrierClosed
@@ -44,7 +45,9 @@ def provider(settings):
 def opened(world, key="att-1"):
     sd.cutover_open(attempt_key=key, configuration_generation_id=world.configuration.generation_id,
                     candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
-    return sd.cutover_certify(attempt_key=key, budgets=BUDGETS, actor=ACTOR)
+    certificate = sd.cutover_certify(attempt_key=key, budgets=BUDGETS, actor=ACTOR)
+    approve("readiness_certificate", key)
+    return certificate
 
 
 def drained(world, key="att-1"):

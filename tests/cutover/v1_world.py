@@ -52,18 +52,9 @@ def build_v1_world(prefix: str = "c-") -> V1World:
 
 def approve_activation(epoch_id: str) -> None:
     """Two approvers other than the requester approve the activation decision's current digest."""
-    from django.contrib.auth.models import Group, User
+    from tests.cutover.approval_helpers import approve
 
-    from connector.services import approvals
-
-    people = []
-    for name in ("requester", "approver-1", "approver-2"):
-        user = User.objects.create_user(name)
-        user.groups.add(Group.objects.get(name="approver"))
-        people.append(Actor.for_user(User.objects.get(pk=user.pk)))
-    request = approvals.approval_request(kind="activation_decision", subject_key=epoch_id, actor=people[0])
-    for approver in people[1:]:
-        approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest), actor=approver)
+    approve("activation_decision", epoch_id)
 
 
 def to_validating(world: V1World, key: str = "att-1") -> None:
@@ -72,10 +63,12 @@ def to_validating(world: V1World, key: str = "att-1") -> None:
     from cutover.services import v1_shutdown as sd
     from cutover.services.restore import cutover_begin_validation
     from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
+    from tests.cutover.approval_helpers import approve
 
     sd.cutover_open(attempt_key=key, configuration_generation_id=world.configuration.generation_id,
                     candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
     sd.cutover_certify(attempt_key=key, budgets=BUDGETS, actor=ACTOR)
+    approve("readiness_certificate", key)
     sd.maintenance_close(attempt_key=key, actor=ACTOR)
     runtime.drain(world.generation_id)
     sd.v1_stop(attempt_key=key, actor=ACTOR)
@@ -83,4 +76,5 @@ def to_validating(world: V1World, key: str = "att-1") -> None:
     sd.v1_certify_drained(attempt_key=key, actor=ACTOR)
     restore_point_capture(attempt_key=key, actor="op")
     restore_point_rehearse(attempt_key=key, actor="op")
+    approve("restore_point", key)
     cutover_begin_validation(attempt_key=key, actor=ACTOR)

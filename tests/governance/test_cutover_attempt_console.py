@@ -12,6 +12,7 @@ from connector.choices import GateMode
 from cutover.models import V1Reconciliation
 from cutover.ports import v1_owner
 from cutover.services import v1_shutdown as sd
+from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world
 from tests.crash.conftest import child_env, run_child  # noqa: F401 (fixtures)
 from tests.governance.test_screens import _csrf, client_for
@@ -52,6 +53,7 @@ def test_an_approver_walks_the_v1_phases_and_reconciles_an_interrupted_effect(pe
     sd.cutover_open(attempt_key="web-1", configuration_generation_id=world.configuration.generation_id,
                     candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
     sd.cutover_certify(attempt_key="web-1", budgets=BUDGETS, actor=ACTOR)
+    approve("readiness_certificate", "web-1")
     client = client_for(people["approver"])
     url = "/cutover/attempt/web-1/"
     assert url in client.get("/cutover/").content.decode()
