@@ -94,3 +94,19 @@ def publication_guard(owner: str) -> None:
 def revocation_guard(credential_gate) -> None:
     for fn in _REVOCATION_GUARDS:
         fn(credential_gate)
+
+
+# -- coordinated gate actions ----------------------------------------------------------------------------------------
+# While a service cutover attempt is open, only its coordinator moves the frozen gates along the V1 path; an
+# operator's generic gate action is refused (cutover registers the check). Coordinators pass coordinated=True.
+_GATE_ACTION_GUARDS: list[Callable[[object, str], list[str]]] = []
+
+
+def register_gate_action_guard(fn: Callable[[object, str], list[str]]) -> Callable[[object, str], list[str]]:
+    if fn not in _GATE_ACTION_GUARDS:
+        _GATE_ACTION_GUARDS.append(fn)
+    return fn
+
+
+def gate_action_blockers(gate, action: str) -> list[str]:
+    return [reason for fn in _GATE_ACTION_GUARDS for reason in fn(gate, action)]

@@ -13,7 +13,10 @@ class CutoverConfig(AppConfig):
         # v2_halted -> v2_serving on the predecessor is refused once any OrderingHandoff exists (CV2-11-020).
         hooks.register_resume_blocker(selectors.predecessor_resume_blockers)
 
-        from cutover.services import first_activation
+        from cutover.services import first_activation, v1_shutdown
+
+        # While a service cutover is open only its coordinator moves the frozen gates along the V1 path.
+        hooks.register_gate_action_guard(v1_shutdown.frozen_gate_blockers)
 
         # Owner publications and credential revocations ask the publication barrier sets first (CV2-12-064/065).
         hooks.register_publication_guard(first_activation.publication_guard)

@@ -41,12 +41,17 @@ def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blocke
 
 @transaction.atomic
 def gate_transition(*, account_id: int, action: str, expected_fence: int | None, actor: Actor, reason: str = "",
-                    evidence_digest: bytes | None = None) -> AccountServingGate:
+                    evidence_digest: bytes | None = None, coordinated: bool = False) -> AccountServingGate:
     """Apply one named gate transition (GATE_ACTIONS). Raises FenceStale, TransitionRefused or
-    PermissionRefused and writes nothing when refused."""
+    PermissionRefused and writes nothing when refused. `coordinated` is for cutover coordinators only: without it
+    a V1-path action on a gate frozen by an open service cutover is refused."""
     if action not in GATE_ACTIONS:
         raise TransitionRefused(f"{action!r} is not a gate action; allowed: {', '.join(GATE_ACTIONS)}")
     gate = locks.gate_for_update(account_id)
+    if not coordinated:
+        frozen = hooks.gate_action_blockers(gate, action)
+        if frozen:
+            raise TransitionRefused("; ".join(frozen))
     blockers = (hooks.halt_blockers(gate) if action == "confirm_halted"
                 else hooks.resume_blockers(gate) if action == "resume_predecessor" else [])
     from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor, blockers=blockers)

@@ -70,7 +70,8 @@ def _gates_locked(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
 def _move_gates(attempt: ServiceCutoverAttempt, action: str, actor: Actor, evidence: bytes, why: str) -> None:
     for account_id in attempt_account_ids(attempt):
         gate_transition(account_id=account_id, action=action, expected_fence=None, actor=actor,
-                        reason=f"cutover attempt {attempt.attempt_key}: {why}", evidence_digest=evidence)
+                        reason=f"cutover attempt {attempt.attempt_key}: {why}", evidence_digest=evidence,
+                        coordinated=True)
 
 
 def _close(attempt: ServiceCutoverAttempt, outcome: str) -> None:

@@ -591,3 +591,21 @@ def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertifica
               evidence=digest)
         fault_point("cutover.certify_before_commit")
     return shutdown
+
+
+# -- the frozen gates belong to the coordinator (registered in cutover.apps) ------------------------------------
+
+V1_PATH_ACTIONS = frozenset({"halt_v1", "abort_halt_v1", "stop_v1", "certify_drained", "cold_abort",
+                             "begin_validation", "restore_v1"})
+
+
+def frozen_gate_blockers(gate: AccountServingGate, action: str) -> list[str]:
+    """A V1-path gate action outside the coordinator is refused while an open attempt froze the gate's account."""
+    if action not in V1_PATH_ACTIONS:
+        return []
+    attempt = (ServiceCutoverAttempt.objects.filter(outcome=AttemptOutcome.OPEN,
+                                                    configuration__accounts__account_id=gate.account_id).first())
+    if attempt is None:
+        return []
+    return [f"the gate is frozen by open service cutover {attempt.attempt_key}: only its coordinator moves it "
+            f"(manage.py cutover / the cutover console)"]

@@ -317,3 +317,25 @@ def test_a_crash_while_certifying_leaves_the_service_offline_and_resumable(provi
     assert generation.state == "terminated" and generation.egress_isolated
     sd.v1_certify_drained(attempt_key="att-1", actor=ACTOR)
     assert world.modes() == {GateMode.V1_DRAINED}
+
+
+@pytest.mark.django_db
+def test_an_open_attempt_freezes_its_gates_against_operator_gate_actions(provider):
+    """While the attempt is open, a generic V1-path gate action (admin, API, console gate actions) on a frozen gate
+    is refused and writes nothing; the coordinator's phases still move them; after the abort the gates are free
+    again. Proves: CV2-12-029, CV2-12-034 (only the coordinator moves the frozen gate set)"""
+    from connector.errors import TransitionRefused
+    from connector.services import gates as gate_services
+
+    world = build_v1_world()
+    opened(world)
+    sd.maintenance_close(attempt_key="att-1", actor=ACTOR)
+    gate = sd.AccountServingGate.objects.get(account=world.accounts[0])
+    with pytest.raises(TransitionRefused, match="frozen by open service cutover att-1"):
+        gate_services.gate_transition(account_id=gate.account_id, action="abort_halt_v1", expected_fence=gate.fence,
+                                      actor=ACTOR)
+    assert sd.AccountServingGate.objects.get(pk=gate.pk).fence == gate.fence
+    sd.cutover_abort(attempt_key="att-1", reason="done", actor=ACTOR)
+    moved = gate_services.gate_transition(account_id=gate.account_id, action="halt_v1", expected_fence=None,
+                                          actor=ACTOR)
+    assert moved.mode == GateMode.HALTING_V1
