@@ -216,3 +216,32 @@ def check_invariants(env: dict[str, str]) -> dict:
                              f"{run.stderr}") from None
     assert (run.returncode == 0) == report["ok"], (run.returncode, report)
     return report
+
+
+# -- the web process ------------------------------------------------------------------------------------------------
+
+def web_child(env: dict[str, str], port: int, log_dir: Path, *, dev: bool = False) -> Child:
+    """The web process exactly as `make run` starts it (scripts/run.py `web_command`): gunicorn with
+    config/gunicorn.py, or Django's runserver with `dev=True`."""
+    from scripts.run import web_command
+
+    return Child("web", web_command(port, dev), env, log_dir)
+
+
+def wait_http(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until the server on 127.0.0.1:`port` answers an HTTP request (gunicorn listens before its workers have
+    loaded the app; a request sent then waits in the backlog)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"web process exited with {proc.returncode} before answering on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.settimeout(max(0.5, deadline - time.monotonic()))
+                sock.sendall(b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                if sock.recv(12).startswith(b"HTTP/1."):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no HTTP answer on 127.0.0.1:{port} after {timeout}s")
