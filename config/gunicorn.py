@@ -47,3 +47,8 @@ control_socket_disable = True
 accesslog = "-"
 errorlog = "-"
 loglevel = env_str("WEB_LOG_LEVEL", "info")
+
+
+def post_worker_init(worker) -> None:
+    """One line per worker once it has loaded the app and can serve (gunicorn logs only its fork)."""
+    worker.log.info("Worker ready (pid: %s)", worker.pid)

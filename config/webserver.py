@@ -59,30 +59,36 @@ def refusal_code(exc: BaseException) -> str:
     return "INTERNAL_ERROR"
 
 
-def body_refusal_code(req: Request) -> str | None:
-    """`LENGTH_REQUIRED` for a body not framed by Content-Length, `BODY_TOO_LARGE` for one declared larger than
-    DATA_UPLOAD_MAX_MEMORY_SIZE, None otherwise. Read before any of the body is."""
-    from django.conf import settings  # the worker has loaded the Django app by now
+#: Every code the server answers by itself (refusal_code, body_refusal_code).
+SERVER_CODES = ("REQUEST_MALFORMED", "LENGTH_REQUIRED", "BODY_TOO_LARGE", "URI_TOO_LONG", "HEADERS_TOO_LARGE",
+                "INTERNAL_ERROR")
 
+
+def body_refusal_code(req: Request, limit: int | None) -> str | None:
+    """`LENGTH_REQUIRED` for a body not framed by Content-Length, `BODY_TOO_LARGE` for one declared larger than
+    `limit` (DATA_UPLOAD_MAX_MEMORY_SIZE; None: no limit), None otherwise. Read before any of the body is."""
     reader = req.body.reader
     if isinstance(reader, ChunkedReader):
         return "LENGTH_REQUIRED"
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if limit is not None and isinstance(reader, LengthReader) and reader.length > limit:
         return "BODY_TOO_LARGE"
     return None
 
 
-def catalog_answer(code: str) -> tuple[str, bytes]:
-    """(status line, the whole HTTP/1.1 answer) of a server refusal: the catalog body; the connection closes."""
+def catalog_answers() -> dict[str, tuple[str, bytes]]:
+    """code -> (status line, the whole HTTP/1.1 answer) of each server refusal: the catalog body, then the
+    connection closes. Built once per worker, after Django is set up."""
     from connector.api.exceptions import API_ERROR_CODES
 
-    status, meaning = API_ERROR_CODES[code]
-    status_line = f"{status} {HTTPStatus(status).phrase}"
-    body = json.dumps({"code": code, "detail": meaning}).encode()
-    head = (f"HTTP/1.1 {status_line}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
-    return status_line, head.encode("latin-1") + body
+    answers = {}
+    for code in SERVER_CODES:
+        status, meaning = API_ERROR_CODES[code]
+        status_line = f"{status} {HTTPStatus(status).phrase}"
+        body = json.dumps({"code": code, "detail": meaning}).encode()
+        head = (f"HTTP/1.1 {status_line}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n")
+        answers[code] = (status_line, head.encode("latin-1") + body)
+    return answers
 
 
 class ConnectorRequest(Request):
@@ -126,8 +132,13 @@ class ConnectorWorker(ThreadWorker):
         self._current = threading.local()
 
     def load_wsgi(self):
-        super().load_wsgi()
+        from django.conf import settings
+
+        super().load_wsgi()  # sets Django up
         self.wsgi = partial(self._with_raw_key, self.wsgi)
+        # Read once at boot: a refusal then imports and builds nothing.
+        self.body_limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        self.answers = catalog_answers()
 
     def _with_raw_key(self, app, environ, start_response):
         raw = getattr(self._current, "raw_idempotency_key", None)
@@ -147,7 +158,7 @@ class ConnectorWorker(ThreadWorker):
                 raise
 
     def handle_request(self, req, conn):
-        code = body_refusal_code(req)
+        code = body_refusal_code(req, self.body_limit)
         if code is not None:
             addr = conn.client if isinstance(conn.client, tuple) else ("", -1)
             self.log.warning("Refused request from ip=%s: %s %s (%s)", addr[0], req.method, req.path, code)
@@ -171,7 +182,7 @@ class ConnectorWorker(ThreadWorker):
         self._answer(req, client, addr, code)
 
     def _answer(self, req, sock, addr, code: str) -> None:
-        status_line, answer = catalog_answer(code)
+        status_line, answer = self.answers[code]
         try:
             util.write_nonblock(sock, answer)
         except Exception:

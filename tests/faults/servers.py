@@ -228,6 +228,21 @@ def web_child(env: dict[str, str], port: int, log_dir: Path, *, dev: bool = Fals
     return Child("web", web_command(port, dev), env, log_dir)
 
 
+def wait_web_workers(web: Child, timeout: float = 90.0) -> int:
+    """Wait until every gunicorn worker the web process forked has loaded the app (config/gunicorn.py logs
+    "Worker ready" from post_worker_init); returns how many there are."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if web.proc.poll() is not None:
+            raise AssertionError(f"web process exited with {web.proc.returncode}:\n{web.output()}")
+        log = web.logs[-1].read_text(errors="replace")
+        booted, ready = log.count("Booting worker with pid"), log.count("Worker ready (pid")
+        if booted and ready >= booted:
+            return ready
+        time.sleep(0.2)
+    raise AssertionError(f"gunicorn workers not ready after {timeout}s:\n{web.output()}")
+
+
 def wait_http(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Wait until the server on 127.0.0.1:`port` answers an HTTP request (gunicorn listens before its workers have
     loaded the app; a request sent then waits in the backlog)."""

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from tests.faults.servers import Child, child_environment, free_port, manage, run_database_env, wait_http, web_child
+from tests.faults.servers import (
+    Child,
+    child_environment,
+    free_port,
+    manage,
+    run_database_env,
+    wait_http,
+    wait_web_workers,
+    web_child,
+)
 
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "connector-v2-hypothesis")
 
@@ -52,6 +61,7 @@ def web_server(django_db_setup, tmp_path_factory):
     web = web_child(env, port, root).start()
     try:
         wait_http(port, 90, web.proc)
+        wait_web_workers(web)
         yield WebServer(port, web, str(root / "secrets"))
     finally:
         web.stop()
