@@ -50,8 +50,9 @@ class WebServer:
         return pids or [self.child.proc.pid]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def web_server(django_db_setup, tmp_path_factory):
+    """One web process for the tests of this package, stopped after the last of them."""
     root = tmp_path_factory.mktemp("web-server")
     env = child_environment(secret_dir=str(root / "secrets"), REDIS_URL="redis://127.0.0.1:1/0",
                             DJANGO_STATIC_ROOT=str(root / "static"), **run_database_env())

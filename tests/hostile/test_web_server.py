@@ -179,8 +179,9 @@ def test_make_run_serves_gunicorn_and_runserver_only_behind_the_dev_flag():
 
 @pytest.mark.django_db
 def test_production_settings_are_served_by_the_same_gunicorn_config(tmp_path):
-    """config.django.production under `gunicorn -c python:config.gunicorn` (DEBUG off): the workers boot, the API
-    answers with its catalog, and the admin's static files are served from the collected STATIC_ROOT."""
+    """config.django.production under `gunicorn -c python:config.gunicorn` (DEBUG off), as behind a TLS proxy: the
+    workers boot, the API answers with its catalog, and the admin's static files are served from the collected
+    STATIC_ROOT."""
     env = child_environment(secret_dir=str(tmp_path / "secrets"), REDIS_URL="redis://127.0.0.1:1/0",
                             DJANGO_STATIC_ROOT=str(tmp_path / "static"), DJANGO_SETTINGS_MODULE="config.django.production",
                             DJANGO_SECRET_KEY="production-test-" + "k" * 48, WEB_CONCURRENCY="1", WEB_THREADS="2",
@@ -191,7 +192,9 @@ def test_production_settings_are_served_by_the_same_gunicorn_config(tmp_path):
     web = web_child(env, port, tmp_path).start()
     try:
         wait_http(port, 90, web.proc)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        # As behind a TLS-terminating proxy on this host (gunicorn trusts X-Forwarded-Proto from 127.0.0.1).
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          headers={"X-Forwarded-Proto": "https"}) as client:
             api = client.post(ADMIT.format(account="nobody"), content=b"{}", headers={"Idempotency-Key": "k"})
             assert (api.status_code, api.json()["code"]) == (404, "ACCOUNT_NOT_FOUND"), api.text[:300]
             css = client.get("/static/admin/css/base.css")
