@@ -50,8 +50,11 @@ demo: migrate
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py demo_load
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py delivery_demo
 
+# The web process is gunicorn (config/gunicorn.py); RUN_ARGS=--dev selects Django's runserver instead.
+RUN_ARGS ?=
 run: venv services migrate demo
-	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) PORT=$(PORT) exec $(VPY) scripts/run.py
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py collectstatic --noinput -v 0
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) PORT=$(PORT) exec $(VPY) scripts/run.py $(RUN_ARGS)
 
 # pytest takes config.django.test from pyproject.toml, so a DJANGO_SETTINGS_MODULE in the caller's
 # environment must not override it.

@@ -10,6 +10,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema", template_name="api/redoc.html"),
+         name="api-docs"),
     path("api/", include("connector.api.urls")),
 ]

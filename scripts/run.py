@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run the web server, a Celery worker, Celery beat and the demo remote receiver together, in the foreground.
 
-    python scripts/run.py            # PORT=8000 by default
+    python scripts/run.py            # PORT=8000 by default; the web server is gunicorn (config/gunicorn.py)
+    python scripts/run.py --dev      # or RUN_DEV_SERVER=1: Django's runserver instead, for development only
 
 Each child runs in its own process group with this process's environment; its output is prefixed with
 its name. Ctrl-C (SIGINT), SIGTERM or SIGHUP stops every child (SIGTERM to its process group, SIGKILL
@@ -33,10 +34,23 @@ def describe(code: int) -> str:
     return f"exited with status {code}"
 
 
-def children(port: int) -> list[tuple[str, list[str]]]:
+def web_command(port: int, dev: bool = False) -> list[str]:
+    """The web child: gunicorn with config/gunicorn.py (the production server, decision D-162); Django's
+    runserver only when asked for explicitly (`--dev` or RUN_DEV_SERVER=1): it has a listen backlog of 10 and
+    drains an oversized body instead of refusing it."""
+    if dev:
+        return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+    return [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "--bind", f"127.0.0.1:{port}"]
+
+
+def dev_server_requested(argv: list[str], environ: dict[str, str]) -> bool:
+    return "--dev" in argv or environ.get("RUN_DEV_SERVER", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def children(port: int, dev: bool = False) -> list[tuple[str, list[str]]]:
     py = sys.executable
     return [
-        ("web", [py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]),
+        ("web", web_command(port, dev)),
         ("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", QUEUES, "-l", "INFO",
                     "--concurrency", "2", "-n", "worker@%h"]),
         ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
@@ -46,8 +60,9 @@ def children(port: int) -> list[tuple[str, list[str]]]:
 
 
 class Supervisor:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, dev: bool = False) -> None:
         self.port = port
+        self.dev = dev
         self.procs: dict[str, subprocess.Popen] = {}
         self.pumps: list[threading.Thread] = []
         self.width = max(len(name) for name, _ in children(port))
@@ -79,7 +94,7 @@ class Supervisor:
     def start(self) -> None:
         (ROOT / ".data").mkdir(exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for name, cmd in children(self.port):
+        for name, cmd in children(self.port, self.dev):
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, process_group=0,
@@ -166,7 +181,12 @@ class Supervisor:
         return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    unknown = [arg for arg in argv if arg != "--dev"]
+    if unknown:
+        print(f"run.py: unknown argument(s) {' '.join(unknown)}; the only option is --dev", file=sys.stderr)
+        return 2
     raw = os.environ.get("PORT", "8000")
     try:
         port = int(raw)
@@ -180,7 +200,7 @@ def main() -> int:
             return 2
     except OSError:
         pass
-    return Supervisor(port).run()
+    return Supervisor(port, dev_server_requested(argv, dict(os.environ))).run()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Connector V2 API",
     "DESCRIPTION": "Admission, replay and read endpoints of the Connector V2 execution engine (docs/api.md).",
     "VERSION": "2.0.0",
+    # /api/docs/ works offline: Redoc and Swagger UI come from the pinned drf-spectacular-sidecar package's
+    # static files, not a CDN (D-163).
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     # Same-named enums of different endpoints get explicit component names instead of hashed ones.
     "ENUM_NAME_OVERRIDES": {
         "ReceiptAdmissionOutcomeEnum": ["created", "duplicate", "v1_accepted"],

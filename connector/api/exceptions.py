@@ -63,6 +63,13 @@ API_ERROR_CODES = MappingProxyType({
                                 "operator must fix the configuration."),
     "ROUTE_DEFINITION_INVALID": (500, "The frozen route definition is not of the closed generic shape; an "
                                       "operator must install a corrected pack generation."),
+    # Refusals of the web server itself (config/webserver.py, decision D-161), before the app runs; the server
+    # closes the connection after answering.
+    "REQUEST_MALFORMED": (400, "The request line or a header is not valid HTTP/1.1 (or names an unsupported "
+                               "`Expect`); nothing was read further."),
+    "LENGTH_REQUIRED": (411, "A request body must be framed by `Content-Length`; `Transfer-Encoding` is refused."),
+    "URI_TOO_LONG": (414, "The request line exceeds the web server's limit."),
+    "HEADERS_TOO_LARGE": (431, "A header field, or the number of header fields, exceeds the web server's limits."),
 })
 
 #: The codes as a sorted list (the `code` enum of the OpenAPI `Error` component).

@@ -46,6 +46,7 @@ from connector.api.serializers import (
     ReceiptEventSerializer,
     ReplayPredecessorSerializer,
 )
+from connector.api.transport import idempotency_key_from
 from connector.errors import GateNotServing
 from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent
 from connector.selectors.routes import route_for
@@ -104,19 +105,6 @@ def _raw_body(request) -> bytes:
         return bytes(request.body)
     except RequestDataTooBig as exc:
         raise BodyTooLarge() from exc
-
-
-def _header_bytes(value: str | None) -> bytes | str | None:
-    """The header's original bytes. WSGI and ASGI hand Django header values decoded as latin-1 (PEP 3333), so
-    encoding back to latin-1 restores the exact bytes the client sent; the service then decodes them as strict
-    UTF-8 and rejects invalid encodings. A value that is not latin-1 text did not come from a server (a test client
-    passing text) and is validated as text."""
-    if value is None:
-        return None
-    try:
-        return value.encode("latin-1")
-    except UnicodeEncodeError:
-        return value
 
 
 def _materialization_enqueue(receipt_pk: int) -> None:
@@ -230,7 +218,7 @@ class ReceiptAdmitApi(APIView):
         signature_verify(account_id=account_row.pk, channel=channel,
                          header=request.META.get("HTTP_CONNECTOR_SIGNATURE"), body=body)
         admission = receipt_admit(account_key=account_row.account_key, channel=channel,
-                                  transport_key=_header_bytes(request.META.get("HTTP_IDEMPOTENCY_KEY")), body=body,
+                                  transport_key=idempotency_key_from(request.META), body=body,
                                   actor=TRANSPORT)
         if admission.outcome == "created":
             _schedule_materialization(admission.receipt.pk)

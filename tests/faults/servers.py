@@ -216,3 +216,47 @@ def check_invariants(env: dict[str, str]) -> dict:
                              f"{run.stderr}") from None
     assert (run.returncode == 0) == report["ok"], (run.returncode, report)
     return report
+
+
+# -- the web process ------------------------------------------------------------------------------------------------
+
+def web_child(env: dict[str, str], port: int, log_dir: Path, *, dev: bool = False) -> Child:
+    """The web process exactly as `make run` starts it (scripts/run.py `web_command`): gunicorn with
+    config/gunicorn.py, or Django's runserver with `dev=True`."""
+    from scripts.run import web_command
+
+    return Child("web", web_command(port, dev), env, log_dir)
+
+
+def wait_web_workers(web: Child, timeout: float = 90.0) -> int:
+    """Wait until every gunicorn worker the web process forked has loaded the app (config/gunicorn.py logs
+    "Worker ready" from post_worker_init); returns how many there are."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if web.proc.poll() is not None:
+            raise AssertionError(f"web process exited with {web.proc.returncode}:\n{web.output()}")
+        log = web.logs[-1].read_text(errors="replace")
+        booted, ready = log.count("Booting worker with pid"), log.count("Worker ready (pid")
+        if booted and ready >= booted:
+            return ready
+        time.sleep(0.2)
+    raise AssertionError(f"gunicorn workers not ready after {timeout}s:\n{web.output()}")
+
+
+def wait_http(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until the server on 127.0.0.1:`port` answers an HTTP request (gunicorn listens before its workers have
+    loaded the app; a request sent then waits in the backlog)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"web process exited with {proc.returncode} before answering on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.settimeout(max(0.5, deadline - time.monotonic()))
+                sock.sendall(b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                if sock.recv(12).startswith(b"HTTP/1."):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no HTTP answer on 127.0.0.1:{port} after {timeout}s")

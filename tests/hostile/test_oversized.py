@@ -5,8 +5,10 @@
   reading a byte of the body; Python's peak allocation during the request stays far below the body size. A body
   that lies about its length is read only up to the declared length.
 - Oversized headers: an 8 KiB Idempotency-Key or Connector-Signature is refused by the app with its catalog code
-  (NONCANONICAL_KEY / SIGNATURE_INVALID); above the server's own limits (a 64 KiB header line, more than 100
-  header fields) the web process (`manage.py runserver`) refuses with 431 before the app runs, and keeps serving.
+  (NONCANONICAL_KEY / SIGNATURE_INVALID); above the server's own limits (a header field over 8190 bytes, more than
+  100 header fields, a request line over 8190 bytes) the web process of `make run` (gunicorn with
+  config/gunicorn.py, the `web_server` fixture) refuses before the app runs, with the JSON error catalog, and keeps
+  serving; it refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE from its Content-Length without reading it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import io
 import json
 import socket
 import sys
+import threading
 import time
 import tracemalloc
 
@@ -24,7 +27,7 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 
-from tests.faults.servers import Child, child_environment, free_port, run_database_env, wait_port
+from connector.api.exceptions import API_ERROR_CODES
 from tests.hostile.support import OPERATOR, OPERATOR_PASSWORD, build_api_world, delivery, row_counts
 
 APP = get_wsgi_application()
@@ -142,7 +145,7 @@ def test_oversized_header_values_are_refused_by_the_app(world, client):
 
 
 def _raw_http(port: int, head: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(head)
         chunks = []
         while True:
@@ -156,31 +159,57 @@ def _raw_http(port: int, head: bytes) -> bytes:
         return b"".join(chunks)
 
 
-@pytest.mark.django_db
-def test_web_process_refuses_oversized_headers_and_keeps_serving(settings, tmp_path):
-    port = free_port()
-    env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL="redis://127.0.0.1:1/0",
-                            **run_database_env())
-    web = Child("web", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
-                        "--skip-checks"], env, tmp_path).start()
+def _answer(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    """(status, lower-cased headers, JSON body) of one raw HTTP/1.1 answer; fails on a body that is not JSON."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
     try:
-        wait_port(port, 30, web.proc)
-        path = ADMIT.format(account="nobody").encode()
-        long_line = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: " + b"k" * (70 * 1024) \
-            + b"\r\nContent-Length: 0\r\n\r\n"
-        answer = _raw_http(port, long_line)
-        assert answer.startswith(b"HTTP/1.0 431") or answer.startswith(b"HTTP/1.1 431"), answer[:200]
-        many = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
-            f"X-Filler-{i}: v\r\n".encode() for i in range(150)) + b"Content-Length: 0\r\n\r\n"
-        answer = _raw_http(port, many)
-        assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"431", answer[:200]
-        # below the server's limits the app answers with its catalog code, and the server is still up
-        ok = _raw_http(port, b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                             b"Idempotency-Key: " + b"k" * 16000 + b"\r\nContent-Length: 0\r\n\r\n")
-        assert ok.split(b"\r\n", 1)[0].split(b" ")[1] == b"404" and b'"ACCOUNT_NOT_FOUND"' in ok, ok[:300]
-        assert web.proc.poll() is None, web.output()
-    finally:
-        web.stop()
+        data = json.loads(body)
+    except ValueError:
+        raise AssertionError(f"not a JSON body: {raw[:300]!r}") from None
+    return int(lines[0].split(" ")[1]), headers, data
+
+
+def _catalog_refusal(raw: bytes, code: str) -> None:
+    """The answer is the catalog's status and a `{"code", "detail"}` body with `code`, and the server closes the
+    connection."""
+    status, headers, data = _answer(raw)
+    assert (status, data.get("code"), set(data)) == (API_ERROR_CODES[code][0], code, {"code", "detail"}), raw[:300]
+    assert headers["content-type"] == "application/json" and headers.get("connection") == "close", raw[:300]
+
+
+@pytest.mark.django_db
+def test_web_process_refuses_oversized_headers_and_keeps_serving(web_server):
+    """The web process of `make run` (gunicorn, config/gunicorn.py) refuses a request head over its limits itself,
+    before the app runs, and answers with the API's JSON error catalog, never an HTML page: a 100,000-character
+    Idempotency-Key and more than 100 header fields are 431 HEADERS_TOO_LARGE, a request line over 8190 bytes is 414
+    URI_TOO_LONG, a request line that is not HTTP 400 REQUEST_MALFORMED, a chunked body 411 LENGTH_REQUIRED. Below
+    the limits the app answers with its own catalog code, and the server keeps serving.
+    Proves: CV2-01-004 (a bad key is refused with a clear code, before persistence)"""
+    port = web_server.port
+    path = ADMIT.format(account="nobody").encode()
+    before = row_counts()
+    huge_key = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: " + b"k" * 100_000 \
+        + b"\r\nContent-Length: 0\r\n\r\n"
+    _catalog_refusal(_raw_http(port, huge_key), "HEADERS_TOO_LARGE")
+    many = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
+        f"X-Filler-{i}: v\r\n".encode() for i in range(150)) + b"Content-Length: 0\r\n\r\n"
+    _catalog_refusal(_raw_http(port, many), "HEADERS_TOO_LARGE")
+    long_line = b"GET /api/" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    _catalog_refusal(_raw_http(port, long_line), "URI_TOO_LONG")
+    _catalog_refusal(_raw_http(port, b"NOT AN HTTP REQUEST\r\n\r\n"), "REQUEST_MALFORMED")
+    _catalog_refusal(_raw_http(port, b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Name: v\r\n\r\n"),
+                     "REQUEST_MALFORMED")
+    chunked = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    _catalog_refusal(_raw_http(port, chunked), "LENGTH_REQUIRED")
+    # below the server's limits the app answers with its catalog code, and the server is still up
+    ok = _raw_http(port, b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                         b"Idempotency-Key: " + b"k" * 4000 + b"\r\nContent-Length: 0\r\n\r\n")
+    status, _, data = _answer(ok)
+    assert (status, data["code"]) == (404, "ACCOUNT_NOT_FOUND"), ok[:300]
+    assert web_server.child.proc.poll() is None, web_server.child.output()
+    assert row_counts() == before
 
 
 def _peak_rss_kib(pid: int) -> int:
@@ -189,34 +218,58 @@ def _peak_rss_kib(pid: int) -> int:
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(strict=True, reason="BUG: the web process of scripts/run.py (`manage.py runserver`) drains an "
-                   "oversized body in one read after the app refused it unread (django.core.servers.basehttp."
-                   "ServerHandler.close reads the whole remaining LimitedStream), so its peak memory grows by the "
-                   "declared Content-Length; serve the app with a WSGI server or proxy that enforces a body limit")
-def test_web_process_refuses_an_oversized_body_in_bounded_memory(settings, tmp_path):
-    port = free_port()
-    env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL="redis://127.0.0.1:1/0",
-                            **run_database_env())
-    web = Child("web", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
-                        "--skip-checks"], env, tmp_path).start()
-    try:
-        wait_port(port, 30, web.proc)
-        path = ADMIT.format(account="nobody").encode()
-        _raw_http(port, b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                        b"Content-Length: 0\r\n\r\n")
-        baseline = _peak_rss_kib(web.proc.pid)
-        size = 64 * MiB
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"POST " + path + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {size}\r\n\r\n".encode())
+def test_web_process_refuses_an_oversized_body_in_bounded_memory(web_server):
+    """A 64 MiB body (Content-Length above DATA_UPLOAD_MAX_MEMORY_SIZE) sent to the web process of `make run`
+    (gunicorn) is refused with 413 BODY_TOO_LARGE and the connection closed as soon as the head is read: the server
+    neither drains nor buffers the body (the client cannot send most of it; no worker's peak RSS grows by more than
+    16 MiB). A client that waits for `100 Continue` gets the 413 instead, and a body of exactly the limit is still
+    read and answered by the app."""
+    port = web_server.port
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    path = ADMIT.format(account="nobody").encode()
+    workers = web_server.worker_pids()
+    assert workers, web_server.child.output()
+    baseline = {pid: _peak_rss_kib(pid) for pid in workers}
+    size = 64 * MiB
+    sent = 0
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST " + path + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {size}\r\n\r\n".encode())
+
+        def push_body() -> None:
+            nonlocal sent
             chunk = b"x" * MiB
             try:
                 for _ in range(size // MiB):
                     sock.sendall(chunk)
+                    sent += MiB
             except OSError:
-                pass  # the server may close early: that is what a bounded server does
-            answer = sock.recv(200)
-        assert answer.split(b" ")[1] == b"413", answer
-        growth_mib = (_peak_rss_kib(web.proc.pid) - baseline) / 1024
-        assert growth_mib < 16, f"peak RSS of the web process grew by {growth_mib:.0f} MiB for a 64 MiB body"
-    finally:
-        web.stop()
+                pass  # the server closed the connection: that is what a bounded server does
+
+        pusher = threading.Thread(target=push_body)
+        pusher.start()
+        answer = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            answer += chunk
+        pusher.join(60)
+    status, _, data = _answer(answer)
+    assert (status, data["code"]) == (413, "BODY_TOO_LARGE"), answer[:300]
+    growth_mib = max(_peak_rss_kib(pid) - baseline[pid] for pid in workers) / 1024
+    assert growth_mib < 16, f"a worker's peak RSS grew by {growth_mib:.0f} MiB for a 64 MiB body"
+    assert sent < size // 2, f"the server took {sent // MiB} MiB of a {size // MiB} MiB body it had refused"
+    _catalog_refusal(answer, "BODY_TOO_LARGE")
+
+    waiting = _raw_http(port, b"POST " + path + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n"
+                                                 f"Content-Length: {limit + 1}\r\n\r\n".encode())
+    assert not waiting.startswith(b"HTTP/1.1 100"), waiting[:200]
+    _catalog_refusal(waiting, "BODY_TOO_LARGE")
+    at_limit = _raw_http(port, b"POST " + path + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                                                  f"Content-Length: {limit}\r\n\r\n".encode() + b"x" * limit)
+    status, _, data = _answer(at_limit)
+    assert (status, data["code"]) == (404, "ACCOUNT_NOT_FOUND"), at_limit[:300]
