@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from connector.canonical import bounded_json
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.errors import ConnectorError
 from connector.receipts import canonical_json
@@ -129,9 +130,9 @@ class RouteProgram:
             raise BodyUnparseable("body is not UTF-8") from exc
         if spec["format"] == "json":
             try:
-                document = json.loads(text)
-            except ValueError as exc:
-                raise BodyUnparseable(f"body is not JSON: {exc.msg}") from exc
+                document = bounded_json.loads(text)
+            except bounded_json.JsonRefused as exc:
+                raise BodyUnparseable(f"body is not JSON: {exc.detail}") from exc
             items = resolve_pointer(document, spec.get("components", ""))
             if not isinstance(items, list):
                 raise BodyUnparseable(f"{spec.get('components')} is not a list")
