@@ -100,7 +100,7 @@ def _problem(name: str, value: object) -> str | None:
     if value in (None, "", b""):
         return None  # the route does not extract this field
     if "chars" in limit and len(value) > limit["chars"]:
-        return f"has {len(value)} characters; {' and '.join(TARGETS[name])} hold at most {limit['chars']}"
+        return f"has {len(value)} characters; at most {limit['chars']} fit in {', '.join(TARGETS[name])}"
     if "bytes" in limit and len(value) > limit["bytes"]:
         return f"has {len(value)} bytes; at most {limit['bytes']} are stored"
     if "digits" in limit and abs(value) >= Decimal(10) ** limit["digits"]:
