@@ -5,8 +5,8 @@ Every sweeper and worker step runs each item inside `isolated(...)`. An exceptio
 * **transient** — the database is unreachable or restarting, or a statement lost a race it can retry
   (`django.db.OperationalError` / `InterfaceError`: connection loss, deadlock, serialization failure, lock or
   statement timeout), or a ConnectorError whose catalog entry is `retryable` (GATE_NOT_SERVING, FENCE_STALE,
-  OWNER_UNAVAILABLE, ...). Logged; the item is left exactly as it was and the next sweep retries it. A transient
-  error never quarantines.
+  OWNER_UNAVAILABLE, ...), or a MemoryError (the process, not the item). Logged; the item is left exactly as it
+  was and the next sweep retries it. A transient error never quarantines.
 * **refused** — any other ConnectorError: the step's own domain answer (the item moved meanwhile, a permit was
   refused). Logged; left as it is — unless the step declares that its refusals are deterministic too (a
   materialization or a Runtime run is a pure function of immutable inputs, so its refusal repeats forever).
@@ -79,10 +79,11 @@ FAILED = "failed"
 
 
 def classify(exc: BaseException) -> str:
-    """transient | refused | failed (see the module docstring)."""
+    """transient | refused | failed (see the module docstring). Running out of memory is a property of the
+    process, not of the item: transient too."""
     if isinstance(exc, ConnectorError):
         return TRANSIENT if exc.retryable else REFUSED
-    if isinstance(exc, (OperationalError, InterfaceError)):
+    if isinstance(exc, (OperationalError, InterfaceError, MemoryError)):
         return TRANSIENT
     return FAILED
 
@@ -109,8 +110,9 @@ class Isolated:
             kind = FAILED
         self.failure = kind
         extra = {"step": self.step, "item": self.item, "error": f"{type(exc).__name__}: {exc}"[:500]}
-        if kind == TRANSIENT:
-            log.warning("%s on %s deferred: transient %s", self.step, self.item, type(exc).__name__, extra=extra)
+        if kind == TRANSIENT:  # a gate that is not serving is routine (info); a database error is not (warning)
+            level = logging.INFO if isinstance(exc, ConnectorError) else logging.WARNING
+            log.log(level, "%s on %s deferred: transient %s", self.step, self.item, type(exc).__name__, extra=extra)
             return True
         if kind == REFUSED:
             log.info("%s on %s refused: %s", self.step, self.item, getattr(exc, "code", ""), extra=extra)

@@ -284,3 +284,26 @@ def test_an_execution_whose_claim_fails_is_quarantined_and_the_next_is_claimed(w
     assert (bad.state, bad.quarantine_reason) == (ExecutionState.QUARANTINED, "EXECUTION_STEP_FAILED")
     assert failure(bad).step == "execution_claim"
     assert OrderingLane.objects.get(partition="rec-1").halt_reason == "EXECUTION_STEP_FAILED"
+
+
+def test_an_epoch_whose_verification_fails_is_recorded_and_the_sweep_verifies_the_others(db, monkeypatch):
+    """The serving-epoch sweep meets a prepared candidate whose verification fails for a non-connector reason:
+    EPOCH_VERIFY_FAILED is recorded (StepFailure), the sweep verifies the other candidate, and later sweeps no
+    longer re-verify the failed one (its remediation is `epoch_reject` and a new candidate).
+    Proves: CV2-13-001, CV2-02-038"""
+    from connector.actors import Actor
+    from connector.demo import build_owners
+    from connector.models import ServingEpoch
+    from connector.services import serving
+
+    owners = build_owners("ep-")
+    bad, good = (serving.epoch_prepare_from_owners(epoch_id=f"ep-epoch-{n}", actor=Actor.system("test"),
+                                                   configuration_generation_id=owners.configuration.generation_id)
+                 for n in (1, 2))
+    poison(monkeypatch, sweeper, "epoch_verify", "epoch_pk", bad.pk, AttributeError("poison verify"))
+    report = sweeper.serving_epoch_sweep()
+    assert (report.verified, report.failed, report.deferred) == ([good.pk], [bad.pk], [])
+    assert ServingEpoch.objects.get(pk=bad.pk).state == "prepared"
+    assert (failure(bad).reason_code, failure(bad).step) == ("EPOCH_VERIFY_FAILED", "epoch_verify")
+    assert sweeper.serving_epoch_sweep().failed == []
+    assert StepFailure.objects.count() == 1
