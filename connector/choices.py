@@ -153,7 +153,7 @@ class StepFailureReason(models.TextChoices):
     WINDOW_SEAL_FAILED = "WINDOW_SEAL_FAILED"  # open -> quarantined (window_seal_due)
     EXECUTION_STEP_FAILED = "EXECUTION_STEP_FAILED"  # ready|waiting_dependency -> quarantined (claim, run, dependency)
     EPOCH_VERIFY_FAILED = "EPOCH_VERIFY_FAILED"  # a prepared epoch the sweeper stops verifying
-    EFFECT_STEP_FAILED = "EFFECT_STEP_FAILED"  # prepared -> quarantined, or a hold on a later state (dispatch, finalize)
+    EFFECT_STEP_FAILED = "EFFECT_STEP_FAILED"  # prepared -> quarantined, or a hold on a later state
     DELIVERY_STEP_FAILED = "DELIVERY_STEP_FAILED"  # a DeliveryOperation held (delivery step, orphan recovery)
 
 

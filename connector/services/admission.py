@@ -88,9 +88,9 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     accepted, no descendant; different bytes: RECEIPT_DIGEST_MISMATCH) before any lock. Otherwise, in one
     transaction: the serving guard (gate `v2_serving`, exact active epoch), the route from the frozen epoch, a
     whole-body parse and the check that every extracted value fits every column that stores it and every
-    outbound use (`storable.events_check`; BODY_UNPARSEABLE refuses everything), then the Receipt and its key. Concurrent submissions
-    of one key race on the key's unique constraint; losers resolve as duplicates or mismatches. Children are
-    materialized afterwards by `receipt_materialize`."""
+    outbound use (`storable.events_check`; BODY_UNPARSEABLE refuses everything), then the Receipt and its key.
+    Concurrent submissions of one key race on the key's unique constraint; losers resolve as duplicates or
+    mismatches. Children are materialized afterwards by `receipt_materialize`."""
     key = canonical_key(transport_key)
     account = account_get(account_key)
     body = bytes(body)
