@@ -142,3 +142,35 @@ class ResultOutcome(models.TextChoices):
 
 class ReplayMode(models.TextChoices):
     SUPPRESS_EXTERNAL_EFFECTS = "suppress_external_effects"  # the sole valid mode
+
+
+class StepFailureReason(models.TextChoices):
+    """Closed reasons of an item quarantined (or held) after a deterministic failure of a sweeper or worker step
+    (decision D-168). Each is mapped in governance.reasons (owner, alert deadline, remediation)."""
+
+    MATERIALIZATION_FAILED = "MATERIALIZATION_FAILED"  # a Receipt's MaterializationDue row held
+    LANE_STEP_FAILED = "LANE_STEP_FAILED"  # open -> halted (lane_advance, lane_gap_deadline)
+    WINDOW_SEAL_FAILED = "WINDOW_SEAL_FAILED"  # open -> quarantined (window_seal_due)
+    EXECUTION_STEP_FAILED = "EXECUTION_STEP_FAILED"  # ready|waiting_dependency -> quarantined (claim, run, dependency)
+    EPOCH_VERIFY_FAILED = "EPOCH_VERIFY_FAILED"  # a prepared epoch the sweeper stops verifying
+    EFFECT_STEP_FAILED = "EFFECT_STEP_FAILED"  # prepared -> quarantined, or a hold on a later state
+    DELIVERY_STEP_FAILED = "DELIVERY_STEP_FAILED"  # a DeliveryOperation held (delivery step, orphan recovery)
+
+
+class SweepStep(models.TextChoices):
+    """The sweeper and worker steps that isolate failures per item (decision D-168)."""
+
+    RECEIPT_MATERIALIZE = "receipt_materialize"
+    LANE_ADVANCE = "lane_advance"
+    LANE_GAP_DEADLINE = "lane_gap_deadline"
+    WINDOW_SEAL_DUE = "window_seal_due"
+    DEPENDENCY_RESOLVE = "dependency_resolve"
+    EXECUTION_CLAIM = "execution_claim"
+    EXECUTION_RUN = "execution_run"
+    EPOCH_VERIFY = "epoch_verify"
+    EFFECT_CLAIM = "effect_claim"
+    PERMIT_ACQUIRE = "permit_acquire"
+    EFFECT_SEND = "effect_send"
+    EFFECT_FINALIZE = "effect_finalize"
+    DELIVERY_STEP = "delivery_step"
+    DELIVERY_RECOVER_ORPHAN = "delivery_recover_orphan"

@@ -110,3 +110,22 @@ def register_gate_action_guard(fn: Callable[[object, str], list[str]]) -> Callab
 
 def gate_action_blockers(gate, action: str) -> list[str]:
     return [reason for fn in _GATE_ACTION_GUARDS for reason in fn(gate, action)]
+
+
+# -- admission checks of values sent outbound ------------------------------------------------------------------------
+# Admission refuses a value that can never be stored (connector.services.storable); the values a route's Runtime
+# sends outbound are stored by `effects`, which registers the check of them here (decision D-165).
+_ADMISSION_CHECKS: list[Callable[..., list[str]]] = []
+
+
+def register_admission_check(fn: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    if fn not in _ADMISSION_CHECKS:
+        _ADMISSION_CHECKS.append(fn)
+    return fn
+
+
+def admission_problems(*, epoch_pk: int, epoch_digest: bytes, route_definition: dict, record_key: str) -> list[str]:
+    """Why the outbound owners could never store what this route would send for `record_key` (empty: fine)."""
+    return [problem for fn in _ADMISSION_CHECKS
+            for problem in fn(epoch_pk=epoch_pk, epoch_digest=epoch_digest, route_definition=route_definition,
+                              record_key=record_key)]

@@ -1,15 +1,18 @@
 """Thin Celery tasks: each takes ids, calls one service, and is safe to run twice (the service re-checks state
-under its lock). Redis only wakes workers; beat runs the sweepers so a lost message only delays work."""
+under its lock). Redis only wakes workers; beat runs the sweepers so a lost message only delays work. Each item
+runs isolated (connector.services.poison, decision D-168): a deterministic failure quarantines that item and
+never fails the task or the items after it."""
 from __future__ import annotations
 
 import os
 import socket
+from functools import partial
 
 from celery import shared_task
 from django.conf import settings
 
-from connector.errors import ConnectorError
-from connector.services import execution, materialize, sweeper
+from connector.choices import SweepStep
+from connector.services import execution, materialize, poison, sweeper
 
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -31,10 +34,13 @@ def inbound_sweep() -> dict[str, int]:
 
 @shared_task(name="connector.tasks.receipt_materialize", acks_late=True, ignore_result=True)
 def receipt_materialize(receipt_pk: int) -> None:
-    try:
+    out = None
+    with poison.isolated(step=SweepStep.RECEIPT_MATERIALIZE, item=f"receipt {receipt_pk}", refusals_quarantine=True,
+                         quarantine=partial(poison.receipt_hold, receipt_pk=receipt_pk,
+                                            step=SweepStep.RECEIPT_MATERIALIZE)):
         out = materialize.receipt_materialize(receipt_pk=receipt_pk)
-    except ConnectorError:
-        return  # the sweeper retries from MaterializationDue
+    if out is None:
+        return  # transient: the sweeper retries from MaterializationDue; failed: the receipt is held
     for lane_pk in out.lanes:
         lane_advance.delay(lane_pk)
     for _ in out.executions:
@@ -43,22 +49,23 @@ def receipt_materialize(receipt_pk: int) -> None:
 
 @shared_task(name="connector.tasks.lane_advance", acks_late=True, ignore_result=True)
 def lane_advance(lane_pk: int) -> None:
-    try:
-        if execution.lane_advance(lane_pk=lane_pk) is not None:
-            execution_claim_and_run.delay()
-    except ConnectorError:
-        return
+    minted = None
+    with poison.isolated(step=SweepStep.LANE_ADVANCE, item=f"lane {lane_pk}",
+                         quarantine=partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE)):
+        minted = execution.lane_advance(lane_pk=lane_pk)
+    if minted is not None:  # the wake-up stays outside the isolated step: a broker error is not the lane's fault
+        execution_claim_and_run.delay()
 
 
 @shared_task(name="connector.tasks.execution_claim_and_run", acks_late=True, ignore_result=True)
 def execution_claim_and_run(limit: int = 20) -> int:
-    """Claim and run up to `limit` executions; each result commits before the next claim."""
+    """Claim and run up to `limit` executions; each result commits before the next claim, and a quarantined one
+    never stops the loop."""
     done = 0
     while done < limit:
-        token = execution.execution_claim(holder=HOLDER, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
-        if token is None:
+        result = execution.execution_claim_and_run(holder=HOLDER, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
+        if result is None:
             break
-        result = execution.execution_run(token=token)
         if result.lane_id:
             lane_advance.delay(result.lane_id)
         done += 1

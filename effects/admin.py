@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col
+from connector.admin.poison import step_failures_col
 from effects.models import (
     DispatchPermit,
     OutboundCommand,
@@ -68,7 +69,8 @@ class RemoteEffectAdmin(FactAdmin):
     actions = ["reconcile_no_effect", "reconcile_idempotent_repeat", "reconcile_quarantine"]
     fieldsets = ((None, {"fields": ("account", "command_link", "state_badge", "attempt_count", "lease_holder",
                                     "lease_fence", "lease_expires_at", "remote_id", "quarantine_reason",
-                                    "digest", "links")}),)
+                                    "digest", "links", "step_failures_col")}),)
+    step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     digest = digest_col("logical_effect_digest", "logical effect digest")
     command_link = admin.display(description="command")(lambda self, o: admin_link(o.command))

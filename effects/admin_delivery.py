@@ -9,6 +9,7 @@ import json
 from django.utils.html import format_html
 
 from connector.admin.base import FactAdmin, FactInline, admin_link, badge, digest_col
+from connector.admin.poison import step_failures_col
 from effects.delivery.contract import contract
 from effects.models import (
     DeliveryAttempt,
@@ -80,10 +81,12 @@ class DeliveryOperationAdmin(FactAdmin):
                                     "acknowledgement", "verification", "checkpoint", "revision", "attempt_ordinal",
                                     "observation_ordinal", "next_attempt_after", "remote_receipt_id",
                                     "applied_count", "record_count", "last_code", "last_detail",
-                                    "reconciliation_id", "next_steps")}),
+                                    "reconciliation_id", "held_reason", "held_at", "next_steps",
+                                    "step_failures_col")}),
                  ("Identity", {"fields": ("target_effect_scope", "explicit_generation", "key", "mutation_key",
                                           "intent", "payload_digest_hex")}))
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
+    step_failures_col = step_failures_col
     parent_link = admin.display(description="parent")(lambda self, o: admin_link(o.parent, o.parent.parent_key))
     key = digest_col("delivery_key")
     mutation_key = digest_col("receiver_mutation_key")

@@ -16,3 +16,5 @@ class EffectsConfig(AppConfig):
         hooks.register_outbound_author(runtime_bridge.author_for_runtime)
         # A revocation lists the permits already sending under the generation (decision 4).
         hooks.register_revocation_evidence(dispatch.sending_permits_at_revocation)
+        # Admission refuses a record key the outbound command could never store (decision D-165).
+        hooks.register_admission_check(runtime_bridge.admission_problems)

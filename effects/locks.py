@@ -2,7 +2,7 @@
 order: entity rows come last, effect before permit before holder."""
 from __future__ import annotations
 
-from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect
+from effects.models import DeliveryOperation, DispatchPermit, ProcessGeneration, RemoteEffect
 
 
 def effect_for_update(effect_pk: int, *, skip_locked: bool = False) -> RemoteEffect | None:
@@ -22,3 +22,7 @@ def holder_for_share(holder_pk: int) -> ProcessGeneration:
 
 def holder_for_update(holder_id: str) -> ProcessGeneration | None:
     return ProcessGeneration.objects.select_for_update(of=("self",)).filter(holder_id=holder_id).first()
+
+
+def delivery_operation_for_update(operation_pk: int) -> DeliveryOperation | None:
+    return DeliveryOperation.objects.select_for_update(of=("self",)).filter(pk=operation_pk).first()

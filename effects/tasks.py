@@ -24,20 +24,26 @@ def effects_sweep() -> dict[str, int]:
 
 @shared_task(name="effects.tasks.delivery_step", acks_late=True, ignore_result=True)
 def delivery_step(operation_pk: int) -> str:
-    """Advance one delivery operation by one step (queue `delivery`); the service re-reads and claims it."""
+    """Advance one delivery operation by one step (queue `delivery`); the service re-reads and claims it. A
+    deterministic failure holds the operation (DELIVERY_STEP_FAILED) instead of failing the worker."""
     from effects.services.delivery import runner
 
-    return runner.step(operation_pk)
+    return runner.step_isolated(operation_pk)
 
 
 @shared_task(name="effects.tasks.delivery_sweep", acks_late=True, ignore_result=True)
 def delivery_sweep() -> dict:
     """Find due delivery work in PostgreSQL (a lost broker message only delays), recover orphans by attempt ID,
-    expire certifications due for recertification, and audit the journal (blocking the gate on a finding)."""
+    expire certifications due for recertification, and audit the journal (blocking the gate on a finding). Each
+    part is isolated: a failure of one is logged with its traceback and never keeps the others from running."""
+    from connector.services import poison
     from effects.services.delivery import journal, runner, setup
 
-    setup.certification_expire_due()
-    findings = journal.journal_audit()
+    findings = []
+    with poison.isolated(step="delivery_sweep", item="certification expiry"):
+        setup.certification_expire_due()
+    with poison.isolated(step="delivery_sweep", item="journal audit"):
+        findings = journal.journal_audit()
     report = runner.sweep()
     for pk in report["due"]:
         delivery_step.delay(pk)

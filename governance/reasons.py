@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from connector.services.poison import STEP_FAILURE_REASONS
 from effects.delivery.contract import contract
 
 
@@ -63,6 +64,10 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
          30 if spec.alert_severity == "critical" else 240, spec.operator_action.replace("_", " "))
       for code, spec in contract().errors.items()),
 )}
+
+# A deterministic failure of a sweeper or worker step on one item (decision D-168): the connector owns the texts,
+# so the admin pages of the items show the same owner and remediation as the board.
+REASONS.update({str(code): _r(str(code), *spec) for code, spec in STEP_FAILURE_REASONS.items()})
 
 UNMAPPED = Reason("UNMAPPED", "Reason code outside the closed map", "platform on-call", timedelta(0),
                   ("Report it: every reason must be mapped before it can be remediated",))

@@ -25,6 +25,7 @@ from connector.models import (
 from effects.models import DeliveryOperation, DispatchPermit, MutationGate, ReceiverCertification, RemoteEffect
 from effects.services.delivery.setup import certification_subject_digest
 
+from .poison import poison_items
 from .reasons import Reason, reason
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
@@ -126,6 +127,7 @@ def board() -> dict[str, list[Item]]:
     items += [Item("delivery_gate", g.pk, f"Delivery mutation gate ({g.blocked_reason})", g.state,
                    "DELIVERY_GATE_BLOCKED", g.changed_at, _admin("effects_mutationgate"))
               for g in MutationGate.objects.filter(state="BLOCKED")]
+    items += poison_items()  # held receipts and deliveries, quarantined windows, epochs not verified (D-168)
     grouped: dict[str, list[Item]] = defaultdict(list)
     for item in items:
         grouped[item.code].append(item)

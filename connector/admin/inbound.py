@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from connector.admin.base import (
@@ -17,6 +17,7 @@ from connector.admin.base import (
     expandable_col,
     json_col,
 )
+from connector.admin.poison import step_failures_col
 from connector.models import (
     ApplicationResult,
     CrmRecord,
@@ -64,6 +65,7 @@ class ReceiptAdmin(FactAdmin):
     inlines = [ComponentInline]
     fieldsets = ((None, {"fields": ("account", "kind", "channel", "key_link", "replay_link", "epoch_col",
                                     "gate_fence", "component_count", "materialized", "created_at")}),
+                 ("Materialization", {"fields": ("materialization_col", "step_failures_col")}),
                  ("Bytes", {"fields": ("digest", "payload_col")}),
                  ("Descendants", {"fields": ("events_col",)}))
     digest = digest_col("payload_digest", "payload digest")
@@ -73,9 +75,23 @@ class ReceiptAdmin(FactAdmin):
     def epoch_col(self, obj):
         return epoch_ref(obj.epoch, obj.epoch_digest)
 
+    step_failures_col = step_failures_col
+
     @admin.display(description="materialized components")
     def materialized(self, obj):
         return f"{obj.components.count()} / {obj.component_count}"
+
+    @admin.display(description="materialization")
+    def materialization_col(self, obj):
+        """Done, due (the sweeper works it), or held with its closed reason (decision D-168)."""
+        due = MaterializationDue.objects.filter(receipt=obj).first()
+        if due is None:
+            done = obj.components.count() == obj.component_count
+            return "complete" if done else format_html('{} {}', badge("incomplete"), "no queue row")
+        if not due.held_reason:
+            return format_html("{} since {}", badge("due"), due.due_at.isoformat(sep=" ", timespec="seconds"))
+        return format_html("{} <code>{}</code> since {} (the sweeper skips it; see the step failures below)",
+                           badge("held"), due.held_reason, due.held_at.isoformat(sep=" ", timespec="seconds"))
 
     @admin.display(description="admission key")
     def key_link(self, obj):
@@ -183,8 +199,9 @@ class ExecutionAdmin(FactAdmin):
     inlines = [AttemptInline, DependencyInline]
     fieldsets = ((None, {"fields": ("account", "projection_link", "lane_link", "generation", "state_badge",
                                     "command_id", "ref_digest", "attempt_count", "lease_holder", "lease_fence",
-                                    "lease_expires_at", "quarantine_reason")}),
+                                    "lease_expires_at", "quarantine_reason", "step_failures_col")}),
                  ("Runtime result", {"fields": ("result_outcome", "result", "result_link", "receipt_col")}))
+    step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     ref_digest = digest_col("execution_ref_digest", "ExecutionRef digest")
     result = digest_col("result_digest", "result digest")
@@ -233,7 +250,8 @@ class ProjectionWindowAdmin(FactAdmin):
     list_filter = ("state", "route")
     fieldsets = ((None, {"fields": ("account", "route", "grouping_key", "state_badge", "member_count",
                                     "max_members", "max_age_seconds", "opened_at", "closes_at", "sealed_at",
-                                    "quarantine_reason", "members_col")}),)
+                                    "quarantine_reason", "members_col", "step_failures_col")}),)
+    step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     members_col = admin.display(description="members")(
         lambda self, o: _links([m.event for m in o.members.select_related("event").order_by("ordinal")],
@@ -262,7 +280,8 @@ class OrderingLaneAdmin(FactAdmin):
     inlines = [SupersededInline, GapInline]
     fieldsets = ((None, {"fields": ("epoch", "account", "route", "route_version", "partition", "contract",
                                     "baseline", "baseline_origin", "high_water", "state_badge", "halt_reason",
-                                    "gap_since", "active_link", "fence", "changed_at")}),)
+                                    "gap_since", "active_link", "fence", "changed_at", "step_failures_col")}),)
+    step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     active_link = admin.display(description="active execution")(lambda self, o: admin_link(o.active_execution))
 
@@ -303,6 +322,8 @@ class CrmRecordAdmin(FactAdmin):
 
 @admin.register(MaterializationDue)
 class MaterializationDueAdmin(FactAdmin):
-    fact_description = "Receipts whose children are not materialized yet; the sweeper works this queue."
-    list_display = ("receipt", "due_at")
-    fieldsets = ((None, {"fields": ("receipt", "due_at")}),)
+    fact_description = ("Receipts whose children are not materialized yet; the sweeper works this queue, except the "
+                        "rows held after a deterministic failure (held reason set, decision D-168).")
+    list_display = ("receipt", "due_at", "held_reason", "held_at")
+    list_filter = ("held_reason",)
+    fieldsets = ((None, {"fields": ("receipt", "due_at", "held_reason", "held_at")}),)

@@ -28,7 +28,7 @@ from rest_framework import serializers, status
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -37,6 +37,7 @@ from rest_framework.views import APIView
 from connector import tasks
 from connector.actors import Actor
 from connector.api.exceptions import RETRY_AFTER_SECONDS, BodyTooLarge
+from connector.api.parsers import BoundedJSONParser
 from connector.api.serializers import (
     EpochRefSerializer,
     ErrorSerializer,
@@ -256,7 +257,7 @@ class ReplayRequestAdmitApi(APIView):
     authentication_classes = OPERATOR_AUTHENTICATION
     renderer_classes = [JSONRenderer]
     permission_classes = [_model_permission("connector.add_replayrequest")]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema_serializer(component_name="ReplayRequestAdmitInput")
     class InputSerializer(serializers.Serializer):

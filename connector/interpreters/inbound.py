@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from connector.canonical import bounded_json
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.errors import ConnectorError
 from connector.receipts import canonical_json
@@ -129,9 +130,9 @@ class RouteProgram:
             raise BodyUnparseable("body is not UTF-8") from exc
         if spec["format"] == "json":
             try:
-                document = json.loads(text)
-            except ValueError as exc:
-                raise BodyUnparseable(f"body is not JSON: {exc.msg}") from exc
+                document = bounded_json.loads(text)
+            except bounded_json.JsonRefused as exc:
+                raise BodyUnparseable(f"body is not JSON: {exc.detail}") from exc
             items = resolve_pointer(document, spec.get("components", ""))
             if not isinstance(items, list):
                 raise BodyUnparseable(f"{spec.get('components')} is not a list")
@@ -198,10 +199,14 @@ class RouteProgram:
         depends_on = ""
         spec = self.definition.get("depends_on")
         if spec:
+            pointer = spec["source_event_key"]
             try:
-                depends_on = self._text(component, spec["source_event_key"], "depends_on")
+                if not isinstance(pointer, dict):
+                    resolve_pointer(component, pointer)
             except BodyUnparseable:
-                depends_on = ""  # the component declares no prerequisite
+                pass  # the component declares no prerequisite
+            else:  # a declared prerequisite must be a canonical key: an invalid one is refused, never ignored
+                depends_on = self._text(component, pointer, "depends_on")
         return NormalizedEvent(
             depends_on=depends_on,
             component=component_bytes,
@@ -213,8 +218,15 @@ class RouteProgram:
             tie_breaker=tie, grouping_key=grouping, record_key=record_key)
 
     def parse(self, body: bytes) -> list[NormalizedEvent]:
-        """Whole-body parse: every component must normalize, or the receipt is refused as a whole."""
-        return [self.normalize(c) for c in self.extract_components(body)]
+        """Whole-body parse: every component must normalize, or the receipt is refused as a whole (the detail
+        names the first component that did not)."""
+        events = []
+        for ordinal, component in enumerate(self.extract_components(body)):
+            try:
+                events.append(self.normalize(component))
+            except BodyUnparseable as exc:
+                raise BodyUnparseable(f"component {ordinal}: {exc.detail}") from exc
+        return events
 
 
 def compile_route(*, business_key: str, version: int, definition_bytes: bytes, definition_digest: bytes,

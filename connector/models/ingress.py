@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode
+from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode, StepFailureReason
 from connector.models.owners import ConnectorAccount
 from connector.models.serving import ServingEpoch
 
@@ -190,7 +190,22 @@ class Event(models.Model):
 
 class MaterializationDue(models.Model):
     """Work-queue row: written with a Receipt, deleted when its children are materialized. The sweeper scans only
-    this small table, never the retained receipt history. Not a fact: deleting it loses nothing."""
+    this small table, never the retained receipt history. Not a fact: deleting it loses nothing but a hold.
+
+    A deterministic materialization failure holds the row (`held_reason` MATERIALIZATION_FAILED, decision
+    D-168): the sweeper skips held rows, the operator sees the receipt on the quarantine board with its
+    StepFailure evidence, and `materialization_release` puts it back in the queue after the fix. Invariant: a
+    held row has both its closed reason and the time it was held."""
 
     receipt = models.OneToOneField(Receipt, on_delete=models.CASCADE, related_name="materialization_due")
     due_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    held_reason = models.CharField(max_length=64, blank=True, default="")
+    held_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=(Q(held_reason="", held_at__isnull=True)
+                                              | Q(held_reason=StepFailureReason.MATERIALIZATION_FAILED,
+                                                  held_at__isnull=False)),
+                                   name="connector_materializationdue_hold_whole"),
+        ]

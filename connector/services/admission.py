@@ -17,6 +17,7 @@ from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.models import ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey
 from connector.selectors.routes import route_for
+from connector.services import storable
 from connector.services.guard import lock_serving
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,10 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     Validates the key, resolves a duplicate (same bytes: the original Receipt and epoch; a V1 tombstone: already
     accepted, no descendant; different bytes: RECEIPT_DIGEST_MISMATCH) before any lock. Otherwise, in one
     transaction: the serving guard (gate `v2_serving`, exact active epoch), the route from the frozen epoch, a
-    whole-body parse (BODY_UNPARSEABLE refuses everything), then the Receipt and its key. Concurrent submissions
-    of one key race on the key's unique constraint; losers resolve as duplicates or mismatches. Children are
-    materialized afterwards by `receipt_materialize`."""
+    whole-body parse and the check that every extracted value fits every column that stores it and every
+    outbound use (`storable.events_check`; BODY_UNPARSEABLE refuses everything), then the Receipt and its key.
+    Concurrent submissions of one key race on the key's unique constraint; losers resolve as duplicates or
+    mismatches. Children are materialized afterwards by `receipt_materialize`."""
     key = canonical_key(transport_key)
     account = account_get(account_key)
     body = bytes(body)
@@ -102,6 +104,7 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
             route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=account.pk,
                               channel=channel)
             events = route.parse(body)
+            storable.events_check(events=events, route=route, epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest)
             receipt = Receipt.objects.create(
                 account=account, epoch_id=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, gate_fence=ctx.fence,
                 kind=ReceiptKind.TRANSPORT, channel=channel, payload=body, payload_digest=digest,

@@ -56,6 +56,7 @@ def dependency_resolve(*, dependency_pk: int, reject_evidence: str = "") -> str:
         return dependency.state
 
 
-def waiting_dependency_pks(limit: int = 200) -> list[int]:
+def waiting_dependencies(limit: int = 200) -> list[tuple[int, int]]:
+    """(dependency, execution) of the waiting dependencies, soonest deadline first (the sweeper's due work)."""
     return list(ExecutionDependency.objects.filter(state=DependencyState.WAITING).order_by("deadline")
-                .values_list("pk", flat=True)[:limit])
+                .values_list("pk", "execution_id")[:limit])

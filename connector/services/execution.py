@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,8 +20,8 @@ from django.utils import timezone
 
 from connector import locks
 from connector.actors import Actor
-from connector.choices import ExecutionState, LaneState, OrderingContract
-from connector.errors import ConnectorError, TransitionRefused
+from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
+from connector.errors import TransitionRefused
 from connector.faults import fault_point
 from connector.models import (
     Execution,
@@ -32,7 +33,7 @@ from connector.models import (
     SupersededDecision,
 )
 from connector.selectors.routes import route_for
-from connector.services import runtime
+from connector.services import poison, runtime
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.materialize import mint_execution, window_seal
@@ -159,7 +160,12 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
     if account_id is not None:
         candidates = candidates.filter(account_id=account_id)
     for pk, acct, epoch_pk in candidates.order_by("pk").values_list("pk", "account_id", "epoch_id")[:20]:
-        try:
+        token = None
+        # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
+        # (EXECUTION_STEP_FAILED) so the next claim does not meet it again (decision D-168).
+        with poison.isolated(step=SweepStep.EXECUTION_CLAIM, item=f"execution {pk}",
+                             quarantine=partial(poison.execution_quarantine, execution_pk=pk,
+                                                step=SweepStep.EXECUTION_CLAIM)):
             with transaction.atomic():
                 ctx = lock_serving(account_id=acct)
                 if ctx.epoch_pk != epoch_pk:
@@ -177,8 +183,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                 Execution.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence, lease_holder=holder,
                                                        lease_expires_at=expires)
                 token = ClaimToken(pk, fence, holder)
-        except ConnectorError as exc:
-            log.info("claim skipped", extra={"execution": pk, "code": exc.code})
+        if token is None:
             continue
         fault_point("claim.after_commit")
         return token
@@ -194,6 +199,21 @@ def execution_run(*, token: ClaimToken) -> Execution:
     fault_point("runtime.after_commit")
     return execution_record_result(execution_pk=execution.pk, command_id=receipt.command_id,
                                    execution_ref_digest=receipt.execution_ref_digest)
+
+
+def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Execution | None:
+    """One worker step: claim one ready Execution and run it. A deterministic failure of the run (any exception
+    but a transient one: Runtime and the result are pure functions of immutable inputs, so even a domain refusal
+    repeats) quarantines that Execution with EXECUTION_STEP_FAILED and returns it, so the worker moves on; a
+    transient one leaves it leased (the lease expires and it is claimed again). None when nothing is claimable."""
+    token = execution_claim(holder=holder, lease_seconds=lease_seconds)
+    if token is None:
+        return None
+    with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
+                         quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
+                                            step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
+        return execution_run(token=token)
+    return Execution.objects.get(pk=token.execution_pk)
 
 
 def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes) -> Execution:

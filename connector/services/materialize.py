@@ -62,13 +62,23 @@ def execution_ref(*, command_id: str, projection: Projection, generation: int, r
         input_digest=bytes(projection.input_digest), suppress_external_effects=projection.suppress_external_effects))
 
 
+#: Length of a command ID: "cmd-" and 40 hex digits of the projection identity and generation (decision 7). Outbound
+#: authoring derives EffectRoot IDs from it, so admission bounds the values appended to it (connector.hooks).
+COMMAND_ID_PREFIX, COMMAND_ID_HEX = "cmd-", 40
+COMMAND_ID_LENGTH = len(COMMAND_ID_PREFIX) + COMMAND_ID_HEX
+
+
+def command_id_for(identity_digest: bytes, generation: int) -> str:
+    return COMMAND_ID_PREFIX + hashlib.sha256(bytes(identity_digest) + generation.to_bytes(4, "big")).hexdigest()[
+        :COMMAND_ID_HEX]
+
+
 def mint_execution(*, projection: Projection, route: RouteProgram, ctx: ServingContext, profile_id: str,
                    lane: OrderingLane | None = None) -> Execution:
     """Mint the next execution generation of a projection (deterministic command ID, decision 7)."""
     assert transaction.get_connection().in_atomic_block
     generation = projection.execution_generation + 1
-    command_id = "cmd-" + hashlib.sha256(bytes(projection.identity_digest)
-                                         + generation.to_bytes(4, "big")).hexdigest()[:40]
+    command_id = command_id_for(projection.identity_digest, generation)
     ref = execution_ref(command_id=command_id, projection=projection, generation=generation, route=route,
                         epoch_digest=ctx.epoch_digest, profile_id=profile_id)
     status = "minted" if lane is not None else projection.lane_status

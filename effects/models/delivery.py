@@ -20,6 +20,7 @@ from django.db import models
 from django.db.models import Case, Q, Value, When
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
+from connector.choices import StepFailureReason
 from effects.delivery.contract import AXES, contract
 
 __all__ = [
@@ -363,12 +364,20 @@ class DeliveryOperation(DeliveryTransitions, ConcurrentTransitionMixin, ScopedGe
     last_detail = models.TextField(blank=True, default="")
     reconciliation_id = models.CharField(max_length=128, blank=True, default="")
     reconciled = models.BooleanField(default=False)
+    # A deterministic failure of a delivery step holds the operation for an operator (decision D-168): the sweep
+    # and the step skip it; the contract state is left exactly as it was (held is not a delivery state).
+    held_reason = models.CharField(max_length=64, blank=True, default="")
+    held_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     changed_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["parent", "ordinal"]
         constraints = [
+            models.CheckConstraint(condition=(Q(held_reason="", held_at__isnull=True)
+                                              | Q(held_reason=StepFailureReason.DELIVERY_STEP_FAILED,
+                                                  held_at__isnull=False)),
+                                   name="delivery_operation_hold_whole"),
             models.UniqueConstraint(fields=["namespace", "delivery_key"], name="delivery_unique_admission_key"),
             models.UniqueConstraint(fields=["parent", "ordinal"], name="delivery_child_ordinal"),
             models.CheckConstraint(condition=Q(state__in=list(_C.tuples)), name="delivery_state_is_legal_tuple"),

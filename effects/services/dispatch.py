@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -15,14 +16,17 @@ from django.utils import timezone
 
 from connector import locks as connector_locks
 from connector.actors import Actor
-from connector.errors import ConnectorError, PermissionRefused
+from connector.choices import SweepStep
+from connector.errors import PermissionRefused
 from connector.secrets import secret_backend
+from connector.services import poison
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from effects import locks
 from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
 from effects.errors import AbandonRefused, PermitRefused, ReconcileRefused
 from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
+from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
 DISPATCHER = Actor.system("dispatcher")
@@ -80,7 +84,11 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
     if account_id is not None:
         qs = qs.filter(account_id=account_id)
     for pk, acct in qs.order_by("pk").values_list("pk", "account_id")[:20]:
-        try:
+        claim = None
+        # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
+        # (EFFECT_STEP_FAILED) so the next claim does not meet it again (decision D-168).
+        with poison.isolated(step=SweepStep.EFFECT_CLAIM, item=f"effect {pk}",
+                             quarantine=partial(effect_quarantine, effect_pk=pk, step=SweepStep.EFFECT_CLAIM)):
             with transaction.atomic():
                 lock_serving(account_id=acct)
                 effect = locks.effect_for_update(pk, skip_locked=True)
@@ -106,10 +114,8 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
                 RemoteEffect.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence,
                                                           lease_holder=holder.holder_id, lease_expires_at=expires)
                 claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
-        except ConnectorError as exc:
-            log.info("effect claim skipped", extra={"effect": pk, "code": exc.code})
-            continue
-        return claim
+        if claim is not None:
+            return claim
     return None
 
 

@@ -4,11 +4,15 @@ connector.hooks.author_outbound with the serving guard it already holds."""
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
+from urllib.parse import quote
 
 from django.db import transaction
 
+from connector.errors import ConnectorError
+from connector.services.materialize import COMMAND_ID_LENGTH
 from effects.models import OutboundCommand
-from effects.services.outbound import outbound_command_author
+from effects.services.outbound import _binding, outbound_command_author
 
 
 def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str,
@@ -35,3 +39,39 @@ def _wake_dispatch() -> None:
     except Exception as exc:  # noqa: BLE001 - a broker outage must never fail the application transaction
         logging.getLogger(__name__).warning("dispatch wake-up not sent; the sweeper will find the effect",
                                             extra={"error": str(exc)})
+
+
+# -- what admission must refuse (decision D-165) -------------------------------------------------------------------
+
+@lru_cache(maxsize=256)
+def _path_template(epoch_digest: bytes, epoch_pk: int, callout: str) -> str | None:
+    """The callout's frozen path template in this exact epoch (immutable: cached by epoch identity)."""
+    try:
+        return _binding(epoch_pk, "callout_profile", callout)[1].get("path_template")
+    except ConnectorError:
+        return None  # no such callout: authoring refuses it, with its own code
+
+
+def admission_problems(*, epoch_pk: int, epoch_digest: bytes, route_definition: dict, record_key: str) -> list[str]:
+    """Why a push route could never author the outbound command for `record_key`: its EffectRoot ID (command ID,
+    ":", record key) must fit `OutboundCommand.effect_root_id`, and the path built from the callout's template
+    with the key percent-encoded (every byte outside RFC 3986 "unreserved", the longest encoding any encoder
+    produces) must fit `OutboundCommand.path`. Registered as a connector admission check."""
+    push = route_definition.get("push")
+    if not push or not record_key:
+        return []
+    problems = []
+    root_limit = OutboundCommand._meta.get_field("effect_root_id").max_length - COMMAND_ID_LENGTH - 1
+    if len(record_key) > root_limit:
+        problems.append(f"record_key has {len(record_key)} characters; as the outbound EffectRoot ID "
+                        f"(OutboundCommand.effect_root_id) at most {root_limit} fit")
+    template = _path_template(bytes(epoch_digest), epoch_pk, push["callout"])
+    path_limit = OutboundCommand._meta.get_field("path").max_length
+    try:
+        path = template.format(record_key=quote(record_key, safe="")) if template else ""
+    except (KeyError, IndexError, ValueError):
+        path = ""  # a template this route cannot fill: authoring refuses it, with its own code
+    if len(path) > path_limit:
+        problems.append(f"record_key percent-encoded makes a {len(path)}-character outbound path; "
+                        f"OutboundCommand.path holds at most {path_limit}")
+    return problems

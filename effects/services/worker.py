@@ -1,21 +1,26 @@
 """The dispatch worker loop: claim a prepared effect, acquire its permit, send through the sole egress adapter,
 finalize a confirmed effect. Each step is its own transaction; a crash anywhere leaves a state the seed's crash
-rules recover from (docs/architecture.md)."""
+rules recover from (docs/architecture.md). Each step runs isolated (decision D-168): a deterministic failure
+quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop moves on to the next one."""
 from __future__ import annotations
 
 import logging
 import os
 import socket
 import uuid
+from functools import partial
 
 from django.conf import settings
 
+from connector.choices import SweepStep
 from connector.errors import ConnectorError
 from connector.faults import fault_point
+from connector.services import poison
 from effects import egress
 from effects.choices import EffectState
 from effects.models import RemoteEffect
 from effects.services import dispatch
+from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
 _HOLDER_ID: str | None = None
@@ -29,20 +34,33 @@ def holder_id() -> str:
     return _HOLDER_ID
 
 
+def _isolated(step: str, effect_pk: int) -> poison.Isolated:
+    return poison.isolated(step=step, item=f"effect {effect_pk}",
+                           quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
+
+
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
+    """Claim, acquire a permit, send, finalize one effect. None when nothing was claimable or the permit was
+    refused; the effect otherwise (also when one of its steps failed and it was quarantined or held)."""
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
     dispatch.holder_heartbeat(holder_id=holder.holder_id)
     claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
                                   account_id=account_id)
     if claim is None:
         return None
-    try:
+    permit = None
+    with _isolated(SweepStep.PERMIT_ACQUIRE, claim.effect_pk) as step:
         permit = dispatch.permit_acquire(claim=claim)
-    except ConnectorError as exc:
-        log.info("permit not acquired", extra={"effect": claim.effect_pk, "code": exc.code})
-        return None
-    effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-                         credential_gate_fence=permit.credential_gate_fence)
+    if permit is None:
+        if step.failure == poison.FAILED:
+            return RemoteEffect.objects.get(pk=claim.effect_pk)
+        return None  # refused (the lease or gate moved) or transient: logged; the effect stays claimable later
+    effect = None
+    with _isolated(SweepStep.EFFECT_SEND, claim.effect_pk):
+        effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
+                             credential_gate_fence=permit.credential_gate_fence)
+    if effect is None:
+        return RemoteEffect.objects.get(pk=claim.effect_pk)
     if effect.state == EffectState.REMOTE_CONFIRMED:
         fault_point("dispatch.after_confirmed")
         effect = effect_finalize_from_evidence(effect.pk)
@@ -52,16 +70,17 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
 def effect_finalize_from_evidence(effect_pk: int) -> RemoteEffect:
     effect = RemoteEffect.objects.select_related("command").get(pk=effect_pk)
     slot = effect.command.path.rstrip("/").rsplit("/", 1)[-1]
-    try:
-        return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot)
-    except ConnectorError as exc:
-        log.warning("finalization held for an operator", extra={"effect": effect_pk, "code": exc.code})
-        return RemoteEffect.objects.get(pk=effect_pk)
+    with _isolated(SweepStep.EFFECT_FINALIZE, effect_pk) as step:
+        try:
+            return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot)
+        except ConnectorError as exc:
+            log.warning("finalization held for an operator", extra={"effect": effect_pk, "code": exc.code})
+    return RemoteEffect.objects.get(pk=effect_pk) if step.failure != poison.TRANSIENT else effect
 
 
 def effects_sweep() -> dict[str, int]:
-    """Due outbound work from PostgreSQL: confirmed effects to finalize (never redispatched) and the count of
-    claimable prepared effects (free or expired lease)."""
+    """Due outbound work from PostgreSQL: confirmed effects to finalize (never redispatched; held ones
+    excepted) and the count of claimable prepared effects (free or expired lease)."""
     from django.db.models import Q
     from django.utils import timezone
 

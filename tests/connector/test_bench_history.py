@@ -82,8 +82,8 @@ def test_admission_hot_path_uses_index_scans():
     account = world.accounts[0]
     generate_history(account=account, epoch=world.active_epoch, start=0, count=4000)
     analyze()
-    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-x","occurred_at":"2025-01-01",'
-            b'"record_id":"rec-x","sequence":1,"type":"record.updated"}]}')
+    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-x",'
+            b'"occurred_at":"2025-01-01T00:00:00Z","record_id":"rec-x","sequence":1,"type":"record.updated"}]}')
     actor = Actor.system("explain")
     with CaptureQueriesContext(connection) as captured:
         admission = receipt_admit(account_key=account.account_key, channel="records.webhook",
@@ -144,8 +144,8 @@ def test_claim_hot_path_uses_index_scans():
     account = world.accounts[0]
     generate_history(account=account, epoch=world.active_epoch, start=0, count=4000)
     analyze()
-    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-y","occurred_at":"2025-01-01",'
-            b'"record_id":"rec-y","sequence":1,"type":"record.updated"}]}')
+    body = (b'{"events":[{"data":{"email":"e@example.com","name":"E"},"id":"ev-y",'
+            b'"occurred_at":"2025-01-01T00:00:00Z","record_id":"rec-y","sequence":1,"type":"record.updated"}]}')
     admission = receipt_admit(account_key=account.account_key, channel="records.webhook",
                               transport_key="explain-2", body=body, actor=Actor.system("explain"))
     receipt_materialize(receipt_pk=admission.receipt.pk)

@@ -14,7 +14,8 @@ def test_smoke(push_world, receiver):
     """End to end: an admitted event's Runtime transaction authors one command; one claim, one permit, one
     request through the sole egress adapter, settlement and finalization with a RemoteLink; the receiver applied
     the effect once. Proves: CV2-10-001, CV2-10-014, CV2-10-037, CV2-10-038, CV2-10-041, CV2-10-045"""
-    body = json.dumps({"events": [{"id": "e1", "type": "t", "record_id": "r1", "sequence": 1, "occurred_at": "x",
+    body = json.dumps({"events": [{"id": "e1", "type": "t", "record_id": "r1", "sequence": 1,
+                                   "occurred_at": "2026-01-01T00:00:00Z",
                                    "data": {"name": "Ann", "email": "ann@example.com"}}]}).encode()
     adm = admission.receipt_admit(account_key=push_world.accounts[0].account_key, channel="records.webhook",
                                   transport_key="k", body=body, actor=Actor.system("t"))

@@ -7,20 +7,28 @@ egress adapter commits it before any byte): the attempt settles `not_started` an
 retry_wait (same delivery key) or final_not_started. True without an outcome means the mutation may have been
 applied: the operation goes to final_unknown_not_accepted and waits for an operator. No second request is ever
 sent without that proof.
+
+Each operation runs isolated (decision D-168): a deterministic failure of its step or of its orphan recovery holds
+it (`held_reason` DELIVERY_STEP_FAILED, the contract state unchanged) and the sweep moves on; held operations are
+neither stepped nor swept until an operator releases them.
 """
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from functools import partial
 
 from django.db.models import Q
 from django.utils import timezone
 
+from connector.choices import SweepStep
 from connector.faults import fault_point
+from connector.services import poison
 from effects.delivery.errors import DeliveryError
 from effects.delivery.protocol import Answer
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent
 
+from ..poison import delivery_hold
 from . import execution
 from .planning import unresolved_states
 
@@ -32,6 +40,8 @@ def step(operation_pk: int) -> str:
     from effects import egress  # noqa: PLC0415 - the sole egress adapter, called from the driver only
 
     op = DeliveryOperation.objects.get(pk=operation_pk)
+    if op.held_reason:
+        return op.state  # held for an operator after a step failed (decision D-168)
     if op.state in ("sealed", "retry_wait"):
         try:
             result = execution.submit(op.pk)
@@ -48,6 +58,19 @@ def step(operation_pk: int) -> str:
     elif op.axis("execution") == "VERIFYING" and op.axis("remote_effect") == "UNDETERMINED":
         execution.verify(op.pk)
     return DeliveryOperation.objects.get(pk=op.pk).state
+
+
+def _isolated(step_name: str, operation_pk: int) -> poison.Isolated:
+    return poison.isolated(step=step_name, item=f"delivery operation {operation_pk}",
+                           quarantine=partial(delivery_hold, operation_pk=operation_pk, step=step_name))
+
+
+def step_isolated(operation_pk: int) -> str:
+    """`step`, isolated: a deterministic failure holds the operation (DELIVERY_STEP_FAILED) instead of failing
+    the worker; returns the state afterwards (unchanged by a failure)."""
+    with _isolated(SweepStep.DELIVERY_STEP, operation_pk):
+        return step(operation_pk)
+    return DeliveryOperation.objects.values_list("state", flat=True).get(pk=operation_pk)
 
 
 def drive_parent(parent_pk: int, *, max_steps: int = 200, poll_interval: float = 0.05) -> list[str]:
@@ -96,15 +119,17 @@ def recover_orphan(operation_pk: int, *, min_age: timedelta | None = None) -> st
 
 def sweep(*, lease: timedelta = timedelta(seconds=60)) -> dict:
     """Find due work: retry_wait past its time, sealed children, receipts to poll, verifications to finish, and
-    SUBMITTING orphans older than the lease. Returns counts by kind (the task enqueues `step` for each)."""
+    SUBMITTING orphans older than the lease; held operations excepted. Returns counts by kind (the task enqueues
+    `step` for each)."""
     now = timezone.now()
-    due = DeliveryOperation.objects.filter(
+    due = DeliveryOperation.objects.filter(held_reason="").filter(
         Q(state="sealed") | Q(state="retry_wait", next_attempt_after__lte=now)
         | Q(state__in=["accepted", "waiting"]) | Q(execution="VERIFYING", remote_effect="UNDETERMINED"))
     ids = list(due.values_list("pk", flat=True)[:500])
     orphans = 0
-    for pk in DeliveryOperation.objects.filter(state="submitting").values_list("pk", flat=True)[:500]:
-        if recover_orphan(pk, min_age=lease) != "submitting":
-            orphans += 1
+    for pk in DeliveryOperation.objects.filter(state="submitting", held_reason="").values_list("pk", flat=True)[:500]:
+        with _isolated(SweepStep.DELIVERY_RECOVER_ORPHAN, pk):
+            if recover_orphan(pk, min_age=lease) != "submitting":
+                orphans += 1
     return {"due": ids, "orphans_recovered": orphans, "unresolved": DeliveryOperation.objects.filter(
         state__in=unresolved_states()).count()}
