@@ -34,7 +34,10 @@ ROUTE_DEFINITION = {
 PUSH = {"push": {"contract": "records.push", "callout": "records.callout"}}
 MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
                                  {"source": "/email", "target": "email"}]}
-CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000}
+# A record without a RemoteLink is created (upsert by its external key); a linked record is updated at its remote
+# identity (D-190): the `update` variant, addressed with the link's `{remote_id}`, never a pushed field.
+CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000,
+                      "update": {"method": "PATCH", "path_template": "/v1/records/by-id/{remote_id}"}}
 PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
 
 

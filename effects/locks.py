@@ -22,3 +22,9 @@ def holder_for_share(holder_pk: int) -> ProcessGeneration:
 
 def holder_for_update(holder_id: str) -> ProcessGeneration | None:
     return ProcessGeneration.objects.select_for_update(of=("self",)).filter(holder_id=holder_id).first()
+
+
+def links_for_update(link_pks):
+    from effects.models import RemoteLink
+
+    return list(RemoteLink.objects.filter(pk__in=set(link_pks)).order_by("pk").select_for_update(of=("self",)))
