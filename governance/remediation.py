@@ -22,8 +22,14 @@ from connector.models import (
     Projection,
     ReplayRequest,
 )
-from connector.selectors.lanes import halting_execution, lane_halt_fact, pending_positions, replay_outlook
-from connector.selectors.replay import replay_dispositions
+from connector.selectors.lanes import (
+    execution_remedy,
+    halting_execution,
+    lane_halt_fact,
+    pending_positions,
+    replay_outlook,
+)
+from connector.selectors.replay import remediation_request_id, replay_dispositions
 from connector.services import execution as execution_services
 from connector.services import lanes, replay
 from effects.models import RemoteEffect
@@ -145,8 +151,8 @@ def lane(request, pk: int):
 def execution_context(execution: Execution, user) -> dict:
     """The replay outlook (whether a replay runs now, and why) and the replay already made of it, if any."""
     made = (ReplayRequest.objects.select_related("receipt", "target_epoch")
-            .filter(account_id=execution.account_id, request_id=replay.remediation_request_id(execution.pk)).first())
-    return {"outlook": replay_outlook(execution), "replay": made,
+            .filter(account_id=execution.account_id, request_id=remediation_request_id(execution.pk)).first())
+    return {"outlook": replay_outlook(execution), "replay": made, "remedied": execution_remedy(execution),
             "replay_events": replay_dispositions(made) if made else [],
             "may_replay": (user.has_perm(replay.REMEDIATION_PERMISSION) and execution.state == "quarantined"
                            and made is None)}

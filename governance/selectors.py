@@ -89,10 +89,14 @@ def link_conflicts() -> list[Item]:
 
 
 def quarantined_executions() -> list[Item]:
-    from connector.selectors.lanes import replay_outlook
+    """Quarantined executions still waiting for their remedy (one already replayed, or passed by a lane resume,
+    is followed through its successor fact instead), each with whether a replay would run now."""
+    from connector.selectors.lanes import execution_remedy, replay_outlook
 
     items = []
     for x in Execution.objects.select_related("projection", "lane").filter(state="quarantined"):
+        if execution_remedy(x):
+            continue
         outlook = replay_outlook(x)
         items.append(Item("execution", x.pk, f"Execution #{x.pk} (generation {x.generation})", x.state,
                           x.quarantine_reason, x.changed_at, _admin("connector_execution", id=x.pk),

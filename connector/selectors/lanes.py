@@ -8,7 +8,15 @@ from datetime import datetime
 from decimal import Decimal
 
 from connector.choices import ExecutionState, GateMode, LaneState, OrderingContract
-from connector.models import AccountServingGate, Execution, GapDecision, OrderingLane, Projection
+from connector.models import (
+    AccountServingGate,
+    Execution,
+    GapDecision,
+    LaneResumption,
+    OrderingLane,
+    Projection,
+    ReplayRequest,
+)
 
 GAP_DEADLINE = "GAP_DEADLINE"
 ORDERING_HANDOFF = "ORDERING_HANDOFF"
@@ -101,3 +109,25 @@ def replay_outlook(execution: Execution) -> Outlook:
     if lane.contract == OrderingContract.STRICT_SOURCE_SEQUENCE and position != expected_position(lane):
         return Outlook(False, f"waits: the strict lane expects position {expected_position(lane)} first")
     return Outlook(True, "runs in order on its lane with external effects suppressed")
+
+
+def execution_remedy(execution: Execution) -> str:
+    """The remediation already taken for a quarantined execution, or "" while it still waits for one: a replay of
+    its source event admitted after the quarantine (its own execution is then followed on its own), or a
+    resumption of its lane past its position. The quarantined execution itself never changes (CV2-13-003)."""
+    from connector.selectors.replay import remediation_request_id
+
+    projection = execution.projection
+    if projection.event_id is not None:
+        replays = ReplayRequest.objects.filter(predecessor_event_id=projection.event_id).order_by("pk")
+        request = (replays.filter(request_id=remediation_request_id(execution.pk)).first()
+                   or replays.filter(created_at__gte=execution.changed_at).first())
+        if request is not None:
+            return f"replayed by {request.request_id}"
+    if execution.lane_id is not None:
+        resumption = (LaneResumption.objects.filter(lane_id=execution.lane_id, halt_reason=execution.quarantine_reason,
+                                                    blocking_position=projection.position,
+                                                    resumed_at__gte=execution.changed_at).order_by("pk").first())
+        if resumption is not None:
+            return f"its lane resumed past it ({resumption.mode}, resumption #{resumption.pk})"
+    return ""

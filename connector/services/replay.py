@@ -156,11 +156,6 @@ def replay_request_settle(*, request_pk: int) -> bool:
 REMEDIATION_PERMISSION = "connector.add_replayrequest"
 
 
-def remediation_request_id(execution_pk: int) -> str:
-    """The ReplayRequest ID of the remediation of one quarantined execution (one per execution)."""
-    return f"execution-{execution_pk}-replay"
-
-
 def execution_replay(*, execution_pk: int, reason: str, actor: Actor, expected_changed_at) -> ReplayAdmission:
     """An operator's remediation of a quarantined execution (RESULT_FAILED, RESULT_REJECTED, DEPENDENCY_*): admit
     a ReplayRequest of its source event under the account's serving epoch, with `suppress_external_effects`, then
@@ -172,6 +167,7 @@ def execution_replay(*, execution_pk: int, reason: str, actor: Actor, expected_c
     window execution) and every `replay_request_admit` refusal."""
     from connector.errors import FenceStale, PermissionRefused
     from connector.models import Execution
+    from connector.selectors.replay import remediation_request_id
     from connector.selectors.serving import gate_get
 
     if actor.user is not None and not actor.user.has_perm(REMEDIATION_PERMISSION):
