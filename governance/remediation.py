@@ -98,7 +98,8 @@ def effect_link(request, pk: int):
         messages.success(request, f"Dual approval requested (request #{result.pk}): two approvers other than you "
                                   "approve it on the attestations screen, then apply the relink here.")
         return redirect("governance:effect", pk=pk)
-    messages.success(request, f"Effect #{pk}: {action.replace('_', ' ')} recorded; the effect is {result.state}.")
+    done = {"keep_link": "the link was kept", "relink_apply": "the slot was relinked"}[action]
+    messages.success(request, f"Effect #{pk}: {done} with your evidence; the effect is {result.state}.")
     return redirect("governance:queue")
 
 

@@ -39,6 +39,10 @@ from connector.services.materialize import mint_execution, window_seal
 
 log = logging.getLogger(__name__)
 CLAIMANT = Actor.system("claimant")
+# Frozen route defaults (docs/ordering.md): no settle window, and a strict gap waits 5 minutes before its frozen
+# disposition applies.
+DEFAULT_SETTLE_SECONDS = 0
+DEFAULT_GAP_DEADLINE_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
         chosen = None
         hw = lane.high_water
         if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
-            settle = int(route.ordering.get("settle_seconds", 0))
+            settle = int(route.ordering.get("settle_seconds", DEFAULT_SETTLE_SECONDS))
             if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
                 return None  # the settle window is still open
             top = pending[-1]
@@ -135,7 +139,7 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
         lane = locks.lane_for_update(lane_pk)
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
                           channel=lane.route)
-        deadline = int(route.ordering.get("gap_deadline_seconds", 300))
+        deadline = int(route.ordering.get("gap_deadline_seconds", DEFAULT_GAP_DEADLINE_SECONDS))
         if (lane.contract != OrderingContract.STRICT_SOURCE_SEQUENCE or lane.gap_since is None
                 or lane.active_execution_id or lane.state != LaneState.OPEN
                 or lane.gap_since > timezone.now() - timedelta(seconds=deadline)):
