@@ -239,3 +239,39 @@ def test_a_gap_halts_at_the_deadline_and_an_operator_resumes_after_the_late_even
                 .values_list("projection__position", flat=True))
     assert [int(p) for p in done] == [1, 2, 3, 4, 5, 6, 7]
     assert not Execution.objects.filter(lane=lane).exclude(state="completed").exists()
+
+
+def test_an_operator_replays_a_failed_execution_on_its_page(browser, live_server, shot):
+    """A Runtime failure quarantined an execution and halted its strict lane; the board says a replay runs; the
+    operator replays it on the execution page, which answers the replay's disposition; the partition continues.
+    Proves: CV2-13-003, CV2-09-017, CV2-06-014"""
+    from unittest import mock
+
+    from connector.services import runtime
+    from tests.conformance.packs import PACK_B
+    from tests.connector.inbound_helpers import build_inbound_world, drain
+    from tests.connector.test_lane_remediation import send
+
+    world = build_inbound_world("br-", [PACK_B])
+    send(world, 1)
+    drain()
+    with mock.patch.object(runtime, "_apply_record", return_value="failed"):
+        send(world, 2)
+        drain()
+    send(world, 3)
+    failed = Execution.objects.get(quarantine_reason="RESULT_FAILED")
+    person("oscar", "operator")
+    context, page = login(browser, live_server.url, "oscar")
+    page.goto(f"{live_server.url}/board/")
+    assert "Replay runs" in page.inner_text("#r-RESULT_FAILED ~ table")
+    shot(page, "22-board-replay-runs")
+    page.goto(f"{live_server.url}/queue/execution/{failed.pk}/")
+    page.get_by_label("Reason").fill("Runtime's downstream is back")
+    page.get_by_label("Evidence reference").fill("INC-2207")
+    page.get_by_role("button", name="Replay this execution").click()
+    page.wait_for_selector("text=Remedied:")
+    shot(page, "23-execution-replayed")
+    drain()
+    assert [int(p) for p in Execution.objects.filter(state="completed").order_by("pk")
+            .values_list("projection__position", flat=True)] == [1, 2, 3]
+    context.close()
