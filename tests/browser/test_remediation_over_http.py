@@ -133,7 +133,7 @@ def test_updates_address_the_linked_identity_and_a_real_identity_change_is_resol
     crm = crm_state(product)
     record, = crm["records"]
     assert (record["external_key"], record["version"], record["fields"]["display_name"]) == ("cust-42", 5, "v5")
-    assert [r["kind"] for r in crm["requests"]] == ["created"] + ["updated"] * 4
+    assert [(r["method"], r["kind"]) for r in crm["requests"]] == [("POST", "created")] + [("PATCH", "updated")] * 4
     assert {r["id"] for r in crm["requests"]} == {record["id"]}
     link = RemoteLink.objects.get()
     assert (link.owner_slot, link.remote_identity, link.state) == ("cust-42", record["id"], "active")
