@@ -47,12 +47,13 @@ from connector.api.serializers import (
     ReplayedEventSerializer,
     ReplayPredecessorSerializer,
 )
-from connector.errors import GateNotServing
+from connector.errors import ConnectorError, GateNotServing
 from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent, ReplayRequest
 from connector.selectors.routes import route_for
 from connector.selectors.serving import gate_get
 from connector.services.admission import Admission, account_get, receipt_admit
 from connector.selectors.replay import replay_dispositions
+from connector.services.owners import ident
 from connector.services.replay import replay_request_admit, replay_request_settle
 from connector.services.signatures import signature_verify
 
@@ -382,8 +383,12 @@ class ReplayRequestDetailApi(APIView):
     )
     def get(self, request, account: str, request_id: str) -> Response:
         owner = account_get(account)
+        try:  # an ID that is not a canonical identity names no replay request (and never reaches a query)
+            canonical = ident(request_id, "request_id")
+        except ConnectorError:
+            canonical = None
         replay = (ReplayRequest.objects.select_related("receipt", "target_epoch")
-                  .filter(account=owner, request_id=request_id).first())
+                  .filter(account=owner, request_id=canonical).first()) if canonical == request_id else None
         if replay is None:
             raise NotFound(f"no replay request {request_id!r} in account {account!r}")
         return Response(self.OutputSerializer(_replay_data(replay)).data)

@@ -71,9 +71,14 @@ def test_replay_of_an_applied_position_answers_superseded_at_the_high_water(worl
 
 @pytest.mark.django_db
 def test_the_replay_read_is_scoped_and_needs_the_view_permission(world, oscar):
+    """Unknown or non-canonical request IDs are NOT_FOUND; a user without `connector.view_replayrequest` is
+    PERMISSION_DENIED. Proves: CV2-09-012"""
     outsider = User.objects.create_user("nobody", password=PASSWORD)
     account = world.accounts[0].account_key
     assert read(account, "rr-missing", basic(oscar)).status_code == 404
+    for odd in ("nul\x00id", " padded", "x" * 300):  # never canonical: no such request, and no 5xx
+        response = read(account, odd, basic(oscar))
+        assert (response.status_code, response.json()["code"]) == (404, "NOT_FOUND")
     assert read(account, "rr-missing", basic(outsider)).status_code == 403
 
 

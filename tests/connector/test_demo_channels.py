@@ -16,7 +16,7 @@ from connector.selectors.routes import route_for
 def test_demo_load_serves_a_latest_position_and_a_strict_sequence_channel():
     out = io.StringIO()
     call_command("demo_load", password="pw-demo-1", stdout=out)
-    assert "records.sequenced (strict sequence)" in out.getvalue()
+    assert "inbound channels: records.sequenced, records.webhook" in out.getvalue()
     epoch = ServingEpoch.objects.get(epoch_id="epoch-1")
     account = ConnectorAccount.objects.get(account_key="acme-eu")
     latest = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=account.pk,

@@ -47,10 +47,12 @@ class Command(BaseCommand):
         else:
             self.stdout.write("Loading the demo world through the services ...")
             world = build_world("", push=True, sequenced=True)
+            channels = ", ".join(world.view.bindings.filter(kind="inbound_route").order_by("business_key")
+                                 .values_list("business_key", flat=True))
             self.stdout.write(self.style.SUCCESS(
                 f"  {len(world.accounts)} accounts, {len(world.packs)} pack generations, Catalog view "
-                f"{world.view.view_key} r{world.view.revision} ({world.view.bindings.count()} bindings: channels "
-                f"records.webhook (latest position) and records.sequenced (strict sequence)), "
+                f"{world.view.view_key} r{world.view.revision} ({world.view.bindings.count()} bindings; inbound "
+                f"channels: {channels}), "
                 f"{len(world.credential_generation_ids)} credential generations, configuration "
                 f"{world.configuration.generation_id}, active epoch {world.active_epoch.epoch_id}, verified epoch "
                 f"{world.verified_epoch.epoch_id}"))
