@@ -30,11 +30,23 @@ ROUTE_DEFINITION = {
     "mapping": "records.mapping",
     "terminal_disposition": {"applied": "advance", "noop": "advance", "rejected": "advance", "failed": "quarantine"},
 }
+# The strict-sequence channel of the same webhook shape (D-196): sequence numbers must arrive without gaps; a
+# gap waits 30 s (the route's frozen deadline), then halts the record's partition until an operator resumes it.
+SEQUENCED_CHANNEL = "records.sequenced"
+SEQUENCED_ROUTE_DEFINITION = {
+    **ROUTE_DEFINITION,
+    "ordering_contract": "strict_source_sequence",
+    "ordering": {**ROUTE_DEFINITION["ordering"], "first_position": 1, "gap_deadline_seconds": 30,
+                 "gap_disposition": "quarantine_partition"},
+}
 # Runtime pushes every applied record change to the remote system through this contract and callout.
 PUSH = {"push": {"contract": "records.push", "callout": "records.callout"}}
 MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
                                  {"source": "/email", "target": "email"}]}
-CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000}
+# A record without a RemoteLink is created (upsert by its external key); a linked record is updated at its remote
+# identity (D-190): the `update` variant, addressed with the link's `{remote_id}`, never a pushed field.
+CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000,
+                      "update": {"method": "PATCH", "path_template": "/v1/records/by-id/{remote_id}"}}
 PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
 
 
@@ -54,8 +66,9 @@ CREDENTIAL_REFS = {"inbound": "webhook-signing", "outbound": "crm-api"}
 
 
 def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "globex-us"),
-                 actor: Actor | None = None, push: bool = False) -> World:
-    """Accounts, packs, Catalog view, credential generations and one configuration generation."""
+                 actor: Actor | None = None, push: bool = False, sequenced: bool = False) -> World:
+    """Accounts, packs, Catalog view, credential generations and one configuration generation. `sequenced` adds
+    the strict-sequence channel beside the latest-position one."""
     actor = actor or Actor.system("demo")
     world = World(prefix=prefix)
     for key in account_keys:
@@ -68,6 +81,8 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
              "definition": {**ROUTE_DEFINITION, **(PUSH if push else {})}},
             {"kind": BindingKind.FIELD_MAPPING, "business_key": "records.mapping", "version": 1,
              "definition": MAPPING_DEFINITION},
+            *([{"kind": BindingKind.INBOUND_ROUTE, "business_key": SEQUENCED_CHANNEL, "version": 1,
+                "definition": {**SEQUENCED_ROUTE_DEFINITION, **(PUSH if push else {})}}] if sequenced else []),
         ], actor=actor))
     world.packs.append(owners.pack_generation_install(
         generation_id=f"{prefix}callout-pack.g1", owner_pack="callout-pack", pack_installation_id=f"{prefix}inst-2",
@@ -86,6 +101,10 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
             {"kind": BindingKind.INBOUND_ROUTE, "pack_generation_id": webhook.generation_id,
              "business_key": "records.webhook", "definition_version": 1,
              "credential_refs": [CREDENTIAL_REFS["inbound"]], "runtime": ("runtime.records.apply", 1)},
+            *([{"kind": BindingKind.INBOUND_ROUTE, "pack_generation_id": webhook.generation_id,
+                "business_key": SEQUENCED_CHANNEL, "definition_version": 1,
+                "credential_refs": [CREDENTIAL_REFS["inbound"]], "runtime": ("runtime.records.apply", 1)}]
+              if sequenced else []),
             {"kind": BindingKind.FIELD_MAPPING, "pack_generation_id": webhook.generation_id,
              "business_key": "records.mapping", "definition_version": 1, "credential_refs": []},
             {"kind": BindingKind.CALLOUT_PROFILE, "pack_generation_id": callout.generation_id,
@@ -108,7 +127,8 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
             relation.append((account.account_key, ref, generation_id))
     world.configuration = owners.service_configuration_create(
         generation_id=f"{prefix}config.g1", catalog_view_key=world.view.view_key, catalog_revision=world.view.revision,
-        accounts=[{"account_key": a.account_key, "enabled_routes": ["records.webhook"],
+        accounts=[{"account_key": a.account_key,
+                   "enabled_routes": ["records.webhook", *([SEQUENCED_CHANNEL] if sequenced else [])],
                    "mapping_selections": {"records.mapping": "default"},
                    "policy_values": {"max_batch": 100, "retry_limit": 5}} for a in world.accounts],
         credential_relation=relation, actor=actor)
@@ -124,9 +144,10 @@ def walk_gates_to_validating(world: World, actor: Actor) -> None:
                                           reason="demo world: no V1 deployment to drain")
 
 
-def build_world(prefix: str = "", *, actor: Actor | None = None, push: bool = False) -> World:
+def build_world(prefix: str = "", *, actor: Actor | None = None, push: bool = False,
+                sequenced: bool = False) -> World:
     actor = actor or Actor.system("demo")
-    world = build_owners(prefix, actor=actor, push=push)
+    world = build_owners(prefix, actor=actor, push=push, sequenced=sequenced)
     epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-1",
                                               configuration_generation_id=world.configuration.generation_id,
                                               actor=actor)

@@ -13,6 +13,7 @@ from effects.models import (
     RemoteEffect,
     RemoteEffectAttempt,
     RemoteLink,
+    RemoteLinkResolution,
 )
 from effects.services import dispatch
 
@@ -153,6 +154,17 @@ class RemoteLinkAdmin(FactAdmin):
     fieldsets = ((None, {"fields": ("account", "owner_slot", "remote_identity", "effect", "state_badge",
                                     "created_at", "retired_at")}),)
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
+
+
+@admin.register(RemoteLinkResolution)
+class RemoteLinkResolutionAdmin(FactAdmin):
+    fact_description = "Append-only resolution of a RemoteLink conflict with its evidence: keep_link, or relink " \
+                       "(with its dual approval)."
+    list_display = ("effect", "decision", "owner_slot", "proven_identity", "decided_by", "created_at")
+    list_filter = ("decision",)
+    search_fields = ("owner_slot", "proven_identity")
+    fieldsets = ((None, {"fields": ("effect", "decision", "owner_slot", "proven_identity", "kept_link", "new_link",
+                                    "retired_links", "approval", "evidence", "decided_by", "created_at")}),)
 
 
 from effects import admin_delivery  # noqa: E402,F401  (registers the delivery facts)

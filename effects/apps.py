@@ -8,7 +8,8 @@ class EffectsConfig(AppConfig):
 
     def ready(self) -> None:
         from connector import hooks
-        from effects.services import dispatch, runtime_bridge
+        from connector.services import approvals
+        from effects.services import dispatch, identity, runtime_bridge
 
         # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate).
         hooks.register_halt_blocker(dispatch.open_permit_reasons)
@@ -18,3 +19,5 @@ class EffectsConfig(AppConfig):
         hooks.register_revocation_evidence(dispatch.sending_permits_at_revocation)
         # Admission refuses a record key the outbound command could never store (decision D-165).
         hooks.register_admission_check(runtime_bridge.admission_problems)
+        # Relinking an owner slot to another remote identity needs two approvers of exactly that change (D-191).
+        approvals.register_subject(identity.APPROVAL_KIND, identity.relink_subject)

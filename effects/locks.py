@@ -26,3 +26,9 @@ def holder_for_update(holder_id: str) -> ProcessGeneration | None:
 
 def delivery_operation_for_update(operation_pk: int) -> DeliveryOperation | None:
     return DeliveryOperation.objects.select_for_update(of=("self",)).filter(pk=operation_pk).first()
+
+
+def links_for_update(link_pks):
+    from effects.models import RemoteLink
+
+    return list(RemoteLink.objects.filter(pk__in=set(link_pks)).order_by("pk").select_for_update(of=("self",)))

@@ -19,6 +19,10 @@ class Reason:
     deadline: timedelta  # alert deadline after the item entered this reason (escalation only; never a release)
     remediation: tuple[str, ...]
 
+    @property
+    def remedy(self) -> "Remedy":
+        return remedy(self.code)
+
 
 def _r(code, title, owner, minutes, *remediation) -> Reason:
     return Reason(code, title, owner, timedelta(minutes=minutes), tuple(remediation))
@@ -32,19 +36,27 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
        "A new business intent needs a new EffectRoot; the quarantined effect stays as evidence"),
     _r("CREDENTIAL_MATERIAL_MISSING", "Frozen credential version is missing", "credential authority", 60,
        "Restore the exact secret version, or author a new intent under a new credential generation"),
-    _r("REMOTE_LINK_CONFLICT", "Remote identity already linked to another owner slot", "integration on-call", 60,
-       "Inspect both owners; retire the wrong RemoteLink through its owner"),
+    _r("REMOTE_LINK_CONFLICT", "The provider proved another remote identity than the owner slot's RemoteLink",
+       "integration on-call", 60,
+       "Look the record up at the provider, then on the effect's page either keep the existing link (evidence that "
+       "the linked record is the one changed) or relink the slot to the proven identity (two approvers); the "
+       "effect then finalizes"),
     _r("DEPENDENCY_EXPIRED", "Execution quarantined: its dependency expired", "runtime owner", 120,
-       "Replay the source event or remediate the dependency owner"),
+       "Replay the execution on its page once the dependency exists (a new generation, external effects "
+       "suppressed)"),
     _r("DEPENDENCY_REJECTED", "Execution quarantined: its dependency was rejected", "runtime owner", 120,
-       "Replay after correcting the dependency"),
+       "Replay the execution on its page after correcting the dependency"),
     _r("RESULT_FAILED", "Execution quarantined: Runtime reported failure", "runtime owner", 60,
-       "Inspect the ApplicationResult; replay with a ReplayRequest once corrected"),
+       "Inspect the ApplicationResult; once Runtime is corrected, replay the execution on its page (it runs under "
+       "a new generation with external effects suppressed and resumes the partition), or resume the lane past it "
+       "with evidence"),
     _r("RESULT_REJECTED", "Execution quarantined: Runtime rejected the command", "runtime owner", 120,
-       "Inspect the ApplicationResult; correct the upstream generation"),
+       "Inspect the ApplicationResult; replay it on its page once corrected, or resume the lane past it with the "
+       "source's evidence that a corrected event supersedes it"),
     _r("GAP_DEADLINE", "Ordering lane halted at a source gap past its deadline", "source owner", 60,
-       "Obtain the missing event from the provider, or record a skip_with_evidence decision where the route "
-       "allows it"),
+       "Obtain the missing event from the provider; once it arrived, resume the partition on the lane's page (the "
+       "late events apply in order), or resume it with the provider's evidence that the position will never "
+       "exist (skip_with_evidence)"),
     _r("ORDERING_HANDOFF", "Predecessor ordering lane frozen by an OrderingHandoff (successor epoch)", "service owner",
        240, "Nothing to remediate on the lane: complete the successor activation (`manage.py succession status`); "
             "the predecessor is never resumed after the first handoff"),
@@ -75,3 +87,86 @@ UNMAPPED = Reason("UNMAPPED", "Reason code outside the closed map", "platform on
 
 def reason(code: str) -> Reason:
     return REASONS.get(code, UNMAPPED)
+
+
+# -- remediation: the product's way out of each reason (issue 16; CV2-13-001..007) ---------------------------------
+# Every reason either has a remedy the product implements (a screen or command an authorized person uses, then
+# the item moves on) or is terminal, with the reason why nothing in the product moves it: it stays as evidence
+# and the way forward is a new fact made by its owner (CV2-13-003). `queue`: the item waits for a human and is
+# listed in the approval queue. tests/governance/test_remediation.py runs every remedy.
+
+@dataclass(frozen=True)
+class Remedy:
+    kind: str  # one of REMEDY_KINDS
+    action: str  # what the person does, and where
+    queue: bool = True
+    terminal: str = ""  # why it is terminal (kind "terminal" only)
+
+
+REMEDY_KINDS = ("reconcile_effect", "resolve_link", "replay", "resume_lane", "reconcile_delivery", "v1_reconcile",
+                "gate_action", "credential_reenable", "journal_epoch", "poison_release", "epoch_reject", "terminal",
+                "unmapped")
+
+
+def _terminal(why: str) -> Remedy:
+    return Remedy("terminal", "None: it stays as evidence", queue=False, terminal=why)
+
+
+REMEDIES: dict[str, Remedy] = {
+    "EFFECT_UNCERTAIN": Remedy("reconcile_effect", "Reconcile it with the provider's evidence on the effect page"),
+    "REMOTE_LINK_CONFLICT": Remedy("resolve_link", "Keep the link, or relink with two approvers, on the effect "
+                                                   "page"),
+    "RESULT_FAILED": Remedy("replay", "Replay it on the execution page, or resume its lane past it with evidence"),
+    "RESULT_REJECTED": Remedy("replay", "Replay it on the execution page, or resume its lane past it with evidence"),
+    "DEPENDENCY_EXPIRED": Remedy("replay", "Replay it on the execution page"),
+    "DEPENDENCY_REJECTED": Remedy("replay", "Replay it on the execution page"),
+    "GAP_DEADLINE": Remedy("resume_lane", "Resume the partition on the lane page once the missing event arrived "
+                                          "(or with the provider's evidence)"),
+    "V1_IO_MAY_HAVE_STARTED": Remedy("v1_reconcile", "Reconcile it on the cutover attempt page"),
+    "DELIVERY_GATE_BLOCKED": Remedy("journal_epoch", "Run the reconciliation campaign, then an approver approves a "
+                                                     "new journal epoch (manage.py delivery)"),
+    "GATE_HALTED": Remedy("gate_action", "Finish the drain or resume the gate (cutover console, admin gate "
+                                         "actions)", queue=False),
+    "CREDENTIAL_REVOKED": Remedy("credential_reenable", "Re-enable the generation with evidence, or author a new "
+                                                        "one (admin credential gate actions)", queue=False),
+    # Poison items (decision D-168): after the fix is deployed an operator releases the held item, which the next
+    # sweep takes again from where it stood; a quarantined execution is replayed like any other.
+    "MATERIALIZATION_FAILED": Remedy("poison_release", "After the fix, `manage.py poison_release --receipt <id>`: "
+                                                       "the next sweep derives the missing children again"),
+    "LANE_STEP_FAILED": Remedy("poison_release", "After the fix, `manage.py poison_release --lane <id>`: the lane "
+                                                 "reopens with its high-water and pending positions"),
+    "EFFECT_STEP_FAILED": Remedy("poison_release", "After the fix, `manage.py poison_release --effect <id>` lifts "
+                                                   "the hold (a quarantined, never-sent effect needs a new intent)"),
+    "DELIVERY_STEP_FAILED": Remedy("poison_release", "After the fix, `manage.py poison_release --delivery <id>` "
+                                                     "puts the operation back in the sweep"),
+    "EXECUTION_STEP_FAILED": Remedy("replay", "After the fix, replay it on the execution page (a new generation, "
+                                              "external effects suppressed); its lane resumes with it"),
+    "EPOCH_VERIFY_FAILED": Remedy("epoch_reject", "Reject the candidate (`epoch_reject`, admin epoch actions) and "
+                                                  "prepare a new one after the fix"),
+    "WINDOW_SEAL_FAILED": _terminal("the quarantined window stays as evidence of the membership it held; new input "
+                                    "of its grouping key opens a successor window, and its member events are "
+                                    "replayed with ReplayRequests after the fix (the replay's own remedy)"),
+    "OPERATOR_QUARANTINE": _terminal("an operator quarantined the uncertain effect: quarantined is terminal (no "
+                                     "listed edge leaves it); a new business intent needs a new EffectRoot "
+                                     "(decision 12)"),
+    "CREDENTIAL_MATERIAL_MISSING": _terminal("the frozen secret version was absent at claim, so the effect was "
+                                             "quarantined instead of falling forward (CV2-10-013); quarantined is "
+                                             "terminal, and a new intent is authored under a restored or new "
+                                             "credential generation"),
+    "ORDERING_HANDOFF": _terminal("the predecessor lane was frozen by an OrderingHandoff: it is never resumed "
+                                  "after the first handoff (CV2-11-020); its successor lane continues from the "
+                                  "handed-off high-water"),
+    "EVENT_KEY_CONFLICT": _terminal("the component reused a live source event key with other bytes (decision 14): "
+                                    "the receipt stays accepted and nothing is lost; a corrected event is new input "
+                                    "with its own key, or a new pack generation"),
+}
+UNREMEDIED = Remedy("unmapped", "No remedy is mapped: report it (every reason needs one before it ships)")
+DELIVERY_REMEDY = Remedy("reconcile_delivery", "Open and resolve a reconciliation on the delivery operation page")
+
+
+def remedy(code: str) -> Remedy:
+    if code in REMEDIES:
+        return REMEDIES[code]
+    if code in REASONS and code.startswith("REST_DELIVERY_"):
+        return REMEDIES["DELIVERY_GATE_BLOCKED"] if code == "REST_DELIVERY_JOURNAL_EPOCH_BLOCKED" else DELIVERY_REMEDY
+    return UNREMEDIED

@@ -3,8 +3,10 @@ fresh database has them). The services check the same permissions: a role grants
 check itself.
 
 - auditor: read-only; opens every screen and browses every fact in the admin.
-- operator: auditor + reconciles uncertain effects and delivery operations, operates serving gates, terminates
-  holder generations.
+- operator: auditor + reconciles uncertain effects and delivery operations, resolves RemoteLink conflicts (a
+  relink also needs two approvers), replays quarantined executions (`connector.add_replayrequest`, the API's
+  replay too), resumes halted ordering lanes with evidence, operates serving gates, terminates holder
+  generations.
 - approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (halting gates
   included, so the approver can run every succession phase from the console) (and, with the rest of
   the cutover work, restore points, readiness certificates and activation decisions: requests and gives dual
@@ -17,7 +19,8 @@ from django.contrib.auth.models import Group, Permission
 
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
-            "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration")
+            "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration",
+            "connector.add_replayrequest", "connector.resume_orderinglane")
 APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "cutover.coordinate_cutover",
             "connector.operate_accountservinggate", "connector.give_dual_approval")
 CERTIFIER = ("effects.approve_certification",)

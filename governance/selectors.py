@@ -4,6 +4,7 @@ behind it) and to its decision page."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -26,25 +27,30 @@ from effects.models import DeliveryOperation, DispatchPermit, MutationGate, Rece
 from effects.services.delivery.setup import certification_subject_digest
 
 from .poison import poison_items
-from .reasons import Reason, reason
+from .reasons import Reason, Remedy, reason
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
 
 
 @dataclass(frozen=True)
 class Item:
-    kind: str  # effect | delivery | execution | lane | component | gate | credential_gate | delivery_gate
+    kind: str  # effect | delivery | execution | lane | component | gate | credential_gate | delivery_gate | v1_effect
     pk: int
     title: str
     state: str
     code: str
-    since: datetime
+    since: datetime  # when the fact that halted or quarantined the item was recorded
     evidence_url: str  # the admin rows behind it
-    decide_url: str = ""  # the decision page, where a human decision is possible here
+    decide_url: str = ""  # the page where the remedy is taken, where the product offers one
+    hint: str = ""  # what the remedy would do for this item (e.g. whether a replay runs)
 
     @property
     def reason(self) -> Reason:
         return reason(self.code)
+
+    @property
+    def remedy(self) -> Remedy:
+        return self.reason.remedy
 
     @property
     def deadline(self) -> datetime:
@@ -60,28 +66,92 @@ def _admin(model: str, **filters) -> str:
     return reverse(f"admin:{model}_changelist") + (f"?{query}" if query else "")
 
 
-def queue() -> list[Item]:
-    """Everything waiting for a human: uncertain remote effects (a decision), quarantined effects and executions
-    (a remediation by their owner: a new intent, a replay or a corrected generation), and delivery operations in
-    an unknown, partial, unverified or reconciling tuple. Oldest first."""
-    items = [Item("effect", e.pk, f"Effect #{e.pk} {e.command}", e.state, "EFFECT_UNCERTAIN", e.changed_at,
-                  _admin("effects_remoteeffect", id=e.pk), reverse("governance:effect", args=[e.pk]))
-             for e in RemoteEffect.objects.select_related("command").filter(state="uncertain")]
-    items += [Item("effect", e.pk, f"Effect #{e.pk} {e.command}", e.state, e.quarantine_reason or
-                   "OPERATOR_QUARANTINE", e.changed_at, _admin("effects_remoteeffect", id=e.pk),
-                   reverse("governance:effect", args=[e.pk]))
-              for e in RemoteEffect.objects.select_related("command").filter(state="quarantined")]
-    items += [Item("execution", x.pk, f"Execution #{x.pk} (generation {x.generation})", x.state,
-                   x.quarantine_reason, x.changed_at, _admin("connector_execution", id=x.pk),
-                   reverse("governance:execution", args=[x.pk]))
-              for x in Execution.objects.filter(state="quarantined")]
-    items += [Item("delivery", o.pk, f"Delivery #{o.pk} {o.parent.parent_key}/{o.ordinal}", o.state,
-                   o.last_code or "REST_DELIVERY_REMOTE_EFFECT_UNKNOWN", o.changed_at,
-                   _admin("effects_deliveryoperation", id=o.pk), reverse("governance:delivery", args=[o.pk]))
-              for o in DeliveryOperation.objects.select_related("parent").filter(state__regex=WAITING_DELIVERY)
-              .exclude(reconciled=True, state__startswith="final_")]
-    items += v1_reconciliations()
-    return sorted(items, key=lambda i: i.since)
+# -- sources: each lists the halted or quarantined items of one kind --------------------------------------------
+
+def _effect(e: RemoteEffect, code: str) -> Item:
+    return Item("effect", e.pk, f"Effect #{e.pk} {e.command}", e.state, code, e.changed_at,
+                _admin("effects_remoteeffect", id=e.pk), reverse("governance:effect", args=[e.pk]))
+
+
+def uncertain_effects() -> list[Item]:
+    return [_effect(e, "EFFECT_UNCERTAIN")
+            for e in RemoteEffect.objects.select_related("command").filter(state="uncertain")]
+
+
+def quarantined_effects() -> list[Item]:
+    return [_effect(e, e.quarantine_reason or "OPERATOR_QUARANTINE")
+            for e in RemoteEffect.objects.select_related("command").filter(state="quarantined")]
+
+
+def link_conflicts() -> list[Item]:
+    """Effects proven remotely whose finalization failed closed on a RemoteLink conflict (still nonterminal)."""
+    return [_effect(e, e.quarantine_reason) for e in RemoteEffect.objects.select_related("command")
+            .filter(state="remote_confirmed").exclude(quarantine_reason="")]
+
+
+def quarantined_executions() -> list[Item]:
+    """Quarantined executions still waiting for their remedy (one already replayed, or passed by a lane resume,
+    is followed through its successor fact instead), each with whether a replay would run now."""
+    from connector.selectors.lanes import execution_remedy, replay_outlook
+
+    items = []
+    for x in Execution.objects.select_related("projection", "lane").filter(state="quarantined"):
+        if execution_remedy(x):
+            continue
+        outlook = replay_outlook(x)
+        items.append(Item("execution", x.pk, f"Execution #{x.pk} (generation {x.generation})", x.state,
+                          x.quarantine_reason, x.changed_at, _admin("connector_execution", id=x.pk),
+                          reverse("governance:execution", args=[x.pk]),
+                          ("Replay runs: " if outlook.runs else "Replay would not run: ") + outlook.why))
+    return items
+
+
+def halted_lanes() -> list[Item]:
+    """Halted lanes, timed by the fact that halted them (gap decision or quarantined execution)."""
+    from connector.selectors.lanes import lane_halt_fact
+
+    items = []
+    for lane in OrderingLane.objects.filter(state="halted"):
+        fact = lane_halt_fact(lane)
+        items.append(Item("lane", lane.pk, f"Lane #{lane.pk} {lane.route}/{lane.partition}", lane.state,
+                          lane.halt_reason, fact.at if fact else lane.changed_at,
+                          _admin("connector_orderinglane", id=lane.pk), reverse("governance:lane", args=[lane.pk]),
+                          f"halted by {fact.what}" if fact else ""))
+    return items
+
+
+def quarantined_components() -> list[Item]:
+    return [Item("component", c.pk, f"Receipt #{c.receipt_id} component {c.ordinal}", c.disposition,
+                 c.reason_code or "EVENT_KEY_CONFLICT", c.receipt.created_at,
+                 _admin("connector_receipt", id=c.receipt_id))
+            for c in ReceiptComponent.objects.select_related("receipt").filter(disposition="quarantined")]
+
+
+def halted_gates() -> list[Item]:
+    return [Item("gate", g.pk, f"Gate of {g.account}", g.mode, "GATE_HALTED", g.changed_at,
+                 _admin("connector_accountservinggate", mode=g.mode))
+            for g in AccountServingGate.objects.select_related("account").filter(mode__in=["halting_v2",
+                                                                                         "v2_halted"])]
+
+
+def revoked_credential_gates() -> list[Item]:
+    return [Item("credential_gate", g.pk, f"Credential gate #{g.pk}", g.mode, "CREDENTIAL_REVOKED", g.changed_at,
+                 _admin("connector_credentialgenerationdispatchgate", mode="revoked"))
+            for g in CredentialGenerationDispatchGate.objects.filter(mode="revoked")]
+
+
+def blocked_delivery_gates() -> list[Item]:
+    return [Item("delivery_gate", g.pk, f"Delivery mutation gate ({g.blocked_reason})", g.state,
+                 "DELIVERY_GATE_BLOCKED", g.changed_at, _admin("effects_mutationgate"))
+            for g in MutationGate.objects.filter(state="BLOCKED")]
+
+
+def waiting_deliveries() -> list[Item]:
+    return [Item("delivery", o.pk, f"Delivery #{o.pk} {o.parent.parent_key}/{o.ordinal}", o.state,
+                 o.last_code or "REST_DELIVERY_REMOTE_EFFECT_UNKNOWN", o.changed_at,
+                 _admin("effects_deliveryoperation", id=o.pk), reverse("governance:delivery", args=[o.pk]))
+            for o in DeliveryOperation.objects.select_related("parent").filter(state__regex=WAITING_DELIVERY)
+            .exclude(reconciled=True, state__startswith="final_")]
 
 
 def v1_reconciliations() -> list[Item]:
@@ -103,35 +173,33 @@ def v1_reconciliations() -> list[Item]:
     return found
 
 
+# Every kind of halted or quarantined item. A new quarantine reason adds its reason (reasons.py), its remedy and,
+# for a new kind of item, a source here: the board and the queue pick it up from there.
+SOURCES: tuple[Callable[[], list[Item]], ...] = (
+    uncertain_effects, quarantined_effects, link_conflicts, quarantined_executions, halted_lanes,
+    quarantined_components, halted_gates, revoked_credential_gates, blocked_delivery_gates, waiting_deliveries,
+    v1_reconciliations,
+    poison_items,  # held receipts and deliveries, quarantined windows, epochs not verified (D-168)
+)
+
+
 def board() -> dict[str, list[Item]]:
-    """Every halted or quarantined item grouped by its closed reason code (the queue's items included)."""
-    items = list(queue())
-    items += [Item("effect", e.pk, f"Effect #{e.pk}", e.state, e.quarantine_reason, e.changed_at,
-                   _admin("effects_remoteeffect", quarantine_reason=e.quarantine_reason),
-                   reverse("governance:effect", args=[e.pk]))
-              for e in RemoteEffect.objects.exclude(state="quarantined").exclude(quarantine_reason="")]
-    items += [Item("lane", lane.pk, f"Lane #{lane.pk} {lane}", lane.state, lane.halt_reason, lane.changed_at,
-                   _admin("connector_orderinglane", state="halted"))
-              for lane in OrderingLane.objects.filter(state="halted")]
-    items += [Item("component", c.pk, f"Receipt #{c.receipt_id} component {c.ordinal}", c.disposition,
-                   c.reason_code or "EVENT_KEY_CONFLICT", c.receipt.created_at,
-                   _admin("connector_receipt", id=c.receipt_id))
-              for c in ReceiptComponent.objects.select_related("receipt").filter(disposition="quarantined")]
-    items += [Item("gate", g.pk, f"Gate of {g.account}", g.mode, "GATE_HALTED", g.changed_at,
-                   _admin("connector_accountservinggate", mode=g.mode))
-              for g in AccountServingGate.objects.select_related("account").filter(mode__in=["halting_v2",
-                                                                                              "v2_halted"])]
-    items += [Item("credential_gate", g.pk, f"Credential gate #{g.pk}", g.mode, "CREDENTIAL_REVOKED", g.changed_at,
-                   _admin("connector_credentialgenerationdispatchgate", mode="revoked"))
-              for g in CredentialGenerationDispatchGate.objects.filter(mode="revoked")]
-    items += [Item("delivery_gate", g.pk, f"Delivery mutation gate ({g.blocked_reason})", g.state,
-                   "DELIVERY_GATE_BLOCKED", g.changed_at, _admin("effects_mutationgate"))
-              for g in MutationGate.objects.filter(state="BLOCKED")]
-    items += poison_items()  # held receipts and deliveries, quarantined windows, epochs not verified (D-168)
+    """Every halted or quarantined item grouped by its closed reason code, oldest first in each group."""
     grouped: dict[str, list[Item]] = defaultdict(list)
-    for item in items:
-        grouped[item.code].append(item)
-    return dict(sorted(grouped.items()))
+    for source in SOURCES:
+        for item in source():
+            grouped[item.code].append(item)
+    return {code: sorted(items, key=lambda i: i.since) for code, items in sorted(grouped.items())}
+
+
+def queue() -> list[Item]:
+    """Everything waiting for a human, oldest first: every board item whose reason's remedy is a person's action
+    (uncertain and conflicting effects, quarantined executions, halted partitions, delivery operations to
+    reconcile, V1 effects to reconcile, a blocked delivery journal), each with its owner, alert deadline, evidence
+    and action. Terminal reasons and deliberate operator states (a halted gate, a revoked credential) stay on the
+    board only."""
+    return sorted((item for items in board().values() for item in items if item.remedy.queue),
+                  key=lambda i: i.since)
 
 
 @dataclass(frozen=True)

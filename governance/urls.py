@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import approvals, attempts, console, views
+from . import approvals, attempts, console, remediation, views
 
 app_name = "governance"
 urlpatterns = [
@@ -9,6 +9,9 @@ urlpatterns = [
     path("queue/effect/<int:pk>/", views.effect, name="effect"),
     path("queue/delivery/<int:pk>/", views.delivery, name="delivery"),
     path("queue/execution/<int:pk>/", views.execution, name="execution"),
+    path("queue/execution/<int:pk>/replay/", remediation.execution_replay, name="execution_replay"),
+    path("queue/effect/<int:pk>/link/", remediation.effect_link, name="effect_link"),
+    path("queue/lane/<int:pk>/", remediation.lane, name="lane"),
     path("attestations/", views.attestations, name="attestations"),
     path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),
     path("attestations/approval/<int:pk>/", approvals.approval, name="approval"),

@@ -109,10 +109,12 @@ def effect(request, pk: int):
         return redirect("governance:effect", pk=pk)
     attempts = list(effect_.attempts.order_by("ordinal"))
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
+    from .remediation import link_context
+
     return render(request, "governance/effect.html", {
         "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
-        "command": effect_.command})
+        "command": effect_.command, **link_context(effect_, request.user)})
 
 
 # -- a quarantined execution ---------------------------------------------------------------------------------------
@@ -120,16 +122,18 @@ def effect(request, pk: int):
 @screen
 def execution(request, pk: int):
     """Evidence and the owner's remediation for a quarantined execution. There is no transition to take here: a
-    quarantined execution stays immutable; remediation is a replay, a successor or a corrected generation made by
-    its owner (the seed's "Operational liveness")."""
+    quarantined execution stays immutable; remediation is a replay (offered here, with whether it would run), a
+    successor or a corrected generation made by its owner (the seed's "Operational liveness")."""
     from connector.models import ApplicationResult, Execution
+
+    from .remediation import execution_context
 
     execution_ = get_object_or_404(Execution.objects.select_related("projection", "account", "lane"), pk=pk)
     result = ApplicationResult.objects.filter(command_id=execution_.command_id).first()
     return render(request, "governance/execution.html", {
         "execution": execution_, "result": result, "reason": REASONS.get(execution_.quarantine_reason),
         "attempts": list(execution_.attempts.order_by("pk")) if hasattr(execution_, "attempts") else [],
-        "audit": _audit(execution_), "nav": "queue"})
+        "audit": _audit(execution_), "nav": "queue", **execution_context(execution_, request.user)})
 
 
 # -- a delivery operation waiting for reconciliation ------------------------------------------------------------

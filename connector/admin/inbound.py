@@ -26,6 +26,7 @@ from connector.models import (
     ExecutionAttempt,
     ExecutionDependency,
     GapDecision,
+    LaneResumption,
     MaterializationDue,
     OrderingLane,
     Projection,
@@ -269,6 +270,12 @@ class GapInline(FactInline):
     fields = ("expected_position", "next_available", "disposition", "decided_at")
 
 
+class ResumptionInline(FactInline):
+    model = LaneResumption
+    fields = ("halt_reason", "mode", "blocking_position", "high_water_before", "high_water_after", "fence_before",
+              "fence_after", "replay_request", "actor", "evidence", "resumed_at")
+
+
 @admin.register(OrderingLane)
 class OrderingLaneAdmin(FactAdmin):
     fact_description = "The sole mutable claim guard of one (epoch, account, route, partition): completed " \
@@ -277,7 +284,7 @@ class OrderingLaneAdmin(FactAdmin):
                     "active_link", "fence")
     list_filter = ("contract", "state", "route")
     search_fields = ("partition",)
-    inlines = [SupersededInline, GapInline]
+    inlines = [SupersededInline, GapInline, ResumptionInline]
     fieldsets = ((None, {"fields": ("epoch", "account", "route", "route_version", "partition", "contract",
                                     "baseline", "baseline_origin", "high_water", "state_badge", "halt_reason",
                                     "gap_since", "active_link", "fence", "changed_at", "step_failures_col")}),)

@@ -68,6 +68,31 @@ class ReplayPredecessorSerializer(serializers.Serializer):
     payload_digest = HexDigestField(help_text="SHA-256 of the exact component bytes that produced the Event.")
 
 
+@extend_schema_serializer(component_name="ReplayExecution")
+class ReplayExecutionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    generation = serializers.IntegerField()
+    state = serializers.CharField()
+    outcome = serializers.CharField(allow_null=True)
+    suppress_external_effects = serializers.BooleanField()
+
+
+@extend_schema_serializer(component_name="ReplayedEvent")
+class ReplayedEventSerializer(serializers.Serializer):
+    """What became of one replayed event (D-194): `superseded` (at or below the lane high-water, Runtime not
+    called), `execution` (an execution of the replay's generation, external effects suppressed), `waiting` (the
+    partition is halted, an execution is active, or a strict lane waits for an earlier position) or
+    `materialization_pending` (the sweeper finishes it)."""
+
+    event = serializers.IntegerField(allow_null=True)
+    partition = serializers.CharField(allow_null=True)
+    position = serializers.CharField(allow_null=True)
+    disposition = serializers.ChoiceField(choices=["materialization_pending", "superseded", "execution", "waiting"])
+    detail = serializers.CharField()
+    high_water = serializers.CharField(allow_null=True)
+    execution = ReplayExecutionSerializer(allow_null=True)
+
+
 # -- read models (items of the read endpoints' OutputSerializers) --------------------------------------------------
 
 @extend_schema_serializer(component_name="ReceiptComponent")

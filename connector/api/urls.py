@@ -4,7 +4,13 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.exceptions import NotFound
 
-from connector.api.views import ReceiptAdmitApi, ReceiptDetailApi, ReceiptEventListApi, ReplayRequestAdmitApi
+from connector.api.views import (
+    ReceiptAdmitApi,
+    ReceiptDetailApi,
+    ReceiptEventListApi,
+    ReplayRequestAdmitApi,
+    ReplayRequestDetailApi,
+)
 
 app_name = "connector-api"
 
@@ -12,6 +18,8 @@ urlpatterns = [
     path("v2/accounts/<str:account>/channels/<str:channel>/receipts", ReceiptAdmitApi.as_view(),
          name="receipt-admit"),
     path("v2/accounts/<str:account>/replays", ReplayRequestAdmitApi.as_view(), name="replay-request-admit"),
+    path("v2/accounts/<str:account>/replays/<str:request_id>", ReplayRequestDetailApi.as_view(),
+         name="replay-request-detail"),
     path("v2/accounts/<str:account>/receipts/<int:receipt_id>", ReceiptDetailApi.as_view(), name="receipt-detail"),
     path("v2/accounts/<str:account>/receipts/<int:receipt_id>/events", ReceiptEventListApi.as_view(),
          name="receipt-event-list"),

@@ -45,15 +45,18 @@ from connector.api.serializers import (
     HexDigestField,
     ReceiptComponentSerializer,
     ReceiptEventSerializer,
+    ReplayedEventSerializer,
     ReplayPredecessorSerializer,
 )
 from connector.api.transport import idempotency_key_from
-from connector.errors import GateNotServing
-from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent
+from connector.errors import ConnectorError, GateNotServing
+from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent, ReplayRequest
 from connector.selectors.routes import route_for
 from connector.selectors.serving import gate_get
 from connector.services.admission import Admission, account_get, receipt_admit
-from connector.services.replay import replay_request_admit
+from connector.selectors.replay import replay_dispositions
+from connector.services.owners import ident
+from connector.services.replay import replay_request_admit, replay_request_settle
 from connector.services.signatures import signature_verify
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,15 @@ def _materialization_enqueue(receipt_pk: int) -> None:
     except (KombuOperationalError, RedisError, OSError) as exc:
         log.warning("materialization enqueue failed; the sweeper will materialize the receipt",
                     extra={"receipt": receipt_pk, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _claims_wake() -> None:
+    """Wake a worker to claim the execution a replay just minted (the sweeper finds it anyway)."""
+    try:
+        tasks.execution_claim_and_run.delay()
+    except (KombuOperationalError, RedisError, OSError) as exc:
+        log.warning("claim wake-up not sent; the sweeper will find the execution",
+                    extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
 def _schedule_materialization(receipt_pk: int) -> None:
@@ -275,15 +287,20 @@ class ReplayRequestAdmitApi(APIView):
         receipt = serializers.IntegerField(help_text="The replay Receipt's id.")
         admission = serializers.ChoiceField(choices=["created", "duplicate"])
         target_epoch = EpochRefSerializer()
+        events = ReplayedEventSerializer(many=True, help_text="The disposition of each replayed event.")
 
     @extend_schema(
         operation_id="replay_request_admit",
         summary="Admit one replay request",
         description=(
             "Creates an immutable ReplayRequest and its inert replay Receipt, which copies the exact predecessor "
-            "component bytes; materialization follows asynchronously. The same `request_id` with the same bytes "
-            "returns the same ids (`duplicate`); with different bytes `REPLAY_MISMATCH`. Requires the permission "
-            "`connector.add_replayrequest`."),
+            "component bytes, then materializes it and takes one lane step, and answers what became of each "
+            "replayed event (`events`): `superseded` at or below the lane high-water (Runtime not called), an "
+            "`execution` of the replay's generation with external effects suppressed, `waiting` (and why), or "
+            "`materialization_pending` when the gate moved meanwhile (the sweeper finishes it). The same "
+            "`request_id` with the same bytes returns the same ids (`duplicate`) with the current dispositions; with "
+            "different bytes `REPLAY_MISMATCH`. Requires the permission `connector.add_replayrequest` (the "
+            "operator role)."),
         parameters=[ACCOUNT_PARAM, RETRY_AFTER],
         request=InputSerializer,
         responses={
@@ -312,14 +329,58 @@ class ReplayRequestAdmitApi(APIView):
             predecessor_payload_digest=data["predecessor"]["payload_digest"], reason=data["reason"],
             principal=data["principal"], mode=data["mode"], actor=Actor.for_user(request.user))
         if admission.outcome == "created":
-            _schedule_materialization(admission.receipt.pk)
-        replay = admission.request
-        out = self.OutputSerializer({
-            "request": replay.pk, "request_id": replay.request_id, "receipt": admission.receipt.pk,
-            "admission": admission.outcome,
-            "target_epoch": {"id": replay.target_epoch.epoch_id, "digest": bytes(replay.target_epoch_digest)}})
+            if replay_request_settle(request_pk=admission.request.pk):
+                _claims_wake()
+            else:
+                _schedule_materialization(admission.receipt.pk)  # the gate moved meanwhile: a worker retries
+        out = self.OutputSerializer(_replay_data(admission.request, admission=admission.outcome))
         return Response(out.data, status=status.HTTP_201_CREATED if admission.outcome == "created"
                         else status.HTTP_200_OK)
+
+
+def _replay_data(replay: ReplayRequest, *, admission: str | None = None) -> dict:
+    data = {"request": replay.pk, "request_id": replay.request_id, "receipt": replay.receipt.pk,
+            "target_epoch": {"id": replay.target_epoch.epoch_id, "digest": bytes(replay.target_epoch_digest)},
+            "events": replay_dispositions(replay)}
+    return {**data, "admission": admission} if admission else data
+
+
+class ReplayRequestDetailApi(APIView):
+    """One ReplayRequest of the account and the current disposition of each event it replayed (D-194)."""
+
+    authentication_classes = OPERATOR_AUTHENTICATION
+    renderer_classes = [JSONRenderer]
+    permission_classes = [_model_permission("connector.view_replayrequest")]
+
+    @extend_schema_serializer(component_name="ReplayRequestDetail")
+    class OutputSerializer(serializers.Serializer):
+        request = serializers.IntegerField()
+        request_id = serializers.CharField()
+        receipt = serializers.IntegerField()
+        target_epoch = EpochRefSerializer()
+        events = ReplayedEventSerializer(many=True)
+
+    @extend_schema(
+        operation_id="replay_request_get",
+        summary="Read one replay request and its dispositions",
+        description="Requires the permission `connector.view_replayrequest`.",
+        parameters=[ACCOUNT_PARAM],
+        responses={200: OutputSerializer, **OPERATOR_ERRORS,
+                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such replay request in this account)."),
+                   **COMMON_ERRORS},
+        tags=["replay"],
+    )
+    def get(self, request, account: str, request_id: str) -> Response:
+        owner = account_get(account)
+        try:  # an ID that is not a canonical identity names no replay request (and never reaches a query)
+            canonical = ident(request_id, "request_id")
+        except ConnectorError:
+            canonical = None
+        replay = (ReplayRequest.objects.select_related("receipt", "target_epoch")
+                  .filter(account=owner, request_id=canonical).first()) if canonical == request_id else None
+        if replay is None:
+            raise NotFound(f"no replay request {request_id!r} in account {account!r}")
+        return Response(self.OutputSerializer(_replay_data(replay)).data)
 
 
 # -- reads ---------------------------------------------------------------------------------------------------------

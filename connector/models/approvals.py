@@ -1,5 +1,6 @@
-"""Dual approval of a cutover subject: a readiness certificate, a restore point or an activation decision needs
-two distinct people, neither the requester, each approving the exact subject digest they were shown.
+"""Dual approval of a subject: a readiness certificate, a restore point, an activation decision or a remote
+identity change (relinking an owner slot to another remote identity) needs two distinct people, neither the
+requester, each approving the exact subject digest they were shown.
 
 Invariants: at most one live (pending or approved) request per (kind, subject key); a request for a changed
 subject (another digest) voids the live one and every approval it had; an approval is append-only, one per
@@ -23,6 +24,7 @@ class ApprovalKind(models.TextChoices):
     READINESS_CERTIFICATE = "readiness_certificate", "readiness certificate"
     RESTORE_POINT = "restore_point", "restore point"
     ACTIVATION_DECISION = "activation_decision", "activation decision"
+    REMOTE_IDENTITY_CHANGE = "remote_identity_change", "remote identity change"  # relinking an owner slot (D-191)
 
 
 class ApprovalState(models.TextChoices):

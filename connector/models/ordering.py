@@ -7,7 +7,7 @@ from django.db.models import Q
 from connector.choices import LaneState, OrderingContract
 from connector.models.serving import ServingEpoch
 
-__all__ = ["OrderingLane", "SupersededDecision", "GapDecision"]
+__all__ = ["OrderingLane", "SupersededDecision", "GapDecision", "LaneResumption"]
 
 
 class OrderingLane(models.Model):
@@ -43,6 +43,7 @@ class OrderingLane(models.Model):
             models.CheckConstraint(condition=Q(high_water__isnull=True) | Q(baseline__isnull=True)
                                    | Q(high_water__gte=models.F("baseline")), name="connector_lane_high_water_ge_baseline"),
         ]
+        permissions = [("resume_orderinglane", "Can resume a halted ordering lane with authoritative evidence")]
 
     def __str__(self) -> str:
         return f"lane {self.route}/{self.partition} hw={self.high_water}"
@@ -75,3 +76,44 @@ class GapDecision(models.Model):
 
     class Meta:
         ordering = ["pk"]
+
+
+class LaneResumption(models.Model):
+    """Append-only: the authorized remediation that reopened a halted lane under a new fence (CV2-13-001..005),
+    never a timer. `missing_arrived`: a GAP_DEADLINE halt whose missing position has since arrived (the late events
+    then apply in order). `skip_with_evidence`: an operator's authoritative evidence that the lane may move past
+    the blocking position (the high-water moves, as the frozen `skip_with_evidence` disposition would).
+    `replay`: a ReplayRequest of the quarantined execution that halted the lane; its execution runs first.
+    Invariants: the fence after is the fence before + 1; one per lane fence; never updated."""
+
+    MODES = ("missing_arrived", "skip_with_evidence", "replay")
+
+    lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, related_name="resumptions")
+    halt_reason = models.CharField(max_length=64)
+    mode = models.CharField(max_length=32, choices=[(m, m) for m in MODES])
+    blocking_position = models.DecimalField(max_digits=38, decimal_places=0)
+    high_water_before = models.DecimalField(max_digits=38, decimal_places=0, null=True)
+    high_water_after = models.DecimalField(max_digits=38, decimal_places=0, null=True)
+    fence_before = models.BigIntegerField()
+    fence_after = models.BigIntegerField()
+    replay_request = models.ForeignKey("connector.ReplayRequest", on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="+")
+    evidence = models.TextField()
+    actor = models.CharField(max_length=255)
+    resumed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["lane", "fence_before"], name="connector_laneresumption_once_per_fence"),
+            models.CheckConstraint(condition=Q(fence_after=models.F("fence_before") + 1),
+                                   name="connector_laneresumption_new_fence"),
+            models.CheckConstraint(condition=Q(mode__in=["missing_arrived", "skip_with_evidence", "replay"]),
+                                   name="connector_laneresumption_mode"),
+            models.CheckConstraint(condition=~Q(mode="replay") | Q(replay_request__isnull=False),
+                                   name="connector_laneresumption_replay_names_request"),
+            models.CheckConstraint(condition=~Q(evidence=""), name="connector_laneresumption_has_evidence"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.mode} of lane #{self.lane_id} at fence {self.fence_before}"

@@ -33,13 +33,17 @@ from connector.models import (
     SupersededDecision,
 )
 from connector.selectors.routes import route_for
-from connector.services import poison, runtime
+from connector.services import lanes, poison, runtime
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.materialize import mint_execution, window_seal
 
 log = logging.getLogger(__name__)
 CLAIMANT = Actor.system("claimant")
+# Frozen route defaults (docs/ordering.md): no settle window, and a strict gap waits 5 minutes before its frozen
+# disposition applies.
+DEFAULT_SETTLE_SECONDS = 0
+DEFAULT_GAP_DEADLINE_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,23 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
     """One fenced step of a lane: for `latest_source_position`, supersede everything but the greatest pending
     position above the high-water and mint its Execution; for `strict_source_sequence`, supersede positions
     at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
-    lease is held while it waits). Nothing happens while the lane has an active Execution or is halted."""
+    lease is held while it waits). Nothing happens while the lane has an active Execution or is halted, except
+    that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`)."""
     lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
         lane = locks.lane_for_update(lane_pk)
-        if lane.active_execution_id is not None or lane.state != LaneState.OPEN:
+        if lane.active_execution_id is not None:
             return None
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
                           channel=lane.route)
+        if lane.state != LaneState.OPEN:
+            # Only an authorized fact reopens a halted lane: here, a replay of the execution that halted it.
+            replayed = lanes.replay_resumption(lane, ctx)
+            if replayed is None:
+                return None
+            return _mint_on_lane(lane, replayed, route, ctx)
         pending = list(Projection.objects.filter(lane=lane, lane_status="pending")
                        .order_by("position", "tie_breaker", "pk"))
         if not pending:
@@ -77,7 +88,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
         chosen = None
         hw = lane.high_water
         if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
-            settle = int(route.ordering.get("settle_seconds", 0))
+            settle = int(route.ordering.get("settle_seconds", DEFAULT_SETTLE_SECONDS))
             if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
                 return None  # the settle window is still open
             top = pending[-1]
@@ -109,11 +120,14 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
         if chosen is None:
             OrderingLane.objects.filter(pk=lane.pk).update(fence=lane.fence + 1)
             return None
-        execution = mint_execution(projection=chosen, route=route, ctx=ctx, profile_id=lane.epoch.profile_id,
-                                   lane=lane)
-        OrderingLane.objects.filter(pk=lane.pk).update(active_execution=execution, gap_since=None,
-                                                       fence=lane.fence + 1)
-        return execution
+        return _mint_on_lane(lane, chosen, route, ctx)
+
+
+def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx) -> Execution:
+    execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=lane.epoch.profile_id,
+                               lane=lane)
+    OrderingLane.objects.filter(pk=lane.pk).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
+    return execution
 
 
 def lane_gap_deadline(*, lane_pk: int) -> str | None:
@@ -126,7 +140,7 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
         lane = locks.lane_for_update(lane_pk)
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
                           channel=lane.route)
-        deadline = int(route.ordering.get("gap_deadline_seconds", 300))
+        deadline = int(route.ordering.get("gap_deadline_seconds", DEFAULT_GAP_DEADLINE_SECONDS))
         if (lane.contract != OrderingContract.STRICT_SOURCE_SEQUENCE or lane.gap_since is None
                 or lane.active_execution_id or lane.state != LaneState.OPEN
                 or lane.gap_since > timezone.now() - timedelta(seconds=deadline)):

@@ -126,3 +126,78 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
     return ReplayAdmission("created", request, receipt)
 
 
+
+
+# -- after admission: run it, and remediate a quarantined execution by replay ------------------------------------
+
+def replay_request_settle(*, request_pk: int) -> bool:
+    """Materialize a replay Receipt and take one step on each lane it reached, each in its own guarded transaction
+    (materialization and lane advance are the same services the sweeper runs, so this only makes the replay's
+    disposition known at once). A ConnectorError (the gate moved, say) leaves the rest to the sweeper, which finds
+    the Receipt through MaterializationDue and the lane through its pending projection. Returns whether the
+    Receipt is materialized."""
+    from connector.services import execution, materialize
+
+    receipt_pk = Receipt.objects.filter(replay_request_id=request_pk).values_list("pk", flat=True).first()
+    if receipt_pk is None:
+        return False
+    try:
+        out = materialize.receipt_materialize(receipt_pk=receipt_pk)
+    except ConnectorError:
+        return False
+    for lane_pk in sorted(out.lanes):
+        try:
+            execution.lane_advance(lane_pk=lane_pk)
+        except ConnectorError:
+            pass  # the sweeper steps the lane later
+    return True
+
+
+REMEDIATION_PERMISSION = "connector.add_replayrequest"
+
+
+def execution_replay(*, execution_pk: int, reason: str, actor: Actor, expected_changed_at) -> ReplayAdmission:
+    """An operator's remediation of a quarantined execution (RESULT_FAILED, RESULT_REJECTED, DEPENDENCY_*): admit
+    a ReplayRequest of its source event under the account's serving epoch, with `suppress_external_effects`, then
+    settle it. Its execution runs under a new generation; on a lane halted by this execution it runs first and the
+    partition resumes (`lanes.replay_resumption`). The quarantined execution stays as it is (CV2-13-003). One
+    replay per quarantined execution: its request ID is derived from the execution, and asking again returns it.
+
+    Raises PermissionRefused, FenceStale (the page showed another state), ReplayRequestInvalid (not quarantined, a
+    window execution) and every `replay_request_admit` refusal."""
+    from connector.errors import FenceStale, PermissionRefused
+    from connector.models import Execution
+    from connector.selectors.replay import remediation_request_id
+    from connector.selectors.serving import gate_get
+
+    if actor.user is not None and not actor.user.has_perm(REMEDIATION_PERMISSION):
+        raise PermissionRefused(f"{actor} lacks the {REMEDIATION_PERMISSION} permission")
+    if not reason.strip():
+        raise ReplayRequestInvalid("a replay needs a reason")
+    execution = Execution.objects.select_related("projection__event", "account").get(pk=execution_pk)
+    if expected_changed_at is None or execution.changed_at != expected_changed_at:
+        raise FenceStale(f"execution #{execution_pk} changed since the page was shown; reload and decide again")
+    if execution.state != "quarantined":
+        raise ReplayRequestInvalid(f"execution #{execution_pk} is {execution.state}; only a quarantined execution is "
+                                   "remedied by replay")
+    event = execution.projection.event
+    if event is None:
+        raise ReplayRequestInvalid("a window execution has no single source event: replay its member events")
+    request_id = remediation_request_id(execution.pk)
+    existing = ReplayRequest.objects.select_related("receipt").filter(account=execution.account,
+                                                                      request_id=request_id).first()
+    if existing is not None:
+        return ReplayAdmission("duplicate", existing, existing.receipt)
+    component = ReceiptComponent.objects.get(event=event, disposition=ComponentDisposition.EVENT)
+    gate = gate_get(account_id=execution.account_id)
+    epoch = gate.epoch
+    if epoch is None:
+        raise ReplayRequestInvalid("the account gate names no serving epoch")
+    admission = replay_request_admit(
+        account_key=execution.account.account_key, request_id=request_id, target_epoch_id=epoch.epoch_id,
+        target_epoch_digest=bytes(gate.epoch_digest), predecessor_event_id=event.pk,
+        predecessor_payload_digest=hashlib.sha256(bytes(component.payload)).digest(),
+        reason=f"remediate quarantined execution #{execution.pk} ({execution.quarantine_reason}): {reason}",
+        principal=actor.principal, mode=ReplayMode.SUPPRESS_EXTERNAL_EFFECTS, actor=actor)
+    replay_request_settle(request_pk=admission.request.pk)
+    return admission

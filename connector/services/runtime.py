@@ -117,7 +117,9 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
                                           route_definition=route.definition, command_id=command_id,
                                           record_key=item["record_key"], fields=values,
                                           suppress_external_effects=suppress, execution_id=None)
-            outcome = ("applied" if "applied" in outcomes else "noop" if "noop" in outcomes else "rejected")
+            # A failed item fails the command (decision 6 quarantines it by default); else the best item outcome.
+            outcome = ("failed" if "failed" in outcomes else "applied" if "applied" in outcomes
+                       else "noop" if "noop" in outcomes else "rejected")
             result_digest = hashlib.sha256(encode(RESULT_RECEIPT_PROTOCOL + "/result", rec(
                 command_id=command_id, outcome=outcome, items=list(outcomes)))).digest()
             receipt = encode(RESULT_RECEIPT_PROTOCOL, rec(command_id=command_id, execution_ref_digest=ref_digest,

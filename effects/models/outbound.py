@@ -18,7 +18,8 @@ from connector.models import (
 from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
-__all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink"]
+__all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink",
+           "RemoteLinkResolution"]
 
 
 class OutboundCommand(models.Model):
@@ -58,6 +59,12 @@ class OutboundCommand(models.Model):
                                        related_name="successor")
     predecessor_digest = models.BinaryField(max_length=32, null=True, blank=True)
     binding_digest = models.BinaryField(max_length=32)
+    # Remote identity (CV2-10-045): the local owner slot the effect writes, and the active RemoteLink whose remote
+    # identity an update addressed when it was authored (null for a create). Chosen from the RemoteLink only,
+    # never from the pushed fields (CV2-10-059).
+    owner_slot = models.CharField(max_length=255, blank=True, default="")
+    target_link = models.ForeignKey("effects.RemoteLink", on_delete=models.PROTECT, null=True, blank=True,
+                                    related_name="addressed_by")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -70,6 +77,8 @@ class OutboundCommand(models.Model):
                                    name="effects_command_predecessor_whole"),
             models.CheckConstraint(condition=~Q(provider_idempotency_key=""),
                                    name="effects_command_provider_key_not_blank"),
+            models.CheckConstraint(condition=Q(target_link__isnull=True) | ~Q(owner_slot=""),
+                                   name="effects_command_update_names_its_slot"),
         ]
 
     def __str__(self) -> str:
@@ -236,3 +245,39 @@ class RemoteLink(ConcurrentTransitionMixin, models.Model):
     @transition(field=state, source=LinkState.ACTIVE, target=LinkState.RETIRED)
     def retire(self, *, at) -> None:
         self.retired_at = at
+
+
+class RemoteLinkResolution(models.Model):
+    """Append-only: an operator's resolution of a RemoteLink conflict (an effect `remote_confirmed` with
+    REMOTE_LINK_CONFLICT), with the authoritative evidence it rests on (CV2-13-002). `keep_link`: the existing link
+    stays the identity authority and the effect finalizes without a new link. `relink`: the remote identity
+    changed at the provider; the conflicting links are retired and the slot is linked to the proven identity,
+    only with an approved dual approval of exactly that change. Invariants: one per effect; `relink` names its
+    approval and the new link; never updated."""
+
+    effect = models.OneToOneField(RemoteEffect, on_delete=models.PROTECT, related_name="link_resolution")
+    decision = models.CharField(max_length=16, choices=[("keep_link", "keep_link"), ("relink", "relink")])
+    owner_slot = models.CharField(max_length=255)
+    proven_identity = models.CharField(max_length=255)
+    kept_link = models.ForeignKey(RemoteLink, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    new_link = models.ForeignKey(RemoteLink, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    retired_links = models.JSONField(default=list)
+    approval = models.ForeignKey("connector.DualApprovalRequest", on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="+")
+    evidence = models.TextField()
+    decided_by = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(decision__in=["keep_link", "relink"]),
+                                   name="effects_linkresolution_decision"),
+            models.CheckConstraint(condition=Q(decision="keep_link") | Q(approval__isnull=False,
+                                                                        new_link__isnull=False),
+                                   name="effects_linkresolution_relink_is_approved"),
+            models.CheckConstraint(condition=~Q(evidence=""), name="effects_linkresolution_has_evidence"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.decision} for effect #{self.effect_id}"

@@ -245,7 +245,9 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
         if exc.context.get("conflict"):
             with transaction.atomic():
                 effect = locks.effect_for_update(effect_pk)
-                RemoteEffect.objects.filter(pk=effect_pk).update(quarantine_reason="REMOTE_LINK_CONFLICT")
+                # changed_at marks when the conflict was found: the board's time and the resolution's stale check.
+                RemoteEffect.objects.filter(pk=effect_pk).update(quarantine_reason="REMOTE_LINK_CONFLICT",
+                                                                 changed_at=timezone.now())
                 audit_record(actor=DISPATCHER, entity=effect, action="effect_link_conflict", reason=exc.detail)
         raise
 

@@ -15,6 +15,7 @@ from connector.selectors.owners import binding_definition_read
 from connector.services.guard import ServingContext, lock_serving
 from effects.errors import OutboundConflict, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect
+from effects.services import identity
 
 
 def _binding(epoch_pk: int, kind: str, business_key: str):
@@ -40,13 +41,15 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                             effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
                             path_params: dict[str, str], body: dict, suppress_external_effects: bool,
                             source_execution_id: int | None = None,
-                            predecessor: OutboundCommand | None = None) -> OutboundCommand:
+                            predecessor: OutboundCommand | None = None, owner_slot: str = "") -> OutboundCommand:
     """Author one OutboundCommand inside the caller's application transaction, which already holds the serving
     guard `ctx` (gate `v2_serving`, exact active epoch). Freezes every reference from that exact epoch: push
     contract and callout definitions, configuration, the account's exact credential generation for the callout's
     CredentialRef, the request bytes and digest, the provider idempotency key if the contract supports one.
     A replay context (`suppress_external_effects`) is refused. A retry of the same logical effect returns the
-    existing command if its binding is byte-identical, and fails closed otherwise."""
+    existing command if its binding is byte-identical, and fails closed otherwise. With an `owner_slot` that has
+    an active RemoteLink, the command addresses that linked remote identity through the callout's `update`
+    variant (the RemoteLink is the identity authority; the pushed fields never select it, CV2-10-059)."""
     assert transaction.get_connection().in_atomic_block, "authored inside the application transaction"
     if suppress_external_effects:
         raise OutboundRefused("a replay execution context cannot author outbound commands")
@@ -69,6 +72,8 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                           effect_root_id=effect_root_id, effect_slot_id=effect_slot_id,
                           effect_generation_id=effect_generation_id)
     request_body = canonical_json(body)
+    link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
+    callout_def, path_params = identity.callout_address(callout_def, path_params, link)
     try:
         path = callout_def["path_template"].format(**path_params)
     except KeyError as exc:
@@ -88,7 +93,8 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         configuration_id=epoch.configuration_id, credential_generation_id=mapping.credential_generation_id,
         method=callout_def["method"], path=path, request_body=request_body, request_digest=request_digest,
         provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"],
-        predecessor=predecessor, predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None)
+        predecessor=predecessor, predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None,
+        owner_slot=owner_slot, target_link=link)
     binding_digest = profile.digest("frozen-dispatch-binding", rec(
         idempotency_key=key, epoch_digest=ctx.epoch_digest, pack_generation=push_proof.pack_generation.generation_id,
         pack_payload_digest=fields["pack_payload_digest"], definition_digest=bytes(push_owner.canonical_definition_digest),

@@ -1,6 +1,7 @@
 """How Runtime's application transaction authors outbound work: the route's frozen definition names a push
 contract and callout (`"push": {"contract": ..., "callout": ...}`); Runtime calls this through
-connector.hooks.author_outbound with the serving guard it already holds."""
+connector.hooks.author_outbound with the serving guard it already holds. The local record is the effect's owner
+slot: a record that already has an active RemoteLink is updated at that remote identity (D-190)."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,8 @@ def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command
         ctx=ctx, account_key=account_key, application_scope="runtime.records", effect_root_id=f"{command_id}:{record_key}",
         effect_slot_id=f"push:{push['contract']}", effect_generation_id="g1", push_contract=push["contract"],
         callout=push["callout"], path_params={"record_key": record_key}, body={"record_key": record_key, **fields},
-        suppress_external_effects=suppress_external_effects, source_execution_id=execution_id)
+        suppress_external_effects=suppress_external_effects, source_execution_id=execution_id,
+        owner_slot=record_key)
 
 
 def _wake_dispatch() -> None:

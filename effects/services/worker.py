@@ -19,7 +19,7 @@ from connector.services import poison
 from effects import egress
 from effects.choices import EffectState
 from effects.models import RemoteEffect
-from effects.services import dispatch
+from effects.services import dispatch, identity
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
 
 def effect_finalize_from_evidence(effect_pk: int) -> RemoteEffect:
     effect = RemoteEffect.objects.select_related("command").get(pk=effect_pk)
-    slot = effect.command.path.rstrip("/").rsplit("/", 1)[-1]
+    slot = identity.effect_slot(effect)
     with _isolated(SweepStep.EFFECT_FINALIZE, effect_pk) as step:
         try:
             return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot)

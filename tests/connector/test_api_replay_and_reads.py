@@ -26,6 +26,7 @@ from connector.api.exceptions import API_ERROR_CODES
 from connector.choices import ComponentDisposition, ReceiptKind
 from connector.models import (
     Event,
+    Execution,
     MaterializationDue,
     Receipt,
     ReceiptComponent,
@@ -106,9 +107,11 @@ def read(path: str, auth: dict, receipt_id: int, *, account: str = ACCOUNT, clie
 def test_replay_admits_request_and_inert_receipt_and_repeats_return_the_same_ids(
         world, operator, delivered, enqueued, django_capture_on_commit_callbacks):
     """A replay creates one immutable ReplayRequest and one replay Receipt copying the exact predecessor
-    component bytes, bound to the target epoch; materialization is only scheduled. Submitting the same request
-    ID with the same bytes again returns the same request and receipt as `duplicate` and writes nothing.
-    Proves: CV2-09-005, CV2-09-006, CV2-09-007, CV2-09-010, CV2-15-002, CV2-15-006"""
+    component bytes, bound to the target epoch; the API then materializes it and answers the replayed event's
+    disposition (here an execution of the replay's generation, external effects suppressed), so nothing is
+    left to schedule. Submitting the same request ID with the same bytes again returns the same request and
+    receipt as `duplicate` and writes nothing.
+    Proves: CV2-09-005, CV2-09-006, CV2-09-008, CV2-09-010, CV2-15-002, CV2-15-006"""
     e2 = Event.objects.get(source_event_key="e-2")
     data = replay_body(world, e2)
     with django_capture_on_commit_callbacks(execute=True):
@@ -116,16 +119,25 @@ def test_replay_admits_request_and_inert_receipt_and_repeats_return_the_same_ids
     assert first.status_code == 201, first.content
     request = ReplayRequest.objects.get()
     receipt = Receipt.objects.get(kind=ReceiptKind.REPLAY)
-    assert first.json() == {"request": request.pk, "request_id": "rr-1", "receipt": receipt.pk,
-                            "admission": "created", "target_epoch": data["target_epoch"]}
+    replayed = Event.objects.get(replay_request=request)
+    execution_row = Execution.objects.get(projection__event=replayed)
+    answer = first.json()
+    assert {k: v for k, v in answer.items() if k != "events"} == {
+        "request": request.pk, "request_id": "rr-1", "receipt": receipt.pk, "admission": "created",
+        "target_epoch": data["target_epoch"]}
+    assert answer["events"] == [{
+        "event": replayed.pk, "partition": "r-1", "position": "2", "disposition": "execution", "high_water": None,
+        "detail": f"runs as execution #{execution_row.pk} (generation 1 of the replay projection "
+                  f"#{execution_row.projection_id}) with external effects suppressed; now ready",
+        "execution": {"id": execution_row.pk, "generation": 1, "state": "ready", "outcome": None,
+                      "suppress_external_effects": True}}]
     component = ReceiptComponent.objects.get(event=e2)
     assert bytes(receipt.payload) == bytes(component.payload)
     assert (request.reason, request.principal, request.mode) == (data["reason"], "user:approver-1",
                                                                  "suppress_external_effects")
     assert receipt.replay_request_id == request.pk and receipt.epoch_id == world.active_epoch.pk
-    assert MaterializationDue.objects.filter(receipt=receipt).exists() and enqueued == [receipt.pk]
-    assert not Event.objects.filter(replay_request=request).exists()  # inert until materialized
-    assert not ReceiptComponent.objects.filter(receipt=receipt).exists()
+    assert not MaterializationDue.objects.filter(receipt=receipt).exists() and enqueued == []
+    assert ReceiptComponent.objects.filter(receipt=receipt).count() == 1
     before = replay_counts()
     with django_capture_on_commit_callbacks() as callbacks:
         again = replay(data, basic(operator))

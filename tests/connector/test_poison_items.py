@@ -307,3 +307,9 @@ def test_an_epoch_whose_verification_fails_is_recorded_and_the_sweep_verifies_th
     assert (failure(bad).reason_code, failure(bad).step) == ("EPOCH_VERIFY_FAILED", "epoch_verify")
     assert sweeper.serving_epoch_sweep().failed == []
     assert StepFailure.objects.count() == 1
+    # the remedy: an operator rejects the candidate; it leaves the board
+    from governance.poison import poison_items
+
+    assert [i.pk for i in poison_items() if i.code == "EPOCH_VERIFY_FAILED"] == [bad.pk]
+    serving.epoch_reject(epoch_pk=bad.pk, reason="verification bug; a new candidate follows", actor=Actor.system("op"))
+    assert [i.pk for i in poison_items() if i.code == "EPOCH_VERIFY_FAILED"] == []

@@ -8,6 +8,10 @@ Modes (set per test, optionally for the next N requests):
   apply_drop     apply, then drop the connection without answering
   hang           apply, then sleep past the client timeout
   apply_5xx      apply, then answer 500
+  new_identity   apply, answer 201 {"id": a new remote id} even for an update (the provider changed the identity)
+
+An update (`PATCH /v1/records/by-id/<id>`) is applied to the record it names and answered with that id, the way a
+CRM answers; a create answers "remote-" + the key's last 12 characters.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ class Receiver:
                 key = self.headers.get("Idempotency-Key") or self.path
                 with receiver.lock:
                     mode = receiver.modes.pop(0) if receiver.modes else receiver.default_mode
-                    receiver.requests.append({"method": "POST", "path": self.path, "key": key, "body": body,
+                    receiver.requests.append({"method": self.command, "path": self.path, "key": key, "body": body,
                                               "auth": self.headers.get("Authorization"), "mode": mode})
                 if mode == "fail_before":
                     return self._answer(503, {"error": "unavailable"})
@@ -48,6 +52,10 @@ class Receiver:
                     first = key not in receiver.applied
                     receiver.applied[key] = receiver.applied.get(key, 0) + (1 if first else 0)
                 remote_id = "remote-" + key[-12:]
+                if "/by-id/" in self.path and mode != "new_identity":
+                    remote_id = self.path.rsplit("/", 1)[-1]
+                elif mode == "new_identity":
+                    remote_id = "remote-new-" + key[-8:]
                 if mode == "apply_drop":
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return None
@@ -59,6 +67,8 @@ class Receiver:
                 return self._answer(201 if first else 200, {"id": remote_id})
 
             do_PUT = do_POST
+
+            do_PATCH = do_POST
 
             def _answer(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()
@@ -89,4 +99,4 @@ class Receiver:
         return len(self.applied)
 
     def raw_applications(self) -> int:
-        return sum(1 for r in self.requests if r["mode"] in ("ok", "apply_drop", "hang", "apply_5xx"))
+        return sum(1 for r in self.requests if r["mode"] in ("ok", "apply_drop", "hang", "apply_5xx", "new_identity"))

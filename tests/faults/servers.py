@@ -260,3 +260,32 @@ def wait_http(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = 
             pass
         time.sleep(0.1)
     raise AssertionError(f"no HTTP answer on 127.0.0.1:{port} after {timeout}s")
+
+
+# -- the processes of `make run` ----------------------------------------------------------------------------------
+
+def make_run_commands(port: int, *, receiver_port: int, beat_schedule: Path) -> dict[str, list[str]]:
+    """The argv of each process `make run` starts (scripts/run.py `children`: web, worker, beat, receiver), for
+    tests that drive the product over HTTP against the real server. The one place a test takes its server command
+    from, so a change of web server in scripts/run.py (runserver -> gunicorn) reaches these tests too. Beat keeps
+    its schedule file in `beat_schedule` instead of the checkout's .data/."""
+    from scripts import run
+
+    saved = os.environ.get("DEMO_RECEIVER_PORT")
+    os.environ["DEMO_RECEIVER_PORT"] = str(receiver_port)
+    try:
+        commands = {name: list(argv) for name, argv in run.children(port)}
+    finally:
+        if saved is None:
+            os.environ.pop("DEMO_RECEIVER_PORT", None)
+        else:
+            os.environ["DEMO_RECEIVER_PORT"] = saved
+    beat = commands.get("beat", [])
+    if "--schedule" in beat:
+        beat[beat.index("--schedule") + 1] = str(beat_schedule)
+    return commands
+
+
+def web_server_command(port: int) -> list[str]:
+    """The web server command of `make run` on `port` (see make_run_commands)."""
+    return make_run_commands(port, receiver_port=0, beat_schedule=Path(os.devnull))["web"]

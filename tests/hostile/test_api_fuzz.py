@@ -149,6 +149,7 @@ def test_schema_covers_the_admission_replay_and_read_endpoints():
         ("POST", "/api/v2/accounts/{account}/replays"),
         ("GET", "/api/v2/accounts/{account}/receipts/{receipt_id}"),
         ("GET", "/api/v2/accounts/{account}/receipts/{receipt_id}/events"),
+        ("GET", "/api/v2/accounts/{account}/replays/{request_id}"),
     }
     assert connection.vendor == "postgresql"
 

@@ -13,7 +13,8 @@ from connector.models import ServingEpoch
 
 OPERATOR = "operator"
 # One person per governance role (groups made by the governance app after migrate), same demo password.
-ROLE_USERS = {"ann": "auditor", "oscar": "operator", "alma": "approver", "cid": "certifier", "cora": "certifier"}
+ROLE_USERS = {"ann": "auditor", "oscar": "operator", "alma": "approver", "abe": "approver", "cid": "certifier",
+              "cora": "certifier"}
 
 
 class Command(BaseCommand):
@@ -45,10 +46,13 @@ class Command(BaseCommand):
             self.stdout.write("Demo world already loaded: nothing to do.")
         else:
             self.stdout.write("Loading the demo world through the services ...")
-            world = build_world("", push=True)
+            world = build_world("", push=True, sequenced=True)
+            channels = ", ".join(world.view.bindings.filter(kind="inbound_route").order_by("business_key")
+                                 .values_list("business_key", flat=True))
             self.stdout.write(self.style.SUCCESS(
                 f"  {len(world.accounts)} accounts, {len(world.packs)} pack generations, Catalog view "
-                f"{world.view.view_key} r{world.view.revision} (4 bindings), "
+                f"{world.view.view_key} r{world.view.revision} ({world.view.bindings.count()} bindings; inbound "
+                f"channels: {channels}), "
                 f"{len(world.credential_generation_ids)} credential generations, configuration "
                 f"{world.configuration.generation_id}, active epoch {world.active_epoch.epoch_id}, verified epoch "
                 f"{world.verified_epoch.epoch_id}"))
