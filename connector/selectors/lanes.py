@@ -21,7 +21,8 @@ from connector.models import (
 GAP_DEADLINE = "GAP_DEADLINE"
 ORDERING_HANDOFF = "ORDERING_HANDOFF"
 # Lane halts caused by a quarantined execution (decision 6): remedied by a replay, or skipped with evidence.
-EXECUTION_HALTS = ("RESULT_FAILED", "RESULT_REJECTED", "DEPENDENCY_EXPIRED", "DEPENDENCY_REJECTED")
+EXECUTION_HALTS = ("RESULT_FAILED", "RESULT_REJECTED", "DEPENDENCY_EXPIRED", "DEPENDENCY_REJECTED",
+                   "EXECUTION_STEP_FAILED")  # a quarantined execution halted the lane (D-168)
 
 
 @dataclass(frozen=True)

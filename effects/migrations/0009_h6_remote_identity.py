@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('connector', '0008_h6_lane_resumption_identity_approval'),
-        ('effects', '0007_reconcile_permission_digest_seen'),
+        ('connector', '0009_h6_lane_resumption_identity_approval'),
+        ('effects', '0008_h2_delivery_hold'),
     ]
 
     operations = [

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('connector', '0007_dual_approvals'),
+        ('connector', '0008_h2_step_failures'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
