@@ -11,6 +11,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from connector.actors import Actor
+from connector.errors import StateTokenInvalid
 from connector.secrets import secret_backend
 from connector.services.audit import audit_record
 from effects.delivery import identity
@@ -167,16 +168,19 @@ def certification_subject_digest(cert: ReceiverCertification) -> bytes:
 
 
 def certification_approve(*, actor: Actor, certification: ReceiverCertification,
-                          digest_seen: bytes | None = None) -> ReceiverCertification:
+                          digest_seen: bytes) -> ReceiverCertification:
     """One approval of a platform-attested certification, recording the subject digest the approver saw. The
     requester cannot approve; one person approves once; the second distinct approver certifies. An approval of
     a digest that is no longer the subject's (the subject changed or was superseded) is refused and counts for
-    nothing."""
+    nothing. `digest_seen` (the state token) is required: a missing or malformed one is refused with
+    STATE_TOKEN_INVALID. Two approvals count only from independent people (connector.services.identity)."""
+    if not isinstance(digest_seen, (bytes, bytearray, memoryview)) or len(bytes(digest_seen)) != 32:
+        raise StateTokenInvalid("an approval carries the 32-byte subject digest the approver was shown")
     _require_perm(actor, "effects.approve_certification")
     with transaction.atomic():
         cert = ReceiverCertification.objects.select_for_update().get(pk=certification.pk)
         current = certification_subject_digest(cert)
-        if digest_seen is not None and bytes(digest_seen) != current:
+        if bytes(digest_seen) != current:
             raise DeliveryRequestInvalid("the subject changed since it was shown: approvals of the old digest are "
                                          "void; review the current subject")
         if cert.state != CertificationState.PENDING_APPROVAL:

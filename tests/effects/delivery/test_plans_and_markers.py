@@ -210,17 +210,22 @@ def test_platform_attested_certification_needs_two_distinct_approvers(world):
                                        valid_until=datetime.now(UTC) + timedelta(days=1))
     assert cert.state == "pending_approval"
     with pytest.raises(DeliveryPermissionDenied, match="requester"):
-        setup.certification_approve(actor=actor, certification=cert)
+        setup.certification_approve(actor=actor, certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     second = operator("approver-two", "effects.approve_certification")
-    cert = setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert)
+    cert = setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert cert.state == "pending_approval"
     with pytest.raises(DeliveryPermissionDenied, match="already approved"):
-        setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert)
-    cert = setup.certification_approve(actor=Actor.for_user(second), certification=cert)
+        setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
+    cert = setup.certification_approve(actor=Actor.for_user(second), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert cert.state == "certified" and cert.approvals.count() == 2
     nobody = operator("no-perms")
     with pytest.raises(DeliveryPermissionDenied):
-        setup.certification_approve(actor=Actor.for_user(nobody), certification=cert)
+        setup.certification_approve(actor=Actor.for_user(nobody), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert setup.certification_expire_due(now=datetime.now(UTC) + timedelta(days=400)) == 2
     parent = world.plan()
     with pytest.raises(DeliveryRequestInvalid, match="no current certification"):
