@@ -20,6 +20,7 @@ CHILD_TIMEOUT = 60
 PRELUDE = """\
 import json, os, sys
 import django
+from tests import dbroles
 django.setup()
 ARGS = json.loads(os.environ["CRASH_CHILD_ARGS"])
 def emit(**values):
@@ -67,6 +68,7 @@ def child_env(settings):
         "JOURNAL_DATABASE_URL": _url(journal, journal["TEST"]["NAME"]),
         "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+        **dbroles.child_env(),  # the child runs as the application role, like the worker it stands for
     })
     return env
 

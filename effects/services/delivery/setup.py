@@ -14,6 +14,7 @@ from connector.actors import Actor
 from connector.errors import StateTokenInvalid
 from connector.secrets import secret_backend
 from connector.services.audit import audit_record
+from connector.services.identity import approver_require_independent
 from effects.delivery import identity
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryPermissionDenied, DeliveryRequestInvalid
@@ -187,6 +188,10 @@ def certification_approve(*, actor: Actor, certification: ReceiverCertification,
             raise DeliveryRequestInvalid(f"certification is {cert.state}")
         if cert.requested_by_id == actor.user.pk:
             raise DeliveryPermissionDenied("the requester cannot approve their own certification")
+        approver_require_independent(approver_id=actor.user.pk, requester_id=cert.requested_by_id,
+                                     other_approver_ids=list(cert.approvals.filter(digest_seen=current)
+                                                             .exclude(approver_id=actor.user.pk)
+                                                             .values_list("approver_id", flat=True)))
         try:
             with transaction.atomic():
                 CertificationApproval.objects.create(certification=cert, approver=actor.user, digest_seen=current)

@@ -28,6 +28,7 @@ TX = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 CHILD_TIMEOUT = 90
 STEP_SCRIPT = """
 from effects.services.delivery import runner
+from tests import dbroles
 emit(state=runner.step(ARGS["operation"]))
 """
 
@@ -44,7 +45,8 @@ def run_child(settings):
     env.update({"DJANGO_SETTINGS_MODULE": "config.django.test", "DATABASE_URL": _url(default, default["NAME"]),
                 "JOURNAL_DATABASE_URL": _url(journal_db, journal_db["TEST"]["NAME"]),
                 "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))})
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+                **dbroles.child_env()})
 
     def run(script: str, fault_point: str | None, **args) -> subprocess.CompletedProcess:
         child_env = dict(env, CRASH_CHILD_ARGS=json.dumps(args))
