@@ -65,3 +65,16 @@ def as_admin(*aliases: str):
 def child_env() -> dict[str, str]:
     """A child Django process started by a test runs as the application role too."""
     return {"DATABASE_ASSUME_ROLE": APP}
+
+
+def admin_on(cursor) -> None:
+    """On this (Django) cursor's connection, act as the administrator: a test staging a row no role of the
+    product could write (triggers off, an index dropped) says so. Pair with `admin_off`."""
+    cursor.execute("SET ROLE NONE")
+
+
+def admin_off(cursor) -> None:
+    """Back to the role this connection assumes (the application role inside a test)."""
+    role = cursor.db.settings_dict["OPTIONS"].get("assume_role")
+    if role:
+        cursor.execute(f'SET ROLE "{role}"')

@@ -11,6 +11,7 @@ import math
 from axes.helpers import get_cool_off
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BasicAuthentication
 
@@ -49,3 +50,13 @@ class LockoutAwareBasicAuthentication(BasicAuthentication):
                     "Too many failed sign-ins for this user from this address; the right password is refused "
                     "until the cool-off ends.")) from None
             raise
+
+
+class LockoutAwareBasicScheme(OpenApiAuthenticationExtension):
+    """The OpenAPI security scheme of LockoutAwareBasicAuthentication: plain HTTP Basic."""
+
+    target_class = "connector.api.lockout.LockoutAwareBasicAuthentication"
+    name = "basicAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "basic"}

@@ -20,6 +20,7 @@ from tests.cutover.restore_helpers import (
 )
 from v1.errors import V1BootCheckFailed
 from v1.models import RELEASE_ID, V1SourceCursor
+from tests import dbroles
 
 def scratch_databases() -> list[str]:
     with connections["default"].cursor() as cursor:
@@ -110,9 +111,11 @@ def test_active_candidate_epoch_refuses_the_restore_point():
     """Proves: CV2-12-051 (the candidate epoch must not be active)."""
     world = drained_world()
     with connections["default"].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute('ALTER TABLE "connector_servingepoch" DISABLE TRIGGER ALL')
         cursor.execute('UPDATE "connector_servingepoch" SET state = %s WHERE id = %s', ["active", world.epoch.pk])
         cursor.execute('ALTER TABLE "connector_servingepoch" ENABLE TRIGGER ALL')
+        dbroles.admin_off(cursor)
     with pytest.raises(RestorePointRefused, match="active"):
         restore_point_capture(attempt_key=world.key, actor="op")
 

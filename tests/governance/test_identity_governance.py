@@ -113,6 +113,7 @@ def test_a_superuser_cannot_approve_beside_an_account_they_minted_or_widened(ver
     response = admin.post(reverse("admin:auth_user_password_change", args=[reset.pk]), {
         "usable_password": "true", "password1": "Taken-over-7", "password2": "Taken-over-7"})
     assert response.status_code == 302
+    reset = User.objects.get(pk=reset.pk)  # signed in with the new password
     assert "APPROVER_NOT_INDEPENDENT" in _approve(client_for(reset), row.pk, digest).content.decode()
     assert DualApprovalRequest.objects.get(pk=row.pk).state == "pending"
     assert DualApproval.objects.count() == 1

@@ -15,6 +15,7 @@ from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, Del
 from effects.models import DeliveryOperation, DeliveryParent, MayAttemptMarker
 from effects.services.delivery import execution, planning, runner, setup
 from tests.effects.delivery.world import NAMESPACE, T0, operator
+from tests import dbroles
 
 
 def _audit(entity, action):
@@ -101,7 +102,7 @@ def test_immutable_pre_attempt_marker_precedes_submitting(world, sync_receiver):
     assert op.state == "submitting" and result.attempt.marker_id == marker.pk
     assert result.attempt.capacity_state == "reserved" and marker.kind == "MAY_ATTEMPT"
     assert marker.journal_epoch == 1 and bytes(marker.mutation_intent_digest) == bytes(op.mutation_intent_digest)
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE effects_mayattemptmarker SET generation = 'x' WHERE id = %s", [marker.pk])
 
 
