@@ -54,6 +54,8 @@ GUARD_SUFFIXES = ("_append_only", "_immutable")
 LOCKED_GUARDED = {
     "connector_receipt": "id",  # receipt_materialize: concurrent materializers of one receipt serialize
     "rest_delivery_effect_domain_lock": "id",  # delivery planning: the conflict-domain lock rows
+    "effects_receiverbinding": "id",  # certification requests of one binding serialize
+    "cutover_cutoverreadinesscertificate": "id",  # certifying a readiness certificate serializes with its readers
 }
 
 _TABLES_SQL = """

@@ -22,6 +22,16 @@ def django_db_setup(django_db_setup, django_db_blocker):
     yield
 
 
+@pytest.fixture
+def administrator(_application_role):
+    """The whole test acts as the administrator the suite connects as: benchmarks that create databases, run
+    CHECKPOINT or setval, which no role of the running product may."""
+    from tests import dbroles
+
+    dbroles.use(None)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _application_role(request):
     """Every test body that uses the database runs as the application role (docs/security.md)."""

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import dbroles
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 60
 
 PRELUDE = """\
 import json, os, sys
 import django
-from tests import dbroles
 django.setup()
 ARGS = json.loads(os.environ["CRASH_CHILD_ARGS"])
 def emit(**values):

@@ -242,7 +242,9 @@ def test_a_pg_restore_failing_midway_exposes_no_partial_state():
     world = validating_world()
     V1HighWater.objects.update(high_water=999)
     with connections["default"].cursor() as cursor:  # an object the dump does not know blocks one DROP TABLE
+        dbroles.admin_on(cursor)  # (the administrator stages it: the application role creates nothing)
         cursor.execute("CREATE VIEW hc_blocker AS SELECT * FROM v1_v1highwater")
+        dbroles.admin_off(cursor)
     before = pg_snapshot.digests_of()
     with pytest.raises(RestorePointInvalid, match="pg_restore"):
         restore_run(attempt_key=world.key, actor=ACTOR)
@@ -252,4 +254,6 @@ def test_a_pg_restore_failing_midway_exposes_no_partial_state():
     assert RestoreAttempt.objects.using(JOURNAL_DB).get(attempt_key=world.key).state == RestoreAttemptState.STARTED
     assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
     with connections["default"].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("DROP VIEW hc_blocker")
+        dbroles.admin_off(cursor)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, ProgrammingError, connections, transaction
 
 from config.routers import JOURNAL_DB
 from connector.choices import OrderingContract
@@ -57,12 +57,15 @@ def test_restore_point_and_rehearsal_are_immutable_in_postgresql():
     """Proves: CV2-12-093 (the restore point receipt never changes; enforced by the journal database)."""
     world = drained_world()
     point = restore_point_capture(attempt_key=world.key, actor="op")
-    with pytest.raises(IntegrityError, match="immutable|append"), transaction.atomic(using=JOURNAL_DB):
+    with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(using=JOURNAL_DB):
         V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).update(dump_bytes=point.dump_bytes + 1)
-    with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
-        V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).delete()
+    with dbroles.as_admin(JOURNAL_DB):  # beyond the application role's privileges, the journal's triggers
+        with pytest.raises(IntegrityError, match="immutable|append"), transaction.atomic(using=JOURNAL_DB):
+            V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).update(dump_bytes=point.dump_bytes + 1)
+        with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
+            V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).delete()
     rehearsal = restore_point_rehearse(attempt_key=world.key, actor="op")
-    with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
+    with dbroles.as_admin(JOURNAL_DB), pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
         RestorePointRehearsal.objects.using(JOURNAL_DB).filter(pk=rehearsal.pk).update(scratch_database="x")
 
 

@@ -120,14 +120,16 @@ def test_a_superuser_cannot_approve_beside_an_account_they_minted_or_widened(ver
 
 
 def test_after_the_cooling_period_the_same_accounts_are_independent(verified, root, settings):
-    """The rule is the declared cooling period (D-180): with it at zero hours the minted pair counts. So the
-    refusal above comes from the recent identity changes, not from anything else about the accounts."""
+    """The rule is the declared cooling period (D-180): the minted pair is refused within it, and once the
+    identity changes are older than the period (here: a period of zero hours) the same second approval counts.
+    So the refusal comes from the recent identity changes, not from anything else about the accounts."""
     _, admin = root
     mint_a, mint_b = _admin_create(admin, "mint-d"), _admin_create(admin, "mint-e")
-    settings.CONNECTOR = {**settings.CONNECTOR, "IDENTITY_COOLING_HOURS": 0}
     row = _pending(verified, _legit_approver("req-3"))
     digest = bytes(row.subject_digest).hex()
     _approve(client_for(mint_a), row.pk, digest)
+    assert "APPROVER_NOT_INDEPENDENT" in _approve(client_for(mint_b), row.pk, digest).content.decode()
+    settings.CONNECTOR = {**settings.CONNECTOR, "IDENTITY_COOLING_HOURS": 0}
     _approve(client_for(mint_b), row.pk, digest)
     assert DualApprovalRequest.objects.get(pk=row.pk).state == "approved"
 

@@ -21,6 +21,7 @@ from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, Del
 from effects.models import DeliveryAttempt, DeliveryOperation, MayAttemptMarker, MutationGate
 from effects.models.delivery import CapacityState
 from effects.services.delivery import execution, journal, runner
+from tests import dbroles
 from tests.crash.conftest import PRELUDE, ROOT, _url
 from tests.effects.delivery.world import T0, build, operator
 
@@ -28,7 +29,6 @@ TX = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 CHILD_TIMEOUT = 90
 STEP_SCRIPT = """
 from effects.services.delivery import runner
-from tests import dbroles
 emit(state=runner.step(ARGS["operation"]))
 """
 
