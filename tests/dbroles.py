@@ -45,7 +45,7 @@ def current(using: str = "default") -> str:
 @contextmanager
 def as_admin(*aliases: str):
     """Act as the administrator the suite connects as, then return to the role in force before."""
-    aliases = aliases or tuple(a for a in connections if a == "default" or connections[a].connection is not None)
+    aliases = aliases or ("default",)
     before = {alias: connections[alias].settings_dict["OPTIONS"].get("assume_role") for alias in aliases}
     for alias in aliases:
         with connections[alias].cursor() as cursor:

@@ -110,7 +110,7 @@ CSRF_COOKIE_HTTPONLY = True
 # Credential guessing: django-axes counts failed sign-ins (login form, admin login, HTTP Basic on the API) per
 # (username, client address); after the limit that pair is refused for the cool-off, the right password included,
 # with a 429 and Retry-After.
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = ["connector.api.lockout.RequestAxesBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("CONNECTOR_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("CONNECTOR_LOGIN_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

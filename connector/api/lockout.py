@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_cool_off
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
@@ -60,3 +61,14 @@ class LockoutAwareBasicScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "basic"}
+
+
+class RequestAxesBackend(AxesStandaloneBackend):
+    """django-axes' lock-out check for every sign-in that comes with a request (login form, admin, HTTP Basic).
+    A check of credentials without a request (a management command, a shell) has no client address to count and
+    is not a guessing channel of the web: it passes through to the next backend instead of failing."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
