@@ -42,9 +42,12 @@ $(STAMP): pyproject.toml
 services: venv
 	$(VPY) scripts/services.py ensure
 
+# Migrations run as the database owner; the post-migrate step grants the application role exactly its table
+# privileges (docs/security.md). Everything else (demo, web, worker, beat) connects as the application role.
+AS_OWNER := DATABASE_URL="$$DATABASE_OWNER_URL" JOURNAL_DATABASE_URL="$$JOURNAL_DATABASE_OWNER_URL"
 migrate: services
-	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database default --noinput
-	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database journal --noinput
+	$(LOAD_ENV); $(AS_OWNER) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database default --noinput
+	$(LOAD_ENV); $(AS_OWNER) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py migrate --database journal --noinput
 
 demo: migrate
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py demo_load
@@ -67,9 +70,11 @@ test: venv services
 # the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), then the
 # retained-history latency check. Full runs and how the budgets were chosen: docs/benchmarks.md.
 .PHONY: bench
+# The benchmarks create and drop their own throwaway databases: they run as the administrator.
+AS_ADMIN := DATABASE_URL="$$DATABASE_ADMIN_URL" JOURNAL_DATABASE_URL=
 bench: venv services
-	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
-	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
 
 stop:
 	@if [ -x $(VPY) ]; then $(VPY) scripts/services.py stop; else $(PYTHON) scripts/services.py stop; fi

@@ -21,6 +21,13 @@ BEGIN
     USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_append_only';
 END $$;
 
+-- A statement-level guard: TRUNCATE bypasses row triggers, so append-only and immutable tables refuse it too.
+CREATE OR REPLACE FUNCTION connector_forbid_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'append-only: % is never truncated', TG_TABLE_NAME
+    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_no_truncate';
+END $$;
+
 -- Only the columns named in TG_ARGV may change.
 CREATE OR REPLACE FUNCTION connector_only_columns_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -91,6 +98,7 @@ END $$;
 DROP_FUNCTIONS_SQL = """
 DROP FUNCTION IF EXISTS connector_forbid_update() CASCADE;
 DROP FUNCTION IF EXISTS connector_forbid_update_delete() CASCADE;
+DROP FUNCTION IF EXISTS connector_forbid_truncate() CASCADE;
 DROP FUNCTION IF EXISTS connector_only_columns_change() CASCADE;
 DROP FUNCTION IF EXISTS connector_enforce_transition() CASCADE;
 DROP FUNCTION IF EXISTS connector_fenced_row() CASCADE;
@@ -103,17 +111,46 @@ def _quote_args(args: Iterable[str]) -> str:
     return ", ".join("'" + a.replace("'", "''") + "'" for a in args)
 
 
+def no_truncate(table: str) -> tuple[str, str]:
+    """The second line beside the row triggers (and beside the application role's missing TRUNCATE privilege,
+    docs/security.md): a TRUNCATE of the table is refused. CREATE OR REPLACE, so re-installing is a no-op."""
+    name = f"{table}_no_truncate"
+    return (f"CREATE OR REPLACE TRIGGER {name} BEFORE TRUNCATE ON {table} FOR EACH STATEMENT "
+            f"EXECUTE FUNCTION connector_forbid_truncate();",
+            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+
+
 def immutable(table: str) -> tuple[str, str]:
     name = f"{table}_immutable"
-    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION connector_forbid_update();",
-            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+    guard = no_truncate(table)
+    return (f"CREATE TRIGGER {name} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION connector_forbid_update(); "
+            + guard[0], f"DROP TRIGGER IF EXISTS {name} ON {table}; " + guard[1])
 
 
 def append_only(table: str) -> tuple[str, str]:
     name = f"{table}_append_only"
+    guard = no_truncate(table)
     return (f"CREATE TRIGGER {name} BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW "
-            f"EXECUTE FUNCTION connector_forbid_update_delete();",
-            f"DROP TRIGGER IF EXISTS {name} ON {table};")
+            f"EXECUTE FUNCTION connector_forbid_update_delete(); " + guard[0],
+            f"DROP TRIGGER IF EXISTS {name} ON {table}; " + guard[1])
+
+
+# Every append-only or immutable table in the current schema (found by its row trigger's name) gets its TRUNCATE
+# guard: the migration that adds the guard to tables created before `no_truncate` existed.
+GUARD_EXISTING_SQL = r"""
+DO $$
+DECLARE t record;
+BEGIN
+  FOR t IN SELECT DISTINCT c.relname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = current_schema() AND NOT g.tgisinternal
+             AND g.tgname IN (c.relname || '_append_only', c.relname || '_immutable')
+  LOOP
+    EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE TRUNCATE ON %I FOR EACH STATEMENT '
+                   'EXECUTE FUNCTION connector_forbid_truncate()', t.relname || '_no_truncate', t.relname);
+  END LOOP;
+END $$;
+"""
 
 
 def only_columns_change(table: str, columns: Iterable[str]) -> tuple[str, str]:

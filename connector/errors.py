@@ -141,9 +141,38 @@ class ApprovalMissing(ConnectorError):
     operator_action = "Request dual approval of the current subject (attestations screen) and wait for two approvers."
 
 
+class StateTokenInvalid(ConnectorError):
+    """The decision carries no valid state token (missing or malformed): an operator decision is applied only to
+    the exact state the page showed, so a decision without one is refused, never applied unchecked."""
+
+    code = "STATE_TOKEN_INVALID"
+    http_status = 400
+    operator_action = "Reload the page and decide again; the form carries the state it shows."
+
+
+class FormInvalid(ConnectorError):
+    """A form value is missing or malformed (a timestamp, a number, a digest, a choice); nothing was written."""
+
+    code = "FORM_INVALID"
+    http_status = 400
+    operator_action = "Correct the named fields (or reload the page) and submit again."
+
+
+class ApproverNotIndependent(ConnectorError):
+    """The approval would not come from an independent person: within the identity cooling period the approver's
+    account (creation, role or permission grant, activation, password) was controlled by the requester or by a
+    person who also controls another approval of the same subject."""
+
+    code = "APPROVER_NOT_INDEPENDENT"
+    http_status = 409
+    operator_action = ("Ask an approver whose account nobody involved in this request created or changed within "
+                       "the cooling period (the identity changes are in the audit trail).")
+
+
 ERROR_CATALOG = MappingProxyType({
     cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
     for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CredentialMappingInvalid,
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, FenceStale, GateNotServing,
-                PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing)
+                PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing, StateTokenInvalid,
+                FormInvalid, ApproverNotIndependent)
 })

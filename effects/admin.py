@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from connector import statetokens
 from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col
 from connector.admin.poison import step_failures_col
 from effects.models import (
@@ -79,12 +80,16 @@ class RemoteEffectAdmin(FactAdmin):
         lambda self, o: ", ".join(f"{x.owner_slot} -> {x.remote_identity} ({x.state})" for x in o.links.all()) or EMPTY)
 
     def _reconcile(self, request, queryset, decision: str, title: str):
-        def apply(request, obj, fence, reason):
+        """The governance screen's decision, through the same service and the same state token (the effect's
+        `changed_at` as the confirmation page showed it): an effect that moved since is refused."""
+        def apply(request, obj, fence, reason, token):
             actor = self.require(request, "effects.change_remoteeffect")
-            effect = dispatch.effect_reconcile(effect_pk=obj.pk, decision=decision, evidence=reason, actor=actor)
+            effect = dispatch.effect_reconcile(effect_pk=obj.pk, decision=decision, evidence=reason, actor=actor,
+                                               expected_changed_at=token)
             return f"effect #{obj.pk}: {decision} -> {effect.state}"
         return self.confirm_or_apply(request, queryset, action=f"reconcile_{decision}", title=title, apply=apply,
-                                     reason_required=True, state_attr="state")
+                                     reason_required=True, state_attr="state",
+                                     token=(lambda effect: effect.changed_at.isoformat(), statetokens.timestamp))
 
     @admin.action(description="Reconcile uncertain: proven no effect (evidence required)")
     def reconcile_no_effect(self, request, queryset):

@@ -10,9 +10,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import ApprovalKind, DualApprovalRequest
+from connector.models import DualApprovalRequest
 from connector.services import approvals
 
+from .forms import ApprovalRequestForm, DigestApprovalForm, parse
 from .views import screen
 
 GIVE = approvals.PERMISSION
@@ -24,10 +25,8 @@ def request_approval(request):
     """Open the live request for a subject's current digest (voiding a live request of another digest)."""
     if not request.user.has_perm(GIVE):
         raise PermissionDenied(f"requesting dual approval needs {GIVE}")
-    kind, key = request.POST.get("kind", ""), request.POST.get("subject_key", "")
-    if kind not in ApprovalKind.values or not key:
-        messages.error(request, "Refused: an approval request names a known subject kind and key.")
-        return redirect("governance:attestations")
+    form = parse(request, ApprovalRequestForm)
+    kind, key = form["kind"], form["subject_key"]
     try:
         row = approvals.approval_request(kind=kind, subject_key=key, actor=Actor.for_user(request.user))
     except ConnectorError as error:
@@ -45,10 +44,7 @@ def approval(request, pk: int):
     if request.method == "POST":
         if not may_give:
             raise PermissionDenied(f"approving needs {GIVE}")
-        try:
-            seen = bytes.fromhex(request.POST.get("digest", ""))
-        except ValueError:
-            seen = b""
+        seen = parse(request, DigestApprovalForm)["digest"]
         try:
             row = approvals.approval_give(request_pk=pk, digest_seen=seen, actor=Actor.for_user(request.user))
         except ConnectorError as error:

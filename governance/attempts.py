@@ -25,6 +25,7 @@ from cutover.services import cutover_phases
 from cutover.services import decision as decisions
 from cutover.services import first_activation, v1_shutdown
 
+from .forms import AttemptActionForm, parse
 from .views import screen
 
 COORDINATE = cutover_phases.PERMISSION
@@ -58,9 +59,9 @@ def attempt_view(request, key: str):
     if request.method == "POST":
         if not may_act:
             raise PermissionDenied(f"coordinating a service cutover needs {COORDINATE}")
-        shown, now = request.POST.get("token", ""), state_token(attempt)
-        action = request.POST.get("action", "")
-        if shown != now:
+        form = parse(request, AttemptActionForm)
+        action = form["action"]
+        if form["token"] != bytes.fromhex(state_token(attempt)):
             messages.error(request, "Refused: the attempt changed since this page was shown (gates, decision or "
                                     "barrier set moved). Nothing was applied; review the current phases and decide "
                                     "again.")
@@ -68,13 +69,12 @@ def attempt_view(request, key: str):
         actor = Actor.for_user(request.user)
         try:
             if action == "reconcile":
-                reason = request.POST.get("reason", "").strip()
-                evidence = request.POST.get("evidence", "").strip()
+                reason, evidence = form["reason"], form["evidence"]
                 if not reason or not evidence:
                     raise ValueError("A reconciliation needs a reason and the provider evidence.")
                 row = v1_shutdown.v1_reconcile(
-                    attempt_key=key, effect_row_id=request.POST.get("effect", ""),
-                    outcome=request.POST.get("outcome", ""), evidence=evidence.encode(), reason=reason,
+                    attempt_key=key, effect_row_id=form["effect"],
+                    outcome=form["outcome"], evidence=evidence.encode(), reason=reason,
                     expected_fences_digest=None, actor=actor)
                 messages.success(request, f"V1 effect {row.effect_row_id} reconciled: {row.outcome}.")
             else:
@@ -82,7 +82,7 @@ def attempt_view(request, key: str):
                 if action not in allowed:
                     raise ValueError(f"Refused: {action or 'no action'} is not allowed in the current phase.")
                 result = cutover_phases.run_action(attempt_key=key, action=action, actor=actor,
-                                                   reason=request.POST.get("reason", ""))
+                                                   reason=form["reason"])
                 messages.success(request, f"{action}: done ({result}).")
         except ConnectorError as error:
             messages.error(request, f"{error.code}: {error.detail}")

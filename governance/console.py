@@ -26,6 +26,7 @@ from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
 from cutover.models import CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet
 from cutover.services import succession, succession_phases
 
+from .forms import SuccessionActionForm, parse
 from .views import screen
 
 COORDINATE = "cutover.coordinate_succession"
@@ -142,7 +143,7 @@ def _activation_subjects() -> list[tuple[ServingEpoch, DualApprovalRequest | Non
             for epoch in ServingEpoch.objects.filter(state=EpochState.VERIFIED).order_by("pk")]
 
 
-def _act(request, row: ServingPublicationBarrierSet, action: str) -> str:
+def _act(request, row: ServingPublicationBarrierSet, action: str, reason: str = "") -> str:
     actor = Actor.for_user(request.user)
     if action == "hold":
         row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=actor)
@@ -160,7 +161,7 @@ def _act(request, row: ServingPublicationBarrierSet, action: str) -> str:
                                                                 actor=actor)
         return f"{successor.epoch_id} is {successor.state}; barrier set #{row.pk} {row.state}."
     if action == "release":
-        reason = request.POST.get("reason", "").strip()
+        reason = reason.strip()
         if not reason:
             raise ValueError("A release needs a reason.")
         replacement = OrderingHandoff.objects.filter(barrier_set=row).exists() and row.state != "activation_committed"
@@ -179,9 +180,10 @@ def succession_view(request, pk: int):
     if request.method == "POST":
         if not may_act:
             raise PermissionDenied(f"coordinating a successor activation needs {COORDINATE}")
-        action = request.POST.get("action", "")
-        shown = (request.POST.get("state", ""), request.POST.get("fence", ""))
-        if shown != (row.state, str(row.fence)):
+        form = parse(request, SuccessionActionForm)
+        action = form["action"]
+        shown = (form["state"], form["fence"])
+        if shown != (row.state, row.fence):
             messages.error(request, f"Refused: the page showed barrier set #{row.pk} {shown[0]} at fence {shown[1]}, "
                                     f"but it is now {row.state} at fence {row.fence}. Nothing was applied; review "
                                     "the current phases below and decide again.")
@@ -191,7 +193,7 @@ def succession_view(request, pk: int):
             messages.error(request, f"Refused: {action or 'no action'} is not allowed in the current phase.")
             return redirect("governance:succession", pk=pk)
         try:
-            messages.success(request, _act(request, row, action))
+            messages.success(request, _act(request, row, action, form["reason"]))
         except ConnectorError as error:
             messages.error(request, f"{error.code}: {error.detail}")
         except ValueError as error:

@@ -5,7 +5,6 @@ with an explanation, never applied to the new state. A user without the permissi
 POST is answered 403."""
 from __future__ import annotations
 
-import json
 from functools import wraps
 
 from django.contrib import messages
@@ -13,7 +12,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
@@ -26,19 +24,25 @@ from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
 
 from . import selectors
+from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
 from .reasons import REASONS
 
 VIEW = "governance.view_governance"
 
 
 def screen(view):
-    """Login required, then the view-governance permission (auditors and up)."""
+    """Login required, then the view-governance permission (auditors and up). A POST whose form does not
+    validate (governance.forms.parse) is answered 400 with its catalog entry; nothing is applied."""
     @login_required
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         if not request.user.has_perm(VIEW):
             raise PermissionDenied("governance screens need the view_governance permission")
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except FormRefused as refused:
+            return render(request, "governance/refused.html", {"error": refused.error, "fields": refused.fields},
+                          status=refused.error.http_status)
     return wrapped
 
 
@@ -95,16 +99,12 @@ def effect(request, pk: int):
     if request.method == "POST":
         if not may_decide:
             raise PermissionDenied("reconciling an effect needs effects.reconcile_effect")
-        decision = request.POST.get("decision", "")
-        reason = request.POST.get("reason", "").strip()
-        reference = request.POST.get("evidence_ref", "").strip()
-        shown = parse_datetime(request.POST.get("changed_at", ""))
-        if not reason or not reference:
-            messages.error(request, "A decision needs a reason and an evidence reference.")
-        elif _decide(request, lambda: effect_reconcile(
-                effect_pk=pk, decision=decision, evidence=f"{reason} [evidence: {reference}]",
-                actor=Actor.for_user(request.user), remote_id=request.POST.get("remote_id", "").strip(),
-                expected_changed_at=shown), success=f"Effect #{pk}: {decision} recorded."):
+        form = parse(request, EffectDecisionForm)
+        decision = form["decision"]
+        if _decide(request, lambda: effect_reconcile(
+                effect_pk=pk, decision=decision, evidence=f"{form['reason']} [evidence: {form['evidence_ref']}]",
+                actor=Actor.for_user(request.user), remote_id=form["remote_id"],
+                expected_changed_at=form["changed_at"]), success=f"Effect #{pk}: {decision} recorded."):
             return redirect("governance:queue")
         return redirect("governance:effect", pk=pk)
     attempts = list(effect_.attempts.order_by("ordinal"))
@@ -147,29 +147,16 @@ def delivery(request, pk: int):
         if not may_decide:
             raise PermissionDenied("reconciling a delivery needs effects.reconcile_delivery")
         actor = Actor.for_user(request.user)
-        target = request.POST.get("target", "")
-        reconciliation_id = request.POST.get("reconciliation_id", "").strip()
-        note = request.POST.get("reason", "").strip()
-        try:
-            expected = int(request.POST.get("revision", ""))
-        except ValueError:
-            expected = -1
-        if not note:
-            messages.error(request, "A decision needs a reason.")
-            return redirect("governance:delivery", pk=pk)
+        form = parse(request, DeliveryDecisionForm)
+        target, reconciliation_id, note = form["target"], form["reconciliation_id"], form["reason"]
         if target.startswith("reconciling_"):
             call = lambda: delivery_reconciliation.reconcile_open(  # noqa: E731
                 actor=actor, operation_pk=pk, reconciliation_id=reconciliation_id, note=note,
-                expected_revision=expected)
+                expected_revision=form["revision"])
         else:
-            try:
-                proof = json.loads(request.POST.get("proof", "") or "null")
-            except ValueError:
-                messages.error(request, "The proof is not JSON.")
-                return redirect("governance:delivery", pk=pk)
             call = lambda: delivery_reconciliation.reconcile_resolve(  # noqa: E731
-                actor=actor, operation_pk=pk, reconciliation_id=reconciliation_id, target=target, proof=proof,
-                note=note, expected_revision=expected)
+                actor=actor, operation_pk=pk, reconciliation_id=reconciliation_id, target=target,
+                proof=form["proof"], note=note, expected_revision=form["revision"])
         if _decide(request, call, success=f"Delivery #{pk}: moved to {target}."):
             op.refresh_from_db()
             return redirect("governance:delivery" if op.state.startswith("reconciling_") else "governance:queue",
@@ -202,10 +189,7 @@ def attestation(request, pk: int):
     if request.method == "POST":
         if not may_approve:
             raise PermissionDenied("approving a certification needs effects.approve_certification")
-        try:
-            seen = bytes.fromhex(request.POST.get("digest", ""))
-        except ValueError:
-            seen = b""
+        seen = parse(request, DigestApprovalForm)["digest"]
         if _decide(request, lambda: delivery_setup.certification_approve(
                 actor=Actor.for_user(request.user), certification=cert, digest_seen=seen),
                 success=f"Approval of certification #{pk} recorded."):

@@ -14,6 +14,10 @@ Resolution order, for each service:
 Private servers live under .data/pg/<port>/ and .data/redis/<port>/ (data, logs, unix sockets, pid files),
 listen on loopback only, trust local connections and run detached. A second `ensure` reuses them.
 
+DATABASE_URL (or DATABASE_ADMIN_URL, once .data/services.env is loaded) is the administrator's: with it `ensure`
+creates the owner and application roles (connector/dbroles.py), makes the owner own both databases and every
+object in them, and writes the three roles' URLs to .data/services.env (docs/security.md "Database roles").
+
 Standard library only, except psycopg (imported lazily, by `ensure` only).
 """
 from __future__ import annotations
@@ -670,6 +674,8 @@ def _waiting(kind: str, endpoint: Endpoint) -> Probe:
 
 def plan_service(kind: str) -> Plan:
     var = "DATABASE_URL" if kind == "postgres" else "REDIS_URL"
+    if kind == "postgres" and os.environ.get("DATABASE_ADMIN_URL", "").strip():
+        var = "DATABASE_ADMIN_URL"  # a shell that loaded .data/services.env: DATABASE_URL is the app role's
     label = "PostgreSQL" if kind == "postgres" else "Redis"
     standard = STANDARD_DATABASE_URL if kind == "postgres" else STANDARD_REDIS_URL
     probe_fn = pg_probe if kind == "postgres" else redis_probe
@@ -794,12 +800,63 @@ def ensure_databases(database_url: str, journal_url: str) -> list[str]:
     return created
 
 
+def _dbroles():
+    """connector/dbroles.py (stdlib only at import): the role names, their attributes and the setup SQL."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from connector import dbroles  # noqa: PLC0415
+
+    return dbroles
+
+
+def role_url(admin_url: str, role: str, password: str | None) -> str:
+    """The admin URL with the role's credentials (same server, database and options)."""
+    from urllib.parse import quote  # noqa: PLC0415
+
+    parts = urlsplit(admin_url)
+    host = parts.netloc.rpartition("@")[2]
+    auth = quote(role, safe="") + (":" + quote(password, safe="") if password else "")
+    return urlunsplit(parts._replace(netloc=f"{auth}@{host}"))
+
+
+def ensure_roles(admin_url: str, names: list[str]) -> None:
+    """The owner and application roles (docs/security.md), the databases owned by the owner with every existing
+    object of their public schema handed to it, and CONNECT for the application role only. Idempotent; needs an
+    administrator (superuser, or CREATEROLE and membership of the current owners)."""
+    psycopg = _psycopg()
+    dbroles = _dbroles()
+    try:
+        with pg_connect(admin_url) as conn:
+            for statement in dbroles.roles_sql(owner_password=os.environ.get("DATABASE_OWNER_PASSWORD") or None,
+                                               app_password=os.environ.get("DATABASE_APP_PASSWORD") or None):
+                conn.execute(statement)
+            for name in names:
+                for statement in dbroles.database_sql(name):
+                    conn.execute(statement)
+        for name in names:
+            with pg_connect(admin_url, dbname=name) as conn:
+                conn.execute(dbroles.adopt_sql())
+    except psycopg.Error as exc:
+        raise Fatal(f"cannot set up the database roles {dbroles.OWNER} and {dbroles.APP} as "
+                    f"{parse_url(admin_url, 'postgres').masked}: {' '.join(str(exc).split())}", 2) from None
+
+
 def write_env(database_url: str, journal_url: str, redis_url: str) -> None:
+    """`database_url`/`journal_url` are the administrator's; the file names all three roles' URLs: DATABASE_URL and
+    JOURNAL_DATABASE_URL are the application role's (what web, worker and beat use)."""
     DATA.mkdir(exist_ok=True)
+    dbroles = _dbroles()
+    owner_password = os.environ.get("DATABASE_OWNER_PASSWORD") or None
+    app_password = os.environ.get("DATABASE_APP_PASSWORD") or None
     body = (
         "# Written by scripts/services.py ensure. Use: set -a; . .data/services.env; set +a\n"
-        f"export DATABASE_URL={shlex.quote(database_url)}\n"
-        f"export JOURNAL_DATABASE_URL={shlex.quote(journal_url)}\n"
+        "# DATABASE_URL is the application role's (web, worker, beat); migrations use DATABASE_OWNER_URL;\n"
+        "# DATABASE_ADMIN_URL created the roles and databases (docs/security.md).\n"
+        f"export DATABASE_ADMIN_URL={shlex.quote(database_url)}\n"
+        f"export DATABASE_OWNER_URL={shlex.quote(role_url(database_url, dbroles.OWNER, owner_password))}\n"
+        f"export JOURNAL_DATABASE_OWNER_URL={shlex.quote(role_url(journal_url, dbroles.OWNER, owner_password))}\n"
+        f"export DATABASE_URL={shlex.quote(role_url(database_url, dbroles.APP, app_password))}\n"
+        f"export JOURNAL_DATABASE_URL={shlex.quote(role_url(journal_url, dbroles.APP, app_password))}\n"
         f"export REDIS_URL={shlex.quote(redis_url)}\n"
     )
     tmp = ENV_FILE.with_suffix(".env.tmp")
@@ -850,10 +907,16 @@ def cmd_ensure() -> int:
 
         pg = plans["postgres"]
         pg_line = execute_postgres(pg, pg_bindir) if pg.start_port is not None else f"using {pg.how}"
-        journal = os.environ.get("JOURNAL_DATABASE_URL", "").strip() or journal_url_for(pg.url)
+        # the journal lives beside `default` on the same server; JOURNAL_DATABASE_URL may only rename it
+        named = os.environ.get("JOURNAL_DATABASE_URL", "").strip()
+        journal_name = parse_url(named, "postgres").db if named else parse_url(journal_url_for(pg.url), "postgres").db
+        journal = urlunsplit(urlsplit(pg.url)._replace(path="/" + journal_name))
         created = ensure_databases(pg.url, journal)
-        names = f"{parse_url(pg.url, 'postgres').db}, {parse_url(journal, 'postgres').db}"
+        default_name = parse_url(pg.url, "postgres").db
+        ensure_roles(pg.url, [default_name, journal_name])
+        names = f"{default_name}, {journal_name}"
         pg_line += f"; databases {names} " + (f"ready (created {', '.join(created)})" if created else "ready")
+        pg_line += f"; roles {_dbroles().OWNER} (owner), {_dbroles().APP} (application)"
 
         rd = plans["redis"]
         rd_line = execute_redis(rd, redis_binary) if rd.start_port is not None else f"using {rd.how}"

@@ -1,5 +1,50 @@
 import pytest
 
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """The roles exist on the server, and the test databases are migrated by the connector owner."""
+    from tests import dbroles
+
+    dbroles.prepare_server()
+    dbroles.use(dbroles.OWNER)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """Between tests the harness acts as the administrator it connects as (flushes, post-migrate grants)."""
+    from tests import dbroles
+
+    with django_db_blocker.unblock():
+        dbroles.use(None)
+    yield
+
+
+@pytest.fixture
+def administrator(_application_role):
+    """The whole test acts as the administrator the suite connects as: benchmarks that create databases, run
+    CHECKPOINT or setval, which no role of the running product may."""
+    from tests import dbroles
+
+    dbroles.use(None)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _application_role(request):
+    """Every test body that uses the database runs as the application role (docs/security.md)."""
+    if request.node.get_closest_marker("django_db") is None and not DB_FIXTURES & set(request.fixturenames):
+        yield
+        return
+    from tests import dbroles
+
+    request.getfixturevalue("_django_db_helper")
+    dbroles.use(dbroles.APP)
+    yield
+    dbroles.use(None)
+
 
 @pytest.fixture(autouse=True)
 def _secret_dir(settings, tmp_path):

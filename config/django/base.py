@@ -1,9 +1,12 @@
 """Base settings. Production differs only through environment variables (DJANGO_ prefix for Django's own)."""
 from __future__ import annotations
 
-import dj_database_url
+from datetime import timedelta
 
-from config.env import BASE_DIR, env_bool, env_list, env_str, journal_url_for
+import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
+
+from config.env import BASE_DIR, env_bool, env_int, env_list, env_str, journal_url_for
 from config.settings.celery import *  # noqa: F401,F403
 from config.settings.connector import *  # noqa: F401,F403
 from config.settings.drf import *  # noqa: F401,F403
@@ -20,6 +23,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
+    "csp",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Redoc/Swagger UI served from this package's static files, never a CDN
@@ -39,8 +44,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "connector.middleware.ActorMiddleware",  # the signed-in user is the actor of identity audit records
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out sign-in into a 429 (connector.api.lockout)
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -66,6 +74,9 @@ DATABASE_URL = env_str("DATABASE_URL", _DEFAULT_DB_URL)
 # The journal (CutoverDecision, RestoreAttempt) lives in its own database on the same server unless told
 # otherwise: it must survive a restore of `default`.
 JOURNAL_DATABASE_URL = env_str("JOURNAL_DATABASE_URL", journal_url_for(DATABASE_URL))
+
+# The database owner (migrations, the coordinator's restore point dump/restore): docs/security.md "Database roles".
+DATABASE_OWNER_URL = env_str("DATABASE_OWNER_URL", "")
 
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0),
@@ -97,3 +108,36 @@ LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_AGE = 8 * 3600  # a working day; sessions also end when the browser closes
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 CSRF_COOKIE_HTTPONLY = True
+
+# -- Security (issue 17, docs/security.md) ------------------------------------------------------------------------
+# Credential guessing: django-axes counts failed sign-ins (login form, admin login, HTTP Basic on the API) per
+# (username, client address); after the limit that pair is refused for the cool-off, the right password included,
+# with a 429 and Retry-After.
+AUTHENTICATION_BACKENDS = ["connector.api.lockout.RequestAxesBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("CONNECTOR_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("CONNECTOR_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # sign-ins are not an audit of their own here; failures are counted
+AXES_LOCKOUT_CALLABLE = "connector.api.lockout.lockout_response"
+AXES_VERBOSE = False
+
+# Content-Security-Policy on every response: only this origin's scripts, styles (the screens' own inline <style>
+# blocks), images and forms; no framing, no plugins.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"

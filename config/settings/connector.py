@@ -8,6 +8,9 @@ CONNECTOR = {
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
+    # Identity governance (D-180): within this many hours after a person created, granted a role or permission to,
+    # (re)activated or set the password of an account, that person and the account are not independent approvers.
+    "IDENTITY_COOLING_HOURS": env_int("CONNECTOR_IDENTITY_COOLING_HOURS", 168),
 }
 
 # The V1 deployment the cutover coordinator drives, through cutover.ports.V1OwnerPort (the `v1` app).

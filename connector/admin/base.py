@@ -320,15 +320,23 @@ class FactAdmin(admin.ModelAdmin):
 
     def confirm_or_apply(self, request, queryset, *, action: str, title: str, apply: Callable[..., str],
                          reason_required: bool = False, fenced: bool = False, state_attr: str = "mode",
-                         warning: str = "", label: Callable[[Any], str] = str):
+                         warning: str = "", label: Callable[[Any], str] = str,
+                         token: tuple[Callable[[Any], str], Callable[[Any], Any]] | None = None):
         """Changelist action in two steps: a confirmation page listing the rows (with the fence each shows) and
-        a reason field, then one service call per row with that fence and reason."""
+        a reason field, then one service call per row with that fence and reason.
+
+        `token=(render, parse)` makes every row carry a state token (connector.statetokens): the confirmation
+        page renders `render(row)` as it is when the page opens, and the apply step receives `parse(posted)` as
+        `token=` for the service to compare under its lock. A missing or malformed token is refused with
+        STATE_TOKEN_INVALID for that row, never applied unchecked."""
         objects = list(queryset.order_by("pk"))
         if request.POST.get("post") != "yes":
             rows = [{"pk": o.pk, "label": label(o), "state": badge(getattr(o, state_attr)),
-                     "fence": getattr(o, "fence", None)} for o in objects]
+                     "fence": getattr(o, "fence", None), "token": token[0](o) if token else None}
+                    for o in objects]
             context = {**self.admin_site.each_context(request), "title": title, "opts": self.opts,
                        "rows": rows, "action": action, "fenced": fenced, "reason_required": reason_required,
+                       "tokened": token is not None,
                        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, "warning": warning,
                        "fact_description": self.fact_description, "media": self.media}
             request.current_app = self.admin_site.name
@@ -337,7 +345,10 @@ class FactAdmin(admin.ModelAdmin):
         for obj in objects:
             def call(obj=obj):
                 fence = posted_fence(request.POST.get(f"fence_{obj.pk}")) if fenced else None
-                return apply(request, obj, fence=fence, reason=reason)
+                if token is None:
+                    return apply(request, obj, fence=fence, reason=reason)
+                return apply(request, obj, fence=fence, reason=reason,
+                             token=token[1](request.POST.get(f"token_{obj.pk}")))
             self.report(request, call, about=label(obj))
         return None
 

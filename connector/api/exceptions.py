@@ -37,6 +37,9 @@ API_ERROR_CODES = MappingProxyType({
     "NOT_ACCEPTABLE": (406, "The `Accept` header excludes JSON, the only media type replay and reads render."),
     "BODY_TOO_LARGE": (413, "The body exceeds DATA_UPLOAD_MAX_MEMORY_SIZE; nothing was written."),
     "UNSUPPORTED_MEDIA_TYPE": (415, "The replay endpoint accepts `application/json` only."),
+    "TOO_MANY_ATTEMPTS": (429, "Too many failed HTTP Basic sign-ins for this user from this address: every "
+                               "request of the pair is refused, the right password included, until `Retry-After` "
+                               "seconds have passed."),
     "DATABASE_UNAVAILABLE": (503, "The database cannot be reached right now (restart, failover); nothing was "
                                   "written by this request. Retry after `Retry-After` seconds."),
     "INTERNAL_ERROR": (500, "An unexpected server error; it is logged. Retrying the same request is safe."),
@@ -86,6 +89,7 @@ _DRF_CODES: tuple[tuple[type[exceptions.APIException], str], ...] = (
     (exceptions.MethodNotAllowed, "METHOD_NOT_ALLOWED"),
     (exceptions.NotAcceptable, "NOT_ACCEPTABLE"),
     (exceptions.UnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE"),
+    (exceptions.Throttled, "TOO_MANY_ATTEMPTS"),
 )
 
 

@@ -25,7 +25,7 @@ from drf_spectacular.utils import (
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import BaseParser
@@ -38,6 +38,7 @@ from connector import tasks
 from connector.actors import Actor
 from connector.api.exceptions import RETRY_AFTER_SECONDS, BodyTooLarge
 from connector.api.parsers import BoundedJSONParser
+from connector.api.lockout import LockoutAwareBasicAuthentication
 from connector.api.serializers import (
     EpochRefSerializer,
     ErrorSerializer,
@@ -90,7 +91,8 @@ def _model_permission(perm: str) -> type[BasePermission]:
     return HasModelPermission
 
 
-OPERATOR_AUTHENTICATION = [BasicAuthentication, SessionAuthentication]  # Basic first: 401 + WWW-Authenticate
+# Basic first: 401 + WWW-Authenticate; a locked-out user/address pair gets 429 + Retry-After (connector.api.lockout)
+OPERATOR_AUTHENTICATION = [LockoutAwareBasicAuthentication, SessionAuthentication]
 
 
 class JsonRegardlessOfAccept(BaseContentNegotiation):

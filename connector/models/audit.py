@@ -11,6 +11,9 @@ class AuditRecord(models.Model):
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=255)
+    # The acting person's user id (None for a system actor): identity governance reads who controlled an account
+    # from here (connector.selectors.identity), never from the display name, which a rename could forge.
+    actor_user_id = models.BigIntegerField(null=True, blank=True)
     entity_type = models.CharField(max_length=100)
     entity_id = models.CharField(max_length=255)
     action = models.CharField(max_length=100)

@@ -4,7 +4,8 @@ The owning app registers, per kind, a resolver `(subject_key) -> (digest, summar
 current digest from the durable facts (connector.hooks-style registration, so connector never imports cutover).
 Requesting approval of a changed subject voids the live request and its approvals. An approval records who, when
 and the digest they saw; it is refused unless that digest is the subject's current one, the approver is not the
-requester and has not approved this request before. The second distinct approval moves the request to `approved`.
+requester, has not approved this request before, and is independent of the requester and of the other approver
+(no person controlled two of their accounts within the identity cooling period, D-180). The second distinct approval moves the request to `approved`.
 `approval_require` is what the guarded step calls: it passes only for an approved request of exactly the digest
 the step is about to act on.
 """
@@ -19,6 +20,7 @@ from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused
 from connector.models import ApprovalKind, ApprovalState, DualApproval, DualApprovalRequest
 from connector.models.approvals import APPROVAL_LIVE
 from connector.services.audit import audit_record
+from connector.services.identity import approver_require_independent
 
 PERMISSION = "connector.give_dual_approval"
 REQUIRED_APPROVALS = 2
@@ -83,6 +85,10 @@ def approval_give(*, request_pk: int, digest_seen: bytes, actor: Actor) -> DualA
                               "request approval of the current subject")
     if request.requested_by_id == actor.user.pk:
         raise ApprovalRefused("the requester cannot approve their own request")
+    approver_require_independent(approver_id=actor.user.pk, requester_id=request.requested_by_id,
+                                 other_approver_ids=list(request.approvals.filter(digest_seen=current)
+                                                         .exclude(approver_id=actor.user.pk)
+                                                         .values_list("approver_id", flat=True)))
     try:
         with transaction.atomic():
             DualApproval.objects.create(request=request, approver=actor.user, requester_id=request.requested_by_id,

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 from django.conf import settings
@@ -59,10 +60,14 @@ def binary(name: str) -> str:
 
 
 def _params(database: str | None = None) -> dict:
+    """The `default` server, as the database owner when DATABASE_OWNER_URL names one (docs/security.md): the
+    application role cannot `pg_restore --clean` (it owns no table) nor create a scratch database."""
     s = connections["default"].settings_dict
+    owner = urlsplit(getattr(settings, "DATABASE_OWNER_URL", "") or "")
+    user = unquote(owner.username) if owner.username else (s.get("USER") or "postgres")
+    password = unquote(owner.password or "") if owner.username else (s.get("PASSWORD") or "")
     return {"host": s.get("HOST") or "127.0.0.1", "port": str(s.get("PORT") or 5432),
-            "user": s.get("USER") or "postgres", "password": s.get("PASSWORD") or "",
-            "dbname": database or s["NAME"]}
+            "user": user, "password": password, "dbname": database or s["NAME"]}
 
 
 def _connect(database: str | None = None, **kwargs) -> psycopg.Connection:
@@ -99,7 +104,8 @@ def _normalized(value: object) -> object:
 # capture and must not read as drift (decision D-156). Every V1 and V2 authority table is digested.
 GOVERNANCE_TABLES = frozenset({
     "connector_dualapprovalrequest", "connector_dualapproval", "connector_auditrecord", "auth_user",
-    "auth_user_groups", "auth_user_user_permissions", "django_session", "django_admin_log"})
+    "auth_user_groups", "auth_user_user_permissions", "django_session", "django_admin_log",
+    "axes_accessattempt", "axes_accesslog", "axes_accessfailurelog"})
 
 
 def _digest_cursor(cursor) -> Digests:

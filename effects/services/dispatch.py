@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 
 from django.db import IntegrityError, transaction
@@ -17,7 +17,7 @@ from django.utils import timezone
 from connector import locks as connector_locks
 from connector.actors import Actor
 from connector.choices import SweepStep
-from connector.errors import PermissionRefused
+from connector.errors import ConnectorError, PermissionRefused, StateTokenInvalid
 from connector.secrets import secret_backend
 from connector.services import poison
 from connector.services.audit import audit_record
@@ -284,12 +284,18 @@ RECONCILE_DECISIONS = ("remote_confirmed", "no_effect", "idempotent_repeat", "qu
 
 
 @transaction.atomic
-def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Actor, remote_id: str = "",
-                     expected_changed_at=None) -> RemoteEffect:
+def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Actor, expected_changed_at: datetime,
+                     remote_id: str = "") -> RemoteEffect:
     """An operator's (or provider query's) decision on an `uncertain` effect, with evidence: confirmed remotely;
     proven no effect (another attempt only if the frozen policy permits, else terminal `no_effect`); an exact
     idempotent repeat (only with the frozen provider idempotency key; the uncertain attempt stays as it is); or
-    quarantine (CV2-10-023..029, CV2-10-051)."""
+    quarantine (CV2-10-023..029, CV2-10-051).
+
+    `expected_changed_at` is the effect's `changed_at` the decision was made on (the state token); it is
+    required: a missing or non-datetime token is refused with STATE_TOKEN_INVALID, a different one with
+    RECONCILE_REFUSED (the effect moved since the page was shown). Nothing is written on a refusal."""
+    if not isinstance(expected_changed_at, datetime):
+        raise StateTokenInvalid(f"a decision on effect #{effect_pk} carries the effect's changed_at it was made on")
     if decision not in RECONCILE_DECISIONS:
         raise ReconcileRefused(f"decision must be one of {', '.join(RECONCILE_DECISIONS)}")
     if not evidence.strip():
@@ -297,7 +303,7 @@ def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Act
     if actor.user is not None and not actor.user.has_perm("effects.reconcile_effect"):
         raise PermissionRefused(f"{actor} lacks the effects.reconcile_effect permission")
     effect = locks.effect_for_update(effect_pk)
-    if expected_changed_at is not None and effect.changed_at != expected_changed_at:
+    if effect.changed_at != expected_changed_at:
         raise ReconcileRefused(f"effect #{effect_pk} changed since the page was shown (now {effect.state}); "
                                "reload and decide again")
     if effect.state != EffectState.UNCERTAIN:

@@ -39,6 +39,9 @@ from connector.management.commands.bench import Stats
 from connector.models import AccountServingGate, AuditRecord, ServingEpoch
 from connector.selectors.owners import service_configuration_read
 
+# The benchmarks create throwaway databases, CHECKPOINT and setval: the administrator, not the product's roles.
+pytestmark = pytest.mark.usefixtures("administrator")
+
 DB = {"transaction": True, "databases": ["default", "journal"]}
 N = 50
 

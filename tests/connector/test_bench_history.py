@@ -25,6 +25,9 @@ from connector.models import Event, Receipt, ReceiptAdmissionKey
 from connector.services.admission import receipt_admit
 from connector.services.materialize import receipt_materialize
 
+# The benchmarks create throwaway databases, CHECKPOINT and setval: the administrator, not the product's roles.
+pytestmark = pytest.mark.usefixtures("administrator")
+
 DB = {"transaction": True, "databases": ["default", "journal"]}
 HISTORY_TABLES = ("connector_receipt", "connector_receiptadmissionkey", "connector_event")
 SEQ_SCAN = re.compile(r"Seq Scan on (" + "|".join(HISTORY_TABLES) + r")\b")

@@ -23,6 +23,9 @@ from connector.benchmarks.hot_account import (
 from connector.demo import build_world
 from connector.models import AccountServingGate
 
+# The benchmarks create throwaway databases, CHECKPOINT and setval: the administrator, not the product's roles.
+pytestmark = pytest.mark.usefixtures("administrator")
+
 DB = {"transaction": True, "databases": ["default", "journal"]}
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db import IntegrityError, ProgrammingError, close_old_connections, connection, transaction
 from django_fsm import TransitionNotAllowed
 
 from connector.actors import Actor
@@ -16,6 +16,7 @@ from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused
 from connector.models import ApprovalState, DualApproval, DualApprovalRequest
 from connector.services import approvals, serving
 from tests.cutover.succession_helpers import ACTOR, build_succession_world
+from tests import dbroles
 
 KIND = "activation_decision"
 SEED = {("pending", "approved"), ("pending", "voided"), ("approved", "voided")}
@@ -114,7 +115,10 @@ def test_postgres_refuses_self_approval_double_approval_and_edits(subject):
     with pytest.raises(IntegrityError), transaction.atomic():
         DualApproval.objects.create(request=row, approver=a1.user, requester=req.user, digest_seen=d)
     for sql in ("UPDATE connector_dualapproval SET digest_seen = %s", "DELETE FROM connector_dualapproval"):
-        with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(sql, [b"\x00" * 32] if "%s" in sql else [])
+        with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, [b"\x00" * 32] if "%s" in sql else [])
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE connector_dualapprovalrequest SET subject_digest = %s", [b"\x00" * 32])
@@ -141,10 +145,12 @@ def test_every_unlisted_request_transition_is_refused(subject):
                 pass
         assert (target in reached) == ((source, target) in SEED), (source, target)
         with connection.cursor() as cursor:
+            dbroles.admin_on(cursor)
             cursor.execute("SET session_replication_role = replica")
             cursor.execute("UPDATE connector_dualapprovalrequest SET state=%s, void_reason=%s WHERE id=%s",
                            [source, "r" if source == "voided" else "", row.pk])
             cursor.execute("SET session_replication_role = origin")
+            dbroles.admin_off(cursor)
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("UPDATE connector_dualapprovalrequest SET state=%s, void_reason=%s WHERE id=%s",

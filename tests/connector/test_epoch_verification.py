@@ -26,6 +26,7 @@ from connector.models import (
 from connector.secrets import FileSecretBackend
 from connector.selectors.epoch_candidate import candidate_from_owners, epoch_preimage, serving_scope_digest
 from connector.services import owners, serving
+from tests import dbroles
 
 ACTOR = Actor.system("test")
 
@@ -250,10 +251,12 @@ def test_mutated_owner_row_fails_closed(owners_world):
     its receipt: verification rejects. Proves: CV2-02-044, CV2-01-028"""
     epoch = serving.epoch_prepare(candidate=_candidate(owners_world), actor=ACTOR)
     with connection.cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("SET session_replication_role = replica")
         cursor.execute("UPDATE connector_bindingdefinition SET definition = convert_to('{\"fields\":[]}', 'UTF8') "
                        "WHERE kind = 'field_mapping'")
         cursor.execute("SET session_replication_role = origin")
+        dbroles.admin_off(cursor)
     epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)
     assert (epoch.state, epoch.rejection_code) == (EpochState.REJECTED, "OWNER_FACT_INVALID")
 

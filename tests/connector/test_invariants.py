@@ -59,6 +59,7 @@ from effects.services.worker import effect_dispatch_once
 from tests.crash.support import webhook_body
 from tests.effects.delivery import world as delivery_world
 from tests.effects.receiver import Receiver
+from tests import dbroles
 
 CHANNEL = "records.webhook"
 ACTOR = Actor.system("invariants-test")
@@ -170,6 +171,7 @@ def _replica(cursor) -> None:
     the world's own inserts run first, while their rows are still intact (Django's test teardown runs them)."""
     cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
     cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+    dbroles.admin_on(cursor)
     cursor.execute("SET session_replication_role = replica")
 
 
@@ -181,6 +183,7 @@ def raw(sql: str, params=()) -> None:
             cursor.execute(sql, params)
         finally:
             cursor.execute("SET session_replication_role = DEFAULT")
+            dbroles.admin_off(cursor)
 
 
 def drop_unique(table: str, column: str) -> None:
@@ -198,11 +201,13 @@ def drop_unique(table: str, column: str) -> None:
         """, [table, column])
         found = cursor.fetchall()
         assert found, f"no unique index on {table}.{column}"
+        dbroles.admin_on(cursor)  # only the owner may drop an index: the test stages what no product role can
         for index, constraint in found:
             if constraint:
                 cursor.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{constraint}"')
             else:
                 cursor.execute(f'DROP INDEX "{index}"')
+        dbroles.admin_off(cursor)
 
 
 def copy_row(table: str, pk: int, **overrides) -> int:
@@ -220,6 +225,7 @@ def copy_row(table: str, pk: int, **overrides) -> int:
             return cursor.fetchone()[0]
         finally:
             cursor.execute("SET session_replication_role = DEFAULT")
+            dbroles.admin_off(cursor)
 
 
 def sha(text: str) -> bytes:

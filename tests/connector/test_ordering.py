@@ -7,7 +7,7 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.utils import timezone
 
 from connector.choices import ExecutionState, LaneState
@@ -21,6 +21,7 @@ from connector.models import (
     SupersededDecision,
 )
 from connector.services import execution, runtime, sweeper
+from tests import dbroles
 from tests.concurrency import start
 from tests.conformance.packs import PACK_A, PACK_B, variant
 from tests.connector.inbound_helpers import (
@@ -352,12 +353,14 @@ def test_database_enforces_one_lane_per_partition_and_append_only_decisions(webh
         OrderingLane.objects.create(epoch=existing.epoch, account=existing.account, route=WEBHOOK, route_version=1,
                                     partition="rec-other", contract="order_independent")
     decision = SupersededDecision.objects.get()
-    with pytest.raises(IntegrityError, match="append-only"):
+    with pytest.raises(ProgrammingError, match="permission denied"):  # the application role: no privilege
         _raw("UPDATE connector_supersededdecision SET reason='x' WHERE id=%s", [decision.pk])
-    with pytest.raises(IntegrityError, match="append-only"):
+    with dbroles.as_admin(), pytest.raises(IntegrityError, match="append-only"):  # anyone else: the trigger
+        _raw("UPDATE connector_supersededdecision SET reason='x' WHERE id=%s", [decision.pk])
+    with dbroles.as_admin(), pytest.raises(IntegrityError, match="append-only"):
         _raw("DELETE FROM connector_supersededdecision WHERE id=%s", [decision.pk])
     GapDecision.objects.create(lane=existing, expected_position=3, next_available=None, disposition="probe")
-    with pytest.raises(IntegrityError, match="append-only"):
+    with dbroles.as_admin(), pytest.raises(IntegrityError, match="append-only"):
         _raw("UPDATE connector_gapdecision SET disposition='other'", [])
 
 

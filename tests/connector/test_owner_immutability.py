@@ -3,7 +3,7 @@ deleted; identities are validated before anything is written."""
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 
 from connector.actors import Actor
 from connector.errors import IdentityInvalid, OwnerFactInvalid
@@ -23,6 +23,7 @@ from connector.models import (
     ServingEpochCredentialProof,
 )
 from connector.services import owners
+from tests import dbroles
 
 ACTOR = Actor.system("test")
 
@@ -39,9 +40,13 @@ def _raw(sql, params=()):
 @pytest.mark.django_db
 @pytest.mark.parametrize("model", IMMUTABLE, ids=lambda m: m.__name__)
 def test_owner_generation_rows_cannot_be_updated(world, model):
-    """Even raw SQL cannot update an immutable fact. Proves: CV2-02-013, CV2-02-044, CV2-01-015"""
+    """Even raw SQL cannot update an immutable fact: the application role holds no UPDATE privilege on it, and
+    the row trigger refuses even the administrator (issue 17: two lines). Proves: CV2-02-013, CV2-02-044,
+    CV2-01-015"""
     row = model.objects.first()
-    with pytest.raises(IntegrityError) as info:
+    with pytest.raises(ProgrammingError, match="permission denied"):
+        _raw(f"UPDATE {model._meta.db_table} SET id = id WHERE id = %s", [row.pk])
+    with dbroles.as_admin(), pytest.raises(IntegrityError) as info:
         _raw(f"UPDATE {model._meta.db_table} SET id = id WHERE id = %s", [row.pk])
     assert info.value.__cause__.diag.constraint_name == f"{model._meta.db_table}_immutable"
 
@@ -54,7 +59,9 @@ def test_generation_referenced_by_an_active_epoch_cannot_be_deleted(world, model
     frozen proof rows refuse the delete at commit, whatever path issues it. Proves: CV2-02-013, CV2-02-044,
     CV2-02-022"""
     row = model.objects.first()
-    with pytest.raises(IntegrityError):
+    with pytest.raises(ProgrammingError, match="permission denied"):  # the application role deletes no owner row
+        _raw(f"DELETE FROM {model._meta.db_table} WHERE id = %s", [row.pk])
+    with dbroles.as_admin(), pytest.raises(IntegrityError):
         # foreign keys are checked at commit; IMMEDIATE checks them now, inside the test's transaction
         _raw(f"SET CONSTRAINTS ALL IMMEDIATE; DELETE FROM {model._meta.db_table} WHERE id = %s", [row.pk])
     assert model.objects.filter(pk=row.pk).exists()
@@ -75,10 +82,13 @@ def test_epoch_frozen_columns_cannot_change(world):
 
 @pytest.mark.django_db
 def test_audit_is_append_only(world):
-    """Audit rows are never updated or deleted. Proves: CV2-02-006"""
+    """Audit rows are never updated or deleted: not by the application role (no privilege), not by the
+    administrator (the row trigger). Proves: CV2-02-006; issue 17 item 3"""
     row = AuditRecord.objects.first()
     for sql in ("UPDATE connector_auditrecord SET reason='x' WHERE id=%s", "DELETE FROM connector_auditrecord WHERE id=%s"):
-        with pytest.raises(IntegrityError) as info:
+        with pytest.raises(ProgrammingError, match="permission denied"):
+            _raw(sql, [row.pk])
+        with dbroles.as_admin(), pytest.raises(IntegrityError) as info:
             _raw(sql, [row.pk])
         assert info.value.__cause__.diag.constraint_name == "connector_auditrecord_append_only"
 
@@ -88,10 +98,11 @@ def test_audit_is_append_only(world):
 def test_noncanonical_account_key_is_refused_and_nothing_is_written(key):
     """Identity validation happens before persistence; the service never trims. Proves: CV2-01-003,
     CV2-01-004, CV2-01-005, CV2-01-029"""
+    audit_rows = AuditRecord.objects.count()  # the roles' own audit (their permissions, synced at migrate)
     with pytest.raises(IdentityInvalid):
         owners.account_create(account_key=key, provider_scope="p", actor=ACTOR)
     assert ConnectorAccount.objects.count() == 0
-    assert AuditRecord.objects.count() == 0
+    assert AuditRecord.objects.count() == audit_rows
 
 
 @pytest.mark.django_db

@@ -15,6 +15,7 @@ from connector.services import gates as gate_services
 from connector.services import serving
 from connector.services.guard import lock_serving
 from tests.concurrency import backend_pid_waiting, start, wait_until
+from tests import dbroles
 
 ACTOR = Actor.system("test")
 
@@ -77,10 +78,12 @@ def test_corrupt_gate_naming_a_verified_epoch_writes_nothing(world):
     verified = world.verified_epoch
     assert verified.state == EpochState.VERIFIED
     with connection.cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("SET session_replication_role = replica")
         cursor.execute("UPDATE connector_accountservinggate SET epoch_id=%s, epoch_digest=%s WHERE account_id=%s",
                        [verified.pk, bytes(verified.digest), account.pk])
         cursor.execute("SET session_replication_role = origin")
+        dbroles.admin_off(cursor)
     with pytest.raises(GateNotServing, match="verified"):
         guarded_write(account.pk, epoch_id=verified.epoch_id, epoch_digest=bytes(verified.digest))
     with pytest.raises(GateNotServing):

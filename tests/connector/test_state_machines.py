@@ -17,6 +17,7 @@ from django_fsm import TransitionNotAllowed
 
 from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
 from cutover.models import CutoverDecision
+from tests import dbroles
 
 SEED_GATE = {
     ("v1_serving", "halting_v1"), ("halting_v1", "v1_serving"), ("halting_v1", "v1_stopped"),
@@ -94,11 +95,13 @@ def _force(using: str, sql: str, params) -> None:
     """Set up a row in an arbitrary state with triggers off for this statement (superuser session), the way
     a corrupt or legacy row could exist."""
     with connections[using].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("SET session_replication_role = replica")
         try:
             cursor.execute(sql, params)
         finally:
             cursor.execute("SET session_replication_role = origin")
+            dbroles.admin_off(cursor)
 
 
 def _try_update(using: str, sql: str, params) -> bool:

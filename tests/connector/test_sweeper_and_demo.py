@@ -44,11 +44,16 @@ def test_demo_load_twice_is_safe():
     assert "Operator login: username 'operator' password 'first-pass-123'" in out.getvalue()
     epochs = list(ServingEpoch.objects.values_list("epoch_id", "state").order_by("epoch_id"))
     assert epochs == [("epoch-1", "active"), ("epoch-2", "verified")]
-    audit_rows = AuditRecord.objects.count()
+    audit_rows = AuditRecord.objects.exclude(action__startswith="identity_").count()
+    identity_rows = AuditRecord.objects.filter(action__startswith="identity_").count()
     out = io.StringIO()
     call_command("demo_load", password="second-pass-456", stdout=out)
     assert "already loaded" in out.getvalue()
     assert list(ServingEpoch.objects.values_list("epoch_id", "state").order_by("epoch_id")) == epochs
-    assert AuditRecord.objects.count() == audit_rows
+    assert AuditRecord.objects.exclude(action__startswith="identity_").count() == audit_rows
+    # the only new rows: the demo users' passwords set again, each in the identity audit (issue 17)
+    new = AuditRecord.objects.filter(action__startswith="identity_").order_by("pk")[identity_rows:]
+    assert new and {(r.action, r.reason) for r in new} == {
+        ("identity_user_change", '{"after": {"password_set": true}, "before": {"password_set": false}}')}
     from django.contrib.auth import authenticate
     assert authenticate(username="operator", password="second-pass-456") is not None

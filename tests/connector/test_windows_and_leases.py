@@ -39,6 +39,7 @@ from tests.connector.inbound_helpers import (
     webhook_body,
     webhook_event,
 )
+from tests import dbroles
 
 GROUPED = "ledger.grouped"
 
@@ -379,7 +380,7 @@ def test_result_lookup_with_another_execution_ref_fails_closed(webhook_world):
     assert runtime.runtime_result_get(command_id="cmd-unknown", execution_ref_digest=b"\x00" * 32) is None
     assert ApplicationResult.objects.count() == 1 and CrmRecord.objects.get().version == 1
     result = ApplicationResult.objects.get()
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE connector_applicationresult SET outcome='failed' WHERE id=%s", [result.pk])
     with pytest.raises(IntegrityError), transaction.atomic():
         ApplicationResult.objects.create(command_id=result.command_id, execution_ref_digest=b"\x01" * 32,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import dbroles
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 60
 
@@ -67,6 +69,7 @@ def child_env(settings):
         "JOURNAL_DATABASE_URL": _url(journal, journal["TEST"]["NAME"]),
         "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+        **dbroles.child_env(),  # the child runs as the application role, like the worker it stands for
     })
     return env
 

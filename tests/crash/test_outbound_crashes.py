@@ -321,8 +321,9 @@ def test_crash_after_sending_before_request_is_uncertain_until_reconciled(run_ch
     assert effects_sweep() == {"finalized": 0, "claimable": 0}
     assert receiver.requests == []
 
+    effect.refresh_from_db()
     reconciled = dispatch.effect_reconcile(effect_pk=effect.pk, decision="no_effect", actor=OPERATOR,
-                                           evidence="receiver log shows no request for this Idempotency-Key")
+                                           expected_changed_at=effect.changed_at, evidence="receiver log shows no request for this Idempotency-Key")
     assert reconciled.state == EffectState.PREPARED  # attempt 1 of max 3: policy permits another attempt
     done = effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id)
     assert done.pk == effect.pk and done.state == EffectState.FINALIZED
@@ -365,8 +366,9 @@ def test_crash_after_request_before_settlement_repeats_idempotently(run_child, r
     assert effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id) is None
     assert len(receiver.requests) == 1
 
+    effect.refresh_from_db()
     assert dispatch.effect_reconcile(
-        effect_pk=effect.pk, decision="idempotent_repeat", actor=OPERATOR,
+        effect_pk=effect.pk, decision="idempotent_repeat", actor=OPERATOR, expected_changed_at=effect.changed_at,
         evidence="push contract freezes a provider Idempotency-Key; exact repeat cannot create a second effect",
     ).state == EffectState.PREPARED
     done = effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id)

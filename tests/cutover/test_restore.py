@@ -19,6 +19,7 @@ from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import ACTOR, accept, drained_world, v1_cursors
 from v1 import runtime
 from v1.models import GenerationState, V1Barrier, V1HighWater, V1OutboundEffect, V1ProcessGeneration, V1WorkItem
+from tests import dbroles
 
 
 def v1_state() -> dict:
@@ -171,9 +172,11 @@ def test_restore_is_refused_once_any_epoch_became_active():
     """Proves: CV2-12-076 (a live active epoch refuses the restore even with the decision still open)."""
     world = validating_world()
     with connections["default"].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute('ALTER TABLE "connector_servingepoch" DISABLE TRIGGER ALL')
         cursor.execute('UPDATE "connector_servingepoch" SET state = %s WHERE id = %s', ["active", world.epoch.pk])
         cursor.execute('ALTER TABLE "connector_servingepoch" ENABLE TRIGGER ALL')
+        dbroles.admin_off(cursor)
     with pytest.raises(RestoreRefused, match="became active"):
         restore_run(attempt_key=world.key, actor=ACTOR)
     assert decision_read(world.key).state == DecisionState.ROLLBACK_OPEN
@@ -239,7 +242,9 @@ def test_a_pg_restore_failing_midway_exposes_no_partial_state():
     world = validating_world()
     V1HighWater.objects.update(high_water=999)
     with connections["default"].cursor() as cursor:  # an object the dump does not know blocks one DROP TABLE
+        dbroles.admin_on(cursor)  # (the administrator stages it: the application role creates nothing)
         cursor.execute("CREATE VIEW hc_blocker AS SELECT * FROM v1_v1highwater")
+        dbroles.admin_off(cursor)
     before = pg_snapshot.digests_of()
     with pytest.raises(RestorePointInvalid, match="pg_restore"):
         restore_run(attempt_key=world.key, actor=ACTOR)
@@ -249,4 +254,6 @@ def test_a_pg_restore_failing_midway_exposes_no_partial_state():
     assert RestoreAttempt.objects.using(JOURNAL_DB).get(attempt_key=world.key).state == RestoreAttemptState.STARTED
     assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
     with connections["default"].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("DROP VIEW hc_blocker")
+        dbroles.admin_off(cursor)

@@ -11,6 +11,7 @@ from django_fsm import TransitionNotAllowed
 from config.routers import JOURNAL_DB
 from cutover.choices import RESTORE_ATTEMPT_TRANSITIONS, RestoreAttemptState
 from cutover.models import RestoreAttempt, V1RestorePoint
+from tests import dbroles
 
 STATES = list(RestoreAttemptState.values)
 LISTED = {(str(a), str(b)) for a, b in RESTORE_ATTEMPT_TRANSITIONS}
@@ -55,6 +56,7 @@ def test_every_unlisted_pair_is_refused_by_the_journal_trigger():
             "effect_evidence_digest", "dump_sha256", "digest"))})
     table = RestoreAttempt._meta.db_table
     with connections[JOURNAL_DB].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
         for i, source in enumerate(STATES):
             cursor.execute(f"INSERT INTO {table} (attempt_key, restore_point_id, state, fence, restored_content_digest,"
@@ -62,6 +64,7 @@ def test_every_unlisted_pair_is_refused_by_the_journal_trigger():
                            " VALUES (%s, %s, %s, 1, %s, %s, %s, 'g', 't', now(), now())",
                            [f"k{i}", point.pk, source, b"\x01" * 32, b"p", b"\x02" * 32])
         cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
+        dbroles.admin_off(cursor)
     for (i, source), target in itertools.product(enumerate(STATES), STATES):
         if source == target:
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, ProgrammingError, connections, transaction
 
 from config.routers import JOURNAL_DB
 from connector.choices import OrderingContract
@@ -20,6 +20,7 @@ from tests.cutover.restore_helpers import (
 )
 from v1.errors import V1BootCheckFailed
 from v1.models import RELEASE_ID, V1SourceCursor
+from tests import dbroles
 
 def scratch_databases() -> list[str]:
     with connections["default"].cursor() as cursor:
@@ -56,12 +57,15 @@ def test_restore_point_and_rehearsal_are_immutable_in_postgresql():
     """Proves: CV2-12-093 (the restore point receipt never changes; enforced by the journal database)."""
     world = drained_world()
     point = restore_point_capture(attempt_key=world.key, actor="op")
-    with pytest.raises(IntegrityError, match="immutable|append"), transaction.atomic(using=JOURNAL_DB):
+    with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(using=JOURNAL_DB):
         V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).update(dump_bytes=point.dump_bytes + 1)
-    with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
-        V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).delete()
+    with dbroles.as_admin(JOURNAL_DB):  # beyond the application role's privileges, the journal's triggers
+        with pytest.raises(IntegrityError, match="immutable|append"), transaction.atomic(using=JOURNAL_DB):
+            V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).update(dump_bytes=point.dump_bytes + 1)
+        with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
+            V1RestorePoint.objects.using(JOURNAL_DB).filter(pk=point.pk).delete()
     rehearsal = restore_point_rehearse(attempt_key=world.key, actor="op")
-    with pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
+    with dbroles.as_admin(JOURNAL_DB), pytest.raises(IntegrityError), transaction.atomic(using=JOURNAL_DB):
         RestorePointRehearsal.objects.using(JOURNAL_DB).filter(pk=rehearsal.pk).update(scratch_database="x")
 
 
@@ -110,9 +114,11 @@ def test_active_candidate_epoch_refuses_the_restore_point():
     """Proves: CV2-12-051 (the candidate epoch must not be active)."""
     world = drained_world()
     with connections["default"].cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute('ALTER TABLE "connector_servingepoch" DISABLE TRIGGER ALL')
         cursor.execute('UPDATE "connector_servingepoch" SET state = %s WHERE id = %s', ["active", world.epoch.pk])
         cursor.execute('ALTER TABLE "connector_servingepoch" ENABLE TRIGGER ALL')
+        dbroles.admin_off(cursor)
     with pytest.raises(RestorePointRefused, match="active"):
         restore_point_capture(attempt_key=world.key, actor="op")
 

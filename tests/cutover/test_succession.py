@@ -24,6 +24,7 @@ from cutover.errors import (
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import succession
 from tests.connector.inbound_helpers import advance_lanes, drain, run_ready
+from tests import dbroles
 from tests.cutover.succession_helpers import (
     ACTOR,
     WEBHOOK,
@@ -127,10 +128,12 @@ def test_activation_refusal_moves_nothing(sworld, failure):
         handoff_all(sworld, barrier)
         # Only corruption can move a gate after the cutoff; the activation must still refuse it.
         with connection.cursor() as cursor:
+            dbroles.admin_on(cursor)
             cursor.execute("SET session_replication_role = replica")
             cursor.execute("UPDATE connector_accountservinggate SET mode = 'halting_v2' WHERE account_id = %s",
                            [sworld.accounts[1].pk])
             cursor.execute("SET session_replication_role = DEFAULT")
+            dbroles.admin_off(cursor)
         expected = SuccessorActivationRefused
     else:
         halt_all(sworld)
@@ -177,7 +180,7 @@ def test_handoff_is_refused_while_a_nonterminal_execution_exists(sworld):
     assert (frozen.state, frozen.halt_reason) == (LaneState.HALTED, "ORDERING_HANDOFF")
     # Idempotent and immutable.
     assert succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane.pk, actor=ACTOR).pk == handoff.pk
-    with pytest.raises(IntegrityError), transaction.atomic():
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic():
         OrderingHandoff.objects.filter(pk=handoff.pk).update(high_water=99)
 
 

@@ -28,6 +28,7 @@ from v1 import runtime
 from v1.errors import V1BarrierClosed
 from v1.models import EffectState, V1OutboundEffect
 from v1.owner import V1Owner
+from tests import dbroles
 
 TX = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +87,7 @@ def test_preflight_refuses_unsupported_routes_missing_budgets_and_projections_ov
     assert sd.cutover_certify(attempt_key="att-1", budgets={**BUDGETS, "drain": 999}, actor=ACTOR) == certificate
     assert certificate.routes[0]["disposition"] == "v1_high_water"
     assert set(certificate.reason_map) >= {"V1_DRAIN_BLOCKED", "V1_IO_MAY_HAVE_STARTED"}
-    with pytest.raises(IntegrityError), transaction.atomic():
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic():  # the trigger, for anyone
         CutoverReadinessCertificate.objects.filter(pk=certificate.pk).update(budgets={})
 
 
@@ -218,7 +219,7 @@ def test_interrupted_io_is_reconciled_in_v1_stopped_before_the_shutdown_certific
     with pytest.raises(CutoverPhaseRefused):
         sd.v1_reconcile(attempt_key="att-1", effect_row_id=str(effect.pk), outcome="no_effect", evidence=b"x",
                         reason="late", expected_fences_digest=None, actor=ACTOR)
-    with pytest.raises(IntegrityError), transaction.atomic():
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic():  # the trigger, for anyone
         V1ShutdownCertificate.objects.filter(pk=certificate.pk).update(inventory_digest=b"\1" * 32)
 
 

@@ -6,7 +6,7 @@ import hashlib
 import threading
 from dataclasses import dataclass
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 
 from connector.actors import Actor
 from connector.models import CredentialGeneration
@@ -15,6 +15,7 @@ from effects import egress
 from effects.models import DispatchPermit, OutboundCommand, ProcessGeneration
 from effects.services import dispatch
 from effects.services.outbound import outbound_command_author
+from tests import dbroles
 
 ACTOR = Actor.system("effects-tests")
 PUSH_CONTRACT = "records.push"
@@ -117,21 +118,30 @@ def force(sql: str, params) -> None:
     """Put a row into an arbitrary state with this session's triggers off, the way a corrupt or legacy row could
     exist (superuser session). Only sets up a source state; the probe itself runs with triggers on."""
     with connection.cursor() as cursor:
+        dbroles.admin_on(cursor)
         cursor.execute("SET session_replication_role = replica")
         try:
             cursor.execute(sql, params)
         finally:
             cursor.execute("SET session_replication_role = origin")
+            dbroles.admin_off(cursor)
 
 
 def refused_by(sql: str, params) -> str | None:
-    """Run one statement in a savepoint. Returns None if PostgreSQL accepted it, else the refusing constraint."""
+    """Run one statement in a savepoint. Returns None if PostgreSQL accepted it, else the refusing constraint.
+    Where the application role holds no privilege for the statement at all (an append-only table), it runs again
+    as the administrator: the rule probed is the one that refuses every role (the trigger or constraint)."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, params)
         return None
     except IntegrityError as exc:
         return exc.__cause__.diag.constraint_name
+    except ProgrammingError as exc:
+        if "permission denied" not in str(exc):
+            raise
+    with dbroles.as_admin("default"):
+        return refused_by(sql, params)
 
 
 def waiting_here() -> int:

@@ -34,6 +34,8 @@ def _dispatch(account):
 
 
 def _reconcile(effect_pk: int, decision: str, **kw) -> RemoteEffect:
+    """A decision made on the effect as it is now (its current changed_at is the state token)."""
+    kw.setdefault("expected_changed_at", RemoteEffect.objects.get(pk=effect_pk).changed_at)
     return dispatch.effect_reconcile(effect_pk=effect_pk, decision=decision, actor=ACTOR,
                                      evidence=f"operator checked the provider console: {decision}", **kw)
 

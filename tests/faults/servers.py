@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from scripts import services as svc
+from tests import dbroles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,7 +140,7 @@ def run_database_env() -> dict[str, str]:
     journal = connections["journal"].settings_dict
     assert default["NAME"] == default["TEST"]["NAME"], "the test database is not set up"
     return {"DATABASE_URL": database_url(default, default["NAME"]),
-            "JOURNAL_DATABASE_URL": database_url(journal, journal["TEST"]["NAME"])}
+            "JOURNAL_DATABASE_URL": database_url(journal, journal["TEST"]["NAME"]), **dbroles.child_env()}
 
 
 

@@ -120,7 +120,9 @@ def test_a_decision_without_reason_or_evidence_changes_nothing(people, uncertain
     token = _csrf(op, url)
     response = op.post(url, {"csrfmiddlewaretoken": token, "decision": "no_effect", "reason": "",
                              "evidence_ref": "", "changed_at": uncertain.changed_at.isoformat()}, follow=True)
-    assert "needs a reason and an evidence reference" in response.content.decode()
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "FORM_INVALID" in page and "reason" in page and "evidence_ref" in page
     uncertain = type(uncertain).objects.get(pk=uncertain.pk)
     assert uncertain.state == "uncertain"
 

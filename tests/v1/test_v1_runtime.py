@@ -24,6 +24,7 @@ from v1.models import (
     WorkState,
 )
 from v1.owner import V1Owner
+from tests import dbroles
 
 TX = pytest.mark.django_db(transaction=True)
 
@@ -198,10 +199,12 @@ def test_postgresql_refuses_every_unlisted_v1_transition(table, edges, states, g
             with connection.cursor() as cursor:
                 try:
                     with transaction.atomic():
+                        dbroles.admin_on(cursor)
                         cursor.execute("SET LOCAL session_replication_role = replica")
                         cursor.execute(f"UPDATE {table} SET state = %s WHERE id = (SELECT min(id) FROM {table})",
                                        [source])
                         cursor.execute("SET LOCAL session_replication_role = origin")
+                        dbroles.admin_off(cursor)
                         cursor.execute(f"UPDATE {table} SET state = %s WHERE id = (SELECT min(id) FROM {table})",
                                        [target])
                         ok = True

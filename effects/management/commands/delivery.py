@@ -5,8 +5,10 @@
   delivery run PARENT_KEY        drive its children (submit, send, poll, verify) until nothing can move
   delivery status [PARENT_KEY]   parents and children with their five axes, attempts and codes
   delivery reconciliations       every operation waiting for an operator (unknown, partial, unverified)
-  delivery reconcile-open OP RECONCILIATION_ID --user NAME
-  delivery reconcile-resolve OP RECONCILIATION_ID TARGET --proof JSON --user NAME
+  delivery reconcile-open OP RECONCILIATION_ID --revision N --user NAME
+  delivery reconcile-resolve OP RECONCILIATION_ID TARGET --revision N --proof JSON --user NAME
+                                 (--revision: the operation's revision the decision was made on, as `status`
+                                 and `reconciliations` print it; a moved operation is refused)
   delivery gate                  the mutation gate, journal epochs and audit findings
   delivery errors                the contract's error catalog
 
@@ -42,6 +44,7 @@ class Command(BaseCommand):
         opening.add_argument("operation", type=int)
         opening.add_argument("reconciliation_id")
         opening.add_argument("--user", required=True)
+        opening.add_argument("--revision", type=int, required=True)
         opening.add_argument("--note", default="")
         resolving = sub.add_parser("reconcile-resolve")
         resolving.add_argument("operation", type=int)
@@ -49,6 +52,7 @@ class Command(BaseCommand):
         resolving.add_argument("target")
         resolving.add_argument("--proof", required=True, help="JSON object")
         resolving.add_argument("--user", required=True)
+        resolving.add_argument("--revision", type=int, required=True)
         resolving.add_argument("--note", default="")
         sub.add_parser("gate")
         sub.add_parser("errors")
@@ -110,7 +114,7 @@ class Command(BaseCommand):
             for op in parent.children.order_by("ordinal"):
                 axes = " ".join(contract().tuples[op.state])
                 self.stdout.write(f"  #{op.pk} child {op.ordinal} {op.state:<34} [{axes}] attempts "
-                                  f"{op.attempt_ordinal} {op.last_code}")
+                                  f"{op.attempt_ordinal} {op.last_code} revision {op.revision}")
 
     def do_reconciliations(self, options):
         waiting = DeliveryOperation.objects.filter(state__regex=r"^(final_unknown|final_partial|final_full_unver"
@@ -119,7 +123,8 @@ class Command(BaseCommand):
             spec = contract().errors.get(op.last_code)
             schema = spec.evidence_schema if spec else "dpone.rest_delivery_reconciliation.v1"
             targets = sorted(t.target for t in contract().transitions if t.operator_only and t.source == op.state)
-            self.stdout.write(f"#{op.pk} {op.parent.parent_key}/{op.ordinal} {op.state} {op.last_code or '-'} "
+            self.stdout.write(f"#{op.pk} {op.parent.parent_key}/{op.ordinal} {op.state} revision {op.revision} "
+                              f"{op.last_code or '-'} "
                               f"evidence {schema}; next: {', '.join(targets)}")
         self.stdout.write(f"{waiting.count()} operation(s) wait for reconciliation")
 
@@ -127,7 +132,8 @@ class Command(BaseCommand):
         from effects.services.delivery.reconciliation import reconcile_open
 
         op = reconcile_open(actor=self._actor(options["user"]), operation_pk=options["operation"],
-                            reconciliation_id=options["reconciliation_id"], note=options["note"])
+                            reconciliation_id=options["reconciliation_id"], note=options["note"],
+                            expected_revision=options["revision"])
         self.stdout.write(f"#{op.pk} {op.state}")
 
     def do_reconcile_resolve(self, options):
@@ -139,7 +145,7 @@ class Command(BaseCommand):
             raise CommandError(f"--proof is not JSON: {exc}") from exc
         op = reconcile_resolve(actor=self._actor(options["user"]), operation_pk=options["operation"],
                                reconciliation_id=options["reconciliation_id"], target=options["target"],
-                               proof=proof, note=options["note"])
+                               proof=proof, note=options["note"], expected_revision=options["revision"])
         self.stdout.write(f"#{op.pk} {op.state}")
 
     def do_gate(self, options):

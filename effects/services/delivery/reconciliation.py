@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django_fsm import has_transition_perm
 
 from connector.actors import Actor
+from connector.errors import StateTokenInvalid
 from connector.services.audit import audit_record
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryPermissionDenied, DeliveryRequestInvalid
@@ -63,7 +64,10 @@ def _check_proof(op: DeliveryOperation, target: str, kind: str | None, proof: di
 
 
 def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: str, proof: dict | None,
-           note: str, opening: bool, expected_revision: int | None = None) -> DeliveryOperation:
+           note: str, opening: bool, expected_revision: int) -> DeliveryOperation:
+    if isinstance(expected_revision, bool) or not isinstance(expected_revision, int):
+        raise StateTokenInvalid(f"a reconciliation of operation #{operation_pk} carries the revision it was decided "
+                                "on")
     if not reconciliation_id or reconciliation_id != reconciliation_id.strip():
         raise DeliveryRequestInvalid("a reconciliation ID is required (canonical, no surrounding whitespace)")
     c = contract()
@@ -72,7 +76,7 @@ def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: s
         domain_lock_for_update(head.domain_id)
         parent = DeliveryParent.objects.select_for_update().get(pk=head.parent_id)
         op = operation_for_update(operation_pk)
-        if expected_revision is not None and op.revision != expected_revision:
+        if op.revision != expected_revision:
             raise DeliveryRequestInvalid(f"operation #{op.pk} moved since the page was shown (now {op.state}, "
                                          f"revision {op.revision}); reload and decide again")
         rule = c.transition(op.state, target)
@@ -110,7 +114,7 @@ def _apply(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: s
 
 
 def reconcile_open(*, actor: Actor, operation_pk: int, reconciliation_id: str, note: str = "",
-                   expected_revision: int | None = None) -> DeliveryOperation:
+                   expected_revision: int) -> DeliveryOperation:
     op = DeliveryOperation.objects.get(pk=operation_pk)
     targets = [t.target for t in contract().transitions if t.operator_only and t.source == op.state
                and t.target.startswith("reconciling_")]
@@ -121,7 +125,7 @@ def reconcile_open(*, actor: Actor, operation_pk: int, reconciliation_id: str, n
 
 
 def reconcile_resolve(*, actor: Actor, operation_pk: int, reconciliation_id: str, target: str, proof: dict,
-                      note: str = "", expected_revision: int | None = None) -> DeliveryOperation:
+                      expected_revision: int, note: str = "") -> DeliveryOperation:
     return _apply(actor=actor, operation_pk=operation_pk, reconciliation_id=reconciliation_id, target=target,
                   proof=proof, note=note, opening=False, expected_revision=expected_revision)
 

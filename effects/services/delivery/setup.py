@@ -11,8 +11,10 @@ from django.db.models import Max
 from django.utils import timezone
 
 from connector.actors import Actor
+from connector.errors import StateTokenInvalid
 from connector.secrets import secret_backend
 from connector.services.audit import audit_record
+from connector.services.identity import approver_require_independent
 from effects.delivery import identity
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryPermissionDenied, DeliveryRequestInvalid
@@ -167,22 +169,29 @@ def certification_subject_digest(cert: ReceiverCertification) -> bytes:
 
 
 def certification_approve(*, actor: Actor, certification: ReceiverCertification,
-                          digest_seen: bytes | None = None) -> ReceiverCertification:
+                          digest_seen: bytes) -> ReceiverCertification:
     """One approval of a platform-attested certification, recording the subject digest the approver saw. The
     requester cannot approve; one person approves once; the second distinct approver certifies. An approval of
     a digest that is no longer the subject's (the subject changed or was superseded) is refused and counts for
-    nothing."""
+    nothing. `digest_seen` (the state token) is required: a missing or malformed one is refused with
+    STATE_TOKEN_INVALID. Two approvals count only from independent people (connector.services.identity)."""
+    if not isinstance(digest_seen, (bytes, bytearray, memoryview)) or len(bytes(digest_seen)) != 32:
+        raise StateTokenInvalid("an approval carries the 32-byte subject digest the approver was shown")
     _require_perm(actor, "effects.approve_certification")
     with transaction.atomic():
         cert = ReceiverCertification.objects.select_for_update().get(pk=certification.pk)
         current = certification_subject_digest(cert)
-        if digest_seen is not None and bytes(digest_seen) != current:
+        if bytes(digest_seen) != current:
             raise DeliveryRequestInvalid("the subject changed since it was shown: approvals of the old digest are "
                                          "void; review the current subject")
         if cert.state != CertificationState.PENDING_APPROVAL:
             raise DeliveryRequestInvalid(f"certification is {cert.state}")
         if cert.requested_by_id == actor.user.pk:
             raise DeliveryPermissionDenied("the requester cannot approve their own certification")
+        approver_require_independent(approver_id=actor.user.pk, requester_id=cert.requested_by_id,
+                                     other_approver_ids=list(cert.approvals.filter(digest_seen=current)
+                                                             .exclude(approver_id=actor.user.pk)
+                                                             .values_list("approver_id", flat=True)))
         try:
             with transaction.atomic():
                 CertificationApproval.objects.create(certification=cert, approver=actor.user, digest_seen=current)

@@ -82,9 +82,9 @@ def test_unresolved_async_child_holds_the_next_until_reconciled(aworld, async_re
     assert_held_back(second, async_receiver, 1)
 
     actor = Actor.for_user(aworld.admin)
-    reconcile_open(actor=actor, operation_pk=first.pk, reconciliation_id="rec-async")
+    reconcile_open(actor=actor, operation_pk=first.pk, expected_revision=DeliveryOperation.objects.get(pk=first.pk).revision, reconciliation_id="rec-async")
     assert_held_back(second, async_receiver, 1)
-    reconcile_resolve(actor=actor, operation_pk=first.pk, reconciliation_id="rec-async",
+    reconcile_resolve(actor=actor, operation_pk=first.pk, expected_revision=DeliveryOperation.objects.get(pk=first.pk).revision, reconciliation_id="rec-async",
                       target="final_no_effect_cancelled_ack",
                       proof={"applied_count": 0, "source": "receiver-query:job"})
     assert DeliveryAttempt.objects.get(operation=first).capacity_state == CapacityState.RELEASED

@@ -346,14 +346,14 @@ def test_every_unknown_reconciliation_can_resolve_none_full_partial_or_remain_un
     op = unknown_success(world, sync_receiver)
     actor = Actor.for_user(world.admin)
 
-    op = reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-1", note="inspect receiver")
+    op = reconcile_open(actor=actor, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-1", note="inspect receiver")
     op.refresh_from_db()
     assert op.state == "reconciling_unknown_success_ack"
     assert op.axis("acknowledgement") == "SUCCEEDED"
     assert op.attempts.get().capacity_state == CapacityState.RESERVED  # opening resolves nothing
 
     approver = Actor.for_user(world.approver)
-    op = reconcile_resolve(actor=approver, operation_pk=op.pk, reconciliation_id="rec-1", target=target,
+    op = reconcile_resolve(actor=approver, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-1", target=target,
                            proof=proof, note=f"resolved {effect}")
     op.refresh_from_db()
     assert op.state == final, op.state
@@ -387,11 +387,11 @@ def test_reconciling_expired_unknown_keeps_expired_acknowledgement(aworld, async
     op = run_to_final(single_child(aworld, aworld.asyncp).pk)
     assert op.state == "final_unknown_expired_ack"
     actor = Actor.for_user(aworld.admin)
-    reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-exp")
+    reconcile_open(actor=actor, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-exp")
     op.refresh_from_db()
     assert op.state == "reconciling_unknown_expired_ack" and op.axis("acknowledgement") == "EXPIRED"
     assert op.attempts.get().capacity_state == CapacityState.RESERVED
-    reconcile_resolve(actor=actor, operation_pk=op.pk, reconciliation_id="rec-exp",
+    reconcile_resolve(actor=actor, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-exp",
                       target="final_no_effect_expired_ack",
                       proof={"applied_count": 0, "source": "receiver-query:job"})
     op.refresh_from_db()
@@ -421,15 +421,15 @@ def test_reconciliation_refusals_change_nothing(world, sync_receiver):
     before = _snapshot(op)
     for actor in (nobody, Actor.system("delivery")):
         with pytest.raises(DeliveryPermissionDenied):
-            reconcile_open(actor=actor, operation_pk=op.pk, reconciliation_id="rec-x")
+            reconcile_open(actor=actor, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-x")
         assert _snapshot(op) == before
 
-    reconcile_open(actor=admin, operation_pk=op.pk, reconciliation_id="rec-2")
+    reconcile_open(actor=admin, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-2")
     opened = _snapshot(op)
     assert opened[0] == "reconciling_unknown_success_ack"
 
     with pytest.raises(DeliveryPermissionDenied):
-        reconcile_resolve(actor=nobody, operation_pk=op.pk, reconciliation_id="rec-2",
+        reconcile_resolve(actor=nobody, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id="rec-2",
                           target="final_no_effect_success_ack", proof={"applied_count": 0, "source": "q"})
     assert _snapshot(op) == opened
 
@@ -447,7 +447,7 @@ def test_reconciliation_refusals_change_nothing(world, sync_receiver):
     ]
     for rec_id, target, proof in invalid:
         with pytest.raises(DeliveryRequestInvalid):
-            reconcile_resolve(actor=admin, operation_pk=op.pk, reconciliation_id=rec_id, target=target, proof=proof)
+            reconcile_resolve(actor=admin, operation_pk=op.pk, expected_revision=DeliveryOperation.objects.get(pk=op.pk).revision, reconciliation_id=rec_id, target=target, proof=proof)
         assert _snapshot(op) == opened, (rec_id, target, proof)
     op.refresh_from_db()
     assert op.axis("acknowledgement") == "SUCCEEDED"

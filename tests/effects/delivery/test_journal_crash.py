@@ -21,6 +21,7 @@ from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, Del
 from effects.models import DeliveryAttempt, DeliveryOperation, MayAttemptMarker, MutationGate
 from effects.models.delivery import CapacityState
 from effects.services.delivery import execution, journal, runner
+from tests import dbroles
 from tests.crash.conftest import PRELUDE, ROOT, _url
 from tests.effects.delivery.world import T0, build, operator
 
@@ -44,7 +45,8 @@ def run_child(settings):
     env.update({"DJANGO_SETTINGS_MODULE": "config.django.test", "DATABASE_URL": _url(default, default["NAME"]),
                 "JOURNAL_DATABASE_URL": _url(journal_db, journal_db["TEST"]["NAME"]),
                 "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))})
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+                **dbroles.child_env()})
 
     def run(script: str, fault_point: str | None, **args) -> subprocess.CompletedProcess:
         child_env = dict(env, CRASH_CHILD_ARGS=json.dumps(args))

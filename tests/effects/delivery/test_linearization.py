@@ -174,15 +174,15 @@ def test_new_generation_blocks_on_older_unresolved_overlap(world, sync_receiver,
 
     actor = Actor.for_user(world.admin)
     children = list(lower.children.order_by("ordinal"))
-    reconciliation.reconcile_open(actor=actor, operation_pk=children[0].pk, reconciliation_id="rc-1")
+    reconciliation.reconcile_open(actor=actor, operation_pk=children[0].pk, expected_revision=DeliveryOperation.objects.get(pk=children[0].pk).revision, reconciliation_id="rc-1")
     refused("REST_DELIVERY_OVERLAPPING_EFFECT_IN_FLIGHT", world.plan, parent_key="high", revision=1)
-    reconciliation.reconcile_resolve(actor=actor, operation_pk=children[0].pk, reconciliation_id="rc-1",
+    reconciliation.reconcile_resolve(actor=actor, operation_pk=children[0].pk, expected_revision=DeliveryOperation.objects.get(pk=children[0].pk).revision, reconciliation_id="rc-1",
                                      target="final_full_not_accepted_eligible",
                                      proof={"applied_count": children[0].record_count, "source": "receiver-export"})
     # the second child is still unknown: its overlap still blocks
     refused("REST_DELIVERY_OVERLAPPING_EFFECT_IN_FLIGHT", world.plan, parent_key="high", revision=1)
-    reconciliation.reconcile_open(actor=actor, operation_pk=children[1].pk, reconciliation_id="rc-2")
-    reconciliation.reconcile_resolve(actor=actor, operation_pk=children[1].pk, reconciliation_id="rc-2",
+    reconciliation.reconcile_open(actor=actor, operation_pk=children[1].pk, expected_revision=DeliveryOperation.objects.get(pk=children[1].pk).revision, reconciliation_id="rc-2")
+    reconciliation.reconcile_resolve(actor=actor, operation_pk=children[1].pk, expected_revision=DeliveryOperation.objects.get(pk=children[1].pk).revision, reconciliation_id="rc-2",
                                      target="final_not_started",
                                      proof={"applied_count": 0, "source": "receiver-export"})
     higher = world.plan(parent_key="high", revision=1)
@@ -381,8 +381,8 @@ def test_unknown_remote_job_retains_capacity_until_reconciliation(sync_receiver)
     assert DeliveryAttempt.objects.get(operation=a_op).capacity_state == CapacityState.RESERVED
     assert execution.submit(b_op.pk).waiting_for == "capacity"
     actor = Actor.for_user(world.admin)
-    reconciliation.reconcile_open(actor=actor, operation_pk=a_op.pk, reconciliation_id="rc-u")
-    reconciliation.reconcile_resolve(actor=actor, operation_pk=a_op.pk, reconciliation_id="rc-u",
+    reconciliation.reconcile_open(actor=actor, operation_pk=a_op.pk, expected_revision=DeliveryOperation.objects.get(pk=a_op.pk).revision, reconciliation_id="rc-u")
+    reconciliation.reconcile_resolve(actor=actor, operation_pk=a_op.pk, expected_revision=DeliveryOperation.objects.get(pk=a_op.pk).revision, reconciliation_id="rc-u",
                                      target="final_full_not_accepted_eligible",
                                      proof={"applied_count": 1, "source": "receiver-export"})
     assert DeliveryAttempt.objects.get(operation=a_op).capacity_state == CapacityState.RELEASED

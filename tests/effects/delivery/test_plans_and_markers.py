@@ -15,6 +15,7 @@ from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, Del
 from effects.models import DeliveryOperation, DeliveryParent, MayAttemptMarker
 from effects.services.delivery import execution, planning, runner, setup
 from tests.effects.delivery.world import NAMESPACE, T0, operator
+from tests import dbroles
 
 
 def _audit(entity, action):
@@ -101,7 +102,7 @@ def test_immutable_pre_attempt_marker_precedes_submitting(world, sync_receiver):
     assert op.state == "submitting" and result.attempt.marker_id == marker.pk
     assert result.attempt.capacity_state == "reserved" and marker.kind == "MAY_ATTEMPT"
     assert marker.journal_epoch == 1 and bytes(marker.mutation_intent_digest) == bytes(op.mutation_intent_digest)
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+    with dbroles.as_admin(), pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE effects_mayattemptmarker SET generation = 'x' WHERE id = %s", [marker.pk])
 
 
@@ -210,17 +211,22 @@ def test_platform_attested_certification_needs_two_distinct_approvers(world):
                                        valid_until=datetime.now(UTC) + timedelta(days=1))
     assert cert.state == "pending_approval"
     with pytest.raises(DeliveryPermissionDenied, match="requester"):
-        setup.certification_approve(actor=actor, certification=cert)
+        setup.certification_approve(actor=actor, certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     second = operator("approver-two", "effects.approve_certification")
-    cert = setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert)
+    cert = setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert cert.state == "pending_approval"
     with pytest.raises(DeliveryPermissionDenied, match="already approved"):
-        setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert)
-    cert = setup.certification_approve(actor=Actor.for_user(second), certification=cert)
+        setup.certification_approve(actor=Actor.for_user(world.approver), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
+    cert = setup.certification_approve(actor=Actor.for_user(second), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert cert.state == "certified" and cert.approvals.count() == 2
     nobody = operator("no-perms")
     with pytest.raises(DeliveryPermissionDenied):
-        setup.certification_approve(actor=Actor.for_user(nobody), certification=cert)
+        setup.certification_approve(actor=Actor.for_user(nobody), certification=cert,
+                                    digest_seen=setup.certification_subject_digest(cert))
     assert setup.certification_expire_due(now=datetime.now(UTC) + timedelta(days=400)) == 2
     parent = world.plan()
     with pytest.raises(DeliveryRequestInvalid, match="no current certification"):

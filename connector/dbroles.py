@@ -1,0 +1,194 @@
+"""Least privilege in PostgreSQL (issue 17, docs/security.md "Database roles").
+
+Two roles, created by `scripts/services.py ensure` (and by the test harness) with an administrator's connection:
+
+- OWNER (`connector_owner`): owns both databases, their `public` schema objects, every table, sequence and
+  function. Migrations run as it (`make migrate`), and so do the coordinator's restore (`pg_restore --clean`
+  recreates tables, into a scratch database it creates for the rehearsal: CREATEDB). It is no superuser: it
+  cannot set `session_replication_role`; only a person holding its credentials could `ALTER TABLE`.
+- APP (`connector_app`): what the web, worker and beat processes connect as. It owns nothing, so it cannot
+  ALTER, DROP, DISABLE TRIGGER or TRUNCATE; it is no superuser and holds no SET privilege on
+  `session_replication_role`; per table it holds exactly `grants()`: SELECT and INSERT everywhere, UPDATE
+  where rows change, DELETE only where the product deletes rows, and on append-only and immutable tables no
+  UPDATE or DELETE at all (their row triggers and TRUNCATE guard stay as the second line).
+
+`apply_grants` runs after every `migrate` (post_migrate, as the migrating owner) and converges the APP role's
+table privileges to `grants()` in one round trip when nothing changed.
+
+Importable without Django (scripts/services.py uses the role SQL).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+OWNER = os.environ.get("CONNECTOR_DB_OWNER_ROLE", "connector_owner")
+APP = os.environ.get("CONNECTOR_DB_APP_ROLE", "connector_app")
+
+# The owner inherits the implicit pg_database_owner membership (which owns the public schema since PostgreSQL 15);
+# the application role is a member of nothing and inherits nothing.
+ROLE_ATTRIBUTES = {
+    "owner": "LOGIN NOSUPERUSER CREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT",
+    "app": "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT",
+}
+
+# Tables whose rows the product deletes (each names the code path): DELETE is granted on these only.
+DELETES = {
+    "connector_materializationdue": "materialize: a due marker is removed once its receipt is materialized",
+    "effects_deliverywatermark": "delivery finalization: watermarks folded into a wider one",
+    "django_session": "logout, session rotation and expiry",
+    "auth_user_groups": "removing a role from a user (audited, connector.services.identity)",
+    "auth_user_user_permissions": "removing a permission from a user (audited)",
+    "auth_group_permissions": "sync_roles and group edits (audited)",
+    "axes_accessattempt": "a successful login resets its failed attempts",
+}
+# Tables the application only reads.
+READ_ONLY = {"django_migrations"}
+# Row triggers naming a table append-only or immutable: the application may read and insert, nothing else.
+GUARD_SUFFIXES = ("_append_only", "_immutable")
+# Append-only or immutable tables whose rows the product locks `SELECT ... FOR UPDATE` as a serialization point
+# (PostgreSQL 15 asks for UPDATE on at least one column to lock a row): a column-level UPDATE on the primary key
+# only (D-182). The row trigger still refuses every update; no other column is updatable, nothing deletable.
+LOCKED_GUARDED = {
+    "connector_receipt": "id",  # receipt_materialize: concurrent materializers of one receipt serialize
+    "rest_delivery_effect_domain_lock": "id",  # delivery planning: the conflict-domain lock rows
+    "effects_receiverbinding": "id",  # certification requests of one binding serialize
+    "cutover_cutoverreadinesscertificate": "id",  # certifying a readiness certificate serializes with its readers
+}
+
+_TABLES_SQL = """
+SELECT c.relname,
+       EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = c.oid AND NOT g.tgisinternal
+               AND g.tgname IN (c.relname || '_append_only', c.relname || '_immutable')) AS guarded,
+       COALESCE((SELECT array_agg(a.privilege_type ORDER BY a.privilege_type) FROM aclexplode(c.relacl) a
+                 WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %(app)s)), '{}') AS granted,
+       COALESCE((SELECT array_agg(DISTINCT att.attname ORDER BY att.attname) FROM pg_attribute att,
+                        aclexplode(att.attacl) x
+                 WHERE att.attrelid = c.oid AND att.attacl IS NOT NULL
+                   AND x.grantee = (SELECT oid FROM pg_roles WHERE rolname = %(app)s)), '{}') AS column_grants
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')
+ORDER BY c.relname
+"""
+
+
+def grants(table: str, *, guarded: bool) -> tuple[set[str], dict[str, str]]:
+    """The APP role's (table privileges, column privileges) on one table."""
+    if table in READ_ONLY:
+        return {"SELECT"}, {}
+    if guarded:
+        column = LOCKED_GUARDED.get(table)
+        return {"SELECT", "INSERT"}, ({column: "UPDATE"} if column else {})
+    privileges = {"SELECT", "INSERT", "UPDATE"}
+    if table in DELETES:
+        privileges.add("DELETE")
+    return privileges, {}
+
+
+def roles_sql(*, owner_password: str | None = None, app_password: str | None = None) -> list[str]:
+    """Create both roles if missing (tolerating a concurrent creator) and pin their attributes. Run as an
+    administrator (CREATEROLE or superuser)."""
+    statements = []
+    for kind, role, password in (("owner", OWNER, owner_password), ("app", APP, app_password)):
+        statements.append(f"""
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {_literal(role)}) THEN
+    BEGIN
+      CREATE ROLE {_ident(role)} {ROLE_ATTRIBUTES[kind]};
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
+  END IF;
+END $$""")
+        statements.append(f"ALTER ROLE {_ident(role)} {ROLE_ATTRIBUTES[kind]}")
+        if password:
+            statements.append(f"ALTER ROLE {_ident(role)} PASSWORD {_literal(password)}")
+    return statements
+
+
+def database_sql(database: str) -> list[str]:
+    """Run as an administrator, connected anywhere: the owner owns the database; only the two roles connect."""
+    return [f"ALTER DATABASE {_ident(database)} OWNER TO {_ident(OWNER)}",
+            f"REVOKE ALL ON DATABASE {_ident(database)} FROM PUBLIC",
+            f"GRANT CONNECT, TEMPORARY ON DATABASE {_ident(database)} TO {_ident(APP)}"]
+
+
+# Run as an administrator connected to the database: hand every object of the public schema to the owner (tables
+# created before the roles existed, e.g. by an earlier `make run` as postgres), lock the schema down.
+ADOPT_SQL = """
+DO $$
+DECLARE r record;
+BEGIN
+  EXECUTE format('ALTER SCHEMA %I OWNER TO %I', current_schema(), {owner});
+  FOR r IN SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+             AND pg_get_userbyid(c.relowner) <> {owner}
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'i')
+  LOOP
+    EXECUTE format('ALTER %s %I OWNER TO %I',
+                   CASE r.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                  WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, r.relname, {owner});
+  END LOOP;
+  FOR r IN SELECT p.oid::regprocedure AS signature FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname = current_schema() AND pg_get_userbyid(p.proowner) <> {owner}
+  LOOP
+    EXECUTE format('ALTER ROUTINE %s OWNER TO %I', r.signature, {owner});
+  END LOOP;
+  EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', current_schema());
+  EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', current_schema(), {app});
+END $$
+"""
+
+
+def adopt_sql() -> str:
+    return ADOPT_SQL.replace("{owner}", _literal(OWNER)).replace("{app}", _literal(APP))
+
+
+def apply_grants(cursor) -> list[str]:
+    """Converge the APP role's privileges on every table of the current schema to `grants()`; return the tables
+    changed. Needs the table owner (or a superuser). A server without the APP role is left alone."""
+    cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [APP])
+    if cursor.fetchone() is None:
+        log.warning("database role %s does not exist: no application grants applied (scripts/services.py "
+                    "ensure creates it)", APP)
+        return []
+    cursor.execute(_TABLES_SQL, {"app": APP})
+    changed = []
+    for table, guarded, granted, column_grants in cursor.fetchall():
+        want, columns = grants(table, guarded=guarded)
+        if set(granted) == want and set(column_grants) == set(columns):
+            continue
+        cursor.execute(f"REVOKE ALL ON TABLE {_ident(table)} FROM {_ident(APP)}")
+        for column in column_grants:
+            cursor.execute(f"REVOKE ALL ({_ident(column)}) ON TABLE {_ident(table)} FROM {_ident(APP)}")
+        cursor.execute(f"GRANT {', '.join(sorted(want))} ON TABLE {_ident(table)} TO {_ident(APP)}")
+        for column, privilege in columns.items():
+            cursor.execute(f"GRANT {privilege} ({_ident(column)}) ON TABLE {_ident(table)} TO {_ident(APP)}")
+        changed.append(table)
+    cursor.execute("""SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = current_schema()
+                        AND CASE WHEN c.relkind = 'S' THEN NOT has_sequence_privilege(%s, c.oid, 'USAGE')
+                                 ELSE false END""", [APP])
+    if cursor.fetchone()[0]:
+        cursor.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {_ident('public')} TO {_ident(APP)}")
+    return changed
+
+
+def grant_after_migrate(sender, using="default", **kwargs) -> None:
+    """post_migrate receiver (connected once, for the connector app, which migrates last of the apps that own
+    tables here): converge the grants on the database just migrated."""
+    from django.db import connections
+
+    with connections[using].cursor() as cursor:
+        changed = apply_grants(cursor)
+    if changed and kwargs.get("verbosity", 1) >= 2:
+        log.info("application grants converged on %d table(s) of %s", len(changed), using)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
