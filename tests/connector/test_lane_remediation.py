@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import IntegrityError, connection, transaction
+from django.db.utils import ProgrammingError
 from django.utils import timezone
 
 from connector.actors import Actor
@@ -21,6 +22,7 @@ from connector.services import execution, lanes, replay, runtime, sweeper
 from governance import selectors
 from tests.conformance.packs import PACK_B, variant
 from tests.connector.inbound_helpers import build_inbound_world, deliver, drain, feed_body, feed_line, lane
+from tests.dbroles import as_admin
 
 SEQUENCED = "ledger.sequenced"
 
@@ -241,7 +243,12 @@ def test_postgres_keeps_lane_resumptions_append_only_and_fenced(world, operator)
                             expected_fence=halted.fence)
     for sql in ("UPDATE connector_laneresumption SET evidence = 'edited' WHERE id = %s",
                 "DELETE FROM connector_laneresumption WHERE id = %s"):
-        with pytest.raises(IntegrityError) as info, transaction.atomic(), connection.cursor() as cursor:
+        # the application role holds no UPDATE or DELETE on it (D-182) ...
+        with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(sql, [row.pk])
+        # ... and the row trigger refuses even the administrator
+        with pytest.raises(IntegrityError) as info, as_admin(), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, [row.pk])
         assert info.value.__cause__.diag.constraint_name == "connector_laneresumption_append_only"
     with pytest.raises(IntegrityError) as info, transaction.atomic():

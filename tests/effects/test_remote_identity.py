@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import IntegrityError, connection, transaction
+from django.db.utils import ProgrammingError
 
 from connector.actors import Actor
 from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused
@@ -22,6 +23,7 @@ from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
 from effects.services import identity, worker
 from governance import selectors
 from tests.connector.inbound_helpers import drain
+from tests.dbroles import as_admin
 
 _keys = itertools.count(1)
 
@@ -233,7 +235,12 @@ def test_postgres_keeps_link_resolutions_append_only_and_a_relink_approved(confl
     resolution = RemoteLinkResolution.objects.get()
     for sql in ("UPDATE effects_remotelinkresolution SET evidence = 'edited' WHERE id = %s",
                 "DELETE FROM effects_remotelinkresolution WHERE id = %s"):
-        with pytest.raises(IntegrityError) as info, transaction.atomic(), connection.cursor() as cursor:
+        # the application role holds no UPDATE or DELETE on it (D-182) ...
+        with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(sql, [resolution.pk])
+        # ... and the row trigger refuses even the administrator
+        with pytest.raises(IntegrityError) as info, as_admin(), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, [resolution.pk])
         assert info.value.__cause__.diag.constraint_name == "effects_remotelinkresolution_append_only"
     with pytest.raises(IntegrityError) as info, transaction.atomic():
