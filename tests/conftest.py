@@ -1,5 +1,10 @@
 import pytest
 
+from tests import fast_flush
+
+# transactional tests end with a DELETE of every table instead of a TRUNCATE (tests/fast_flush.py, D-175)
+fast_flush.install()
+
 
 @pytest.fixture(autouse=True)
 def _secret_dir(settings, tmp_path):
