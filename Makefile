@@ -24,7 +24,8 @@ help:
 	@echo "make run      start everything (web on http://127.0.0.1:$(PORT)/admin/, worker, beat)"
 	@echo "make test     import contracts + pytest (PYTEST_ARGS='-x -q' to pass options)"
 	@echo "make stop     stop the private PostgreSQL/Redis servers started under .data/"
-	@echo "other targets: venv services migrate demo"
+	@echo "make bench    quick benchmarks against bench/budgets.json (docs/benchmarks.md)"
+	@echo "other targets: venv services migrate demo prove-fallback"
 
 venv: $(STAMP)
 
@@ -67,6 +68,13 @@ test: venv services
 bench: venv services
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
+
+# The whole suite (minus `slow`) in a fresh clone of the committed HEAD on private PostgreSQL and Redis started on
+# two free loopback ports (scripts/prove_fallback.sh). `make test` runs a slice of it there
+# (tests/test_bootstrap_fallback.py); this is the full version, about as long as `make test` itself.
+.PHONY: prove-fallback
+prove-fallback:
+	PYTEST_ARGS="$(or $(PYTEST_ARGS),-q -m 'not slow')" bash scripts/prove_fallback.sh
 
 stop:
 	@if [ -x $(VPY) ]; then $(VPY) scripts/services.py stop; else $(PYTHON) scripts/services.py stop; fi

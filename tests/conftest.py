@@ -1,9 +1,11 @@
 import pytest
 
-from tests import fast_flush
+from tests import fast_flush, fast_migrate
 
-# transactional tests end with a DELETE of every table instead of a TRUNCATE (tests/fast_flush.py, D-175)
+# Test-harness speedups (D-175): transactional tests end with a DELETE of every table instead of a TRUNCATE
+# (tests/fast_flush.py); migrations do not pile up django-fsm receivers for historical models (tests/fast_migrate.py).
 fast_flush.install()
+fast_migrate.install()
 
 
 @pytest.fixture(autouse=True)

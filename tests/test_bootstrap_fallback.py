@@ -11,7 +11,7 @@ INNER_SLICE = (
     "tests/connector/test_ordering.py",
     "tests/connector/test_invariants.py::test_clean_world_passes",
     "tests/connector/test_bench_wal.py",
-    "tests/test_fast_flush.py",
+    "tests/test_harness.py",
 )
 
 

@@ -1,10 +1,13 @@
-"""The test harness's flush between transactional tests (tests/fast_flush.py, D-175) empties every table, the
-append-only ones included, and leaves the append-only and foreign-key guards working afterwards."""
+"""The test harness's speedups (D-175) keep what they replace: the flush between transactional tests
+(tests/fast_flush.py) empties every table, the append-only ones included, and leaves the append-only and
+foreign-key guards working afterwards; migrations (tests/fast_migrate.py) no longer pile up django-fsm receivers for
+historical models, and the project's models still have their transitions."""
 from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
+from django.db.models.signals import class_prepared
 
 
 def _row_counts() -> dict[str, int]:
@@ -36,3 +39,21 @@ def test_flush_empties_every_table_and_keeps_the_guards():
     with pytest.raises(DatabaseError), transaction.atomic():
         AuditRecord.objects.all().delete()
     assert AuditRecord.objects.exists()
+
+
+def test_migration_states_leave_no_fsm_receivers_and_project_models_keep_their_transitions():
+    """Rendering every historical model of the migration graph (each with its FSMFields) leaves the number of
+    class_prepared receivers unchanged (django-fsm connected one per field and rendering, and they piled up); the
+    project's Execution still lists its transitions."""
+    from django.db.migrations.loader import MigrationLoader
+
+    from connector.models import Execution
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    before = len(class_prepared.receivers)
+    for _ in range(3):  # a migration run renders the states again and again
+        rendered = loader.project_state().apps
+        assert rendered.get_model("connector", "Execution")._meta.get_field("state").__class__.__name__ == "FSMField"
+    assert len(class_prepared.receivers) == before
+    transitions = {t.name for t in Execution().get_all_state_transitions()}
+    assert {"complete", "quarantine"} <= transitions, transitions
