@@ -61,13 +61,16 @@ test: venv services
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
 
-# Quick benchmarks against bench/budgets.json, each on its own throwaway databases (about 2 minutes):
-# the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), then the
-# retained-history latency check. Full runs and how the budgets were chosen: docs/benchmarks.md.
+# Quick benchmarks against bench/budgets.json, each on its own throwaway databases (about 4 minutes):
+# the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), the
+# retained-history latency check, and the whole-service activation at 1,000 accounts. The test suite runs
+# small versions of each on its own test database; the sizes that take minutes live here.
+# Full runs and how the budgets were chosen: docs/benchmarks.md ("The test suite and the benches").
 .PHONY: bench
 bench: venv services
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
+	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --accounts 1000 --check
 
 # The whole suite (minus `slow`) in a fresh clone of the committed HEAD on private PostgreSQL and Redis started on
 # two free loopback ports (scripts/prove_fallback.sh). `make test` runs a slice of it there
