@@ -6,8 +6,10 @@ machine, times ~130 transactional tests. The tables hold a few rows each, so del
 (~0.1 s): `DELETE FROM` each table in one transaction with `session_replication_role = replica`, which, like
 TRUNCATE, fires no row trigger (the append-only and immutability guards) and no foreign-key check (the RI
 triggers), so the order does not matter. Sequences are not reset, as with Django's own flush unless a test asks
-for `reset_sequences` (then Django's TRUNCATE ... RESTART IDENTITY is kept). Without the privilege to set
-`session_replication_role` (not a superuser) the DO block falls back to Django's TRUNCATE.
+for `reset_sequences` (then Django's TRUNCATE ... RESTART IDENTITY is kept, as is its TRUNCATE ... CASCADE of a
+partial flush, `available_apps`). Without the privilege to set `session_replication_role` (not a superuser) the
+DO block falls back to Django's TRUNCATE. The deleted rows are dead tuples until autovacuum takes them: a few
+thousand per table over a whole run.
 
 Only the test process uses this (installed by tests/conftest.py); `manage.py flush` is unchanged.
 """
@@ -20,7 +22,7 @@ _django_sql_flush = DatabaseOperations.sql_flush
 
 def _sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
     truncate = _django_sql_flush(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
-    if not tables or reset_sequences:
+    if not tables or reset_sequences or allow_cascade:  # a partial flush (available_apps) must cascade: TRUNCATE
         return truncate
     deletes = " ".join(f"DELETE FROM {self.quote_name(table)};" for table in tables)
     (truncate_sql,) = truncate
