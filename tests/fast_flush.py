@@ -8,8 +8,9 @@ TRUNCATE, fires no row trigger (the append-only and immutability guards) and no 
 triggers), so the order does not matter. Sequences are not reset, as with Django's own flush unless a test asks
 for `reset_sequences` (then Django's TRUNCATE ... RESTART IDENTITY is kept, as is its TRUNCATE ... CASCADE of a
 partial flush, `available_apps`). Without the privilege to set `session_replication_role` (not a superuser) the
-DO block falls back to Django's TRUNCATE. The deleted rows are dead tuples until autovacuum takes them: a few
-thousand per table over a whole run.
+DO block falls back to Django's TRUNCATE. Deleted rows stay as dead tuples until a vacuum (the shared server runs
+without autovacuum), so a table whose file has grown past 1 MiB is truncated instead, with CASCADE (PostgreSQL
+refuses to truncate a referenced table alone; the tables that reference it are being emptied anyway).
 
 Only the test process uses this (installed by tests/conftest.py); `manage.py flush` is unchanged.
 """
@@ -18,19 +19,24 @@ from __future__ import annotations
 from django.db.backends.postgresql.operations import DatabaseOperations
 
 _django_sql_flush = DatabaseOperations.sql_flush
+BLOATED_BYTES = 1 << 20  # a table this large (rows and dead tuples) is truncated instead (one new file)
 
 
 def _sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
     truncate = _django_sql_flush(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
     if not tables or reset_sequences or allow_cascade:  # a partial flush (available_apps) must cascade: TRUNCATE
         return truncate
-    deletes = " ".join(f"DELETE FROM {self.quote_name(table)};" for table in tables)
+    names = ", ".join("'" + table.replace("'", "''") + "'" for table in tables)
     (truncate_sql,) = truncate
     return [
-        "DO $flush$ BEGIN "
+        "DO $flush$ DECLARE t text; BEGIN "
         "BEGIN PERFORM set_config('session_replication_role', 'replica', true); "
         f"EXCEPTION WHEN insufficient_privilege THEN {truncate_sql} RETURN; END; "
-        f"{deletes} END $flush$;"
+        f"FOREACH t IN ARRAY ARRAY[{names}]::text[] LOOP "
+        f"IF pg_relation_size(quote_ident(t)::regclass) > {BLOATED_BYTES} "
+        "THEN EXECUTE 'TRUNCATE ' || quote_ident(t) || ' CASCADE'; "
+        "ELSE EXECUTE 'DELETE FROM ' || quote_ident(t); END IF; "
+        "END LOOP; END $flush$;"
     ]
 
 

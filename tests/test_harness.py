@@ -19,19 +19,42 @@ def _row_counts() -> dict[str, int]:
     return counts
 
 
+def _filenodes(*tables: str) -> dict[str, int]:
+    nodes = {}
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute("SELECT pg_relation_filenode(%s)", [table])
+            nodes[table] = cursor.fetchone()[0]
+    return nodes
+
+
 @pytest.mark.django_db(transaction=True)
 def test_flush_empties_every_table_and_keeps_the_guards():
-    """After the demo world (accounts, gates, epochs, audit rows in append-only tables) a flush leaves every table
-    empty, and in the next transaction a DELETE of an append-only row is still refused (the trigger-free role was
-    local to the flush's transaction)."""
+    """After the demo world (accounts, gates, epochs, audit rows in append-only tables) and the accounts table grown
+    past 1 MiB, a flush leaves every table empty (the large table truncated, the others deleted from), and in the
+    next transaction a DELETE of an append-only row is still refused (the trigger-free role was local to the
+    flush's transaction)."""
     from connector.demo import build_world
     from connector.models import AuditRecord
 
+    from tests.fast_flush import BLOATED_BYTES
+
     build_world("ff-")
+    with connection.cursor() as cursor:  # a referenced table past the size at which it is truncated, not deleted
+        cursor.execute("INSERT INTO connector_connectoraccount (account_key, provider_scope, display_name, created_at) "
+                       "SELECT 'bloat-' || g, 'scope', repeat('n', 250), now() FROM generate_series(1, 5000) g")
+        cursor.execute("SELECT pg_relation_size('connector_connectoraccount') > %s", [BLOATED_BYTES])
+        assert cursor.fetchone()[0]
     before = {table: n for table, n in _row_counts().items() if n}
     assert "connector_auditrecord" in before and len(before) >= 10, before
-    call_command("flush", interactive=False, verbosity=0, inhibit_post_migrate=True)  # no content types refill
+    files = _filenodes("connector_connectoraccount", "connector_auditrecord")
+    # as TransactionTestCase flushes (no sequence reset); no content types refilled, so every table must be empty
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False, inhibit_post_migrate=True)
     assert not {table: n for table, n in _row_counts().items() if n}
+    after = _filenodes("connector_connectoraccount", "connector_auditrecord")
+    # the large table was truncated (CASCADE: other tables reference it), the append-only audit table deleted from
+    assert after["connector_connectoraccount"] != files["connector_connectoraccount"]
+    assert after["connector_auditrecord"] == files["connector_auditrecord"]
     with connection.cursor() as cursor:
         cursor.execute("SHOW session_replication_role")
         assert cursor.fetchone()[0] == "origin"
