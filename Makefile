@@ -24,7 +24,8 @@ help:
 	@echo "make run      start everything (web on http://127.0.0.1:$(PORT)/admin/, worker, beat)"
 	@echo "make test     import contracts + pytest (PYTEST_ARGS='-x -q' to pass options)"
 	@echo "make stop     stop the private PostgreSQL/Redis servers started under .data/"
-	@echo "other targets: venv services migrate demo"
+	@echo "make bench    quick benchmarks against bench/budgets.json (docs/benchmarks.md)"
+	@echo "other targets: venv services migrate demo prove-fallback"
 
 venv: $(STAMP)
 
@@ -66,15 +67,25 @@ test: venv services
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
 
-# Quick benchmarks against bench/budgets.json, each on its own throwaway databases (about 2 minutes):
-# the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), then the
-# retained-history latency check. Full runs and how the budgets were chosen: docs/benchmarks.md.
+# Quick benchmarks against bench/budgets.json, each on its own throwaway databases (about 4 minutes):
+# the hot-account mix with 1 and 2 clients (--check fails naming each broken budget figure), the
+# retained-history latency check, and the whole-service activation at 1,000 accounts. The test suite runs
+# small versions of each on its own test database; the sizes that take minutes live here.
+# Full runs and how the budgets were chosen: docs/benchmarks.md ("The test suite and the benches").
 .PHONY: bench
 # The benchmarks create and drop their own throwaway databases: they run as the administrator.
 AS_ADMIN := DATABASE_URL="$$DATABASE_ADMIN_URL" JOURNAL_DATABASE_URL=
 bench: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --accounts 1000 --check
+
+# The whole suite (minus `slow`) in a fresh clone of the committed HEAD on private PostgreSQL and Redis started on
+# two free loopback ports (scripts/prove_fallback.sh). `make test` runs a slice of it there
+# (tests/test_bootstrap_fallback.py); this is the full version, about as long as `make test` itself.
+.PHONY: prove-fallback
+prove-fallback:
+	PYTEST_ARGS="$(or $(PYTEST_ARGS),-q -m 'not slow')" bash scripts/prove_fallback.sh
 
 stop:
 	@if [ -x $(VPY) ]; then $(VPY) scripts/services.py stop; else $(PYTHON) scripts/services.py stop; fi

@@ -1,5 +1,12 @@
 import pytest
 
+from tests import fast_flush, fast_migrate
+
+# Test-harness speedups (D-175): transactional tests end with a DELETE of every table instead of a TRUNCATE
+# (tests/fast_flush.py); migrations do not pile up django-fsm receivers for historical models (tests/fast_migrate.py).
+fast_flush.install()
+fast_migrate.install()
+
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
 
 

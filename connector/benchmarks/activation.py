@@ -14,7 +14,8 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
    `verified`, every gate still `v2_validating` with its old fence, no activation audit row exists.
 2. **retried and timed** (`timed_activation`), in this process: the owner reread before the transaction, the gate
    locks, the epoch and gate updates with their audit rows, the COMMIT. The WAL the transaction wrote is summed
-   from its own records (pg_walinspect, filtered by its transaction id), so other sessions' WAL does not count.
+   from its own records (pg_walinspect, filtered by its transaction id), so other sessions' WAL does not count
+   (`connector.benchmarks.wal`: the range is closed at a flushed marker, so it holds with synchronous_commit off).
    Recovery time is from the SIGKILL to this retry's COMMIT, for a retry started as soon as the locks are gone:
    the lock release time plus the retry's whole call (the bench's own checks in between do not count).
 3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
@@ -54,7 +55,6 @@ owner.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -73,6 +73,8 @@ from typing import Any
 from unittest import mock
 
 from django.db import DatabaseError, connection, connections, transaction
+
+from connector.benchmarks.wal import Wal, insert_lsn, retain_wal, wal_of
 
 Progress = Callable[[str], None]
 
@@ -506,66 +508,6 @@ def _observer():
     return psycopg.connect(**_conninfo(connection.settings_dict), autocommit=True)
 
 
-def _lsn(observer) -> str:
-    return observer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
-
-
-def _flush_wal(observer) -> None:
-    # A committed transaction that wrote WAL flushes it up to its commit record (synchronous_commit on), so an
-    # aborted transaction's records (never flushed by themselves) become readable by pg_walinspect. A transaction
-    # that only took an xid would not flush: its commit is asynchronous.
-    observer.execute("SELECT pg_logical_emit_message(true, 'bench-activation', 'flush')")
-
-
-@dataclass
-class Wal:
-    bytes: int | None  # every WAL record of the transaction's xid (incl. full-page images), None without walinspect
-    records: int | None
-    fpi_bytes: int | None
-    server_bytes: int  # pg_wal_lsn_diff over the whole call: every session's WAL on the server (noisy)
-    by_relation: dict[str, int] = field(default_factory=dict)  # table (its indexes and TOAST included) -> bytes
-
-
-# The transaction's records, each attributed to the table its first block belongs to (an index or a TOAST relation
-# counts for its table); records without a block (commit, ...) to their resource manager.
-WAL_BY_RELATION_SQL = """
-WITH w AS (
-    SELECT record_length, fpi_length, resource_manager,
-           (regexp_match(block_ref, 'rel [0-9]+/[0-9]+/([0-9]+)'))[1]::oid AS filenode
-    FROM pg_get_wal_records_info(%(start)s::pg_lsn, pg_current_wal_flush_lsn()) WHERE xid = %(xid)s::text::xid)
-SELECT CASE WHEN c.oid IS NULL THEN w.resource_manager
-            WHEN o.oid IS NOT NULL THEN o.relname || ' (toast)'
-            ELSE t.relname END AS relation,
-       count(*), sum(w.record_length), sum(w.fpi_length)
-FROM w
-LEFT JOIN pg_class c ON c.relfilenode = w.filenode AND c.relfilenode <> 0
-LEFT JOIN pg_index i ON i.indexrelid = c.oid
-LEFT JOIN pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
-LEFT JOIN pg_class o ON o.reltoastrelid = t.oid
-GROUP BY 1 ORDER BY 3 DESC
-"""
-
-
-def _wal_of(observer, start_lsn: str, xid: int, *, server_bytes: int, enabled: bool) -> Wal:
-    if not enabled:
-        return Wal(None, None, None, server_bytes)
-    _flush_wal(observer)
-    rows = observer.execute(WAL_BY_RELATION_SQL, {"start": start_lsn, "xid": str(xid)}).fetchall()
-    return Wal(bytes=sum(int(r[2]) for r in rows), records=sum(int(r[1]) for r in rows),
-               fpi_bytes=sum(int(r[3]) for r in rows), server_bytes=server_bytes,
-               by_relation={r[0]: int(r[2]) for r in rows})
-
-
-def _retain_wal(observer) -> None:
-    """A temporary physical replication slot reserving WAL from now on, for this session's lifetime: a checkpoint
-    during a long run must not recycle the segments pg_walinspect still has to read."""
-    import psycopg
-
-    with contextlib.suppress(psycopg.Error):  # no free slot or no privilege: a very long run may then lose WAL
-        observer.execute("SELECT pg_create_physical_replication_slot(%s, true, true)",
-                         [f"bench_act_{os.getpid()}_{int(time.time() * 1000) % 10**9}"])
-
-
 # -- 1. killed mid-transaction --------------------------------------------------------------------------------
 
 @dataclass
@@ -776,8 +718,8 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
     observer = _observer()
     child = None
     try:
-        _retain_wal(observer)
-        start_lsn = _lsn(observer)
+        retain_wal(observer)
+        start_lsn = insert_lsn(observer)
         say(f"  killed attempt: child runs the {world.scenario} activation and pauses at {kill_at}")
         child = _spawn_child(world, kill_at)
         holding = _await_holding(child, timeout)
@@ -795,7 +737,7 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
         child.wait()
         server_bytes = observer.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
                                         [start_lsn]).fetchone()[0]
-        child_wal = _wal_of(observer, start_lsn, holding["xid"], server_bytes=server_bytes,
+        child_wal = wal_of(observer, start_lsn, holding["xid"], server_bytes=server_bytes,
                             enabled=world.extensions.get("pg_walinspect", False))
         untouched = observe_untouched(observer, world, xid=holding["xid"], rowlocks=rowlocks)
     finally:
@@ -862,8 +804,8 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
 
     observer = _observer()
     try:
-        _retain_wal(observer)
-        start_lsn = _lsn(observer)
+        retain_wal(observer)
+        start_lsn = insert_lsn(observer)
         with mock.patch.object(first_lock_module, first_lock, first_lock_for_update), \
                 mock.patch.object(locks, "gates_for_update", gates_for_update), \
                 mock.patch.object(audit_module, "audit_record", audit_record):
@@ -880,7 +822,7 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
                                         [start_lsn]).fetchone()[0]
         (xid,) = observer.execute("SELECT xmin::text::bigint FROM connector_servingepoch WHERE id = %s",
                                   [world.epoch_pk]).fetchone()
-        wal = _wal_of(observer, start_lsn, xid, server_bytes=server_bytes,
+        wal = wal_of(observer, start_lsn, xid, server_bytes=server_bytes,
                       enabled=world.extensions.get("pg_walinspect", False))
     finally:
         observer.close()

@@ -135,10 +135,14 @@ def test_measure_activation_produces_every_figure():
 
 
 @pytest.mark.django_db(**DB)
-def test_check_fails_against_an_impossibly_strict_budget(tmp_path):
+def test_check_fails_against_an_impossibly_strict_budget(tmp_path, monkeypatch):
     """`bench activation --check` against ceilings no run can meet exits non-zero and names every broken figure;
-    the table (with the successor-activation status) and the --json report are written first. Proves:
-    CV2-14-006, CV2-14-009"""
+    the table (with the successor-activation status) and the --json report are written first. The measurement runs
+    on this test's database: creating and migrating the two throwaway databases is `make bench`'s part (its
+    hot-account and history runs use the same ThrowawayDatabases). Proves: CV2-14-006, CV2-14-009"""
+    from connector.management.commands import bench
+
+    monkeypatch.setattr(bench, "ThrowawayDatabases", _NoDatabase)
     budgets = tmp_path / "budgets.json"
     budgets.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.2}, "activation": {
         "_note": "impossibly strict", str(N): {figure: 0 for figure in BUDGET_FIGURES}}}))

@@ -1,7 +1,7 @@
 """Fault: PostgreSQL restarts (`pg_ctl restart -m fast`) while a client process admits deliveries in a loop.
 
 A PRIVATE PostgreSQL is started through scripts/services.py on a spare loopback port (the machine's server is
-never touched) and migrated by `manage.py migrate` in child processes. A load child posts signed deliveries
+never touched) and migrated by `migrate` in child processes. A load child posts signed deliveries
 through the WSGI application (a real request cycle: a new database connection per request, as in production)
 and retries each key until it is answered 2xx. Meanwhile the test restarts the server. The client sees only
 retryable server errors during the restart (503 DATABASE_UNAVAILABLE with Retry-After; see
@@ -78,6 +78,17 @@ for i in range(keys):
         time.sleep(0.05)
 """
 
+# `manage.py migrate` with the test harness's cheaper historical models (tests/fast_migrate.py)
+MIGRATE = """
+import sys
+import django
+django.setup()
+from django.core.management import call_command
+from tests import fast_migrate
+fast_migrate.install()
+call_command("migrate", database=sys.argv[1], interactive=False, verbosity=0)
+"""
+
 SWEEP = """
 import django
 django.setup()
@@ -96,7 +107,7 @@ def private_pg(tmp_path_factory):
         secrets = tmp_path_factory.mktemp("pg-secrets")
         env = child_environment(secret_dir=str(secrets), DATABASE_URL=server.url,
                                 JOURNAL_DATABASE_URL=server.journal_url, REDIS_URL="redis://127.0.0.1:1/0")
-        migrations = [subprocess.Popen([sys.executable, "manage.py", "migrate", "--database", db, "--noinput"],
+        migrations = [subprocess.Popen([sys.executable, "-c", MIGRATE, db],
                                        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                       for db in ("default", "journal")]
         for migration in migrations:
