@@ -13,7 +13,7 @@ ROUNDS = 25  # each one a fresh race against the WAL writer; today's code lost i
 
 
 @pytest.fixture
-def async_observer(transactional_db):
+def async_observer(transactional_db, administrator):
     """A second session committing like the fresh clone's server does: synchronous_commit off (the WAL writer
     flushes every wal_writer_delay, 200 ms, and may stop in the middle of a record)."""
     assert _ensure_extensions()["pg_walinspect"], "pg_walinspect is needed to measure the activation's WAL"
