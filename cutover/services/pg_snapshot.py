@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -200,10 +201,39 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# Extensions the product's own migrations create (effects 0005: btree_gist for the delivery exclusion constraints,
+# trusted, so the owner role may create it). Any other extension in a dump is the server administrator's.
+PRODUCT_EXTENSIONS = frozenset({"btree_gist"})
+
+
+def _restore_list(path: str) -> str:
+    """The dump's table of contents without the EXTENSION entries (and their comments) of extensions the product
+    does not create: those are the server administrator's (e.g. pg_walinspect for the activation bench), and the
+    owner role that restores may not create them (decision D-185). Nothing the restore point digests lives in an
+    extension: the schema digest names tables, columns, constraints and triggers of `public`."""
+    pg_restore = binary("pg_restore")
+    proc = subprocess.run([pg_restore, "-l", path], env=_env(), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RestorePointInvalid(f"pg_restore -l of {path} failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
+    def foreign_extension(line: str) -> bool:
+        found = re.search(r"\s(?:EXTENSION -|COMMENT - EXTENSION) (\S+)", line)  # "EXTENSION - x", "COMMENT - EXTENSION x"
+        return found is not None and found.group(1) not in PRODUCT_EXTENSIONS
+
+    kept = [line for line in proc.stdout.splitlines() if not foreign_extension(line)]
+    listing = tempfile.NamedTemporaryFile("w", suffix=".list", delete=False)
+    with listing:
+        listing.write("\n".join(kept) + "\n")
+    return listing.name
+
+
 def _pg_restore(path: str, database: str, *extra: str) -> None:
     pg_restore = binary("pg_restore")
-    proc = subprocess.run([pg_restore, "--exit-on-error", "--no-owner", *extra, *_cli_args(database), path],
-                          env=_env(), capture_output=True, text=True, check=False)
+    listing = _restore_list(path)
+    try:
+        proc = subprocess.run([pg_restore, "--exit-on-error", "--no-owner", "-L", listing, *extra,
+                               *_cli_args(database), path], env=_env(), capture_output=True, text=True, check=False)
+    finally:
+        os.unlink(listing)
     if proc.returncode != 0:
         raise RestorePointInvalid(f"pg_restore of {path} into {database} failed ({proc.returncode}): "
                                   f"{proc.stderr.strip()[:500]}")

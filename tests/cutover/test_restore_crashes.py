@@ -96,6 +96,9 @@ def test_activation_and_restore_racing_pick_exactly_one_branch(activation_delay)
         finally:
             connections.close_all()
 
+    # The test's own sessions (the suite connects as the administrator) are no product session the restore may
+    # terminate: the owner role that restores cannot end a superuser's backend.
+    connections.close_all()
     threads = [threading.Thread(target=activate), threading.Thread(target=restore)]
     for t in threads:
         t.start()

@@ -136,6 +136,24 @@ def test_rehearsal_restores_into_a_scratch_database_boots_v1_and_drops_it():
 
 
 @TX
+def test_an_administrators_extension_in_the_database_does_not_stop_the_rehearsal():
+    """An extension the server administrator installed (pgrowlocks, as the benches do) is in the dump, but the owner
+    role that restores may not create it: the rehearsal leaves such extensions out (the product's own btree_gist
+    stays) and its digests still equal the restore point's (decision D-185). Proves: CV2-12-052"""
+    world = drained_world()
+    with dbroles.as_admin(), connections["default"].cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
+    try:
+        point = restore_point_capture(attempt_key=world.key, actor="op")
+        rehearsal = restore_point_rehearse(attempt_key=world.key, actor="op")
+        assert bytes(rehearsal.content_digest) == bytes(point.content_digest)
+        assert bytes(rehearsal.schema_digest) == bytes(point.schema_digest)
+    finally:
+        with dbroles.as_admin(), connections["default"].cursor() as cursor:
+            cursor.execute("DROP EXTENSION IF EXISTS pgrowlocks")
+
+
+@TX
 def test_truncated_dump_is_rejected():
     """Proves: CV2-12-053 (a partial dump never rehearses)."""
     world = drained_world()
