@@ -154,6 +154,8 @@ OPERATOR_ERRORS = {
     403: _error("`PERMISSION_DENIED`: the user lacks the required model permission (or a session POST lacks "
                 "its CSRF token)."),
     406: _error("`NOT_ACCEPTABLE`: the endpoint renders JSON only."),
+    429: _error("`TOO_MANY_ATTEMPTS`: too many failed HTTP Basic sign-ins for this user from this address; "
+                "retry after `Retry-After` seconds (docs/security.md)."),
 }
 RETRY_AFTER = OpenApiParameter(
     "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[503],
