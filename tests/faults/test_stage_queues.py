@@ -1,0 +1,116 @@
+"""Stages do not starve each other: a burst of materializations never waits in front of the executions it
+produces.
+
+The Celery worker children are started exactly as `scripts/run.py` (make run) defines them, against this run's
+test databases and a private Redis. A burst of deliveries is admitted through `receipt_admit`, then the normal
+post-commit enqueue (`connector.api.views._materialization_enqueue`) publishes one materialization per receipt
+at once, as a burst of concurrent clients does. With one queue for every stage (the old routing), every
+execution task queued behind every materialization task, so no ApplicationResult existed before the last
+receipt was materialized; with one queue and worker group per stage the first result arrives while
+materialization is still draining the burst. The full 2,000-delivery measurement over HTTP is
+`manage.py bench burst` (docs/benchmarks.md)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.db.models import Max, Min
+
+from connector.actors import Actor
+from connector.api.views import _materialization_enqueue
+from connector.demo import build_world
+from connector.models import ApplicationResult, Event
+from connector.services.admission import receipt_admit
+from scripts.run import children as run_children
+from tests.faults.servers import Child, RedisServer, child_environment, run_database_env
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
+BURST = 80
+CHANNEL = "records.webhook"
+
+
+@pytest.fixture
+def broker(settings):
+    """A private Redis that this process publishes to and the worker children consume (restored afterwards)."""
+    from connector import tasks
+
+    server = RedisServer()
+    try:
+        server.start()
+    except BaseException:
+        server.cleanup()
+        raise
+    app = tasks.receipt_materialize.app
+
+    def point_at(url: str) -> None:
+        app.conf.broker_url = url
+        if app._pool is not None:
+            app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    saved = app.conf.broker_url
+    settings.CELERY_BROKER_URL = server.url
+    point_at(server.url)
+    try:
+        yield server
+    finally:
+        point_at(saved)
+        server.cleanup()
+
+
+@pytest.fixture
+def workers(settings, broker, tmp_path):
+    """The worker children of scripts/run.py, started and ready; stopped before the database is flushed."""
+    env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=broker.url,
+                            **run_database_env())
+    started = [Child(name, argv, env, tmp_path).start() for name, argv in run_children(0)
+               if name.startswith("worker")]
+    try:
+        deadline = time.monotonic() + 90
+        for child in started:
+            while "ready." not in child.output():
+                assert child.proc.poll() is None, f"{child.name} exited:\n{child.output()}"
+                assert time.monotonic() < deadline, f"{child.name} never became ready:\n{child.output()}"
+                time.sleep(0.2)
+        yield started
+    finally:
+        for child in started:
+            child.stop()
+
+
+def _body(n: int) -> bytes:
+    return json.dumps({"events": [{"id": f"sq-ev-{n}", "type": "record.updated", "record_id": f"sq-r-{n}",
+                                   "sequence": 1, "occurred_at": "2026-01-01T00:00:00Z",
+                                   "data": {"name": f"Burst {n}", "email": f"b{n}@example.com"}}]}).encode()
+
+
+def test_first_application_result_does_not_wait_for_the_whole_materialization_burst(workers):
+    """80 admitted deliveries are enqueued at once for the workers of make run. The first ApplicationResult
+    commits before the last receipt of the burst is materialized; on the old single-queue routing it came only
+    after every materialization (and every lane advance) of the burst.
+    Proves: CV2-14-003 (a starvation bound for every operation class)"""
+    world = build_world("sq-")
+    account = world.accounts[0].account_key
+    actor = Actor.system("burst")
+    receipts = [receipt_admit(account_key=account, channel=CHANNEL, transport_key=f"sq-{n}", body=_body(n),
+                              actor=actor).receipt.pk for n in range(BURST)]
+    began = time.time()
+    for pk in receipts:
+        _materialization_enqueue(pk)  # what the admission view runs on commit
+    deadline = time.monotonic() + 180
+    while Event.objects.count() < BURST or not ApplicationResult.objects.exists():
+        assert time.monotonic() < deadline, (
+            f"{Event.objects.count()}/{BURST} materialized, {ApplicationResult.objects.count()} results after 180 s:\n"
+            + "\n".join(c.output()[-1500:] for c in workers))
+        time.sleep(0.2)
+    results = ApplicationResult.objects.aggregate(first=Min("committed_at"))
+    materialized = Event.objects.aggregate(first=Min("created_at"), last=Max("created_at"))
+    first_after = results["first"].timestamp() - began
+    last_materialized_after = materialized["last"].timestamp() - began
+    print(f"\nburst of {BURST}: first ApplicationResult {first_after:.2f} s after the enqueue, last materialization "
+          f"{last_materialized_after:.2f} s")
+    assert results["first"] < materialized["last"], (
+        f"the first ApplicationResult ({first_after:.2f} s) waited for the last materialization "
+        f"({last_materialized_after:.2f} s): executions queued behind materializations")
