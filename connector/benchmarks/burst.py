@@ -364,6 +364,7 @@ class Burst:
         if options["deliveries"] < 1 or options["clients"] < 1:
             raise CommandError("--deliveries and --clients must be positive")
         logging.getLogger("connector").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         log_dir = Path(tempfile.gettempdir())
         with ThrowawayDatabases([name], f"{name}_journal", keep=options["keep"], say=say) as databases:
             connections["default"] = databases.wrappers[name]

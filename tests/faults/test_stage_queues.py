@@ -25,7 +25,6 @@ from connector.services.admission import receipt_admit
 from scripts.run import children as run_children
 from tests.faults.servers import Child, RedisServer, child_environment, run_database_env
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 BURST = 80
 CHANNEL = "records.webhook"
 
@@ -86,6 +85,7 @@ def _body(n: int) -> bytes:
                                    "data": {"name": f"Burst {n}", "email": f"b{n}@example.com"}}]}).encode()
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 def test_first_application_result_does_not_wait_for_the_whole_materialization_burst(workers):
     """80 admitted deliveries are enqueued at once for the workers of make run. The first ApplicationResult
     commits before the last receipt of the burst is materialized; on the old single-queue routing it came only
@@ -114,3 +114,24 @@ def test_first_application_result_does_not_wait_for_the_whole_materialization_bu
     assert results["first"] < materialized["last"], (
         f"the first ApplicationResult ({first_after:.2f} s) waited for the last materialization "
         f"({last_materialized_after:.2f} s): executions queued behind materializations")
+
+
+def test_each_stage_queue_is_consumed_by_its_own_worker_child(settings):
+    """Routing and process layout agree: materialization, the execution stage and egress each have their own
+    queue, each consumed by exactly one worker child of scripts/run.py that consumes no other stage's queue, and
+    every queue a connector or effects task is routed to has a consumer. Proves: CV2-14-003"""
+    routes = settings.CELERY_TASK_ROUTES
+    stage = {task: routes[task]["queue"] for task in ("connector.tasks.receipt_materialize",
+                                                      "connector.tasks.execution_claim_and_run",
+                                                      "effects.tasks.effect_dispatch")}
+    assert len(set(stage.values())) == 3, stage
+    assert routes["connector.tasks.lane_advance"]["queue"] == stage["connector.tasks.execution_claim_and_run"]
+    consumers = {name: set(argv[argv.index("-Q") + 1].split(",")) for name, argv in run_children(0)
+                 if name.startswith("worker")}
+    for task, queue in stage.items():
+        owners = [name for name, queues in consumers.items() if queue in queues]
+        assert len(owners) == 1, f"{task} ({queue}) is consumed by {owners}"
+        assert not (consumers[owners[0]] - {queue}) & set(stage.values()), (
+            f"{owners[0]} also consumes another stage's queue: {consumers[owners[0]]}")
+    routed = {r["queue"] for name, r in routes.items() if not name.startswith("v1.")}
+    assert routed <= set().union(*consumers.values()), routed - set().union(*consumers.values())
