@@ -21,22 +21,28 @@ CELERY_TASK_ROUTES = {
     "v1.tasks.*": {"queue": "v1"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A sweep message expires when its successor is due: a sweep that could not start in time (the sweeper busy with a
+# long sweep during a burst) is dropped instead of piling up behind it, since the next one finds the same work.
 CELERY_BEAT_SCHEDULE = {
     "sweeper-serving-epochs": {
         "task": "connector.tasks.serving_epoch_sweep",
         "schedule": 30.0,
+        "options": {"expires": 30.0},
     },
     "sweeper-inbound": {
         "task": "connector.tasks.inbound_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
     "sweeper-effects": {
         "task": "effects.tasks.effects_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
     "sweeper-delivery": {
         "task": "effects.tasks.delivery_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
 }
 # Publishing only wakes workers; when the broker is down, fail fast and let the sweepers find the work in
