@@ -92,8 +92,10 @@ class RunPy:
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
+        from scripts.run import worker_children
+
         self.ready: set[str] = set()
-        self.names: set[str] = set()
+        self.names: set[str] = {name for name, _ in worker_children()}  # the children run.py will start
         self.proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -106,10 +108,8 @@ class RunPy:
                 log.write(raw)
                 name, bar, text = raw.decode(errors="replace").partition("|")
                 name = name.strip()
-                if bar and name.startswith("worker"):
-                    self.names.add(name)
-                    if "ready." in text:
-                        self.ready.add(name)
+                if bar and name in self.names and "ready." in text:
+                    self.ready.add(name)
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -261,7 +261,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
                 web = True
             except OSError:
                 web = False
-            if web and run.names and run.ready >= run.names:
+            if web and run.ready >= run.names:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"run.py not ready after 120 s (web {web}, workers ready {sorted(run.ready)} of "
