@@ -12,6 +12,9 @@ materialization is still draining the burst. The full 2,000-delivery measurement
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -25,7 +28,7 @@ from connector.services.admission import receipt_admit
 from scripts.run import children as run_children
 from tests.faults.servers import Child, RedisServer, child_environment, run_database_env
 
-BURST = 80
+BURST = 60
 CHANNEL = "records.webhook"
 
 
@@ -75,8 +78,31 @@ def workers(settings, broker, tmp_path):
                 time.sleep(0.2)
         yield started
     finally:
-        for child in started:
-            child.stop()
+        _stop_all(started)
+
+
+def _stop_all(started: list[Child], grace: float = 3.0) -> None:
+    """SIGTERM every worker group at once, SIGKILL what is left after `grace` seconds: the test needs them gone
+    (their connections closed) before the database flush, not a warm shutdown of a long claim loop."""
+    for child in started:
+        if child.proc.poll() is None:
+            try:
+                os.killpg(child.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for child in started:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in started:
+        if child.proc.poll() is None:
+            try:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.proc.wait(timeout=10)
 
 
 def _body(n: int) -> bytes:
@@ -87,7 +113,7 @@ def _body(n: int) -> bytes:
 
 @pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 def test_first_application_result_does_not_wait_for_the_whole_materialization_burst(workers):
-    """80 admitted deliveries are enqueued at once for the workers of make run. The first ApplicationResult
+    """60 admitted deliveries are enqueued at once for the workers of make run. The first ApplicationResult
     commits before the last receipt of the burst is materialized; on the old single-queue routing it came only
     after every materialization (and every lane advance) of the burst.
     Proves: CV2-14-003 (a starvation bound for every operation class)"""
