@@ -32,7 +32,7 @@ def worker_pools(cpus: int | None = None) -> list[tuple[str, str, int]]:
     cpus = cpus or os.cpu_count() or 1
     return [
         ("worker-materialize", "materialize", max(2, cpus)),
-        ("worker-claims", "claims", max(2, cpus)),
+        ("worker-claims", "claims,lanes", max(2, cpus)),
         ("worker-egress", "egress", max(2, cpus)),
         ("worker-sweeper", "sweeper,delivery", 1),
     ]

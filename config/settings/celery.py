@@ -9,10 +9,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "sweeper"
 # One queue per stage, each consumed by its own worker processes (scripts/run.py worker_pools, D-173): a burst of
-# materializations never waits in front of the executions it produces, nor executions in front of egress.
+# materializations never waits in front of the executions it produces, nor executions in front of egress. The
+# execution stage's workers consume `claims` and `lanes` in turn (the broker cycles between non-empty queues), so
+# an execution wake-up never waits behind a backlog of lane advances either.
 CELERY_TASK_ROUTES = {
     "connector.tasks.execution_claim_and_run": {"queue": "claims"},
-    "connector.tasks.lane_advance": {"queue": "claims"},
+    "connector.tasks.lane_advance": {"queue": "lanes"},
     "connector.tasks.receipt_materialize": {"queue": "materialize"},
     "connector.tasks.*": {"queue": "sweeper"},
     "effects.tasks.effect_dispatch": {"queue": "egress"},

@@ -33,7 +33,6 @@ from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATABASE = "connector_bench_burst"
-CHANNEL = "records.webhook"
 
 
 def _free_port() -> int:
@@ -124,11 +123,9 @@ class RunPy:
 
 
 def _body(n: int, tag: str) -> bytes:
-    return json.dumps({"events": [{"id": f"burst-{tag}-ev-{n}", "type": "record.updated",
-                                   "record_id": f"burst-{tag}-r-{n}", "sequence": 1,
-                                   "occurred_at": "2026-01-01T00:00:00Z",
-                                   "data": {"name": f"Burst {n}", "email": f"burst{n}@example.com"}}]},
-                      sort_keys=True).encode()
+    from connector.demo import demo_event_body  # the demo pack's delivery shape (L1 data lives in demo.py)
+
+    return demo_event_body(f"burst-{tag}-{n}")
 
 
 def _post_all(*, port: int, account: str, secret: bytes, deliveries: int, clients: int, tag: str) -> dict:
@@ -137,7 +134,9 @@ def _post_all(*, port: int, account: str, secret: bytes, deliveries: int, client
 
     from connector.services.signatures import sign
 
-    url = f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{CHANNEL}/receipts"
+    from connector.demo import DEMO_CHANNEL
+
+    url = f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts"
     todo: queue.Queue[int] = queue.Queue()
     for n in range(deliveries):
         todo.put(n)

@@ -144,16 +144,21 @@ def test_first_application_result_does_not_wait_for_the_whole_materialization_bu
 
 def test_each_stage_queue_is_consumed_by_its_own_worker_child(settings):
     """Routing and process layout agree: materialization, the execution stage and egress each have their own
-    queue, each consumed by exactly one worker child of scripts/run.py that consumes no other stage's queue, and
-    every queue a connector or effects task is routed to has a consumer. Proves: CV2-14-003"""
+    queue, each consumed by exactly one worker child of scripts/run.py that consumes no other stage's queue (lane
+    advances are the execution stage's, on a queue of their own), and every queue a connector or effects task is
+    routed to has a consumer. Proves: CV2-14-003"""
     routes = settings.CELERY_TASK_ROUTES
     stage = {task: routes[task]["queue"] for task in ("connector.tasks.receipt_materialize",
                                                       "connector.tasks.execution_claim_and_run",
                                                       "effects.tasks.effect_dispatch")}
     assert len(set(stage.values())) == 3, stage
-    assert routes["connector.tasks.lane_advance"]["queue"] == stage["connector.tasks.execution_claim_and_run"]
     consumers = {name: set(argv[argv.index("-Q") + 1].split(",")) for name, argv in run_children(0)
                  if name.startswith("worker")}
+    lanes = routes["connector.tasks.lane_advance"]["queue"]
+    assert lanes not in (stage["connector.tasks.receipt_materialize"], stage["effects.tasks.effect_dispatch"])
+    assert [n for n, q in consumers.items() if lanes in q] == [
+        n for n, q in consumers.items() if stage["connector.tasks.execution_claim_and_run"] in q], (
+        "lane advances belong to the execution stage's workers")
     for task, queue in stage.items():
         owners = [name for name, queues in consumers.items() if queue in queues]
         assert len(owners) == 1, f"{task} ({queue}) is consumed by {owners}"
