@@ -10,7 +10,8 @@ to the admission API as fast as the server answers. It records, on the machine's
 - the first and last 201, and every non-201 answer;
 - the first ApplicationResult (its `committed_at`) after the first 201: the starvation figure, budget 2 s;
 - the last materialization (the latest Event) and the last ApplicationResult, i.e. the burst's total time;
-- ApplicationResults that existed 10, 30 and 160 s after the first 201.
+- ApplicationResults that existed 2, 10, 30 and 160 s after the first 201;
+- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max).
 
 Then it stops run.py with SIGINT (the way Ctrl-C stops make run) and drops the databases unless `--keep`.
 `--check` exits non-zero when the first result came later than `--first-result-budget` seconds, a delivery was
@@ -203,7 +204,18 @@ def _progress(first_201: float, timeout: float, expected: int, say) -> dict:
     events = Event.objects.aggregate(last=Max("created_at"))
     marks = {str(mark): ApplicationResult.objects.filter(committed_at__lte=_aware(first_201 + mark)).count()
              for mark in (2, 10, 30, 160)}
+    with connection.cursor() as cursor:
+        # Each delivery's own wait: its receipt's commit to its ApplicationResult's commit.
+        cursor.execute(
+            "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY s), max(s) FROM ("
+            " SELECT extract(epoch FROM r.committed_at - rc.created_at) AS s FROM connector_applicationresult r"
+            " JOIN connector_execution e ON e.command_id = r.command_id"
+            " JOIN connector_projection p ON p.id = e.projection_id JOIN connector_event ev ON ev.id = p.event_id"
+            " JOIN connector_receipt rc ON rc.id = ev.receipt_id) waits")
+        quantiles, longest = cursor.fetchone()
     return {
+        "delivery_wait_s": {"p50": float(quantiles[0]), "p95": float(quantiles[1]), "max": float(longest)}
+        if quantiles else None,
         "application_results": count,
         "first_result_s": results["first"].timestamp() - first_201 if results["first"] else None,
         "last_result_s": results["last"].timestamp() - first_201 if results["last"] else None,
@@ -311,9 +323,16 @@ def format_report(report: dict) -> str:
               f"  last ApplicationResult after the first 201:  {s(report.get('last_result_s'))} "
               f"({report.get('application_results', 0)} results)",
               f"  ApplicationResults by 2/10/30/160 s after the first 201: {report.get('results_at_s')}",
+              f"  each delivery, its 201 to its ApplicationResult: {_waits(report.get('delivery_wait_s'))}",
               f"  remote effects: {report.get('remote_effects')}",
               f"  load average before {report['load_average_before']} after {report.get('load_average_after')}"]
     return "\n".join(lines)
+
+
+def _waits(waits: dict | None) -> str:
+    if not waits:
+        return "-"
+    return f"p50 {waits['p50']:.1f} s, p95 {waits['p95']:.1f} s, max {waits['max']:.1f} s"
 
 
 class Burst:
