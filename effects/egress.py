@@ -74,13 +74,18 @@ def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credentia
     return permit
 
 
-def _path_refusal(command) -> str | None:
-    """None when the frozen path has exactly the shape of its callout's frozen path template; else why not."""
+def _path_refusal(command) -> tuple[str, bool] | None:
+    """None when the frozen path has exactly the shape of its callout's frozen path template; else (evidence,
+    final). Final: the path is outside its template, or the template itself is invalid, so no attempt of these
+    frozen bytes can ever be sent. Not final: the template could not be read right now (retryable)."""
     try:
         template = frozen_path_template(command)
-        return callout_paths.path_fits_template(template, command.path)
     except ConnectorError as exc:
-        return f"{exc.code}: {exc.detail}"
+        if exc.retryable:
+            return f"{exc.code}, nothing sent: the callout template could not be read: {exc.detail}", False
+        return f"OUTBOUND_PATH_UNSAFE, nothing sent: {exc.code}: {exc.detail}", True
+    reason = callout_paths.path_fits_template(template, command.path)
+    return (f"OUTBOUND_PATH_UNSAFE, nothing sent: {reason}", True) if reason else None
 
 
 def _classify(response: httpx.Response) -> SendResult:
@@ -109,10 +114,10 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     if refusal is not None:
         # The frozen path is outside its callout's template (a row written before D-170, or a changed rule): no
         # byte leaves, and no later attempt can do better, so the effect settles as terminal no_effect.
-        log.warning("egress refused a path outside its template", extra={"permit": permit.pk, "reason": refusal})
+        evidence, final = refusal
+        log.warning("egress refused to send", extra={"permit": permit.pk, "reason": evidence})
         return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
-                             response_digest=None, remote_id="", final=True,
-                             evidence=f"OUTBOUND_PATH_UNSAFE, nothing sent: {refusal}"[:1000])
+                             response_digest=None, remote_id="", final=final, evidence=evidence[:1000])
     try:
         secret = secret_backend().read(command.credential_generation.secret_version_ref).decode()
     except Exception as exc:  # noqa: BLE001 - no byte was sent: the request never left

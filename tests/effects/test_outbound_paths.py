@@ -245,3 +245,25 @@ def test_outbound_command_names_the_execution_that_authored_it_and_the_admin_lin
     changelist = client.get(reverse("admin:effects_outboundcommand_changelist"),
                             {"source_execution__id__exact": first.pk})
     assert changelist.status_code == 200 and changelist.context["cl"].result_count == 1
+
+
+@pytest.mark.django_db
+def test_egress_retries_when_the_template_cannot_be_read_right_now(push_world, receiver, monkeypatch):
+    """A template read that fails retryably (OWNER_UNAVAILABLE) after `granted -> sending` sends nothing and is
+    not final: the attempt settles `no_effect` with that evidence and the effect returns to `prepared` for its
+    next attempt, which sends the request. Proves: CV2-10-022, CV2-10-028"""
+    from connector.errors import OwnerUnavailable
+    from effects import egress
+
+    author(push_world.accounts[0], record_id="r1")
+
+    def unavailable(command):
+        raise OwnerUnavailable("owner store unavailable")
+
+    monkeypatch.setattr(egress, "frozen_path_template", unavailable)
+    effect = send(acquire("h1"))
+    assert receiver.requests == [] and effect.state == "prepared"
+    assert RemoteEffectAttempt.objects.get(effect=effect).evidence.startswith("OWNER_UNAVAILABLE, nothing sent")
+    monkeypatch.undo()
+    assert send(acquire("h1")).state == "remote_confirmed"
+    assert [r["path"] for r in receiver.requests] == ["/v1/records/r1"]
