@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -129,56 +128,6 @@ def _body(n: int, tag: str) -> bytes:
     return demo_event_body(f"burst-{tag}-{n}")
 
 
-def _post_all(*, port: int, account: str, secret: bytes, deliveries: int, clients: int, tag: str) -> dict:
-    """`clients` threads post the deliveries (each thread its own keep-alive connection). Returns wall times."""
-    import httpx
-
-    from connector.services.signatures import sign
-
-    from connector.demo import DEMO_CHANNEL
-
-    url = f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts"
-    todo: queue.Queue[int] = queue.Queue()
-    for n in range(deliveries):
-        todo.put(n)
-    answers: list[tuple[float, int]] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        with httpx.Client(timeout=60) as http:
-            while True:
-                try:
-                    n = todo.get_nowait()
-                except queue.Empty:
-                    return
-                body = _body(n, tag)
-                headers = {"Idempotency-Key": f"burst-{tag}-{n}", "Content-Type": "application/json",
-                           "Connector-Signature": sign(secret, int(time.time()), body)}
-                try:
-                    status = http.post(url, content=body, headers=headers).status_code
-                except httpx.HTTPError as exc:
-                    with lock:
-                        errors.append(f"{type(exc).__name__}: {exc}")
-                    continue
-                with lock:
-                    answers.append((time.time(), status))
-
-    began = time.time()
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    created = sorted(at for at, status in answers if status == 201)
-    statuses: dict[str, int] = {}
-    for _, status in answers:
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
-    return {"began": began, "first_201": created[0] if created else None, "last_201": created[-1] if created else None,
-            "accepted": len(created), "statuses": statuses, "transport_errors": errors[:5],
-            "transport_error_count": len(errors)}
-
-
 def _progress(first_201: float, timeout: float, expected: int, say) -> dict:
     """Poll PostgreSQL until every delivery has its ApplicationResult (or the timeout); returns the figures, all
     from the rows' own commit times (so they do not depend on when the polling started)."""
@@ -238,6 +187,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
     from django.db import connections
 
     from connector.benchmarks.hot_account import machine_facts
+    from connector.demo import DEMO_CHANNEL
     from connector.models import ConnectorAccount, CredentialGeneration
     from connector.secrets import secret_backend
 
@@ -281,8 +231,11 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         report["worker_children"] = sorted(run.names)
         say(f"ready: web and {', '.join(sorted(run.ready))}; posting {deliveries} deliveries from {clients} clients")
         tag = f"{int(time.time() * 1000):x}"
-        posted = _post_all(port=port, account=account, secret=secret, deliveries=deliveries, clients=clients,
-                           tag=tag)
+        from bench.burst_client import post_all  # the load generator lives outside the product packages
+
+        posted = post_all(url=f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts",
+                          secret=secret, bodies=[_body(n, tag) for n in range(deliveries)], clients=clients,
+                          key_prefix=f"burst-{tag}-")
         report["admission"] = {k: v for k, v in posted.items() if k not in ("began", "first_201", "last_201")}
         if posted["first_201"] is None:
             raise RuntimeError(f"no delivery was accepted: {posted['statuses']} {posted['transport_errors']}")
