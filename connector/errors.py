@@ -60,6 +60,25 @@ class OwnerFactInvalid(ConnectorError):
     operator_action = "Author a new immutable generation; existing generations are never edited."
 
 
+class CalloutTemplateInvalid(OwnerFactInvalid):
+    """A callout profile's path_template is outside the closed grammar: it is not an absolute path, names a scheme
+    or host, or puts a placeholder inside a segment instead of filling a whole path segment or query value."""
+
+    code = "CALLOUT_TEMPLATE_INVALID"
+    operator_action = ("Install a pack generation whose callout path_template uses only whole-segment {name} "
+                       "placeholders (docs/decisions.md D-170); the binding is refused at install and read.")
+
+
+class ApplicationItemRejected(ConnectorError):
+    """One item of a Runtime command cannot be applied as asked (its values cannot form its outbound intent);
+    Runtime records the item `rejected` with this code and keeps nothing of it. Raised by the outbound author
+    hook (connector.hooks.author_outbound), never by connector itself."""
+
+    code = "APPLICATION_ITEM_REJECTED"
+    http_status = 422
+    operator_action = "Correct the source record and send a new event; the rejected item changed nothing."
+
+
 class CredentialMappingInvalid(ConnectorError):
     """The (account, binding CredentialRef) -> CredentialGenerationID relation is not exhaustive and exact."""
 
@@ -171,7 +190,8 @@ class ApproverNotIndependent(ConnectorError):
 
 ERROR_CATALOG = MappingProxyType({
     cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
-    for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CredentialMappingInvalid,
+    for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CalloutTemplateInvalid,
+                ApplicationItemRejected, CredentialMappingInvalid,
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, FenceStale, GateNotServing,
                 PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing, StateTokenInvalid,
                 FormInvalid, ApproverNotIndependent)

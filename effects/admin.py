@@ -39,11 +39,11 @@ class OutboundCommandAdmin(FactAdmin):
                         "effect (scope, EffectRoot, EffectSlot, EffectGeneration). No secret bytes: only the exact "
                         "credential generation.")
     list_display = ("id", "account", "effect_root_id", "effect_slot_id", "effect_generation_id", "method", "path",
-                    "created_at")
+                    "source_execution", "created_at")
     search_fields = ("effect_root_id", "path")
-    list_select_related = ("account",)
+    list_select_related = ("account", "source_execution")
     fieldsets = ((None, {"fields": ("account", "application_scope", "effect_root_id", "effect_slot_id",
-                                    "effect_generation_id", "key", "effect_link", "source_execution")}),
+                                    "effect_generation_id", "key", "effect_link", "source_execution_link")}),
                  ("Frozen dispatch binding", {"fields": (
                      "epoch", "epoch_digest_hex", "gate_fence", "profile_id", "pack_generation", "effect_definition",
                      "effect_version", "policy", "configuration", "credential_generation", "method", "path",
@@ -56,6 +56,12 @@ class OutboundCommandAdmin(FactAdmin):
     binding = digest_col("binding_digest", "binding digest")
     body_json = json_col("request_body", "request body")
     effect_link = admin.display(description="remote effect")(lambda self, o: admin_link(getattr(o, "effect", None)))
+
+    @admin.display(description="source execution")
+    def source_execution_link(self, obj):
+        """The Execution whose Runtime transaction authored this command."""
+        execution = obj.source_execution
+        return admin_link(execution, f"Execution #{execution.pk} ({execution.command_id})" if execution else None)
 
 
 @admin.register(RemoteEffect)

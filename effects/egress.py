@@ -21,12 +21,14 @@ from django.utils import timezone
 from connector import locks as connector_locks
 from connector.errors import ConnectorError
 from connector.faults import fault_point
+from connector.interpreters import callout as callout_paths
 from connector.secrets import secret_backend
 from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import EgressRefused
 from effects.models import DispatchPermit
 from effects.services.dispatch import permit_settle
+from effects.services.outbound import frozen_path_template
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,20 @@ def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credentia
     return permit
 
 
+def _path_refusal(command) -> tuple[str, bool] | None:
+    """None when the frozen path has exactly the shape of its callout's frozen path template; else (evidence,
+    final). Final: the path is outside its template, or the template itself is invalid, so no attempt of these
+    frozen bytes can ever be sent. Not final: the template could not be read right now (retryable)."""
+    try:
+        template = frozen_path_template(command)
+    except ConnectorError as exc:
+        if exc.retryable:
+            return f"{exc.code}, nothing sent: the callout template could not be read: {exc.detail}", False
+        return f"OUTBOUND_PATH_UNSAFE, nothing sent: {exc.code}: {exc.detail}", True
+    reason = callout_paths.path_fits_template(template, command.path)
+    return (f"OUTBOUND_PATH_UNSAFE, nothing sent: {reason}", True) if reason else None
+
+
 def _classify(response: httpx.Response) -> SendResult:
     body_digest = hashlib.sha256(response.content).hexdigest()
     if 200 <= response.status_code < 300:
@@ -94,6 +110,14 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
                           credential_gate_fence=credential_gate_fence)
     fault_point("egress.after_sending")
     command = permit.effect.command
+    refusal = _path_refusal(command)
+    if refusal is not None:
+        # The frozen path is outside its callout's template (a row written before D-170, or a changed rule): no
+        # byte leaves, and no later attempt can do better, so the effect settles as terminal no_effect.
+        evidence, final = refusal
+        log.warning("egress refused to send", extra={"permit": permit.pk, "reason": evidence})
+        return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
+                             response_digest=None, remote_id="", final=final, evidence=evidence[:1000])
     try:
         secret = secret_backend().read(command.credential_generation.secret_version_ref).decode()
     except Exception as exc:  # noqa: BLE001 - no byte was sent: the request never left

@@ -1,7 +1,7 @@
 """The effects app's closed error catalog (extends connector.errors.ConnectorError)."""
 from __future__ import annotations
 
-from connector.errors import ConnectorError
+from connector.errors import ApplicationItemRejected, ConnectorError
 
 
 class OutboundRefused(ConnectorError):
@@ -9,6 +9,18 @@ class OutboundRefused(ConnectorError):
 
     code = "OUTBOUND_REFUSED"
     http_status = 409
+
+
+class OutboundPathUnsafe(OutboundRefused, ApplicationItemRejected):
+    """A path or query value would change the outbound request's structure (a "/", "\\", "?", "#", a dot
+    segment, an empty value, a control character, or a percent-encoding or NFKC form of one of them, or a path
+    longer than the frozen column): the command is not authored and Runtime records the item `rejected`
+    (D-170, D-172). Nothing was written and nothing is sent."""
+
+    code = "OUTBOUND_PATH_UNSAFE"
+    http_status = 422
+    operator_action = ("Correct the record identity at the source and send a new event; the item was rejected and "
+                       "no outbound call was made. Values that are not path-safe never reach the provider.")
 
 
 class OutboundConflict(ConnectorError):

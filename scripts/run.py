@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run the web server, a Celery worker, Celery beat and the demo remote receiver together, in the foreground.
+"""Run the web server, the Celery workers (one per stage), Celery beat and the demo remote receiver together, in
+the foreground.
 
     python scripts/run.py            # PORT=8000 by default; the web server is gunicorn (config/gunicorn.py)
     python scripts/run.py --dev      # or RUN_DEV_SERVER=1: Django's runserver instead, for development only
@@ -22,7 +23,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GRACE_SECONDS = 10.0
-QUEUES = "sweeper,claims,egress,delivery"
+
+
+def worker_pools(cpus: int | None = None) -> list[tuple[str, str, int]]:
+    """(child name, queues, concurrency) of the Celery worker children: one worker process group per stage, so a
+    backlog of one stage never waits in front of another's work (D-173). Sized to the machine: materialization,
+    the execution stage (lane advance, claim, Runtime) and egress (mostly waiting on the provider) each get one
+    process per core, at least 2; the sweepers and REST bulk delivery share one."""
+    cpus = cpus or os.cpu_count() or 1
+    return [
+        ("worker-materialize", "materialize", max(2, cpus)),
+        ("worker-claims", "claims,lanes", max(2, cpus)),
+        ("worker-egress", "egress", max(2, cpus)),
+        ("worker-sweeper", "sweeper,delivery", 1),
+    ]
+
+
+QUEUES = ",".join(queues for _, queues, _ in worker_pools())  # every queue some worker child consumes
+
+
+def worker_children(cpus: int | None = None) -> list[tuple[str, list[str]]]:
+    """The Celery worker children (name, argv). A single-process pool runs `--pool solo` (no forked child)."""
+    py = sys.executable
+    out = []
+    for name, queues, concurrency in worker_pools(cpus):
+        pool = ["--pool", "solo"] if concurrency == 1 else ["--pool", "prefork", "--concurrency", str(concurrency)]
+        out.append((name, [py, "-m", "celery", "-A", "config", "worker", "-Q", queues, "-l", "INFO", *pool,
+                           "-n", f"{name}@%h", "--without-gossip", "--without-mingle"]))
+    return out
 
 
 def describe(code: int) -> str:
@@ -51,8 +79,7 @@ def children(port: int, dev: bool = False) -> list[tuple[str, list[str]]]:
     py = sys.executable
     return [
         ("web", web_command(port, dev)),
-        ("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", QUEUES, "-l", "INFO",
-                    "--concurrency", "2", "-n", "worker@%h"]),
+        *worker_children(),
         ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
                   "--schedule", ".data/celerybeat-schedule"]),
         ("receiver", [py, "manage.py", "demo_receiver", "--port", os.environ.get("DEMO_RECEIVER_PORT", "8900")]),
@@ -175,7 +202,7 @@ class Supervisor:
             self.stop_all()
             self.note(f"stopped everything because {name} {describe(code)}")
             return code if 0 < code < 256 else 1
-        self.note(f"received {signal.Signals(self.signalled).name}; stopping web, worker, beat and the demo receiver")
+        self.note(f"received {signal.Signals(self.signalled).name}; stopping web, workers, beat and the demo receiver")
         self.stop_all()
         self.note("all stopped")
         return 0

@@ -8,10 +8,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "sweeper"
+# One queue per stage, each consumed by its own worker processes (scripts/run.py worker_pools, D-173): a burst of
+# materializations never waits in front of the executions it produces, nor executions in front of egress. The
+# execution stage's workers consume `claims` and `lanes` in turn (the broker cycles between non-empty queues), so
+# an execution wake-up never waits behind a backlog of lane advances either.
 CELERY_TASK_ROUTES = {
     "connector.tasks.execution_claim_and_run": {"queue": "claims"},
-    "connector.tasks.lane_advance": {"queue": "claims"},
-    "connector.tasks.receipt_materialize": {"queue": "claims"},
+    "connector.tasks.lane_advance": {"queue": "lanes"},
+    "connector.tasks.receipt_materialize": {"queue": "materialize"},
     "connector.tasks.*": {"queue": "sweeper"},
     "effects.tasks.effect_dispatch": {"queue": "egress"},
     "effects.tasks.delivery_step": {"queue": "delivery"},
@@ -19,22 +23,28 @@ CELERY_TASK_ROUTES = {
     "v1.tasks.*": {"queue": "v1"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A sweep message expires when its successor is due: a sweep that could not start in time (the sweeper busy with a
+# long sweep during a burst) is dropped instead of piling up behind it, since the next one finds the same work.
 CELERY_BEAT_SCHEDULE = {
     "sweeper-serving-epochs": {
         "task": "connector.tasks.serving_epoch_sweep",
         "schedule": 30.0,
+        "options": {"expires": 30.0},
     },
     "sweeper-inbound": {
         "task": "connector.tasks.inbound_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
     "sweeper-effects": {
         "task": "effects.tasks.effects_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
     "sweeper-delivery": {
         "task": "effects.tasks.delivery_sweep",
         "schedule": 5.0,
+        "options": {"expires": 5.0},
     },
 }
 # Publishing only wakes workers; when the broker is down, fail fast and let the sweepers find the work in

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
@@ -201,7 +202,8 @@ class ExecutionAdmin(FactAdmin):
     fieldsets = ((None, {"fields": ("account", "projection_link", "lane_link", "generation", "state_badge",
                                     "command_id", "ref_digest", "attempt_count", "lease_holder", "lease_fence",
                                     "lease_expires_at", "quarantine_reason", "step_failures_col")}),
-                 ("Runtime result", {"fields": ("result_outcome", "result", "result_link", "receipt_col")}))
+                 ("Runtime result", {"fields": ("result_outcome", "result", "result_link", "receipt_col",
+                                                "outbound_commands_col")}))
     step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     ref_digest = digest_col("execution_ref_digest", "ExecutionRef digest")
@@ -213,6 +215,24 @@ class ExecutionAdmin(FactAdmin):
     @admin.display(description="ApplicationResult")
     def result_link(self, obj):
         return admin_link(ApplicationResult.objects.filter(command_id=obj.command_id).first())
+
+    @admin.display(description="outbound commands")
+    def outbound_commands_col(self, obj):
+        """The OutboundCommands its Runtime transaction authored (the reverse of OutboundCommand.source_execution;
+        reached by relation name, so connector never imports effects)."""
+        related = getattr(obj, "outbound_commands", None)
+        if related is None:
+            return EMPTY
+        rows = list(related.order_by("pk")[:20])
+        if not rows:
+            return EMPTY
+        links = _links(rows, lambda c: f"#{c.pk} {c.method} {c.path}")
+        try:
+            url = reverse("admin:effects_outboundcommand_changelist")
+        except NoReverseMatch:
+            return links
+        return format_html('{}<br><a href="{}?source_execution__id__exact={}">all of this execution</a>', links,
+                           url, obj.pk)
 
 
 @admin.register(Projection)

@@ -17,6 +17,7 @@ from django.db import DatabaseError, OperationalError
 from connector import receipts
 from connector.choices import BindingKind
 from connector.errors import CredentialMappingInvalid, OwnerFactInvalid, OwnerUnavailable
+from connector.interpreters import callout
 from connector.models import (
     BindingDefinition,
     CatalogBinding,
@@ -84,6 +85,8 @@ def _validate_definition(kind: str, definition: bytes) -> None:
         raise OwnerFactInvalid(f"{kind} definition lacks {', '.join(missing)}")
     if kind == BindingKind.INBOUND_ROUTE and document["ordering_contract"] not in ORDERING_CONTRACTS:
         raise OwnerFactInvalid(f"inbound route ordering contract {document['ordering_contract']!r} is not closed")
+    if kind == BindingKind.CALLOUT_PROFILE:
+        callout.parse_template(document["path_template"])  # CalloutTemplateInvalid (an OwnerFactInvalid)
     if receipts.canonical_json(document) != bytes(definition):
         raise OwnerFactInvalid(f"{kind} definition bytes are not canonical")
 

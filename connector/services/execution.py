@@ -209,7 +209,8 @@ def execution_run(*, token: ClaimToken) -> Execution:
     execution = Execution.objects.select_related("projection").get(pk=token.execution_pk)
     receipt = runtime.runtime_command_apply(command_id=execution.command_id,
                                             execution_ref=bytes(execution.execution_ref),
-                                            input=bytes(execution.projection.input), account_id=execution.account_id)
+                                            input=bytes(execution.projection.input), account_id=execution.account_id,
+                                            execution_id=execution.pk)
     fault_point("runtime.after_commit")
     return execution_record_result(execution_pk=execution.pk, command_id=receipt.command_id,
                                    execution_ref_digest=receipt.execution_ref_digest)

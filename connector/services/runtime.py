@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
 from connector.canonical.encoding import decode, encode
 from connector import hooks
-from connector.errors import ConnectorError
+from connector.errors import ApplicationItemRejected, ConnectorError
 from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
 from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
 from connector.receipts import rec
@@ -74,9 +75,15 @@ def _apply_record(account_id: int, record_key: str, values: dict, command_id: st
     return "applied"
 
 
-def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes, account_id: int) -> ResultReceipt:
+def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes, account_id: int,
+                          execution_id: int | None = None) -> ResultReceipt:
     """Apply one command exactly once. Repeating it (after a lost response, a lease expiry) returns the stored
-    result without applying anything again."""
+    result without applying anything again. `execution_id` names the Execution that submits the command; every
+    OutboundCommand this transaction authors records it as its source execution.
+
+    An item whose outbound intent the author hook refuses with ApplicationItemRejected (e.g. OUTBOUND_PATH_UNSAFE)
+    is recorded `rejected:<code>` and keeps nothing: its CRM change and its command share one savepoint, so the
+    mutation never commits without its outbox intent (D-172). The other items apply as usual."""
     ref_digest = hashlib.sha256(bytes(execution_ref)).digest()
     found = runtime_result_get(command_id=command_id, execution_ref_digest=ref_digest)
     if found is not None:
@@ -110,13 +117,17 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
                 if not item.get("record_key"):
                     outcomes.append("rejected")
                     continue
-                outcome_item = _apply_record(account_id, item["record_key"], values, command_id)
+                try:
+                    with transaction.atomic() if pushes else nullcontext():
+                        outcome_item = _apply_record(account_id, item["record_key"], values, command_id)
+                        if pushes and outcome_item == "applied":
+                            hooks.author_outbound(ctx=ctx, account_key=ctx_account_key(account_id),
+                                                  route_definition=route.definition, command_id=command_id,
+                                                  record_key=item["record_key"], fields=values,
+                                                  suppress_external_effects=suppress, execution_id=execution_id)
+                except ApplicationItemRejected as exc:
+                    outcome_item = f"rejected:{exc.code}"
                 outcomes.append(outcome_item)
-                if pushes and outcome_item == "applied":
-                    hooks.author_outbound(ctx=ctx, account_key=ctx_account_key(account_id),
-                                          route_definition=route.definition, command_id=command_id,
-                                          record_key=item["record_key"], fields=values,
-                                          suppress_external_effects=suppress, execution_id=None)
             # A failed item fails the command (decision 6 quarantines it by default); else the best item outcome.
             outcome = ("failed" if "failed" in outcomes else "applied" if "applied" in outcomes
                        else "noop" if "noop" in outcomes else "rejected")

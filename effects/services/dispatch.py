@@ -166,10 +166,12 @@ def _after_no_effect(effect: RemoteEffect) -> None:
 
 
 def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, response_digest: bytes | None,
-                  remote_id: str, evidence: str) -> RemoteEffect:
+                  remote_id: str, evidence: str, final: bool = False) -> RemoteEffect:
     """Settle a `sending` permit with the provider's answer or the ambiguity: append the attempt's outcome, move
     the effect (`remote_confirmed`, `uncertain`, or after proven no effect `prepared`/`no_effect`), and record
-    `returned`, leaving the open-permit set. Uses the permit and holder fences, not the gate's (CV2-03-018)."""
+    `returned`, leaving the open-permit set. Uses the permit and holder fences, not the gate's (CV2-03-018).
+    `final` (no_effect only): the adapter proved that no attempt of this frozen request can ever be sent (its
+    path is outside its template), so the effect becomes terminal `no_effect` instead of being retried."""
     permit = DispatchPermit.objects.get(pk=permit_pk)
     with transaction.atomic():
         effect = locks.effect_for_update(permit.effect_id)
@@ -184,6 +186,8 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
         permit.save()
         if outcome == AttemptOutcome.REMOTE_CONFIRMED:
             effect.confirm(remote_id=remote_id)
+        elif outcome == AttemptOutcome.NO_EFFECT and final:
+            effect.no_effect()
         elif outcome == AttemptOutcome.NO_EFFECT:
             _after_no_effect(effect)
         else:

@@ -13,9 +13,12 @@ from connector.models import ServiceConfigurationCredentialMapping, ServingEpoch
 from connector.receipts import canonical_json, rec
 from connector.selectors.owners import binding_definition_read
 from connector.services.guard import ServingContext, lock_serving
-from effects.errors import OutboundConflict, OutboundRefused
+from connector.interpreters import callout as callout_paths
+from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect
 from effects.services import identity
+
+PATH_MAX_LENGTH = OutboundCommand._meta.get_field("path").max_length
 
 
 def _binding(epoch_pk: int, kind: str, business_key: str):
@@ -28,6 +31,31 @@ def _binding(epoch_pk: int, kind: str, business_key: str):
                                          pack_payload_digest=bytes(b.pack_payload_digest),
                                          business_key=b.business_key, definition_version=b.definition_version)
     return proof, json.loads(definition.definition), definition
+
+
+def outbound_path(template: str, path_params: dict[str, object]) -> str:
+    """The one builder of an outbound request path: the callout's frozen template filled with percent-encoded
+    values (connector.interpreters.callout.build_path). A value that would change the path's structure raises
+    OutboundPathUnsafe before anything is written (D-170)."""
+    try:
+        return callout_paths.build_path(template, path_params, max_length=PATH_MAX_LENGTH)
+    except callout_paths.PathValueUnsafe as exc:
+        raise OutboundPathUnsafe(f"path_template {template!r}: {exc}", placeholder=exc.name) from exc
+
+
+_FROZEN_TEMPLATES: dict[tuple[int, bytes, str], str] = {}
+
+
+def frozen_path_template(command: OutboundCommand) -> str:
+    """The path template of the callout a command froze, read through the owner reader from the command's exact
+    epoch. Cached in-process by the epoch's exact identity (pk + digest) and the callout key: an epoch's bindings
+    never change. Raises OutboundRefused/OwnerFactInvalid when the binding cannot be read or is invalid."""
+    key = (command.epoch_id, bytes(command.epoch_digest), command.callout)
+    template = _FROZEN_TEMPLATES.get(key)
+    if template is None:
+        _, definition, _ = _binding(command.epoch_id, "callout_profile", command.callout)
+        template = _FROZEN_TEMPLATES[key] = definition["path_template"]
+    return template
 
 
 def idempotency_key(*, profile_id: str, account_key: str, application_scope: str, effect_root_id: str,
@@ -74,10 +102,7 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
     request_body = canonical_json(body)
     link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
     callout_def, path_params = identity.callout_address(callout_def, path_params, link)
-    try:
-        path = callout_def["path_template"].format(**path_params)
-    except KeyError as exc:
-        raise OutboundRefused(f"path parameter {exc} is missing") from exc
+    path = outbound_path(callout_def["path_template"], path_params)
     provider_key = key.hex() if push_def.get("idempotency") == "provider_key" else None
     policy = {"max_attempts": int(push_def.get("max_attempts", 3)), "timeout_ms": int(callout_def.get("timeout_ms", 5000))}
     route_policy_digest = profile.digest("route-policy", canonical_json(policy))

@@ -662,6 +662,10 @@ from connector.benchmarks.activation import Activation  # noqa: E402 - whole-ser
 
 SUBCOMMANDS[Activation.name] = Activation()
 
+from connector.benchmarks.burst import Burst  # noqa: E402 - burst against make run's processes (its own module)
+
+SUBCOMMANDS[Burst.name] = Burst()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)

@@ -1,0 +1,363 @@
+"""`manage.py bench burst`: a burst of signed deliveries against the processes `make run` starts.
+
+On a throwaway database (`--database-name`, default `connector_bench_burst` and `<name>_journal`) with the push demo
+world, this starts `scripts/run.py` itself — the web server, the Celery worker children, beat and the demo
+receiver, exactly as `make run` does — against a private Redis (scripts/services.py PrivateRedis on a spare port;
+`--redis-url` to use another), waits until the web port answers and every worker child logged `ready.`, then
+`--clients` threads post `--deliveries` signed one-event deliveries (each its own record, so each its own lane)
+to the admission API as fast as the server answers. It records, on the machine's wall clock:
+
+- the first and last 201, and every non-201 answer;
+- the first ApplicationResult (its `committed_at`) after the first 201: the starvation figure, budget 2 s;
+- the last materialization (the latest Event) and the last ApplicationResult, i.e. the burst's total time;
+- ApplicationResults that existed 2, 10, 30 and 160 s after the first 201;
+- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max).
+
+Then it stops run.py with SIGINT (the way Ctrl-C stops make run) and drops the databases unless `--keep`.
+`--check` exits non-zero when the first result came later than `--first-result-budget` seconds, a delivery was
+not accepted, or not every delivery reached its ApplicationResult within `--timeout`. See docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DATABASE = "connector_bench_burst"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _url(settings_dict: dict, name: str) -> str:
+    user = quote(settings_dict.get("USER") or "postgres", safe="")
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{quote(password, safe='')}" if password else user
+    return f"postgres://{auth}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{name}"
+
+
+class PrivateBroker:
+    """A private Redis on a spare loopback port (scripts/services.py), removed afterwards."""
+
+    def __init__(self) -> None:
+        from scripts import services
+
+        self.services = services
+        binary = services.find_redis_server()
+        if binary is None:
+            raise RuntimeError("no redis-server binary: pass --redis-url")
+        self.port = services.free_loopback_port()
+        self.server = services.PrivateRedis(self.port)
+        self.server.start(binary, "127.0.0.1")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        import shutil
+
+        self.server.stop()
+        home = self.server.home
+        if home.is_symlink():
+            target = home.resolve()
+            home.unlink()
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+class RunPy:
+    """scripts/run.py as a child process in its own session; its output goes to a log file and is scanned for
+    each worker child's `ready.` line."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        from scripts.run import worker_children
+
+        self.ready: set[str] = set()
+        self.names: set[str] = {name for name, _ in worker_children()}  # the children run.py will start
+        self.proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.pump = threading.Thread(target=self._pump, daemon=True)
+        self.pump.start()
+
+    def _pump(self) -> None:
+        with self.log_path.open("wb") as log:
+            for raw in iter(self.proc.stdout.readline, b""):
+                log.write(raw)
+                name, bar, text = raw.decode(errors="replace").partition("|")
+                name = name.strip()
+                if bar and name in self.names and "ready." in text:
+                    self.ready.add(name)
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)  # run.py stops its children like Ctrl-C does
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.pump.join(timeout=5)
+        return self.proc.returncode
+
+
+def _body(n: int, tag: str) -> bytes:
+    from connector.demo import demo_event_body  # the demo pack's delivery shape (L1 data lives in demo.py)
+
+    return demo_event_body(f"burst-{tag}-{n}")
+
+
+def _progress(first_201: float, timeout: float, expected: int, say) -> dict:
+    """Poll PostgreSQL until every delivery has its ApplicationResult (or the timeout); returns the figures, all
+    from the rows' own commit times (so they do not depend on when the polling started)."""
+    from django.db import connection
+    from django.db.models import Max, Min
+
+    from connector.models import ApplicationResult, Event
+
+    deadline = time.time() + timeout
+    last_say = 0.0
+    count = 0
+    while True:
+        count = ApplicationResult.objects.count()
+        now = time.time()
+        if count >= expected or now > deadline:
+            break
+        if now - last_say > 10:
+            say(f"  {count}/{expected} ApplicationResults {now - first_201:.0f} s after the first 201")
+            last_say = now
+        time.sleep(0.2)
+        connection.close_if_unusable_or_obsolete()
+    results = ApplicationResult.objects.aggregate(first=Min("committed_at"), last=Max("committed_at"))
+    events = Event.objects.aggregate(last=Max("created_at"))
+    marks = {str(mark): ApplicationResult.objects.filter(committed_at__lte=_aware(first_201 + mark)).count()
+             for mark in (2, 10, 30, 160)}
+    with connection.cursor() as cursor:
+        # Each delivery's own wait: its receipt's commit to its ApplicationResult's commit.
+        cursor.execute(
+            "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY s), max(s) FROM ("
+            " SELECT extract(epoch FROM r.committed_at - rc.created_at) AS s FROM connector_applicationresult r"
+            " JOIN connector_execution e ON e.command_id = r.command_id"
+            " JOIN connector_projection p ON p.id = e.projection_id JOIN connector_event ev ON ev.id = p.event_id"
+            " JOIN connector_receipt rc ON rc.id = ev.receipt_id) waits")
+        quantiles, longest = cursor.fetchone()
+    return {
+        "delivery_wait_s": {"p50": float(quantiles[0]), "p95": float(quantiles[1]), "max": float(longest)}
+        if quantiles else None,
+        "application_results": count,
+        "first_result_s": results["first"].timestamp() - first_201 if results["first"] else None,
+        "last_result_s": results["last"].timestamp() - first_201 if results["last"] else None,
+        "last_materialization_s": events["last"].timestamp() - first_201 if events["last"] else None,
+        "results_at_s": marks,
+    }
+
+
+def _aware(ts: float):
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str | None, log_dir: Path,
+              say) -> dict:
+    """Run the burst against the current `default`/`journal` databases (which hold the push demo world), with
+    run.py's processes bound to them. Returns the report dict."""
+    from django.conf import settings
+    from django.db import connections
+
+    from connector.benchmarks.hot_account import machine_facts
+    from connector.demo import DEMO_CHANNEL
+    from connector.models import ConnectorAccount, CredentialGeneration
+    from connector.secrets import secret_backend
+
+    account = ConnectorAccount.objects.order_by("pk").first().account_key
+    generation = CredentialGeneration.objects.get(generation_id=f"{account}.webhook-signing.g1")
+    secret = secret_backend().read(generation.secret_version_ref)
+    broker = None if redis_url else PrivateBroker()
+    port, receiver_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("CONNECTOR_FAULT_POINT", "TEST_DB_SUFFIX")}
+    env.update({
+        "DATABASE_URL": _url(connections["default"].settings_dict, connections["default"].settings_dict["NAME"]),
+        "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict,
+                                     connections["journal"].settings_dict["NAME"]),
+        "REDIS_URL": redis_url or broker.url, "PORT": str(port), "DEMO_RECEIVER_PORT": str(receiver_port),
+        "CONNECTOR_EGRESS_BASE_URL": f"http://127.0.0.1:{receiver_port}",
+        "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE") or "config.django.local",
+        "PYTHONUNBUFFERED": "1"})
+    connections.close_all()
+    report = {"bench": "burst", "deliveries": deliveries, "clients": clients, "machine": machine_facts(),
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average_before": list(os.getloadavg())}
+    log_path = log_dir / f"burst-run-{int(time.time())}.log"
+    say(f"starting scripts/run.py (web :{port}, workers, beat, demo receiver :{receiver_port}); log {log_path}")
+    run = RunPy(env, log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if run.proc.poll() is not None:
+                raise RuntimeError(f"scripts/run.py exited with {run.proc.returncode}; see {log_path}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                web = True
+            except OSError:
+                web = False
+            if web and run.ready >= run.names:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run.py not ready after 120 s (web {web}, workers ready {sorted(run.ready)} of "
+                                   f"{sorted(run.names)}); see {log_path}")
+            time.sleep(0.2)
+        report["worker_children"] = sorted(run.names)
+        say(f"ready: web and {', '.join(sorted(run.ready))}; posting {deliveries} deliveries from {clients} clients")
+        tag = f"{int(time.time() * 1000):x}"
+        from bench.burst_client import post_all  # the load generator lives outside the product packages
+
+        posted = post_all(url=f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts",
+                          secret=secret, bodies=[_body(n, tag) for n in range(deliveries)], clients=clients,
+                          key_prefix=f"burst-{tag}-")
+        report["admission"] = {k: v for k, v in posted.items() if k not in ("began", "first_201", "last_201")}
+        if posted["first_201"] is None:
+            raise RuntimeError(f"no delivery was accepted: {posted['statuses']} {posted['transport_errors']}")
+        report["admission"]["seconds_first_to_last_201"] = posted["last_201"] - posted["first_201"]
+        say(f"admitted {posted['accepted']} in {posted['last_201'] - posted['first_201']:.1f} s; waiting for the "
+            "ApplicationResults")
+        report.update(_progress(posted["first_201"], timeout, posted["accepted"], say))
+        report["remote_effects"] = _effects_summary()
+    finally:
+        report["run_py_exit"] = run.stop()
+        report["load_average_after"] = list(os.getloadavg())
+        if broker is not None:
+            broker.close()
+    return report
+
+
+def _effects_summary() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT state, count(*) FROM effects_remoteeffect GROUP BY state ORDER BY state")
+        return {state: n for state, n in cursor.fetchall()}
+
+
+def format_report(report: dict) -> str:
+    adm = report.get("admission", {})
+    lines = [f"bench burst: {report['deliveries']} deliveries from {report['clients']} clients, "
+             f"{report['machine']['cpus']} CPUs, worker children {', '.join(report.get('worker_children', []))}",
+             f"  admission: {adm.get('accepted', 0)} accepted (statuses {adm.get('statuses')}, transport errors "
+             f"{adm.get('transport_error_count', 0)}) in {adm.get('seconds_first_to_last_201', 0):.1f} s "
+             "(first to last 201)"]
+
+    def s(value) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    lines += [f"  first ApplicationResult after the first 201: {s(report.get('first_result_s'))}",
+              f"  last materialization after the first 201:   {s(report.get('last_materialization_s'))}",
+              f"  last ApplicationResult after the first 201:  {s(report.get('last_result_s'))} "
+              f"({report.get('application_results', 0)} results)",
+              f"  ApplicationResults by 2/10/30/160 s after the first 201: {report.get('results_at_s')}",
+              f"  each delivery, its 201 to its ApplicationResult: {_waits(report.get('delivery_wait_s'))}",
+              f"  remote effects: {report.get('remote_effects')}",
+              f"  load average before {report['load_average_before']} after {report.get('load_average_after')}"]
+    return "\n".join(lines)
+
+
+def _waits(waits: dict | None) -> str:
+    if not waits:
+        return "-"
+    return f"p50 {waits['p50']:.1f} s, p95 {waits['p95']:.1f} s, max {waits['max']:.1f} s"
+
+
+class Burst:
+    """`bench burst`: registered in connector/management/commands/bench.py's SUBCOMMANDS."""
+
+    name = "burst"
+    help = ("A burst of signed deliveries against the processes make run starts (scripts/run.py: web, the Celery "
+            "worker children, beat, demo receiver) on a throwaway database: time from the first 201 to the first "
+            "ApplicationResult, and to the last.")
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--deliveries", type=int, default=2000, help="deliveries to post (default 2000)")
+        parser.add_argument("--clients", type=int, default=8, help="posting threads (default 8)")
+        parser.add_argument("--timeout", type=float, default=900.0,
+                            help="seconds to wait for every ApplicationResult after the burst (default 900)")
+        parser.add_argument("--redis-url", default=None,
+                            help="broker for run.py's processes (default: a private Redis on a spare port)")
+        parser.add_argument("--first-result-budget", type=float, default=2.0,
+                            help="--check: the first ApplicationResult's budget in seconds (default 2)")
+        parser.add_argument("--check", action="store_true",
+                            help="exit non-zero if the first result is over budget, a delivery was refused or "
+                                 "not every delivery reached its ApplicationResult")
+        parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
+        parser.add_argument("--database-name", default=DEFAULT_DATABASE,
+                            help=f"throwaway database (default {DEFAULT_DATABASE}; <name>_journal too)")
+        parser.add_argument("--keep", action="store_true", help="keep the throwaway databases afterwards")
+
+    def handle(self, command, options: dict) -> None:
+        import logging
+
+        from django.core.management.base import CommandError
+        from django.db import connections
+
+        from connector.demo import build_world
+        from connector.management.commands.bench import NAME_RE, ThrowawayDatabases
+
+        say = command.progress
+        name = options["database_name"]
+        if not NAME_RE.match(name) or not NAME_RE.match(f"{name}_journal"):
+            raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
+        if options["deliveries"] < 1 or options["clients"] < 1:
+            raise CommandError("--deliveries and --clients must be positive")
+        logging.getLogger("connector").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        log_dir = Path(tempfile.gettempdir())
+        with ThrowawayDatabases([name], f"{name}_journal", keep=options["keep"], say=say) as databases:
+            connections["default"] = databases.wrappers[name]
+            say(f"database {name}: building the demo world (push=True) through the services")
+            build_world("", push=True)
+            try:
+                report = run_burst(deliveries=options["deliveries"], clients=options["clients"],
+                                   timeout=options["timeout"], redis_url=options["redis_url"], log_dir=log_dir,
+                                   say=say)
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from exc
+        report["command"] = (f"manage.py bench burst --deliveries {options['deliveries']} "
+                             f"--clients {options['clients']}")
+        if options["json"]:
+            Path(options["json"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            say(f"report written to {options['json']}")
+        command.stdout.write(format_report(report))
+        if options["check"]:
+            failures = []
+            first = report.get("first_result_s")
+            if first is None or first > options["first_result_budget"]:
+                failures.append(f"first ApplicationResult {first} s after the first 201 "
+                                f"(budget {options['first_result_budget']} s)")
+            if report["admission"]["accepted"] != options["deliveries"]:
+                failures.append(f"only {report['admission']['accepted']} of {options['deliveries']} accepted")
+            if report.get("application_results", 0) < report["admission"]["accepted"]:
+                failures.append(f"{report.get('application_results')} ApplicationResults for "
+                                f"{report['admission']['accepted']} accepted deliveries")
+            if failures:
+                raise CommandError("burst budget broken:\n  " + "\n  ".join(failures))
+            command.stdout.write(command.style.SUCCESS("check passed"))
