@@ -87,6 +87,11 @@ def _validate_definition(kind: str, definition: bytes) -> None:
         raise OwnerFactInvalid(f"inbound route ordering contract {document['ordering_contract']!r} is not closed")
     if kind == BindingKind.CALLOUT_PROFILE:
         callout.parse_template(document["path_template"])  # CalloutTemplateInvalid (an OwnerFactInvalid)
+        update = document.get("update")  # the variant addressing a linked remote identity (D-190)
+        if update is not None:
+            if not isinstance(update, dict) or "method" not in update or "path_template" not in update:
+                raise OwnerFactInvalid("callout_profile update variant needs method and path_template")
+            callout.parse_template(update["path_template"])
     if receipts.canonical_json(document) != bytes(definition):
         raise OwnerFactInvalid(f"{kind} definition bytes are not canonical")
 

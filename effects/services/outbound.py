@@ -47,14 +47,23 @@ _FROZEN_TEMPLATES: dict[tuple[int, bytes, str], str] = {}
 
 
 def frozen_path_template(command: OutboundCommand) -> str:
-    """The path template of the callout a command froze, read through the owner reader from the command's exact
-    epoch. Cached in-process by the epoch's exact identity (pk + digest) and the callout key: an epoch's bindings
-    never change. Raises OutboundRefused/OwnerFactInvalid when the binding cannot be read or is invalid."""
+    """The path template of the callout a command froze, for the command's method: the create definition's, or the
+    `update` variant's when the command addresses a linked remote identity (D-190). Read through the owner reader
+    from the command's exact epoch, cached in-process by the epoch's exact identity (pk + digest) and the callout
+    key: an epoch's bindings never change. Raises OutboundRefused/OwnerFactInvalid when the binding cannot be read
+    or is invalid."""
     key = (command.epoch_id, bytes(command.epoch_digest), command.callout)
-    template = _FROZEN_TEMPLATES.get(key)
-    if template is None:
+    templates = _FROZEN_TEMPLATES.get(key)
+    if templates is None:
         _, definition, _ = _binding(command.epoch_id, "callout_profile", command.callout)
-        template = _FROZEN_TEMPLATES[key] = definition["path_template"]
+        templates = {definition["method"]: definition["path_template"]}
+        update = definition.get("update")
+        if isinstance(update, dict):
+            templates.setdefault(update["method"], update["path_template"])
+        _FROZEN_TEMPLATES[key] = templates
+    template = templates.get(command.method)
+    if template is None:
+        raise OutboundRefused(f"callout {command.callout!r} declares no {command.method} path")
     return template
 
 
