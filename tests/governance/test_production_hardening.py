@@ -20,7 +20,10 @@ PRODUCTION = {"DJANGO_SETTINGS_MODULE": "config.django.production", "DJANGO_ALLO
 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DJANGO_SECRET_KEY")}
+    # The child is a production process: nothing the test process set for itself (the browser tests' async
+    # escape hatch DJANGO_ALLOW_ASYNC_UNSAFE) leaks into its deploy check.
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("DJANGO_SETTINGS_MODULE", "DJANGO_SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
                           capture_output=True, text=True, timeout=120)
 
