@@ -250,7 +250,13 @@ def restore_default(path: str) -> str:
     database = _params()["dbname"]
     connections.close_all()
     with _connect("postgres", autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = %s AND pid <> pg_backend_pid()", [database])
+        # A role that is not a superuser may not terminate a superuser's session (an administrator's console,
+        # or the test suite's own connections): those are left alone. They hold no lock the restore needs unless
+        # they are inside a transaction, and then the single-transaction restore waits for them, never half-runs.
+        conn.execute("SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+                     "JOIN pg_roles r ON r.oid = a.usesysid "
+                     "WHERE a.datname = %s AND a.pid <> pg_backend_pid() "
+                     "AND (NOT r.rolsuper OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))",
+                     [database])
     _pg_restore(path, database, "--clean", "--if-exists", "--single-transaction")
     return database

@@ -60,7 +60,7 @@ def redis_server():
 
 @pytest.fixture
 def product(settings, redis_server, tmp_path):
-    """`make run`'s processes against this test's databases: web, worker, beat and the demo CRM receiver."""
+    """`make run`'s processes against this test's databases: web, the stage workers, beat and the demo CRM receiver."""
     port, receiver_port = free_port(), free_port()
     commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=tmp_path / "beat-schedule")
     env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=redis_server.url,
@@ -68,7 +68,9 @@ def product(settings, redis_server, tmp_path):
                             CONNECTOR_EGRESS_TIMEOUT_SECONDS="5", **run_database_env())
     started = []
     try:
-        for name in ("receiver", "web", "worker", "beat"):
+        # every child `make run` starts: receiver and web first (waited on below), then each stage's worker and beat
+        names = ["receiver", "web"] + [name for name in commands if name not in ("receiver", "web")]
+        for name in names:
             started.append(Child(name, commands[name], env, tmp_path).start())
         wait_port(receiver_port, 30, started[0].proc)
         wait_port(port, 60, started[1].proc)

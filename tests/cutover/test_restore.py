@@ -154,6 +154,25 @@ def test_full_restore_returns_the_exact_snapshot_and_a_new_v1_generation_resumes
 
 
 @TX
+def test_an_idle_superuser_session_does_not_stop_the_restore():
+    """Proves: CV2-12-073 (the restore runs as the database owner, which may terminate every product session but
+    not a superuser's: an administrator's idle console on the database is left alone and the restore completes)."""
+    import psycopg
+    world = validating_world()
+    settings = connections["default"].settings_dict
+    console = psycopg.connect(host=settings["HOST"], port=settings["PORT"], dbname=settings["NAME"],
+                              user=settings["USER"], password=settings["PASSWORD"] or None, autocommit=True)
+    try:
+        assert console.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+        row = restore_run(attempt_key=world.key, actor=ACTOR)
+        connections.close_all()
+        assert row.state == RestoreAttemptState.V1_SERVING
+        assert console.execute("SELECT 1").fetchone() == (1,)  # still alive: never terminated
+    finally:
+        console.close()
+
+
+@TX
 def test_restore_is_refused_once_activation_won_the_decision():
     """Proves: CV2-12-076, CV2-12-098 (activation chose first: no restore, no downgrade, nothing written)."""
     world = validating_world()
