@@ -25,15 +25,7 @@ from connector.secrets import secret_backend
 from connector.services.signatures import sign
 from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
 from governance import selectors
-from tests.faults.servers import (
-    Child,
-    RedisServer,
-    child_environment,
-    free_port,
-    make_run_commands,
-    run_database_env,
-    wait_port,
-)
+from tests.faults.servers import RedisServer, product_processes
 
 PASSWORD = "correct horse battery"
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
@@ -61,23 +53,9 @@ def redis_server():
 @pytest.fixture
 def product(settings, redis_server, tmp_path):
     """`make run`'s processes against this test's databases: web, the stage workers, beat and the demo CRM receiver."""
-    port, receiver_port = free_port(), free_port()
-    commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=tmp_path / "beat-schedule")
-    env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=redis_server.url,
-                            CONNECTOR_EGRESS_BASE_URL=f"http://127.0.0.1:{receiver_port}",
-                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5", **run_database_env())
-    started = []
-    try:
-        # every child `make run` starts: receiver and web first (waited on below), then each stage's worker and beat
-        names = ["receiver", "web"] + [name for name in commands if name not in ("receiver", "web")]
-        for name in names:
-            started.append(Child(name, commands[name], env, tmp_path).start())
-        wait_port(receiver_port, 30, started[0].proc)
-        wait_port(port, 60, started[1].proc)
-        yield {"url": f"http://127.0.0.1:{port}", "crm": f"http://127.0.0.1:{receiver_port}", "children": started}
-    finally:
-        for child in started:
-            child.stop()
+    with product_processes(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], redis_url=redis_server.url,
+                           log_dir=tmp_path) as running:
+        yield running
 
 
 def person(name: str, *groups: str) -> User:

@@ -5,6 +5,7 @@ spare loopback port under .data/, so the machine's shared servers are never stop
 and process started here is stopped (and its directory removed) by its owner fixture."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -290,3 +291,27 @@ def make_run_commands(port: int, *, receiver_port: int, beat_schedule: Path) -> 
 def web_server_command(port: int) -> list[str]:
     """The web server command of `make run` on `port` (see make_run_commands)."""
     return make_run_commands(port, receiver_port=0, beat_schedule=Path(os.devnull))["web"]
+
+
+@contextlib.contextmanager
+def product_processes(*, secret_dir: str, redis_url: str, log_dir: Path, **extra_env: str):
+    """Every process `make run` starts (scripts/run.py `children`: the demo CRM receiver, web, one Celery worker
+    group per stage, beat) against this run's test databases. Yields {"url", "crm", "children"}; stops them all."""
+    port, receiver_port = free_port(), free_port()
+    commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=log_dir / "beat-schedule")
+    env = child_environment(secret_dir=secret_dir, REDIS_URL=redis_url,
+                            CONNECTOR_EGRESS_BASE_URL=f"http://127.0.0.1:{receiver_port}",
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5", **run_database_env(), **extra_env)
+    started = []
+    try:
+        # receiver and web first (waited on below), then each stage's worker group and beat
+        names = ["receiver", "web"] + [name for name in commands if name not in ("receiver", "web")]
+        for name in names:
+            started.append(Child(name, commands[name], env, log_dir).start())
+        wait_port(receiver_port, 30, started[0].proc)
+        wait_port(port, 60, started[1].proc)
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "crm": f"http://127.0.0.1:{receiver_port}",
+               "children": started}
+    finally:
+        for child in started:
+            child.stop()
