@@ -54,6 +54,23 @@ def _application_role(request):
 
 
 @pytest.fixture(autouse=True)
+def _open_broker_pools():
+    """Each test publishes through open kombu pools. kombu keeps one process-wide pool per broker address; a test
+    that closes a Celery app pointed at a private Redis (tests/faults, tests/crash) closes that address's pool for
+    good, and private servers reuse freed ports, so a later publish could meet "Acquire on closed pool". A closed
+    pool is forgotten before the test starts (tests.faults.servers.point_celery_at does the same on a switch)."""
+    from kombu import pools
+
+    if any(getattr(pool, "_closed", False) for pool in pools._all_pools()):
+        from config.celery import app
+
+        pools.reset()
+        app._pool = None
+        app.amqp._producer_pool = None
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _secret_dir(settings, tmp_path):
     """Each test gets its own secret backend directory (secrets never live in PostgreSQL)."""
     settings.CONNECTOR = {**settings.CONNECTOR, "SECRET_BACKEND_DIR": str(tmp_path / "secrets")}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
@@ -169,12 +170,13 @@ def test_two_transactions_changing_one_gate_serialize(tx_world):
                                                          expected_fence=6, actor=ACTOR), "second")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the second transaction never waited on the lock"
     assert second.is_alive()
+    released_at = time.monotonic()  # the first commits only after this; the second cannot finish before it
     release.set()
     first.join(10)
     second.join(10)
     assert first.error is None and first.result == 7
     assert isinstance(second.error, FenceStale)
-    assert second.finished_at >= first.finished_at
+    assert second.finished_at >= released_at
     gate = AccountServingGate.objects.get(account=account)
     assert (gate.mode, gate.fence) == (GateMode.HALTING_V2, 7)
     assert AuditRecord.objects.filter(action="gate_halt_v2").count() == 1

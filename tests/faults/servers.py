@@ -315,3 +315,16 @@ def product_processes(*, secret_dir: str, redis_url: str, log_dir: Path, **extra
     finally:
         for child in started:
             child.stop()
+
+
+def point_celery_at(app, url: str) -> None:
+    """Point the Celery app's publishing at another broker URL. Celery's connection pool is kombu's process-wide
+    pool for that URL: force-closing it leaves a closed pool registered, which a later publish to the same URL
+    would acquire from ("Acquire on closed pool"). `kombu.pools.reset()` closes and forgets every pool, so the next
+    publish, whatever its URL, builds a fresh one."""
+    from kombu import pools
+
+    app.conf.broker_url = url
+    pools.reset()
+    app._pool = None
+    app.amqp._producer_pool = None

@@ -23,7 +23,7 @@ from connector.secrets import secret_backend
 from connector.selectors.invariants import invariant_check
 from connector.services.signatures import sign
 from connector.services.sweeper import inbound_sweep
-from tests.faults.servers import RedisServer
+from tests.faults.servers import RedisServer, point_celery_at
 
 CHANNEL = "records.webhook"
 
@@ -41,11 +41,7 @@ def broker(settings):
     saved = celery_app.conf.broker_url
 
     def point_at(url: str) -> None:
-        celery_app.conf.broker_url = url
-        if celery_app._pool is not None:
-            celery_app._pool.force_close_all()
-        celery_app._pool = None
-        celery_app.amqp._producer_pool = None
+        point_celery_at(celery_app, url)
 
     settings.CELERY_BROKER_URL = server.url
     point_at(server.url)

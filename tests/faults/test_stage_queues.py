@@ -26,7 +26,7 @@ from connector.demo import build_world
 from connector.models import ApplicationResult, Event
 from connector.services.admission import receipt_admit
 from scripts.run import children as run_children
-from tests.faults.servers import Child, RedisServer, child_environment, run_database_env
+from tests.faults.servers import Child, RedisServer, child_environment, point_celery_at, run_database_env
 
 BURST = 60
 CHANNEL = "records.webhook"
@@ -46,11 +46,7 @@ def broker(settings):
     app = tasks.receipt_materialize.app
 
     def point_at(url: str) -> None:
-        app.conf.broker_url = url
-        if app._pool is not None:
-            app._pool.force_close_all()
-        app._pool = None
-        app.amqp._producer_pool = None
+        point_celery_at(app, url)
 
     saved = app.conf.broker_url
     settings.CELERY_BROKER_URL = server.url
