@@ -89,7 +89,7 @@ prove-fallback:
 	PYTEST_ARGS="$(or $(PYTEST_ARGS),-q -m 'not slow')" bash scripts/prove_fallback.sh
 
 # The hostile-input suite over HTTP against make run's real processes at full size: 10,000 generated requests
-# (the test suite sends 1,000). About 6 minutes on a 2-core machine; figures in docs/benchmarks.md.
+# (the test suite sends 600). About 6 minutes on a 2-core machine; figures in docs/benchmarks.md.
 .PHONY: hostile
 hostile: venv services
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; HOSTILE_REQUESTS=$${HOSTILE_REQUESTS:-10000} $(VPY) -m pytest -q -s \
