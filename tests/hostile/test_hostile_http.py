@@ -102,6 +102,7 @@ class Sent:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     valid: bool  # a well-formed, signed, keyed delivery to the real account and channel: expected 201 or 200
+    refuse: str = ""  # why this request must be refused whatever its body (a non-canonical key, a bad signature)
 
 
 @dataclass
@@ -199,7 +200,14 @@ def requests_(draw, world: dict, counter: list, ledger: Ledger) -> Sent:
              and target_kind == "real" and headers[0][1] == b"application/json")
     if valid and body_kind == "valid":
         ledger.keys.append((key, body))
-    return Sent(method, target, headers, body, valid)
+    refuse = ""
+    if key_kind not in ("canonical", "crlf"):  # a CR LF only splits off a header: the key before it is canonical
+        refuse = f"{key_kind} Idempotency-Key"
+    elif sig_kind != "valid":
+        refuse = f"{sig_kind} signature"
+    elif target_kind not in ("real", "method"):
+        refuse = f"{target_kind} target"
+    return Sent(method, target, headers, body, valid, refuse)
 
 
 def send(port: int, sent: Sent) -> tuple[int, dict[str, str], bytes]:
@@ -297,6 +305,8 @@ def test_generated_hostile_requests_over_http_never_5xx_persist_nothing_when_ref
         after = counts()
         ledger.statuses[status] += 1
         assert status < 500, (status, body[:500], sent.method, sent.target[:200], sent.headers[:3])
+        assert status >= 400 or not sent.refuse or sent.method == "OPTIONS", (
+            f"{sent.refuse} must be refused, got {status}: {body[:300]!r}")
         if status >= 400:
             assert headers.get("content-type", "").startswith("application/json"), (status, headers, body[:300])
             error = json.loads(body)
