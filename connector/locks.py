@@ -9,6 +9,7 @@ production writes that only need them to stay as they are take FOR SHARE (docs/a
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from django.db import transaction
 
@@ -29,18 +30,63 @@ def _fair(kind: str, row_id: int, *, exclusive: bool) -> None:
 
 def epoch_for_update(epoch_pk: int) -> ServingEpoch:
     # The preimage can be large (it grows with the account and binding sets); transitions never need it.
+    forget_serving()
     return ServingEpoch.objects.defer("preimage").select_for_update().get(pk=epoch_pk)
 
 
 def epochs_for_update(epoch_pks: Iterable[int]) -> list[ServingEpoch]:
-    return list(ServingEpoch.objects.filter(pk__in=set(epoch_pks)).order_by("pk").select_for_update())
+    forget_serving()
+    return list(ServingEpoch.objects.defer("preimage").filter(pk__in=set(epoch_pks)).order_by("pk")
+                .select_for_update())
 
 
 def epoch_for_share(epoch_pk: int) -> ServingEpoch:
-    return _share_one(ServingEpoch.objects.filter(pk=epoch_pk))
+    return _share_one(ServingEpoch.objects.defer("preimage").filter(pk=epoch_pk))
+
+
+class ServingLock(NamedTuple):
+    """What `connector_lock_serving` returns (migration 0012): the outcome, the gate's and the epoch's columns a
+    guard compares, never the epoch's preimage."""
+
+    outcome: str  # "locked" | "no_epoch" | "moved"
+    gate_pk: int | None
+    gate_mode: str | None
+    gate_fence: int | None
+    gate_epoch_pk: int | None
+    gate_epoch_digest: bytes | None
+    epoch_id: str | None
+    epoch_state: str | None
+    epoch_digest: bytes | None
+
+
+_SERVING_FOR_SHARE = "SELECT * FROM connector_lock_serving(%s, %s)"
+
+
+def serving_for_share(account_id: int, *, attempts: int) -> ServingLock:
+    """The guard's locks in one round trip, in the canonical order: the epoch the gate names FOR SHARE, the gate's
+    fair advisory lock shared, the gate FOR SHARE, re-checked to still name that epoch; a lost race is released
+    and retried from the top, up to `attempts` times (migration 0012, D-199). Outcome "locked" means both rows
+    are held until the transaction ends."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_SERVING_FOR_SHARE, [account_id, attempts])
+        row = cursor.fetchone()
+    lock = ServingLock(*row)
+    if lock.outcome != "locked":
+        return lock
+    gate_digest = None if lock.gate_epoch_digest is None else bytes(lock.gate_epoch_digest)
+    return lock._replace(gate_epoch_digest=gate_digest, epoch_digest=bytes(lock.epoch_digest))
+
+
+def forget_serving() -> None:
+    """A transaction about to change a gate or an epoch drops what its guard memoized (connector.services.guard):
+    a later guard in the same transaction must read the rows again."""
+    connection = transaction.get_connection()
+    if getattr(connection, "connector_serving_memo", None) is not None:
+        connection.connector_serving_memo = None
 
 
 def gate_for_update(account_id: int) -> AccountServingGate:
+    forget_serving()
     _fair("account_gate", account_id, exclusive=True)
     return AccountServingGate.objects.select_for_update(of=("self",)).get(account_id=account_id)
 
@@ -49,27 +95,10 @@ def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
     """Whole-service transitions (activation) lock every gate row; they take no per-gate advisory lock: one per
     gate would exhaust PostgreSQL's shared lock table beyond ~12,800 accounts (bench activation), and no guarded
     writer holds a gate in the modes these transitions start from (v2_validating, v2_halted)."""
+    forget_serving()
     ordered = sorted(set(account_ids))
     return list(AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")
                 .select_for_update(of=("self",)))
-
-
-def gate_for_share(account_id: int) -> AccountServingGate:
-    _fair("account_gate", account_id, exclusive=False)
-    return _share_one(AccountServingGate.objects.filter(account_id=account_id))
-
-
-def wait_for_gate(account_id: int) -> None:
-    """Wait until no transaction holds the gate FOR UPDATE, without keeping a lock: the share lock is taken in
-    a savepoint that is rolled back, which releases it. Used by the guard before it locks in canonical order
-    (epoch, then gate)."""
-    sid = transaction.savepoint()
-    try:
-        _share_one(AccountServingGate.objects.filter(account_id=account_id))
-    except AccountServingGate.DoesNotExist:
-        pass
-    finally:
-        transaction.savepoint_rollback(sid)
 
 
 def credential_gate_for_update(credential_generation_pk: int) -> CredentialGenerationDispatchGate:

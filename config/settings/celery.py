@@ -23,6 +23,11 @@ CELERY_TASK_ROUTES = {
     "v1.tasks.*": {"queue": "v1"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection before and after each task unless this is set (celery 5.7,
+# celery/fixups/django.py). Set, the fixup closes them only every 2 x this many task boundaries, and
+# config/celery.py applies Django's own rule at each boundary instead (close_old_connections: CONN_MAX_AGE, a
+# connection left broken by an error, the health check on next use), as a web request does (D-198).
+CELERY_DB_REUSE_MAX = 1_000_000
 # A sweep message expires when its successor is due: a sweep that could not start in time (the sweeper busy with a
 # long sweep during a burst) is dropped instead of piling up behind it, since the next one finds the same work.
 CELERY_BEAT_SCHEDULE = {

@@ -393,7 +393,7 @@ class ReplayRequestDetailApi(APIView):
 def _receipt_get(*, account_key: str, receipt_id: int, queryset=None) -> Receipt:
     account = account_get(account_key)
     queryset = queryset if queryset is not None else Receipt.objects.select_related("account", "epoch")
-    receipt = queryset.defer("payload").filter(account=account, pk=receipt_id).first()
+    receipt = queryset.defer("payload", "epoch__preimage").filter(account=account, pk=receipt_id).first()
     if receipt is None:
         raise NotFound(f"no receipt {receipt_id} in account {account_key!r}")
     return receipt

@@ -28,8 +28,8 @@ resume_predecessor). Operations refused because of those (GateNotServing, Permit
 claims that found nothing while the gate was not serving) are availability rejections, counted per class; work a
 client could not finish is retried after the gate serves again.
 
-Gate-lock wait is measured in the processes by wrapping connector.locks.epoch_for_share / gate_for_share /
-gate_for_update (and, separately, the credential dispatch gate's share/update locks) with timers: the time of
+Gate-lock wait is measured in the processes by wrapping connector.locks.serving_for_share (the guard's one
+round trip) / epoch_for_share / gate_for_update (and, separately, the credential dispatch gate's share/update locks) with timers: the time of
 those locking statements, summed per operation (nested operations count it in both). The product is unchanged.
 
 After the mix, the same N processes run a product admission-only phase, then the raw baseline (the serving
@@ -186,7 +186,7 @@ def _install_timers() -> None:
         wrapper.__wrapped__ = fn
         return wrapper
 
-    for name in ("epoch_for_share", "gate_for_share", "gate_for_update", "epoch_for_update"):
+    for name in ("serving_for_share", "epoch_for_share", "gate_for_update", "epoch_for_update"):
         setattr(locks, name, timed_lock(getattr(locks, name), 0))
     for name in ("credential_gate_for_share", "credential_gate_for_update"):
         setattr(locks, name, timed_lock(getattr(locks, name), 1))

@@ -12,10 +12,10 @@ from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
 from connector.canonical.identity import IdentityRejected, canonical_identity
-from connector.choices import ReceiptKind
+from connector.choices import EpochState, ReceiptKind
 from connector.errors import ConnectorError
 from connector.faults import fault_point
-from connector.models import ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey
+from connector.models import ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey, ServingEpoch
 from connector.selectors.routes import route_for
 from connector.services import storable
 from connector.services.guard import lock_serving
@@ -70,7 +70,7 @@ def account_get(account_key: str) -> ConnectorAccount:
 def _existing(account: ConnectorAccount, channel: str, key: str, digest: bytes) -> Admission | None:
     """Load and byte-compare an existing key (V2 Receipt or V1 tombstone)."""
     row = (ReceiptAdmissionKey.objects.select_related("receipt", "tombstone", "receipt__epoch")
-           .filter(account=account, channel=channel, transport_key=key).first())
+           .defer("receipt__epoch__preimage").filter(account=account, channel=channel, transport_key=key).first())
     if row is None:
         return None
     held = row.receipt.payload_digest if row.receipt_id else row.tombstone.payload_digest
@@ -112,6 +112,10 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
             admission_key = ReceiptAdmissionKey.objects.create(account=account, channel=channel, transport_key=key,
                                                                receipt=receipt)
             MaterializationDue.objects.create(receipt=receipt)
+            # The answer names the receipt's epoch: bind the exact one the guard locked (and found `active`), as
+            # the ORM would load it with .only() (its other columns, the preimage among them, stay deferred).
+            receipt.epoch = ServingEpoch.from_db(receipt._state.db, ["id", "epoch_id", "digest", "state"],
+                                                 [ctx.epoch_pk, ctx.epoch_id, ctx.epoch_digest, EpochState.ACTIVE])
     except IntegrityError as exc:
         name = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "")
         if name != "connector_admissionkey_unique_key":

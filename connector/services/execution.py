@@ -66,7 +66,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
     at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
     lease is held while it waits). Nothing happens while the lane has an active Execution or is halted, except
     that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`)."""
-    lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
+    lane = OrderingLane.objects.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
@@ -133,7 +133,7 @@ def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx) -> Exe
 def lane_gap_deadline(*, lane_pk: int) -> str | None:
     """Apply the frozen gap disposition once a strict lane's gap outlived its deadline: `quarantine_partition`
     halts the lane with a reason code; `skip_with_evidence` appends a GapDecision and moves past the gap."""
-    lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
+    lane = OrderingLane.objects.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
@@ -235,7 +235,7 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
     """Close an Execution from the Runtime result receipt (read back from Runtime, never from the caller's
     word), and under the route's frozen terminal-disposition policy either complete it and advance the lane
     high-water, or quarantine it and halt the partition, in one fenced transaction. Idempotent."""
-    execution = Execution.objects.select_related("epoch", "projection").get(pk=execution_pk)
+    execution = Execution.objects.select_related("epoch", "projection").defer("epoch__preimage").get(pk=execution_pk)
     if execution.command_id != command_id:
         raise TransitionRefused("the result names another command")
     result = runtime.runtime_result_get(command_id=command_id, execution_ref_digest=execution_ref_digest)
@@ -280,7 +280,7 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
 def window_seal_due(*, window_pk: int) -> Execution | None:
     """Seal a window whose max age passed (the sweeper's close policy). Races new input on the window row lock:
     whichever commits first decides the membership; later input opens a successor window."""
-    window = ProjectionWindow.objects.select_related("epoch").get(pk=window_pk)
+    window = ProjectionWindow.objects.select_related("epoch").defer("epoch__preimage").get(pk=window_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=window.account_id, epoch_id=window.epoch.epoch_id,
                            epoch_digest=bytes(window.epoch.digest))

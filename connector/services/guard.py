@@ -4,7 +4,10 @@ claims, outbound authoring, permit acquisition). CV2-03-015/016/017/021/022.
 Lock order is epoch before gate (activation locks epochs first): read which epoch the gate names, lock that
 epoch FOR SHARE, lock the gate FOR SHARE, and re-check the gate still names that epoch (retry once if not).
 Share locks let writes of one account proceed together while still serializing with every gate or epoch
-transition, which takes FOR UPDATE.
+transition, which takes FOR UPDATE. The locking runs in PostgreSQL in one round trip
+(`connector.locks.serving_for_share`, migration 0012) and happens once per transaction and account: the rows
+stay locked until the transaction ends, so a second guard of the same account in the same transaction checks the
+memoized rows instead of locking them again (D-199).
 """
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ from django.db import transaction
 from connector import locks
 from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale, GateNotServing
-from connector.models import AccountServingGate
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,26 @@ class ServingContext:
     epoch_digest: bytes
 
 
-def _named_epoch(account_id: int) -> int | None:
-    return AccountServingGate.objects.filter(account_id=account_id).values_list("epoch_id", flat=True).first()
+def _locked(account_id: int) -> locks.ServingLock:
+    """The gate and epoch rows this transaction holds FOR SHARE, locking them on first use.
+
+    The memo lives on the connection and belongs to one transaction: it is keyed to the connection's list of
+    on-commit callbacks, which Django replaces by a new list when the transaction commits or rolls back and when
+    any savepoint rolls back (a memo made inside a rolled-back savepoint, whose locks PostgreSQL released, is
+    never used). A transaction that goes on to change a gate or epoch drops the memo
+    (`locks.forget_serving`, called by every FOR UPDATE of gates and epochs). Only outcome "locked" is kept:
+    a refusal is re-read by the next guard."""
+    connection = transaction.get_connection()
+    memo = getattr(connection, "connector_serving_memo", None)
+    if memo is None or memo[0] is not connection.run_on_commit:
+        memo = (connection.run_on_commit, {})
+        connection.connector_serving_memo = memo
+    lock = memo[1].get(account_id)
+    if lock is None:
+        lock = locks.serving_for_share(account_id, attempts=1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1)))
+        if lock.outcome == "locked":
+            memo[1][account_id] = lock
+    return lock
 
 
 def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: bytes | None = None,
@@ -48,43 +68,30 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
     seed lets finish while the gate drains: it also accepts `halting_v2` and `v2_halted` on the same exact epoch
     (local finalization is allowed in `v2_halted`, CV2-11-006; decision D-130). After an OrderingHandoff froze
     the lane no nonterminal execution of it exists, so nothing can settle past the handoff fence.
+
+    One round trip on the first call of a transaction for an account, none on later calls (every check below
+    still runs on each call, against the rows the transaction holds locked).
     """
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
-    attempts = 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))
-    for _ in range(attempts):
-        named = _named_epoch(account_id)
-        if named is None:
-            # An activation may be committing right now: wait for the gate row, then look again.
-            locks.wait_for_gate(account_id)
-            named = _named_epoch(account_id)
-        if named is None:
-            mode = AccountServingGate.objects.filter(account_id=account_id).values_list("mode", flat=True).first()
-            raise GateNotServing(f"account {account_id} gate is {mode or 'absent'}; no epoch serves it")
-        # The savepoint lets a lost race release both share locks before retrying, so the retry again locks
-        # epoch before gate (never gate before epoch).
-        sid = transaction.savepoint()
-        epoch = locks.epoch_for_share(named)
-        gate = locks.gate_for_share(account_id)
-        if gate.epoch_id == epoch.pk:
-            transaction.savepoint_commit(sid)
-            break
-        transaction.savepoint_rollback(sid)
-    else:
+    row = _locked(account_id)
+    if row.outcome == "no_epoch":
+        raise GateNotServing(f"account {account_id} gate is {row.gate_mode or 'absent'}; no epoch serves it")
+    if row.outcome != "locked":
         raise GateNotServing(f"account {account_id} gate kept moving between epochs; retry")
     allowed = ((GateMode.V2_SERVING, GateMode.HALTING_V2, GateMode.V2_HALTED) if settling
                else (GateMode.V2_SERVING,))
-    if gate.mode not in allowed:
-        raise GateNotServing(f"account {account_id} gate is {gate.mode}, not v2_serving")
-    if expected_fence is not None and gate.fence != expected_fence:
-        raise FenceStale(f"account {account_id} gate fence is {gate.fence}, the writer observed {expected_fence}")
-    if epoch.state != EpochState.ACTIVE:
-        raise GateNotServing(f"epoch {epoch.epoch_id} named by account {account_id} gate is {epoch.state}, "
+    if row.gate_mode not in allowed:
+        raise GateNotServing(f"account {account_id} gate is {row.gate_mode}, not v2_serving")
+    if expected_fence is not None and row.gate_fence != expected_fence:
+        raise FenceStale(f"account {account_id} gate fence is {row.gate_fence}, the writer observed {expected_fence}")
+    if row.epoch_state != EpochState.ACTIVE:
+        raise GateNotServing(f"epoch {row.epoch_id} named by account {account_id} gate is {row.epoch_state}, "
                              "not active")
-    stored = bytes(epoch.digest)
-    if gate.epoch_digest is None or not hmac.compare_digest(bytes(gate.epoch_digest), stored):
-        raise GateNotServing(f"account {account_id} gate names epoch {epoch.epoch_id} with a different digest")
-    if epoch_id is not None and epoch_id != epoch.epoch_id:
-        raise GateNotServing(f"writer bound to epoch {epoch_id}; the gate serves {epoch.epoch_id}")
+    stored = row.epoch_digest
+    if row.gate_epoch_digest is None or not hmac.compare_digest(row.gate_epoch_digest, stored):
+        raise GateNotServing(f"account {account_id} gate names epoch {row.epoch_id} with a different digest")
+    if epoch_id is not None and epoch_id != row.epoch_id:
+        raise GateNotServing(f"writer bound to epoch {epoch_id}; the gate serves {row.epoch_id}")
     if epoch_digest is not None and not hmac.compare_digest(bytes(epoch_digest), stored):
-        raise GateNotServing(f"writer's digest for epoch {epoch.epoch_id} differs from the exact epoch")
-    return ServingContext(account_id, gate.pk, gate.fence, epoch.pk, epoch.epoch_id, stored)
+        raise GateNotServing(f"writer's digest for epoch {row.epoch_id} differs from the exact epoch")
+    return ServingContext(account_id, row.gate_pk, row.gate_fence, row.gate_epoch_pk, row.epoch_id, stored)

@@ -91,7 +91,7 @@ def lane_resume(*, lane_pk: int, mode: str, evidence: str, actor: Actor, expecte
         raise PermissionRefused(f"{actor} lacks the {PERMISSION} permission")
     if not evidence.strip():
         raise LaneResumeRefused("a resume needs authoritative evidence (a provider query, a ticket)")
-    lane = OrderingLane.objects.select_related("epoch").get(pk=lane_pk)
+    lane = OrderingLane.objects.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))

@@ -213,7 +213,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
     Receipt's exact epoch). Locks: epoch, gate (FOR SHARE), then the Receipt row (FOR UPDATE) so concurrent
     materializers serialize; only ordinals without a Component are derived."""
     out = Materialized()
-    receipt = Receipt.objects.select_related("epoch", "replay_request").get(pk=receipt_pk)
+    receipt = Receipt.objects.select_related("epoch", "replay_request").defer("epoch__preimage").get(pk=receipt_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
                            epoch_digest=bytes(receipt.epoch_digest))

@@ -51,7 +51,7 @@ def signing_secret(*, account_id: int, channel: str) -> bytes | None:
     gate = AccountServingGate.objects.filter(account_id=account_id).values("epoch_id").first()
     if not gate or gate["epoch_id"] is None:
         return None
-    proof = (ServingEpochBindingProof.objects.select_related("binding", "epoch")
+    proof = (ServingEpochBindingProof.objects.select_related("binding", "epoch").defer("epoch__preimage")
              .filter(epoch_id=gate["epoch_id"], binding__kind="inbound_route", binding__business_key=channel).first())
     if proof is None or not proof.binding.credential_refs:
         return None

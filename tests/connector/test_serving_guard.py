@@ -293,3 +293,126 @@ def test_a_waiting_transition_is_not_starved_by_later_writers(tx_world):
     # the threads' own finish times is not evidence: a thread may record its time after the other woke.)
     assert isinstance(late.error, GateNotServing)
     assert probe_writes() == 0
+
+
+# -- one round trip, once per transaction (issue 18, D-199) -----------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_guard_locks_in_one_round_trip_once_per_transaction(tx_world, django_assert_num_queries):
+    """The first guard of a transaction locks epoch and gate in one statement; later guards of the same account
+    in the same transaction check the rows it holds without a round trip, each with its own expectations."""
+    account = tx_world.accounts[0]
+    with transaction.atomic():
+        with django_assert_num_queries(1) as captured:
+            ctx = lock_serving(account_id=account.pk)
+        assert "connector_lock_serving" in captured.captured_queries[0]["sql"]
+        assert "preimage" not in captured.captured_queries[0]["sql"]
+        with django_assert_num_queries(0):
+            again = lock_serving(account_id=account.pk, epoch_id=ctx.epoch_id, epoch_digest=ctx.epoch_digest,
+                                 expected_fence=ctx.fence)
+            with pytest.raises(FenceStale):
+                lock_serving(account_id=account.pk, expected_fence=ctx.fence - 1)
+            with pytest.raises(GateNotServing, match="writer bound to epoch"):
+                lock_serving(account_id=account.pk, epoch_id="c-epoch-2")
+        assert again == ctx
+    with transaction.atomic(), django_assert_num_queries(1):
+        lock_serving(account_id=account.pk)  # a new transaction locks again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_guard_inside_a_rolled_back_savepoint_is_not_remembered(tx_world, django_assert_num_queries):
+    """Rolling back a savepoint releases the locks taken inside it, so the next guard locks again."""
+    account = tx_world.accounts[0]
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():
+                lock_serving(account_id=account.pk)
+                raise RuntimeError("roll back the savepoint")
+        with django_assert_num_queries(1):
+            lock_serving(account_id=account.pk)
+        with transaction.atomic():  # a nested savepoint uses the outer transaction's locks
+            with django_assert_num_queries(0):
+                lock_serving(account_id=account.pk)
+        with django_assert_num_queries(0):
+            lock_serving(account_id=account.pk)
+
+
+@pytest.mark.django_db
+def test_a_gate_transition_in_the_same_transaction_forgets_the_guard(world):
+    """A transaction that changes the gate after guarding it sees the new mode at its next guard."""
+    account = world.accounts[0]
+    with transaction.atomic():
+        lock_serving(account_id=account.pk)
+        gate_services.gate_transition(account_id=account.pk, action="halt_v2", expected_fence=6, actor=ACTOR)
+        with pytest.raises(GateNotServing, match="halting_v2"):
+            lock_serving(account_id=account.pk)
+        assert lock_serving(account_id=account.pk, settling=True).fence == 7
+
+
+def _epoch_locked_elsewhere(epoch_pk: int) -> bool:
+    """Whether another transaction holds the epoch row locked (FOR UPDATE NOWAIT from a fresh connection)."""
+    def probe():
+        from django.db import OperationalError
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM connector_servingepoch WHERE id = %s FOR UPDATE NOWAIT", [epoch_pk])
+            return False
+        except OperationalError:
+            return True
+    worker = start(probe, "probe")
+    worker.join(10)
+    assert worker.error is None, worker.error
+    return worker.result
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_lost_race_releases_the_old_epoch_and_retries_epoch_before_gate(tx_world, attempts):
+    """The gate is re-pointed while a guard waits for the epoch it read: the guard's attempt releases that epoch's
+    and the gate's locks (never holding the gate while it locks the new epoch) and starts again from the top; with
+    no attempt left it reports the move and holds nothing."""
+    from connector import locks
+
+    account = tx_world.accounts[0]
+    old, new = tx_world.active_epoch, tx_world.verified_epoch
+    holding, release = threading.Event(), threading.Event()
+
+    def repoint():
+        with transaction.atomic(), connection.cursor() as cursor:
+            dbroles.admin_on(cursor)
+            cursor.execute("SELECT 1 FROM connector_servingepoch WHERE id = %s FOR UPDATE", [old.pk])
+            holding.set()
+            assert release.wait(10)
+            cursor.execute("SET LOCAL session_replication_role = replica")
+            cursor.execute("UPDATE connector_accountservinggate SET epoch_id=%s, epoch_digest=%s WHERE account_id=%s",
+                           [new.pk, bytes(new.digest), account.pk])
+
+    locked, finish = threading.Event(), threading.Event()
+
+    def guard():
+        with transaction.atomic():
+            row = locks.serving_for_share(account.pk, attempts=attempts)
+            locked.set()
+            assert finish.wait(10)
+            return row
+
+    mover = start(repoint, "repoint")
+    assert holding.wait(10)
+    writer = start(guard, "guard")
+    assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the guard never waited for the old epoch"
+    release.set()
+    mover.join(10)
+    assert mover.error is None, mover.error
+    assert locked.wait(10)
+    try:
+        assert _epoch_locked_elsewhere(old.pk) is False, "the lost attempt kept the old epoch locked"
+        assert _epoch_locked_elsewhere(new.pk) is (attempts == 2)
+    finally:
+        finish.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+    if attempts == 2:
+        assert (writer.result.outcome, writer.result.gate_epoch_pk, writer.result.epoch_id) == (
+            "locked", new.pk, new.epoch_id)
+    else:
+        assert writer.result.outcome == "moved"

@@ -2,8 +2,8 @@
 
 A PRIVATE PostgreSQL is started through scripts/services.py on a spare loopback port (the machine's server is
 never touched) and migrated by `migrate` in child processes. A load child posts signed deliveries
-through the WSGI application (a real request cycle: a new database connection per request, as in production)
-and retries each key until it is answered 2xx. Meanwhile the test restarts the server. The client sees only
+through the WSGI application (a real request cycle: the connection is kept between requests and health-checked
+at the first query of each, as in production, D-198) and retries each key until it is answered 2xx. Meanwhile the test restarts the server. The client sees only
 retryable server errors during the restart (503 DATABASE_UNAVAILABLE with Retry-After; see
 test_database_outage_answers_a_retryable_503, a product finding), never a 4xx or a partial admission; afterwards
 every key has exactly one Receipt (a retry of a key whose commit landed before the connection died resolves as
