@@ -1,4 +1,4 @@
-"""The load generator of `manage.py bench burst` (connector/benchmarks/burst.py): threads posting signed deliveries
+"""The load generator of `manage.py bench burst` (bench/burst.py): threads posting signed deliveries
 to the admission API. It lives outside the product packages on purpose: only effects/egress.py may import an HTTP
 client there (tests/effects/test_egress_isolation.py)."""
 from __future__ import annotations

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "cutover",
     "governance",
     "v1",
+    "bench",  # `manage.py bench ...`: above every product app (issue 18)
 ]
 
 MIDDLEWARE = [

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from connector.benchmarks.activation import (
+from bench.activation import (
     BUDGET_FIGURES,
     SCENARIOS,
     SUCCESSOR_STATUS,
@@ -168,7 +168,7 @@ def test_repository_budgets_cover_every_default_cardinality():
     Proves: CV2-14-006"""
     from django.conf import settings
 
-    from connector.benchmarks.activation import DEFAULT_ACCOUNTS
+    from bench.activation import DEFAULT_ACCOUNTS
 
     budgets = load_budgets(settings.BASE_DIR / "bench" / "budgets.json")
     for accounts in DEFAULT_ACCOUNTS.split(","):
@@ -236,7 +236,7 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
     """When one cardinality fails (the product refuses, or the bench cannot run it), the others are still
     reported, the failure is named in the table and the JSON report, and the command exits non-zero.
     Proves: CV2-14-009"""
-    from connector.benchmarks import activation
+    from bench import activation
     from connector.management.commands import bench
 
     def measure(accounts, **kwargs):

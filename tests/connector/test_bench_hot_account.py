@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from connector.benchmarks import history_ratio_limit, load_budgets
-from connector.benchmarks.hot_account import (
+from bench import history_ratio_limit, load_budgets
+from bench.hot_account import (
     ALL_CLASSES,
     REQUIRED_CLASSES,
     THROUGHPUT_CLASSES,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector.benchmarks.activation import _ensure_extensions, _observer
-from connector.benchmarks.wal import insert_lsn, wal_of
+from bench.activation import _ensure_extensions, _observer
+from bench.wal import insert_lsn, wal_of
 
 ROUNDS = 25  # each one a fresh race against the WAL writer; today's code lost it in (nearly) every round
 

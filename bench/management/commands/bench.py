@@ -641,7 +641,7 @@ class History(Subcommand):
                                      f"{r.generation_seconds:,.1f} s ({r.rows_per_second:,.0f} rows/s incl. ANALYZE)")
             command.stdout.write(format_table(report))
         if options["check"]:
-            from connector.benchmarks import history_ratio_limit  # bench/budgets.json "history", else the default
+            from bench import history_ratio_limit  # bench/budgets.json "history", else the default
 
             limit = history_ratio_limit(default=1 + CHECK_TOLERANCE)
             ratio = report.admission_ratio()
@@ -654,15 +654,15 @@ class History(Subcommand):
 
 SUBCOMMANDS: dict[str, Subcommand] = {s.name: s for s in (History(),)}
 
-from connector.benchmarks.hot_account import HotAccount  # noqa: E402 - hot-account capacity bench (its own module)
+from bench.hot_account import HotAccount  # noqa: E402 - hot-account capacity bench (its own module)
 
 SUBCOMMANDS[HotAccount.name] = HotAccount()
 
-from connector.benchmarks.activation import Activation  # noqa: E402 - whole-service activation bench (its own module)
+from bench.activation import Activation  # noqa: E402 - whole-service activation bench (its own module)
 
 SUBCOMMANDS[Activation.name] = Activation()
 
-from connector.benchmarks.burst import Burst  # noqa: E402 - burst against make run's processes (its own module)
+from bench.burst import Burst  # noqa: E402 - burst against make run's processes (its own module)
 
 SUBCOMMANDS[Burst.name] = Burst()
 

@@ -15,7 +15,7 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
 2. **retried and timed** (`timed_activation`), in this process: the owner reread before the transaction, the gate
    locks, the epoch and gate updates with their audit rows, the COMMIT. The WAL the transaction wrote is summed
    from its own records (pg_walinspect, filtered by its transaction id), so other sessions' WAL does not count
-   (`connector.benchmarks.wal`: the range is closed at a flushed marker, so it holds with synchronous_commit off).
+   (`bench.wal`: the range is closed at a flushed marker, so it holds with synchronous_commit off).
    Recovery time is from the SIGKILL to this retry's COMMIT, for a retry started as soon as the locks are gone:
    the lock release time plus the retry's whole call (the bench's own checks in between do not count).
 3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
@@ -74,7 +74,7 @@ from unittest import mock
 
 from django.db import DatabaseError, connection, connections, transaction
 
-from connector.benchmarks.wal import Wal, insert_lsn, retain_wal, wal_of
+from bench.wal import Wal, insert_lsn, retain_wal, wal_of
 
 Progress = Callable[[str], None]
 
@@ -563,7 +563,7 @@ ACTIVATION_ACTIONS = {"first": ("epoch_activate_first", "gate_activate_first"),
 CHILD_SCRIPT = """\
 import django
 django.setup()
-from connector.benchmarks.activation import child_main
+from bench.activation import child_main
 child_main()
 """
 
@@ -1105,7 +1105,7 @@ def server_facts() -> tuple[str, dict[str, str]]:
 
 
 def product_commit() -> str:
-    """The checked-out commit, "+modified" when the product (connector/ outside the benches) has uncommitted
+    """The checked-out commit, "+modified" when the product (connector/, effects/, cutover/) has uncommitted
     changes (best effort)."""
     from django.conf import settings
 
@@ -1113,9 +1113,8 @@ def product_commit() -> str:
         root = str(Path(settings.BASE_DIR))
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "connector", ":!connector/benchmarks",
-                                ":!connector/management/commands/bench.py"], cwd=root, capture_output=True,
-                               text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "connector", "effects", "cutover"], cwd=root,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+modified" if dirty else "")

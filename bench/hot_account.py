@@ -54,7 +54,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from connector.benchmarks import BUDGETS_PATH, load_budgets
+from bench import BUDGETS_PATH, load_budgets
 
 Progress = Callable[[str], None]
 

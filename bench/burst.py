@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE = "connector_bench_burst"
 
 
@@ -186,7 +186,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
     from django.conf import settings
     from django.db import connections
 
-    from connector.benchmarks.hot_account import machine_facts
+    from bench.hot_account import machine_facts
     from connector.demo import DEMO_CHANNEL
     from connector.models import ConnectorAccount, CredentialGeneration
     from connector.secrets import secret_backend

@@ -1,5 +1,5 @@
 """Benchmark support that is not a management command: the hot-account capacity bench
-(`connector.benchmarks.hot_account`, run as `manage.py bench hot-account`) and the budget file both benches
+(`bench.hot_account`, run as `manage.py bench hot-account`) and the budget file both benches
 check against (`bench/budgets.json`, one top-level section per bench: "hot_account", "history", ...).
 
 Nothing here is imported by the product's request or worker paths."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-BUDGETS_PATH = Path(__file__).resolve().parents[2] / "bench" / "budgets.json"
+BUDGETS_PATH = Path(__file__).resolve().parents[1] / "bench" / "budgets.json"
 
 
 def load_budgets(path: str | Path | None = None) -> dict:
