@@ -931,7 +931,7 @@ def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "befor
                        progress: Progress | None = None) -> ActivationResult:
     """Build the N-account world on the current `default` database, kill one activation attempt mid-transaction,
     time the retried activation and read it back `readback_repeat` times."""
-    from connector.management.commands.bench import Stats
+    from bench.management.commands.bench import Stats
 
     say = progress or (lambda _msg: None)
     world = build_activation_world(accounts, prefix=prefix, progress=say)
@@ -1022,7 +1022,7 @@ def measure_successor(accounts: int, *, prefix: str = "", kill_at: str = "before
                       progress: Progress | None = None) -> ActivationResult:
     """`measure_activation` for the successor activation (`succession.successor_activate`) on the world of
     `build_successor_world`: one killed attempt, the timed retry, the readback."""
-    from connector.management.commands.bench import Stats
+    from bench.management.commands.bench import Stats
 
     say = progress or (lambda _msg: None)
     world = build_successor_world(accounts, prefix=prefix, progress=say)
@@ -1303,7 +1303,7 @@ def run(options: dict, say: Progress) -> ActivationReport:
     from django.core.management.base import CommandError
 
     from connector.errors import ConnectorError
-    from connector.management.commands.bench import NAME_RE, ThrowawayDatabases
+    from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
     counts = _accounts(options["accounts"])
     base = options["database_name"]
@@ -1394,7 +1394,7 @@ def handle(command, options: dict) -> None:
 
 
 class Activation:
-    """`bench activation`: registered in connector/management/commands/bench.py's SUBCOMMANDS."""
+    """`bench activation`: registered in bench/management/commands/bench.py's SUBCOMMANDS."""
 
     name = "activation"
     help = ("Whole-service first activation (epoch_activate_first) at N accounts, in a throwaway database per N: "

@@ -289,7 +289,7 @@ def _waits(waits: dict | None) -> str:
 
 
 class Burst:
-    """`bench burst`: registered in connector/management/commands/bench.py's SUBCOMMANDS."""
+    """`bench burst`: registered in bench/management/commands/bench.py's SUBCOMMANDS."""
 
     name = "burst"
     help = ("A burst of signed deliveries against the processes make run starts (scripts/run.py: web, the Celery "
@@ -320,7 +320,7 @@ class Burst:
         from django.db import connections
 
         from connector.demo import build_world
-        from connector.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
         say = command.progress
         name = options["database_name"]

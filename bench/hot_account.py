@@ -1227,7 +1227,7 @@ def _client_counts(value: str) -> list[int]:
 
 
 class HotAccount:
-    """`bench hot-account`: registered in connector/management/commands/bench.py's SUBCOMMANDS."""
+    """`bench hot-account`: registered in bench/management/commands/bench.py's SUBCOMMANDS."""
 
     name = "hot-account"
     help = ("Throughput, latency, gate-lock wait, deadlocks, retries, availability rejections and starvation of the "
@@ -1291,7 +1291,7 @@ class HotAccount:
         from django.db import connections
 
         from connector.demo import build_world
-        from connector.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
         clients = [1, 2] if options["quick"] else _client_counts(options["clients"])
         seconds = 5.0 if options["quick"] else options["seconds"]

@@ -35,7 +35,7 @@ from bench.activation import (
     timed_activation,
 )
 from connector.choices import EpochState, GateMode
-from connector.management.commands.bench import Stats
+from bench.management.commands.bench import Stats
 from connector.models import AccountServingGate, AuditRecord, ServingEpoch
 from connector.selectors.owners import service_configuration_read
 
@@ -140,7 +140,7 @@ def test_check_fails_against_an_impossibly_strict_budget(tmp_path, monkeypatch):
     the table (with the successor-activation status) and the --json report are written first. The measurement runs
     on this test's database: creating and migrating the two throwaway databases is `make bench`'s part (its
     hot-account and history runs use the same ThrowawayDatabases). Proves: CV2-14-006, CV2-14-009"""
-    from connector.management.commands import bench
+    from bench.management.commands import bench
 
     monkeypatch.setattr(bench, "ThrowawayDatabases", _NoDatabase)
     budgets = tmp_path / "budgets.json"
@@ -237,7 +237,7 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
     reported, the failure is named in the table and the JSON report, and the command exits non-zero.
     Proves: CV2-14-009"""
     from bench import activation
-    from connector.management.commands import bench
+    from bench.management.commands import bench
 
     def measure(accounts, **kwargs):
         if accounts == 20:

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from connector.actors import Actor
 from connector.demo import build_world
-from connector.management.commands.bench import (
+from bench.management.commands.bench import (
     HistoryReport,
     SizeResult,
     Stats,
