@@ -18,7 +18,7 @@ from connector.canonical.profiles import (
     authoring_profile,
     profile_for,
 )
-from connector.choices import EpochState, GateMode
+from connector.choices import EpochState
 from connector.errors import (
     EpochCandidateInvalid,
     EpochNotFound,
@@ -29,6 +29,7 @@ from connector.errors import (
     TransitionRefused,
 )
 from connector.models import (
+    AccountServingGate,
     BindingDefinition,
     CatalogBinding,
     CredentialGeneration,
@@ -41,6 +42,7 @@ from connector.models import (
 )
 from connector.selectors.epoch_candidate import EpochCandidate, candidate_from_owners, epoch_preimage
 from connector.services.audit import audit_record
+from connector.services.gates import fsm_edge, gates_bind_epoch
 from connector.services.owners import ident
 
 log = logging.getLogger(__name__)
@@ -301,20 +303,21 @@ def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor:
     observed digest: lock every gate of the exhaustive account set (ascending account id), require each
     `v2_validating`, and move the epoch `verified -> active` and every gate to `v2_serving` naming it (new fence
     each). The first activation of a service cutover (cutover.services.first_activation) runs this same body
-    inside its barrier-set transaction."""
+    inside its barrier-set transaction.
+
+    Set-based (D-210): the gates move with one UPDATE and their audit rows are one INSERT
+    (gates.gates_bind_epoch), so the statement count does not grow with the account set. Raises
+    TransitionRefused for a missing or unready gate; the caller's transaction then rolls back."""
     gates = locks.gates_for_update(account_ids)
     if len(gates) != len(account_ids):
         raise TransitionRefused("an account of the configuration has no serving gate")
-    not_ready = [g for g in gates if g.mode != GateMode.V2_VALIDATING]
+    source, _ = fsm_edge(AccountServingGate.activate_first)
+    not_ready = [g for g in gates if g.mode != source]
     if not_ready:
-        raise TransitionRefused("every gate must be v2_validating; not ready: "
+        raise TransitionRefused(f"every gate must be {source}; not ready: "
                                 + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
     epoch.activate()
     epoch.save(update_fields=EPOCH_STATE_FIELDS)
     audit_record(actor=actor, entity=epoch, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                  to_state=EpochState.ACTIVE, evidence_digest=observed)
-    for gate in gates:
-        gate.activate_first(epoch=epoch)
-        gate.save()
-        audit_record(actor=actor, entity=gate, action="gate_activate_first", from_state=GateMode.V2_VALIDATING,
-                     to_state=gate.mode, fence=gate.fence, evidence_digest=observed)
+    gates_bind_epoch(gates=gates, action="activate_first", epoch=epoch, actor=actor, evidence_digest=observed)
