@@ -137,6 +137,7 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
         raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {pred_state}, not active")
     if succ_state != EpochState.VERIFIED:
         raise SuccessorDrifted(f"successor {successor.epoch_id} is {succ_state}, not verified")
+    serving.activation_cardinality_check(accounts=len(_accounts(successor)))  # before the set exists (D-210)
     if _accounts(predecessor) != _accounts(successor):
         raise SuccessorDrifted("the successor's account set differs from the predecessor's gate set; this "
                                "succession moves the same gates only")
@@ -363,6 +364,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         raise SuccessorClassUnsupported()
     drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
     accounts = _accounts(current.predecessor_epoch)
+    serving.activation_cardinality_check(accounts=len(accounts))
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)
         _fence(row, expected_fence)

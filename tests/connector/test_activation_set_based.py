@@ -1,7 +1,8 @@
 """Whole-service activation is set-based (issue 19, D-210): one UPDATE moves every gate and one INSERT writes their
 audit rows. These tests pin that the statement applies exactly the django-fsm edge (and nothing else), that the
 database triggers still judge every row, that the audit rows are the ones the per-gate path wrote, that the
-statement count does not grow with the account set.
+statement count does not grow with the account set, and that an account set above the declared maximum is refused
+before anything is written.
 
 Proves: CV2-02-039, CV2-02-040, CV2-03-013, CV2-14-005, CV2-14-007 (set-based form)
 """
@@ -17,7 +18,7 @@ from connector import locks
 from connector.actors import Actor
 from connector.choices import GATE_TRANSITIONS, EpochState, GateMode
 from connector.demo import build_owners, walk_gates_to_validating
-from connector.errors import TransitionRefused
+from connector.errors import ERROR_CATALOG, ActivationCardinalityExceeded, TransitionRefused
 from connector.models import AccountServingGate, AuditRecord, ServingEpoch
 from connector.services import gates as gate_services
 from connector.services import serving
@@ -206,3 +207,24 @@ ACTIVATION_STATEMENTS = 5
 def test_activation_statement_count_does_not_grow_with_the_account_set(db):
     """activate_first_locked runs the same number of statements for 3 and for 30 accounts (R27, R31)."""
     assert _statements(3, "q3-") == _statements(30, "q30-") <= ACTIVATION_STATEMENTS
+
+
+def test_an_activation_above_the_declared_maximum_is_refused_before_anything_is_written(db, settings):
+    """More accounts than CONNECTOR["ACTIVATION_MAX_ACCOUNTS"] refuses with ACTIVATION_CARDINALITY_EXCEEDED: the
+    epoch stays verified, every gate v2_validating with its fence, and no activation audit row exists. (D-210)"""
+    world, epoch = _activation_world("mx-", 3)
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 2}
+    fences = {g.pk: g.fence for g in AccountServingGate.objects.filter(account_id__in=[a.pk for a in world.accounts])}
+    with pytest.raises(ActivationCardinalityExceeded, match="names 3 accounts; the declared maximum is 2") as exc:
+        serving.epoch_activate_first(epoch_pk=epoch.pk, actor=ACTOR)
+    assert exc.value.code == "ACTIVATION_CARDINALITY_EXCEEDED" and exc.value.code in ERROR_CATALOG
+    with pytest.raises(ActivationCardinalityExceeded), transaction.atomic():  # the locked body refuses too
+        locked = locks.epoch_for_update(epoch.pk)
+        serving.activate_first_locked(epoch=locked, account_ids=[a.pk for a in world.accounts], actor=ACTOR,
+                                      observed=bytes(locked.digest))
+    assert ServingEpoch.objects.get(pk=epoch.pk).state == EpochState.VERIFIED
+    assert {g.pk: (g.mode, g.fence) for g in AccountServingGate.objects.filter(pk__in=fences)} == {
+        pk: (GateMode.V2_VALIDATING, fence) for pk, fence in fences.items()}
+    assert not AuditRecord.objects.filter(action__in=("epoch_activate_first", "gate_activate_first")).exists()
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 3}
+    assert serving.epoch_activate_first(epoch_pk=epoch.pk, actor=ACTOR).state == EpochState.ACTIVE

@@ -363,3 +363,25 @@ def test_replacement_successor_after_the_cutoff_derives_from_the_frozen_high_wat
     send(sworld, "evt-99", 99)
     assert advance_lanes() == []
     assert SupersededDecision.objects.get(lane__epoch=sworld.successor).position == 99
+
+
+def test_a_succession_above_the_declared_maximum_is_refused_before_anything_is_written(sworld, settings):
+    """An account set larger than CONNECTOR["ACTIVATION_MAX_ACCOUNTS"] refuses the barrier set (none is written)
+    and, lowered after the set is held, the activation transaction: nothing moves. (D-210)"""
+    from connector.errors import ActivationCardinalityExceeded
+
+    halt_all(sworld)
+    limit = settings.CONNECTOR["ACTIVATION_MAX_ACCOUNTS"]
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 1}
+    with pytest.raises(ActivationCardinalityExceeded, match="names 2 accounts; the declared maximum is 1"):
+        held_barrier(sworld)
+    assert not ServingPublicationBarrierSet.objects.exists()
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": limit}
+    barrier = held_barrier(sworld)
+    handoff_all(sworld, barrier)
+    before = state_of(sworld)
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 1}
+    with pytest.raises(ActivationCardinalityExceeded):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    assert state_of(sworld) == before
+    assert not AuditRecord.objects.filter(action__in=("successor_activate", "gate_activate_successor")).exists()
