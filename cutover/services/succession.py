@@ -32,6 +32,7 @@ from connector.models import (
     ServingEpochCredentialProof,
 )
 from connector.selectors.routes import route_for
+from connector.services import gates as gate_services
 from connector.services import serving
 from connector.services.audit import audit_record
 from cutover import locks
@@ -353,7 +354,8 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     predecessor lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor
     lane baseline. Then records barrier set `held -> activation_committed`, predecessor `active -> draining`,
     successor `verified -> active`, and every gate `v2_halted -> v2_serving` naming the successor with a new
-    fence, with audit rows. Any refusal moves nothing. Idempotent once
+    fence (one UPDATE for every gate and one INSERT of their audit rows, D-210), with audit rows. Any refusal moves
+    nothing. Idempotent once
     committed (returns the active successor)."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
@@ -425,11 +427,10 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
         audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
                      to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
-        for gate in gates:
-            gate.activate_successor(epoch=succ)
-            gate.save()
-            audit_record(actor=actor, entity=gate, action="gate_activate_successor", from_state=GateMode.V2_HALTED,
-                         to_state=gate.mode, fence=gate.fence, evidence_digest=bytes(succ.digest))
+        # Set-based (D-210): one UPDATE moves every gate v2_halted -> v2_serving naming the successor (the edge read
+        # from the django-fsm declaration, the triggers judging each row) and one INSERT writes their audit rows.
+        gate_services.gates_bind_epoch(gates=gates, action="activate_successor", epoch=succ, actor=actor,
+                                       evidence_digest=bytes(succ.digest))
         fault_point("succession.before_commit")
     fault_point("succession.after_commit")
     return succ

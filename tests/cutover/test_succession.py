@@ -74,6 +74,12 @@ def test_activation_moves_barrier_epochs_and_gates_together(sworld):
                                                                         bytes(successor.digest))
         assert gate.fence == fences[account.pk] + 1
     assert AuditRecord.objects.filter(action__in=["successor_activate", "gate_activate_successor"]).count() == 5
+    # one audit row per gate, in account order, as the per-gate path wrote them (set-based since D-210)
+    gates = list(AccountServingGate.objects.filter(account__in=sworld.accounts).order_by("account_id"))
+    assert [(r.actor, r.entity_type, r.entity_id, r.from_state, r.to_state, r.fence, bytes(r.evidence_digest))
+            for r in AuditRecord.objects.filter(action="gate_activate_successor").order_by("pk")] == [
+        (str(ACTOR), "connector.AccountServingGate", str(g.pk), GateMode.V2_HALTED, GateMode.V2_SERVING, g.fence,
+         bytes(successor.digest)) for g in gates]
     # Idempotent: a resumed coordinator gets the same outcome and writes nothing more.
     assert succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=None, actor=ACTOR).pk == successor.pk
     released = succession.barrier_set_release(barrier_set_pk=barrier.pk, expected_fence=barrier.fence,
