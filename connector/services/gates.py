@@ -116,8 +116,9 @@ def gates_bind_epoch(*, gates: list[AccountServingGate], action: str, epoch: Ser
     FOR UPDATE (locks.gates_for_update, ascending account id) and has checked: ONE UPDATE moves them all from the
     transition's source to its target naming `epoch` with a new fence each, and ONE INSERT writes the audit row
     `gate_<action>` of each (from, to, new fence, evidence digest), in account order. Returns (account id, gate pk,
-    new fence) in account order. Raises TransitionRefused, writing nothing, if any gate is not in the source mode
-    or changed under its lock. The instances in `gates` are not refreshed."""
+    new fence) in account order. Raises TransitionRefused before any write if a gate is not in the source mode,
+    and after the UPDATE if a gate changed under its lock (impossible while the caller holds the locks): the
+    caller's transaction then rolls back and nothing commits. The instances in `gates` are not refreshed."""
     assert transaction.get_connection().in_atomic_block, "runs inside the activation transaction"
     if action not in BINDING_ACTIONS:
         raise TransitionRefused(f"{action!r} is not a binding transition; allowed: {', '.join(BINDING_ACTIONS)}")
