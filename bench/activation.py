@@ -21,8 +21,9 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
 3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
    advanced by exactly one; repeated for p50/p95/p99.
 
-Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`)
-to take timestamps; the child's pause is such a wrapper too. No product code is replaced.
+Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`,
+`gates.audit_records`: the set-based gates' one audit INSERT, D-210) to take timestamps; the child's pause is such
+a wrapper too. No product code is replaced.
 
 `--scenario successor` (or `both`; default `first`, today's behaviour) measures the V2 -> V2 successor activation
 (`cutover.services.succession.successor_activate`: barrier set held -> activation_committed, predecessor active ->
@@ -574,6 +575,7 @@ def child_main() -> None:
     for the parent's SIGKILL (stdin EOF means the parent is gone: it then dies the same way)."""
     from connector import locks
     from connector.actors import Actor
+    from connector.services import gates as gates_service
     from connector.services import serving
 
     from cutover.services import succession
@@ -595,14 +597,23 @@ def child_main() -> None:
 
     audit_module = succession if successor else serving
     real_audit, real_gates = audit_module.audit_record, locks.gates_for_update
+    real_many = gates_service.audit_records
 
-    def audit_record(**kwargs):
+    def counted(written: int) -> None:
         nonlocal audits
-        row = real_audit(**kwargs)
-        audits += 1
+        audits += written
         if args["kill_at"] == "before_commit" and audits == expected_audits:
             hold("before_commit")
+
+    def audit_record(**kwargs):
+        row = real_audit(**kwargs)
+        counted(1)
         return row
+
+    def audit_records(**kwargs):  # the set-based gate transitions' one INSERT of N audit rows (D-210)
+        written = real_many(**kwargs)
+        counted(written)
+        return written
 
     def gates_for_update(account_ids):
         rows = real_gates(account_ids)
@@ -611,6 +622,7 @@ def child_main() -> None:
         return rows
 
     with mock.patch.object(audit_module, "audit_record", audit_record), \
+            mock.patch.object(gates_service, "audit_records", audit_records), \
             mock.patch.object(locks, "gates_for_update", gates_for_update):
         if successor:
             epoch = succession.successor_activate(barrier_set_pk=args["barrier_set_pk"], expected_fence=None,
@@ -762,7 +774,7 @@ class Phases:
     epoch_lock_ms: float  # SELECT ... FOR UPDATE of the epoch (preimage deferred) and its checks
     gate_lock_ms: float  # SELECT ... FOR UPDATE of every gate, in account order
     epoch_update_ms: float  # verified -> active (Model.save of the state columns) and its audit row
-    gate_update_ms: float  # every gate v2_validating -> v2_serving (one UPDATE and one audit INSERT each)
+    gate_update_ms: float  # every gate v2_validating -> v2_serving: one UPDATE and one audit INSERT for all (D-210)
     commit_ms: float  # the COMMIT statement
     transaction_ms: float  # first lock (the epoch) -> COMMIT acknowledged: how long the locks are held
 
@@ -773,6 +785,7 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
     from connector import locks
     from connector.actors import Actor
     from connector.choices import EpochState
+    from connector.services import gates as gates_service
     from connector.services import serving
     from cutover import locks as cutover_locks
     from cutover.services import succession
@@ -781,6 +794,7 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
     marks: dict[str, float] = {}
     audit_module = succession if successor else serving
     real_gates, real_audit = locks.gates_for_update, audit_module.audit_record
+    real_many = gates_service.audit_records
     # the transaction's first lock: the epoch (first activation), the barrier set (successor activation)
     first_lock_module, first_lock = ((cutover_locks, "barrier_set_for_update") if successor
                                      else (locks, "epoch_for_update"))
@@ -802,13 +816,20 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
         marks.setdefault("first_audit", marks["last_audit"])
         return row
 
+    def audit_records(**kwargs):  # the set-based gate transitions' one INSERT of N audit rows (D-210)
+        written = real_many(**kwargs)
+        marks["last_audit"] = time.perf_counter()
+        marks.setdefault("first_audit", marks["last_audit"])
+        return written
+
     observer = _observer()
     try:
         retain_wal(observer)
         start_lsn = insert_lsn(observer)
         with mock.patch.object(first_lock_module, first_lock, first_lock_for_update), \
                 mock.patch.object(locks, "gates_for_update", gates_for_update), \
-                mock.patch.object(audit_module, "audit_record", audit_record):
+                mock.patch.object(audit_module, "audit_record", audit_record), \
+                mock.patch.object(gates_service, "audit_records", audit_records):
             began = time.perf_counter()
             if successor:
                 epoch = succession.successor_activate(barrier_set_pk=world.barrier_set_pk, expected_fence=None,

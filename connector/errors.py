@@ -108,6 +108,17 @@ class TransitionRefused(ConnectorError):
     operator_action = "Reload: the item is not in a state that allows this action."
 
 
+class ActivationCardinalityExceeded(ConnectorError):
+    """The activation names more accounts than the declared maximum (CONNECTOR["ACTIVATION_MAX_ACCOUNTS"]); it was
+    refused before any barrier closed or anything was written."""
+
+    code = "ACTIVATION_CARDINALITY_EXCEEDED"
+    http_status = 409
+    operator_action = ("Author configuration generations of at most the declared maximum of accounts, or raise "
+                       "CONNECTOR_ACTIVATION_MAX_ACCOUNTS after measuring activation at that size "
+                       "(docs/benchmarks.md).")
+
+
 class FenceStale(ConnectorError):
     """The caller acted on an older fence than the row now holds; nothing was written."""
 
@@ -192,7 +203,7 @@ ERROR_CATALOG = MappingProxyType({
     cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
     for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CalloutTemplateInvalid,
                 ApplicationItemRejected, CredentialMappingInvalid,
-                EpochCandidateInvalid, EpochNotFound, TransitionRefused, FenceStale, GateNotServing,
-                PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing, StateTokenInvalid,
-                FormInvalid, ApproverNotIndependent)
+                EpochCandidateInvalid, EpochNotFound, TransitionRefused, ActivationCardinalityExceeded, FenceStale,
+                GateNotServing, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
+                StateTokenInvalid, FormInvalid, ApproverNotIndependent)
 })

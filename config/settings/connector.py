@@ -4,6 +4,10 @@ from config.env import BASE_DIR, env_int, env_str
 CONNECTOR = {
     "SECRET_BACKEND_DIR": env_str("CONNECTOR_SECRET_DIR", str(BASE_DIR / ".data" / "secrets")),
     "GUARD_RETRY_LIMIT": env_int("CONNECTOR_GUARD_RETRY_LIMIT", 1),
+    # The declared maximum account cardinality of one whole-service activation (first or successor, D-210): a larger
+    # account set is refused with ACTIVATION_CARDINALITY_EXCEEDED before any barrier closes. The bench measured
+    # 100,000 (docs/benchmarks.md, "Whole-service activation at scale").
+    "ACTIVATION_MAX_ACCOUNTS": env_int("CONNECTOR_ACTIVATION_MAX_ACCOUNTS", 100_000),
     "SIGNATURE_TOLERANCE_SECONDS": env_int("CONNECTOR_SIGNATURE_TOLERANCE_SECONDS", 300),
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),

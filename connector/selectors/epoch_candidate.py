@@ -150,12 +150,11 @@ def candidate_from_owners(*, epoch_id: str, configuration_generation_id: str,
             b.pack_payload_digest, b.business_key, b.definition_version, b.credential_refs, b.runtime,
             proof.pack_generation_id, proof.definition_envelope_version, proof.definition_receipt_version,
             proof.canonical_definition_digest, proof.owner_receipt, proof.owner_receipt_digest, profile_id))
-    credentials = []
-    for ordinal, generation_id in enumerate(config.credential_generation_ids()):
-        fact = owner_readers.credential_generation_read(generation_id=generation_id)
-        credentials.append(CredentialProof(ordinal, fact.generation_id, fact.receipt_protocol,
-                                           fact.transport_config_digest, fact.receipt, fact.receipt_digest,
-                                           profile_id))
+    # One query per chunk of generations, each checked as credential_generation_read checks it (issue 19).
+    facts = owner_readers.credential_generations_read(generation_ids=config.credential_generation_ids())
+    credentials = [CredentialProof(ordinal, fact.generation_id, fact.receipt_protocol, fact.transport_config_digest,
+                                   fact.receipt, fact.receipt_digest, profile_id)
+                   for ordinal, fact in enumerate(facts)]
     return EpochCandidate(
         profile_id=profile_id, epoch_id=epoch_id,
         serving_scope_digest=serving_scope_digest(profile_id, config.generation_id, config.account_keys),

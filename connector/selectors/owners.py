@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import wraps
 
@@ -268,6 +269,44 @@ def credential_generation_read(*, generation_id: str) -> CredentialFact:
     return CredentialFact(row.pk, row.generation_id, row.credential_identity, row.provider_scope,
                           row.account.account_key, row.secret_version_ref, bytes(row.transport_config_digest),
                           row.receipt_protocol, receipt, receipt_digest)
+
+
+# Generations per query of credential_generations_read: one statement per chunk, not one per generation.
+CREDENTIAL_READ_CHUNK = 5_000
+
+
+@_retryable
+def credential_generations_read(*, generation_ids: Sequence[str]) -> list[CredentialFact]:
+    """credential_generation_read of every id, in the given order, with one query per CREDENTIAL_READ_CHUNK
+    generations instead of one per generation (an epoch's reread names two per account; issue 19). Each row gets
+    exactly the checks credential_generation_read makes (receipt recomputed and compared, secret version present),
+    in the given order, so the first failing generation raises the same OwnerFactInvalid."""
+    rows: dict[str, CredentialGeneration] = {}
+    ids = list(generation_ids)
+    for start in range(0, len(ids), CREDENTIAL_READ_CHUNK):
+        rows.update((row.generation_id, row) for row in CredentialGeneration.objects.select_related("account")
+                    .filter(generation_id__in=ids[start:start + CREDENTIAL_READ_CHUNK]))
+    backend = secret_backend()
+    facts = []
+    for generation_id in ids:
+        row = rows.get(generation_id)
+        if row is None:
+            raise OwnerFactInvalid(f"credential generation {generation_id} is absent")
+        receipt, receipt_digest = receipts.credential_receipt(
+            generation_id=row.generation_id, credential_identity=row.credential_identity,
+            provider_scope=row.provider_scope, account_key=row.account.account_key,
+            secret_version_ref=row.secret_version_ref, transport_config_digest=bytes(row.transport_config_digest))
+        if row.receipt_protocol != receipts.CREDENTIAL_RECEIPT_PROTOCOL or not (
+                _same(receipt, row.receipt) and _same(receipt_digest, row.receipt_digest)):
+            raise OwnerFactInvalid(f"credential generation {generation_id} receipt mismatch")
+        if not backend.version_exists(row.secret_version_ref):
+            raise OwnerFactInvalid(f"credential generation {generation_id}: secret version "
+                                   f"{row.secret_version_ref} is absent from the secret backend")
+        facts.append(CredentialFact(row.pk, row.generation_id, row.credential_identity, row.provider_scope,
+                                    row.account.account_key, row.secret_version_ref,
+                                    bytes(row.transport_config_digest), row.receipt_protocol, receipt,
+                                    receipt_digest))
+    return facts
 
 
 # -- L2 service configuration ---------------------------------------------------------------------------------

@@ -1,10 +1,24 @@
 """The audit write path. Called inside the transaction of the state change it records (STYLE R12)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.db import transaction
+from django.utils import timezone
 
 from connector.actors import Actor
 from connector.models import AuditRecord
+
+# One audit row per (entity pk, fence) pair, in the order given, with the same columns `audit_record` writes (R31:
+# N rows, one statement). `at` is one timestamp for the whole set, taken like auto_now_add (timezone.now()).
+AUDIT_INSERT_MANY_SQL = """
+INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                   fence, evidence_digest, reason)
+SELECT %(at)s::timestamptz, %(actor)s, %(actor_user_id)s::bigint, %(entity_type)s, v.entity_id, %(action)s,
+       %(from_state)s, %(to_state)s, v.fence, %(evidence_digest)s::bytea, %(reason)s
+  FROM unnest(%(entity_ids)s::text[], %(fences)s::bigint[]) WITH ORDINALITY AS v(entity_id, fence, ordinal)
+ ORDER BY v.ordinal
+"""
 
 
 def audit_record(*, actor: Actor, entity, action: str, from_state: str = "", to_state: str = "",
@@ -13,3 +27,24 @@ def audit_record(*, actor: Actor, entity, action: str, from_state: str = "", to_
     return AuditRecord.objects.create(
         actor=str(actor), actor_user_id=getattr(actor.user, "pk", None), entity_type=type(entity)._meta.label, entity_id=str(entity.pk), action=action,
         from_state=from_state, to_state=to_state, fence=fence, evidence_digest=evidence_digest, reason=reason)
+
+
+def audit_records(*, actor: Actor, model, rows: Sequence[tuple[int, int | None]], action: str, from_state: str = "",
+                  to_state: str = "", evidence_digest: bytes | None = None, reason: str = "") -> int:
+    """The rows `audit_record` would write for each (entity pk, fence) of `rows` (same actor, action, states,
+    evidence and reason), in that order, with one INSERT ... SELECT. Returns the number of rows written. Used by
+    whole-service transitions that move N rows of `model` with one statement."""
+    assert transaction.get_connection().in_atomic_block, "audit rows are written inside the audited transaction"
+    assert AuditRecord._meta.db_table == "connector_auditrecord"
+    if not rows:
+        return 0
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(AUDIT_INSERT_MANY_SQL, {
+            "at": timezone.now(), "actor": str(actor), "actor_user_id": getattr(actor.user, "pk", None),
+            "entity_type": model._meta.label, "action": action, "from_state": from_state, "to_state": to_state,
+            "evidence_digest": evidence_digest, "reason": reason,
+            "entity_ids": [str(pk) for pk, _ in rows], "fences": [fence for _, fence in rows]})
+        written = cursor.rowcount
+    if written != len(rows):
+        raise AssertionError(f"{written} audit rows written for {len(rows)} transitions")
+    return written

@@ -3,24 +3,42 @@
 Each service locks the one gate row FOR UPDATE, compares the caller's observed fence (a stale caller writes
 nothing), checks the transition and its guards with django-fsm, applies it (the fence advances by one), and
 writes the audit row, all in one transaction. The two coordinator transitions that bind an epoch
-(`activate_first`, `activate_successor`) belong to the activation transactions, not to this module.
+(`activate_first`, `activate_successor`) belong to the activation transactions; they apply them to every gate of
+the service at once through `gates_bind_epoch` (one UPDATE, one audit INSERT; STYLE R31, D-210).
 """
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 from django_fsm import can_proceed, has_transition_perm
 
 from connector import hooks, locks
 from connector.actors import Actor
 from connector.errors import FenceStale, PermissionRefused, TransitionRefused
-from connector.models import AccountServingGate, CredentialGeneration, CredentialGenerationDispatchGate
-from connector.services.audit import audit_record
+from connector.models import AccountServingGate, CredentialGeneration, CredentialGenerationDispatchGate, ServingEpoch
+from connector.services.audit import audit_record, audit_records
 
 GATE_ACTIONS = (
     "halt_v1", "abort_halt_v1", "stop_v1", "certify_drained", "cold_abort", "begin_validation", "restore_v1",
     "halt_v2", "confirm_halted", "resume_predecessor",
 )
 CREDENTIAL_GATE_ACTIONS = ("revoke", "reenable")
+# The transitions that bind a gate to an epoch (AccountServingGate._bind): whole-service activations apply them
+# set-based. Their edges are read from the django-fsm declarations (fsm_edge), never restated here.
+BINDING_ACTIONS = ("activate_first", "activate_successor")
+
+# AccountServingGate._bind as one statement over the locked gates: the columns the django-fsm transition sets
+# (mode, epoch, epoch digest, fence + 1, and changed_at as auto_now would). `g.mode = source AND g.fence = v.fence`
+# is the same second line of defence as ConcurrentTransitionMixin's `WHERE mode = <old>`; the transition and fence
+# triggers (connector_enforce_transition, connector_fenced_row) fire for every row and stay the authority.
+GATES_BIND_SQL = """
+UPDATE connector_accountservinggate AS g
+   SET mode = %(target)s, epoch_id = %(epoch_pk)s, epoch_digest = %(epoch_digest)s::bytea, fence = g.fence + 1,
+       changed_at = %(changed_at)s::timestamptz
+  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS v(id, fence)
+ WHERE g.id = v.id AND g.mode = %(source)s AND g.fence = v.fence
+RETURNING g.account_id, g.id, g.fence
+"""
 
 
 def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blockers: list[str]) -> str:
@@ -81,3 +99,44 @@ def credential_gate_transition(*, generation_id: str, action: str, expected_fenc
                  to_state=gate.mode, fence=gate.fence,
                  reason="; ".join([reason, *evidence]) if evidence else reason)
     return gate
+
+
+def fsm_edge(method) -> tuple[str, str]:
+    """The (source, target) of a django-fsm transition declared with exactly one explicit source and no
+    conditions: the only kind a set-based statement may apply, since it cannot evaluate per-row guards."""
+    declared = list(method._django_fsm.transitions.values())
+    if len(declared) != 1 or declared[0].conditions or declared[0].source in ("*", "+"):
+        raise TransitionRefused(f"{method.__name__} is not a single unconditional edge; it cannot run set-based")
+    return str(declared[0].source), str(declared[0].target)
+
+
+def gates_bind_epoch(*, gates: list[AccountServingGate], action: str, epoch: ServingEpoch, actor: Actor,
+                     evidence_digest: bytes) -> list[tuple[int, int, int]]:
+    """Apply the binding transition `action` (BINDING_ACTIONS) to every gate of `gates`, which the caller holds
+    FOR UPDATE (locks.gates_for_update, ascending account id) and has checked: ONE UPDATE moves them all from the
+    transition's source to its target naming `epoch` with a new fence each, and ONE INSERT writes the audit row
+    `gate_<action>` of each (from, to, new fence, evidence digest), in account order. Returns (account id, gate pk,
+    new fence) in account order. Raises TransitionRefused before any write if a gate is not in the source mode,
+    and after the UPDATE if a gate changed under its lock (impossible while the caller holds the locks): the
+    caller's transaction then rolls back and nothing commits. The instances in `gates` are not refreshed."""
+    assert transaction.get_connection().in_atomic_block, "runs inside the activation transaction"
+    if action not in BINDING_ACTIONS:
+        raise TransitionRefused(f"{action!r} is not a binding transition; allowed: {', '.join(BINDING_ACTIONS)}")
+    source, target = fsm_edge(getattr(AccountServingGate, action))
+    wrong = [g for g in gates if g.mode != source]
+    if wrong:
+        raise TransitionRefused(f"{action} is not allowed from "
+                                + ", ".join(f"{g.account_id}={g.mode}" for g in wrong[:10]))
+    if not gates:
+        return []
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(GATES_BIND_SQL, {
+            "source": source, "target": target, "epoch_pk": epoch.pk, "epoch_digest": bytes(epoch.digest),
+            "changed_at": timezone.now(), "ids": [g.pk for g in gates], "fences": [g.fence for g in gates]})
+        moved = sorted(cursor.fetchall())
+    if len(moved) != len(gates):
+        # Cannot happen under the caller's FOR UPDATE; raising rolls the whole activation back.
+        raise TransitionRefused(f"{len(gates) - len(moved)} gate(s) changed under their lock; nothing moved")
+    audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _, pk, fence in moved],
+                  action=f"gate_{action}", from_state=source, to_state=target, evidence_digest=evidence_digest)
+    return moved

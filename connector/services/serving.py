@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import logging
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django_fsm import can_proceed
 
@@ -18,8 +19,9 @@ from connector.canonical.profiles import (
     authoring_profile,
     profile_for,
 )
-from connector.choices import EpochState, GateMode
+from connector.choices import EpochState
 from connector.errors import (
+    ActivationCardinalityExceeded,
     EpochCandidateInvalid,
     EpochNotFound,
     FenceStale,
@@ -29,6 +31,7 @@ from connector.errors import (
     TransitionRefused,
 )
 from connector.models import (
+    AccountServingGate,
     BindingDefinition,
     CatalogBinding,
     CredentialGeneration,
@@ -41,11 +44,13 @@ from connector.models import (
 )
 from connector.selectors.epoch_candidate import EpochCandidate, candidate_from_owners, epoch_preimage
 from connector.services.audit import audit_record
+from connector.services.gates import fsm_edge, gates_bind_epoch
 from connector.services.owners import ident
 
 log = logging.getLogger(__name__)
 # An epoch transition writes only these columns (never the possibly large, immutable preimage back).
 EPOCH_STATE_FIELDS = ["state", "state_changed_at", "rejection_code", "rejection_detail"]
+DEFAULT_ACTIVATION_MAX_ACCOUNTS = 100_000
 
 
 def _same(a, b) -> bool:
@@ -279,6 +284,8 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
     if epoch.state != EpochState.VERIFIED:
         raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}; only a verified epoch activates")
     _require_perm(actor, "connector.activate_servingepoch")
+    if epoch.configuration_id is not None:  # else the reread below rejects it (reproducibility header missing)
+        activation_cardinality_check(accounts=epoch.configuration.accounts.count())
     observed = bytes(epoch.digest)
     outcome = _verification_outcome(epoch)  # OwnerUnavailable propagates: stays verified
     account_ids = list(epoch.configuration.accounts.values_list("account_id", flat=True))
@@ -296,25 +303,38 @@ def epoch_activate_first(*, epoch_pk: int, actor: Actor) -> ServingEpoch:
     return locked
 
 
+def activation_cardinality_check(*, accounts: int) -> None:
+    """Refuse a whole-service activation over more accounts than the declared maximum
+    (CONNECTOR["ACTIVATION_MAX_ACCOUNTS"], D-210). Coordinators call it before any barrier closes or anything is
+    written; the activation transactions call it again before their first lock."""
+    limit = int(settings.CONNECTOR.get("ACTIVATION_MAX_ACCOUNTS", DEFAULT_ACTIVATION_MAX_ACCOUNTS))
+    if accounts > limit:
+        raise ActivationCardinalityExceeded(f"the activation names {accounts} accounts; the declared maximum is "
+                                            f"{limit} (CONNECTOR_ACTIVATION_MAX_ACCOUNTS)")
+
+
 def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor: Actor, observed: bytes) -> None:
     """Inside the caller's transaction, with the epoch already locked FOR UPDATE and checked `verified` with the
     observed digest: lock every gate of the exhaustive account set (ascending account id), require each
     `v2_validating`, and move the epoch `verified -> active` and every gate to `v2_serving` naming it (new fence
     each). The first activation of a service cutover (cutover.services.first_activation) runs this same body
-    inside its barrier-set transaction."""
+    inside its barrier-set transaction.
+
+    Set-based (D-210): the gates move with one UPDATE and their audit rows are one INSERT
+    (gates.gates_bind_epoch), so the statement count does not grow with the account set. Raises
+    ActivationCardinalityExceeded above the declared maximum and TransitionRefused for a missing or unready gate;
+    the caller's transaction then rolls back."""
+    activation_cardinality_check(accounts=len(account_ids))
     gates = locks.gates_for_update(account_ids)
     if len(gates) != len(account_ids):
         raise TransitionRefused("an account of the configuration has no serving gate")
-    not_ready = [g for g in gates if g.mode != GateMode.V2_VALIDATING]
+    source, _ = fsm_edge(AccountServingGate.activate_first)
+    not_ready = [g for g in gates if g.mode != source]
     if not_ready:
-        raise TransitionRefused("every gate must be v2_validating; not ready: "
+        raise TransitionRefused(f"every gate must be {source}; not ready: "
                                 + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
     epoch.activate()
     epoch.save(update_fields=EPOCH_STATE_FIELDS)
     audit_record(actor=actor, entity=epoch, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                  to_state=EpochState.ACTIVE, evidence_digest=observed)
-    for gate in gates:
-        gate.activate_first(epoch=epoch)
-        gate.save()
-        audit_record(actor=actor, entity=gate, action="gate_activate_first", from_state=GateMode.V2_VALIDATING,
-                     to_state=gate.mode, fence=gate.fence, evidence_digest=observed)
+    gates_bind_epoch(gates=gates, action="activate_first", epoch=epoch, actor=actor, evidence_digest=observed)

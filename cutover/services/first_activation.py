@@ -94,6 +94,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublic
     if existing is not None and existing.state in BARRIER_SET_OPEN:
         return existing
     epoch = attempt.candidate_epoch
+    serving.activation_cardinality_check(accounts=attempt.account_count)  # before the barrier set exists (D-210)
     with transaction.atomic():
         connector_locks.epoch_for_share(epoch.pk)
         modes = set(AccountServingGate.objects.filter(account_id__in=_account_ids(attempt))
@@ -156,6 +157,8 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
 
 
 def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor) -> None:
+    # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
+    serving.activation_cardinality_check(accounts=attempt.account_count)
     with transaction.atomic():
         row = locks.barrier_set_for_update(set_pk)
         if row.state == BarrierSetState.ACTIVATION_COMMITTED:

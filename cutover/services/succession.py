@@ -32,6 +32,7 @@ from connector.models import (
     ServingEpochCredentialProof,
 )
 from connector.selectors.routes import route_for
+from connector.services import gates as gate_services
 from connector.services import serving
 from connector.services.audit import audit_record
 from cutover import locks
@@ -137,6 +138,7 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
         raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {pred_state}, not active")
     if succ_state != EpochState.VERIFIED:
         raise SuccessorDrifted(f"successor {successor.epoch_id} is {succ_state}, not verified")
+    serving.activation_cardinality_check(accounts=len(_accounts(successor)))  # before the set exists (D-210)
     if _accounts(predecessor) != _accounts(successor):
         raise SuccessorDrifted("the successor's account set differs from the predecessor's gate set; this "
                                "succession moves the same gates only")
@@ -352,7 +354,8 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     predecessor lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor
     lane baseline. Then records barrier set `held -> activation_committed`, predecessor `active -> draining`,
     successor `verified -> active`, and every gate `v2_halted -> v2_serving` naming the successor with a new
-    fence, with audit rows. Any refusal moves nothing. Idempotent once
+    fence (one UPDATE for every gate and one INSERT of their audit rows, D-210), with audit rows. Any refusal moves
+    nothing. Idempotent once
     committed (returns the active successor)."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
@@ -363,6 +366,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         raise SuccessorClassUnsupported()
     drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
     accounts = _accounts(current.predecessor_epoch)
+    serving.activation_cardinality_check(accounts=len(accounts))
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)
         _fence(row, expected_fence)
@@ -423,11 +427,10 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
         audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
                      to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
-        for gate in gates:
-            gate.activate_successor(epoch=succ)
-            gate.save()
-            audit_record(actor=actor, entity=gate, action="gate_activate_successor", from_state=GateMode.V2_HALTED,
-                         to_state=gate.mode, fence=gate.fence, evidence_digest=bytes(succ.digest))
+        # Set-based (D-210): one UPDATE moves every gate v2_halted -> v2_serving naming the successor (the edge read
+        # from the django-fsm declaration, the triggers judging each row) and one INSERT writes their audit rows.
+        gate_services.gates_bind_epoch(gates=gates, action="activate_successor", epoch=succ, actor=actor,
+                                       evidence_digest=bytes(succ.digest))
         fault_point("succession.before_commit")
     fault_point("succession.after_commit")
     return succ

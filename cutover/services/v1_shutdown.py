@@ -39,6 +39,7 @@ from connector.models import (
     ServingEpoch,
     V1AcceptanceTombstone,
 )
+from connector.services import serving
 from connector.services.audit import audit_record
 from connector.services.tombstones import tombstones_import
 from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, DrainBlocked
@@ -185,6 +186,8 @@ def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidat
     if generation is None or generation.state != "running":
         raise CutoverPreflightRefused("no running V1 process generation to freeze")
     accounts = account_set(configuration)
+    # Refused at preflight, before any V1 barrier closes: the activation would refuse this account set (D-210).
+    serving.activation_cardinality_check(accounts=len(accounts))
     with transaction.atomic():
         if ServiceCutoverAttempt.objects.filter(outcome=AttemptOutcome.OPEN).exists():
             raise CutoverPreflightRefused("another service cutover attempt is open")

@@ -316,3 +316,32 @@ def test_owner_receipts_are_byte_stable(owners_world):
     """Reading the same exact generations twice yields byte-identical receipts and the same candidate bytes.
     Proves: CV2-02-017"""
     assert epoch_preimage(_candidate(owners_world)) == epoch_preimage(_candidate(owners_world))
+
+
+def test_owner_reread_of_credential_generations_is_constant_in_statements(db):
+    """The reread before verification and activation reads every credential generation of the configuration
+    (two per account) with one query per chunk, not one each, and still checks each one: the statement count is
+    the same for 2 and for 12 accounts. (issue 19, R27)"""
+    from django.test.utils import CaptureQueriesContext
+
+    counts = []
+    for accounts in (2, 12):
+        world = build_owners(f"rr{accounts}-", account_keys=tuple(f"acct-{i}" for i in range(accounts)))
+        with CaptureQueriesContext(connection) as queries:
+            candidate = candidate_from_owners(epoch_id=f"rr{accounts}-epoch",
+                                              configuration_generation_id=world.configuration.generation_id)
+        assert len(candidate.credentials) == 2 * accounts
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
+
+
+def test_the_last_credential_generation_in_order_is_checked_too(owners_world):
+    """A secret version missing for the last generation of the byte-ordered set rejects the candidate naming
+    that generation: the batched reread checks every row, not just the first. Proves: CV2-02-021"""
+    epoch = serving.epoch_prepare(candidate=_candidate(owners_world), actor=ACTOR)
+    generation = max(CredentialGeneration.objects.all(), key=lambda g: g.generation_id.encode("utf-8"))
+    from connector.secrets import secret_backend
+    secret_backend().destroy(generation.secret_version_ref)
+    epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)
+    assert (epoch.state, epoch.rejection_code) == (EpochState.REJECTED, "OWNER_FACT_INVALID")
+    assert f"credential generation {generation.generation_id}: secret version" in epoch.rejection_detail

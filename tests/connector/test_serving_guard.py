@@ -240,12 +240,9 @@ def test_admission_racing_activation_binds_only_the_new_epoch(transactional_db):
     def activation():
         with transaction.atomic():
             locked = locks.epoch_for_update(epoch.pk)
-            gates = locks.gates_for_update([a.pk for a in world.accounts])
-            locked.activate()
-            locked.save()
-            for g in gates:
-                g.activate_first(epoch=locked)
-                g.save()
+            # the product's own set-based body (D-210): one UPDATE of every gate, one audit INSERT
+            serving.activate_first_locked(epoch=locked, account_ids=[a.pk for a in world.accounts], actor=ACTOR,
+                                          observed=bytes(locked.digest))
             activated.set()
             assert release.wait(10)
 

@@ -74,6 +74,12 @@ def test_activation_moves_barrier_epochs_and_gates_together(sworld):
                                                                         bytes(successor.digest))
         assert gate.fence == fences[account.pk] + 1
     assert AuditRecord.objects.filter(action__in=["successor_activate", "gate_activate_successor"]).count() == 5
+    # one audit row per gate, in account order, as the per-gate path wrote them (set-based since D-210)
+    gates = list(AccountServingGate.objects.filter(account__in=sworld.accounts).order_by("account_id"))
+    assert [(r.actor, r.entity_type, r.entity_id, r.from_state, r.to_state, r.fence, bytes(r.evidence_digest))
+            for r in AuditRecord.objects.filter(action="gate_activate_successor").order_by("pk")] == [
+        (str(ACTOR), "connector.AccountServingGate", str(g.pk), GateMode.V2_HALTED, GateMode.V2_SERVING, g.fence,
+         bytes(successor.digest)) for g in gates]
     # Idempotent: a resumed coordinator gets the same outcome and writes nothing more.
     assert succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=None, actor=ACTOR).pk == successor.pk
     released = succession.barrier_set_release(barrier_set_pk=barrier.pk, expected_fence=barrier.fence,
@@ -363,3 +369,25 @@ def test_replacement_successor_after_the_cutoff_derives_from_the_frozen_high_wat
     send(sworld, "evt-99", 99)
     assert advance_lanes() == []
     assert SupersededDecision.objects.get(lane__epoch=sworld.successor).position == 99
+
+
+def test_a_succession_above_the_declared_maximum_is_refused_before_anything_is_written(sworld, settings):
+    """An account set larger than CONNECTOR["ACTIVATION_MAX_ACCOUNTS"] refuses the barrier set (none is written)
+    and, lowered after the set is held, the activation transaction: nothing moves. (D-210)"""
+    from connector.errors import ActivationCardinalityExceeded
+
+    halt_all(sworld)
+    limit = settings.CONNECTOR["ACTIVATION_MAX_ACCOUNTS"]
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 1}
+    with pytest.raises(ActivationCardinalityExceeded, match="names 2 accounts; the declared maximum is 1"):
+        held_barrier(sworld)
+    assert not ServingPublicationBarrierSet.objects.exists()
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": limit}
+    barrier = held_barrier(sworld)
+    handoff_all(sworld, barrier)
+    before = state_of(sworld)
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 1}
+    with pytest.raises(ActivationCardinalityExceeded):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    assert state_of(sworld) == before
+    assert not AuditRecord.objects.filter(action__in=("successor_activate", "gate_activate_successor")).exists()

@@ -340,3 +340,19 @@ def test_an_open_attempt_freezes_its_gates_against_operator_gate_actions(provide
     moved = gate_services.gate_transition(account_id=gate.account_id, action="halt_v1", expected_fence=None,
                                           actor=ACTOR)
     assert moved.mode == GateMode.HALTING_V1
+
+
+@pytest.mark.django_db
+def test_an_attempt_above_the_declared_activation_maximum_is_refused_at_preflight(settings):
+    """A configuration with more accounts than CONNECTOR["ACTIVATION_MAX_ACCOUNTS"] is refused when the attempt
+    opens, before any V1 barrier closes: no attempt and no audit row are written. (D-210)"""
+    from connector.errors import ActivationCardinalityExceeded
+    from cutover.models import ServiceCutoverAttempt
+
+    world = build_v1_world()
+    settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 1}
+    with pytest.raises(ActivationCardinalityExceeded, match="names 2 accounts; the declared maximum is 1"):
+        sd.cutover_open(attempt_key="att-max", configuration_generation_id=world.configuration.generation_id,
+                        candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
+    assert not ServiceCutoverAttempt.objects.filter(attempt_key="att-max").exists()
+    assert not AuditRecord.objects.filter(action="cutover_open").exists()
