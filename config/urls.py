@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 from django.contrib.auth import views as auth_views
 
 urlpatterns = [
+    path("", include("observability.urls")),  # /healthz, /readyz, /metrics (docs/operations.md)
     path("", include("governance.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -55,6 +55,10 @@ MIDDLEWARE = [
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
+# /metrics (issue 21, docs/operations.md): open when empty (development, tests), else only with
+# `Authorization: Bearer <token>`. Production requires it.
+CONNECTOR_METRICS_TOKEN = env_str("CONNECTOR_METRICS_TOKEN", "")
+
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -16,13 +16,19 @@ if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("dj
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [])
 if not ALLOWED_HOSTS:
     raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS must name the host(s) this deployment serves")
+# /metrics reads every stage's backlog and quarantine: production serves it only with a bearer token.
+CONNECTOR_METRICS_TOKEN = env_str("CONNECTOR_METRICS_TOKEN", "")
+if len(CONNECTOR_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured(
+        "CONNECTOR_METRICS_TOKEN must be set for config.django.production: at least 32 characters, given to the "
+        "Prometheus scrape job as its bearer token (docs/operations.md)")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [f"https://{h}" for h in ALLOWED_HOSTS
                                                                   if not h.startswith(".")])
 
 # TLS ends at the reverse proxy: it sets X-Forwarded-Proto, and only the proxy may reach the web process.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
-SECURE_REDIRECT_EXEMPT = [r"^healthz?/?$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz?/?$", r"^readyz/?$"]  # probes of the orchestrator, over plain HTTP
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", True)

@@ -38,6 +38,10 @@ class ProjectionWindow(ConcurrentTransitionMixin, models.Model):
             models.UniqueConstraint(fields=["epoch", "route", "grouping_key"], condition=Q(state=WindowState.OPEN),
                                     name="connector_window_one_open_per_key"),
         ]
+        # /metrics (issue 21): quarantined windows without scanning the sealed history (open ones are found through
+        # the one-open-per-key unique index).
+        indexes = [models.Index(fields=["quarantine_reason", "closes_at"], name="connector_window_quarantined",
+                                condition=Q(state=WindowState.QUARANTINED))]
 
     def __str__(self) -> str:
         return f"window #{self.pk} {self.grouping_key} ({self.state})"
@@ -139,7 +143,10 @@ class Execution(ConcurrentTransitionMixin, models.Model):
                                    name="connector_execution_completed_has_result"),
         ]
         indexes = [models.Index(fields=["account", "state", "lease_expires_at"], name="connector_exec_claimable",
-                                condition=Q(state="ready"))]
+                                condition=Q(state="ready")),
+                   # /metrics (issue 21): quarantined executions by reason without scanning the completed history.
+                   models.Index(fields=["quarantine_reason", "changed_at"], name="connector_exec_quarantined",
+                                condition=Q(state="quarantined"))]
 
     def __str__(self) -> str:
         return f"execution #{self.pk} gen {self.generation} ({self.state})"

@@ -388,6 +388,8 @@ class DeliveryOperation(DeliveryTransitions, ConcurrentTransitionMixin, ScopedGe
             GistIndex(fields=["scope_date"], name="delivery_op_scope_date_gist"),
             models.Index(fields=["domain", "state"], name="delivery_op_domain_state"),
             models.Index(fields=["state", "next_attempt_after"], name="delivery_op_due"),
+            # /metrics (issue 21): held operations without scanning the delivered history.
+            models.Index(fields=["held_reason", "held_at"], name="delivery_op_held", condition=~Q(held_reason="")),
         ]
         permissions = [("reconcile_delivery", "Can open and resolve delivery reconciliations"),
                        ("approve_certification", "Can approve platform-attested receiver certifications"),

@@ -104,7 +104,11 @@ class RemoteEffect(ConcurrentTransitionMixin, models.Model):
     class Meta:
         ordering = ["pk"]
         indexes = [models.Index(fields=["account", "state"], name="effects_effect_claimable",
-                                condition=Q(state="prepared"))]
+                                condition=Q(state="prepared")),
+                   # /metrics (issue 21): effects in flight or waiting for a person, without scanning the finalized
+                   # history.
+                   models.Index(fields=["state", "changed_at"], name="effects_effect_unsettled",
+                                condition=Q(state__in=["dispatching", "uncertain", "quarantined", "remote_confirmed"]))]
         permissions = [("reconcile_effect", "Can reconcile an uncertain remote effect with evidence")]
 
     def __str__(self) -> str:

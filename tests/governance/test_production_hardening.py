@@ -16,7 +16,8 @@ from django.test import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = {"DJANGO_SETTINGS_MODULE": "config.django.production", "DJANGO_ALLOWED_HOSTS": "connector.example",
-              "DJANGO_SECRET_KEY": "k" * 20 + "-production-secret-key-for-the-deploy-check-0123456789"}
+              "DJANGO_SECRET_KEY": "k" * 20 + "-production-secret-key-for-the-deploy-check-0123456789",
+              "CONNECTOR_METRICS_TOKEN": "m" * 40}
 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -185,6 +185,7 @@ def test_production_settings_are_served_by_the_same_gunicorn_config(tmp_path):
     env = child_environment(secret_dir=str(tmp_path / "secrets"), REDIS_URL="redis://127.0.0.1:1/0",
                             DJANGO_STATIC_ROOT=str(tmp_path / "static"), DJANGO_SETTINGS_MODULE="config.django.production",
                             DJANGO_SECRET_KEY="production-test-" + "k" * 48, DJANGO_ALLOWED_HOSTS="127.0.0.1",
+                            CONNECTOR_METRICS_TOKEN="production-metrics-" + "t" * 32,
                             WEB_CONCURRENCY="1", WEB_THREADS="2",
                             **run_database_env())
     collected = manage(env, "collectstatic", "--noinput", "-v", "0")

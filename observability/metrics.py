@@ -1,0 +1,114 @@
+"""`/metrics` in the Prometheus text format. A custom collector reads PostgreSQL at scrape time (observability/
+readings.py), so the figures are the same whichever web worker answers and however many run: nothing is counted in
+process memory. Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set (production requires it)."""
+from __future__ import annotations
+
+import hmac
+import time
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from . import readings
+
+
+class EngineCollector(Collector):
+    """Every figure of one scrape, read in one read-only REPEATABLE READ snapshot of `default`."""
+
+    def collect(self):
+        began = time.monotonic()
+        with transaction.atomic():
+            if _outermost():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            now = timezone.now()
+            backlogs = readings.backlogs(now)
+            gates = readings.gates_by_mode()
+            epochs = readings.epochs_by_state()
+            quarantines = readings.quarantines()
+        items = GaugeMetricFamily("connector_backlog_items", "Items waiting at a stage of the pipeline",
+                                  labels=["stage"])
+        ages = GaugeMetricFamily("connector_backlog_oldest_age_seconds",
+                                 "Seconds the oldest item of a stage has waited (0 when the stage is empty)",
+                                 labels=["stage"])
+        for backlog in backlogs:
+            items.add_metric([backlog.stage], backlog.count)
+            ages.add_metric([backlog.stage], backlog.age(now))
+        yield items
+        yield ages
+        gate_family = GaugeMetricFamily("connector_serving_gates", "Account serving gates by mode", labels=["mode"])
+        for mode, n in sorted(gates.items()):
+            gate_family.add_metric([mode], n)
+        yield gate_family
+        epoch_family = GaugeMetricFamily("connector_serving_epochs", "Serving epochs by state", labels=["state"])
+        for state, n in sorted(epochs.items()):
+            epoch_family.add_metric([state], n)
+        yield epoch_family
+        held = GaugeMetricFamily("connector_quarantined_items",
+                                 "Halted or quarantined items by kind and closed reason code (governance/reasons.py)",
+                                 labels=["kind", "reason"])
+        held_age = GaugeMetricFamily("connector_quarantined_oldest_age_seconds",
+                                     "Seconds since the oldest item of a kind and reason was halted or quarantined",
+                                     labels=["kind", "reason"])
+        for q in quarantines:
+            held.add_metric([q.kind, q.reason], q.count)
+            held_age.add_metric([q.kind, q.reason], max(0.0, (now - q.oldest).total_seconds()) if q.oldest else 0.0)
+        yield held
+        yield held_age
+        yield _deadlines()
+        took = GaugeMetricFamily("connector_scrape_duration_seconds", "Seconds this scrape spent reading PostgreSQL")
+        took.add_metric([], time.monotonic() - began)
+        yield took
+
+
+def _outermost() -> bool:
+    """True when the scrape's atomic block is the connection's outermost one (a test wraps it in its own)."""
+    return not connection.savepoint_ids
+
+
+def _deadlines() -> GaugeMetricFamily:
+    """The closed reason map's alert deadlines, so an alert rule compares an age with its reason's deadline."""
+    from governance.reasons import REASONS
+
+    family = GaugeMetricFamily("connector_reason_alert_deadline_seconds",
+                               "Alert deadline of each closed reason code (governance/reasons.py)", labels=["reason"])
+    for code, reason in sorted(REASONS.items()):
+        family.add_metric([code], reason.deadline.total_seconds())
+    return family
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector())
+    return registry
+
+
+def _authorized(request) -> bool:
+    token = settings.CONNECTOR_METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@never_cache
+@require_GET
+def metrics(request):
+    """The scrape. 401 without the right bearer token when one is configured."""
+    if not _authorized(request):
+        response = HttpResponse("bearer token required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    try:
+        body = generate_latest(_registry())
+    except DatabaseError as exc:
+        # Prometheus records the failed scrape (`up` 0); the figures are never guessed without PostgreSQL.
+        return HttpResponse(f"database unavailable: {type(exc).__name__}\n", status=503, content_type="text/plain")
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
