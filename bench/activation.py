@@ -952,22 +952,29 @@ def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "befor
                        progress: Progress | None = None) -> ActivationResult:
     """Build the N-account world on the current `default` database, kill one activation attempt mid-transaction,
     time the retried activation and read it back `readback_repeat` times."""
-    from bench.management.commands.bench import Stats
-
     say = progress or (lambda _msg: None)
     world = build_activation_world(accounts, prefix=prefix, progress=say)
+    return _measure(world, accounts, "activation", world.scenario, kill_at=kill_at,
+                    readback_repeat=readback_repeat, say=say)
+
+
+def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, readback_repeat: int,
+             say) -> ActivationResult:
+    """One killed attempt mid-transaction, the timed retry, the readback: the same for every scenario."""
+    from bench.management.commands.bench import Stats
+
     checkpoint()
     recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
     say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
     phases, wal = timed_activation(world)
     recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
-    say(f"  retried activation committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
+    say(f"  retried {what} committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
         f"{recovery.retried_commit_ms:,.1f} ms; reading back {readback_repeat}x")
     samples = [readback(world) for _ in range(max(1, readback_repeat))]
-    return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
-                            phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
-                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2),
-                            scenario=world.scenario)
+    return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds,
+                            setup_rows=world.setup_rows, phases=phases, wal=wal, readback_ms=Stats.of(samples),
+                            recovery=recovery, rows=activation_rows(world),
+                            load_average=round(os.getloadavg()[0], 2), scenario=scenario)
 
 
 def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
@@ -1043,24 +1050,10 @@ def measure_successor(accounts: int, *, prefix: str = "", kill_at: str = "before
                       progress: Progress | None = None) -> ActivationResult:
     """`measure_activation` for the successor activation (`succession.successor_activate`) on the world of
     `build_successor_world`: one killed attempt, the timed retry, the readback."""
-    from bench.management.commands.bench import Stats
-
     say = progress or (lambda _msg: None)
     world = build_successor_world(accounts, prefix=prefix, progress=say)
-    checkpoint()
-    recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
-    say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
-    phases, wal = timed_activation(world)
-    recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
-    say(f"  retried successor activation committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
-        f"{recovery.retried_commit_ms:,.1f} ms; reading back {readback_repeat}x")
-    samples = [readback(world) for _ in range(max(1, readback_repeat))]
-    return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds, setup_rows=world.setup_rows,
-                            phases=phases, wal=wal, readback_ms=Stats.of(samples), recovery=recovery,
-                            rows=activation_rows(world), load_average=round(os.getloadavg()[0], 2),
-                            scenario="successor")
-
-
+    return _measure(world, accounts, "successor activation", "successor", kill_at=kill_at,
+                    readback_repeat=readback_repeat, say=say)
 # The activation scenarios (--scenario) and their measuring functions. Both reuse kill_mid_activation,
 # timed_activation and readback, which pick the service call from world.scenario; budgets are keyed by scenario
 # ("first" at the top of the section, as before; "successor" under its own key).

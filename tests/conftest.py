@@ -83,3 +83,26 @@ def world(db):
     from connector.demo import build_world
 
     return build_world("w-")
+
+
+@pytest.fixture(scope="module")
+def product_redis():
+    """A private Redis for the processes of `product` (one per test module)."""
+    from tests.faults.servers import RedisServer
+
+    server = RedisServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def product(settings, product_redis, tmp_path):
+    """`make run`'s processes against this test's databases: web, the stage workers, beat and the demo CRM receiver
+    (tests.faults.servers.product_processes)."""
+    from tests.faults.servers import product_processes
+
+    with product_processes(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], redis_url=product_redis.url,
+                           log_dir=tmp_path) as running:
+        yield running

@@ -25,7 +25,6 @@ from connector.secrets import secret_backend
 from connector.services.signatures import sign
 from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
 from governance import selectors
-from tests.faults.servers import RedisServer, product_processes
 
 PASSWORD = "correct horse battery"
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
@@ -39,23 +38,6 @@ def wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer()
-    try:
-        yield server.start()
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture
-def product(settings, redis_server, tmp_path):
-    """`make run`'s processes against this test's databases: web, the stage workers, beat and the demo CRM receiver."""
-    with product_processes(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], redis_url=redis_server.url,
-                           log_dir=tmp_path) as running:
-        yield running
 
 
 def person(name: str, *groups: str) -> User:

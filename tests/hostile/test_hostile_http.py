@@ -39,7 +39,6 @@ from connector.api.exceptions import API_ERROR_CODES
 from connector.models import CredentialGeneration, Receipt, ReceiptAdmissionKey
 from connector.secrets import secret_backend
 from connector.services.signatures import sign
-from tests.faults.servers import RedisServer, product_processes
 from tests.hostile.settled import receipt_outcome
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "journal"])]
@@ -261,22 +260,6 @@ def settle(ledger: Ledger, *, keep: int) -> None:
             f"receipt {receipt_id} admitted {waited:.1f}s ago neither reached an ApplicationResult nor waits on "
             f"the quarantine board with a reason")
         time.sleep(0.05)
-
-
-@pytest.fixture
-def redis_server():
-    server = RedisServer()
-    try:
-        yield server.start()
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture
-def product(settings, redis_server, tmp_path):
-    with product_processes(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], redis_url=redis_server.url,
-                           log_dir=tmp_path) as running:
-        yield running
 
 
 def test_generated_hostile_requests_over_http_never_5xx_persist_nothing_when_refused_and_every_201_settles(
