@@ -78,3 +78,18 @@ def admin_off(cursor) -> None:
     role = cursor.db.settings_dict["OPTIONS"].get("assume_role")
     if role:
         cursor.execute(f'SET ROLE "{role}"')
+
+
+def assert_append_only(table: str, pk: int, constraint: str) -> None:
+    """An append-only row (D-182): the application role holds no UPDATE or DELETE on `table`, and its row trigger
+    (named `constraint`) refuses both even to the administrator."""
+    import pytest
+    from django.db import IntegrityError, ProgrammingError, connection, transaction
+
+    for sql in (f"UPDATE {table} SET evidence = 'edited' WHERE id = %s", f"DELETE FROM {table} WHERE id = %s"):
+        with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(sql, [pk])
+        with pytest.raises(IntegrityError) as info, as_admin(), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, [pk])
+        assert info.value.__cause__.diag.constraint_name == constraint
