@@ -13,7 +13,7 @@ from django.db import transaction
 from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
 from effects.models import OutboundCommand
-from effects.services.outbound import _binding, outbound_command_author
+from effects.services.outbound import frozen_binding, outbound_command_author
 
 
 def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str,
@@ -49,7 +49,8 @@ def _wake_dispatch() -> None:
 def _path_template(epoch_digest: bytes, epoch_pk: int, callout: str) -> str | None:
     """The callout's frozen path template in this exact epoch (immutable: cached by epoch identity)."""
     try:
-        return _binding(epoch_pk, "callout_profile", callout)[1].get("path_template")
+        return frozen_binding(epoch_pk=epoch_pk, epoch_digest=epoch_digest, kind="callout_profile",
+                              business_key=callout).definition().get("path_template")
     except ConnectorError:
         return None  # no such callout: authoring refuses it, with its own code
 

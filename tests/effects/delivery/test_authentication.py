@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from connector.actors import Actor
+from effects import egress
 from effects.delivery.receiver import DeliveryReceiver
 from effects.services.delivery import runner, setup
 
@@ -97,8 +98,11 @@ def test_mtls_presents_the_client_certificate_from_the_secret_version(world, pki
                               "DELIVERY_TLS_POLICIES": {"tls-test-ca": {"ca_file": str(pki / "ca.pem")}}}
         client_pem = (pki / "client.pem").read_bytes() + (pki / "client.key").read_bytes()
         binding = _binding(world, receiver, "mtls", client_pem, tls_policy="tls-test-ca")
+        clients_before = set(egress._TLS_CLIENTS)
         assert _deliver(world, binding, "m") == ["final_full_promoted", "final_full_promoted"]
         assert {r["client_cn"] for r in receiver.mutations()} == {"client-cn"}
+        # Both exchanges ran on one pooled client for this TLS configuration (issue 20, D-221), not one each.
+        assert len(set(egress._TLS_CLIENTS) - clients_before) == 1
         setup.secret_rotate(actor=Actor.for_user(world.admin), binding=binding,
                             secret=(pki / "rogue.pem").read_bytes() + (pki / "rogue.key").read_bytes())
         before = len(receiver.mutations())
