@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from django.db.backends.signals import connection_created
+
 from connector.choices import BindingKind
 from connector.errors import ConnectorError
 from connector.interpreters.inbound import RouteProgram, compile_route
@@ -69,6 +71,11 @@ def mapping_for(*, epoch_pk: int, epoch_digest: bytes, business_key: str) -> tup
     return _mapping(bytes(epoch_digest), epoch_pk, business_key)
 
 
-def clear_caches() -> None:
+def clear_caches(**_signal) -> None:
+    """Forget the compiled routes and mappings. Runs whenever this process opens a database session: a restore of
+    the database terminates every application session and may bring back primary keys seen before (D-220)."""
     _route.cache_clear()
     _mapping.cache_clear()
+
+
+connection_created.connect(clear_caches, weak=False, dispatch_uid="connector.selectors.routes.clear_caches")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from django.db import IntegrityError, transaction
+from django.db.backends.signals import connection_created
 
 from connector.canonical.profiles import profile_for
 from connector.models import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
@@ -107,11 +108,17 @@ def _credential_mapping(configuration_pk: int, account_id: int, credential_ref: 
     return row
 
 
-def clear_caches() -> None:
-    """Forget every cached frozen fact (tests that rebuild a database with reused primary keys call this)."""
+def clear_caches(**_signal) -> None:
+    """Forget every cached frozen fact. Runs whenever this process opens a database session: a restore of the
+    database (cutover/services/pg_snapshot.restore_default) terminates every application session and may bring
+    back primary keys the caches saw before, so no entry outlives the session it was read in."""
     _frozen_binding.cache_clear()
     _epoch_facts.cache_clear()
     _credential_mapping.cache_clear()
+    _FROZEN_TEMPLATES.clear()
+
+
+connection_created.connect(clear_caches, weak=False, dispatch_uid="effects.services.outbound.clear_caches")
 
 
 def outbound_path(template: str, path_params: dict[str, object]) -> str:

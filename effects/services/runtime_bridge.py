@@ -9,6 +9,7 @@ from functools import lru_cache
 from urllib.parse import quote
 
 from django.db import transaction
+from django.db.backends.signals import connection_created
 
 from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
@@ -53,6 +54,10 @@ def _path_template(epoch_digest: bytes, epoch_pk: int, callout: str) -> str | No
                               business_key=callout).definition().get("path_template")
     except ConnectorError:
         return None  # no such callout: authoring refuses it, with its own code
+
+
+connection_created.connect(lambda **_signal: _path_template.cache_clear(), weak=False,
+                          dispatch_uid="effects.services.runtime_bridge.path_templates")
 
 
 def admission_problems(*, epoch_pk: int, epoch_digest: bytes, route_definition: dict, record_key: str) -> list[str]:

@@ -68,3 +68,24 @@ def test_an_absent_binding_is_not_cached(push_world):
                 frozen_binding(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), kind="push_contract",
                                business_key="no.such.contract")
         assert any("connector_servingepochbindingproof" in q["sql"] for q in queries.captured_queries)
+
+
+def test_a_new_database_session_starts_with_empty_caches(transactional_db):
+    """A restore of the database terminates every application session and may bring back primary keys that a
+    cache saw (cutover/services/pg_snapshot.restore_default); every frozen-fact cache is therefore emptied when
+    the process opens a new session, so no entry outlives the session it was read in."""
+    from connector.selectors import routes
+    from tests.effects.helpers import build_push_world
+
+    world = build_push_world()
+    epoch = world.active_epoch
+    frozen_binding(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), kind="push_contract",
+                   business_key=PUSH_CONTRACT)
+    from effects.services import outbound
+    assert outbound._frozen_binding.cache_info().currsize == 1
+    routes._mapping(b"x" * 32, -1, "none")  # an entry in the connector's route caches too
+    assert routes._mapping.cache_info().currsize == 1
+    connection.close()
+    connection.ensure_connection()
+    assert outbound._frozen_binding.cache_info().currsize == 0
+    assert routes._mapping.cache_info().currsize == 0
