@@ -43,6 +43,7 @@ DELETES = {
     "auth_user_user_permissions": "removing a permission from a user (audited)",
     "auth_group_permissions": "sync_roles and group edits (audited)",
     "axes_accessattempt": "a successful login resets its failed attempts",
+    "observability_stagesample": "stage samples older than a day are dropped (observability.services)",
 }
 # Tables the application only reads.
 READ_ONLY = {"django_migrations"}

@@ -268,3 +268,74 @@ def overview() -> dict:
             "totals": {"queue": len(queue()), "board": sum(len(v) for v in board().values()),
                        "attestations": len(attestations()), "delivery_waiting": DeliveryOperation.objects.filter(
                            state__regex=WAITING_DELIVERY).count()}}
+
+
+# -- where work waits: the overview's pictures and stuck work, and why a receipt has not materialized (issue 21) ---
+
+def pipeline(now: datetime | None = None) -> dict:
+    """The overview's pipeline section: each stage's backlog over the last hour (observability's stage samples),
+    throughput per stage and minute, and the stuck items (older than their stage's budget)."""
+    from django.conf import settings
+
+    from observability import readings
+
+    now = now or timezone.now()
+    since = now - timedelta(hours=1)
+    start = since.replace(second=0, microsecond=0)
+    minutes = [start + timedelta(minutes=i) for i in range(61)]
+
+    def per_minute(queryset, field: str) -> list[int]:
+        found = dict(queryset.filter(**{f"{field}__gte": since}).annotate(m=TruncMinute(field))
+                     .values_list("m").annotate(n=Count("pk")).order_by())
+        return [found.get(m, 0) for m in minutes]
+
+    from connector.models import Projection
+
+    throughput = {
+        "admitted": per_minute(Receipt.objects.all(), "created_at"),
+        "materialized": per_minute(Projection.objects.all(), "created_at"),
+        "completed": per_minute(ApplicationResult.objects.all(), "committed_at"),
+        "effects finalized": per_minute(RemoteEffect.objects.filter(state="finalized"), "changed_at"),
+    }
+    budgets = settings.CONNECTOR.get("STAGE_BUDGETS_SECONDS", {})
+    return {"minutes": minutes, "throughput": throughput, "history": readings.stage_history(since=since),
+            "now": {b.stage: (b.count, b.age(now)) for b in readings.backlogs(now)},
+            "stuck": readings.stuck(budgets, now=now), "budgets": budgets, "since": since}
+
+
+@dataclass(frozen=True)
+class ReceiptStatus:
+    state: str  # materialized | waiting | held | gate_closed
+    why: str
+    remedy: Remedy | None = None
+
+
+def receipt_status(receipt: Receipt, *, now: datetime | None = None) -> ReceiptStatus:
+    """Why a receipt has (not yet) materialized, from its work-queue row, its account's gate and its stage budget."""
+    from django.conf import settings
+
+    from connector.models import MaterializationDue
+
+    now = now or timezone.now()
+    due = MaterializationDue.objects.filter(receipt=receipt).first()
+    if due is None:
+        return ReceiptStatus("materialized", f"Materialized: {receipt.events.count()} event(s), "
+                                             f"{receipt.components.count()} component(s) recorded.")
+    if due.held_reason:
+        held = reason(due.held_reason)
+        return ReceiptStatus("held", f"Held since {due.held_at:%Y-%m-%d %H:%M:%S} with {due.held_reason}: "
+                                     f"{held.title}. The sweeper skips it until the hold is released.",
+                             held.remedy)
+    gate = AccountServingGate.objects.filter(account_id=receipt.account_id).only("mode", "fence").first()
+    if gate is None or gate.mode != "v2_serving":
+        return ReceiptStatus("gate_closed", f"The account's gate is {gate.mode if gate else 'absent'}: "
+                                            "materialization waits until the gate serves V2 again (the receipt is "
+                                            "durable; nothing is lost).")
+    waited = (now - receipt.created_at).total_seconds()
+    budget = settings.CONNECTOR.get("STAGE_BUDGETS_SECONDS", {}).get("materialization_due", 60)
+    if waited > budget:
+        return ReceiptStatus("waiting", f"Waiting {waited:.0f} s, past the {budget} s budget: the materialize "
+                                        "workers have not taken it. Check that they run (worker liveness, /readyz) "
+                                        "and that the broker is reachable; the inbound sweeper finds it every 5 s "
+                                        "even without a wake-up.")
+    return ReceiptStatus("waiting", f"Waiting {waited:.0f} s for the materialize workers (budget {budget} s).")

@@ -6,6 +6,7 @@ app_name = "governance"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("queue/", views.queue, name="queue"),
+    path("receipts/<int:pk>/", views.receipt, name="receipt"),
     path("queue/effect/<int:pk>/", views.effect, name="effect"),
     path("queue/delivery/<int:pk>/", views.delivery, name="delivery"),
     path("queue/execution/<int:pk>/", views.execution, name="execution"),

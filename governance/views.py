@@ -71,11 +71,59 @@ def _chart(series) -> dict:
     return {"bars": bars, "peak": peak}
 
 
+LEGEND = {"admitted": "#0b5cad", "materialized": "#8a4baf", "completed": "#1e6b2f", "effects finalized": "#b35900"}
+STAGE_COLOURS = ("#0b5cad", "#8a4baf", "#1e6b2f", "#b35900", "#b3261e", "#00737a", "#6b6b00", "#5c5c5c",
+                 "#a3367d")
+
+
+def _lines(series: dict[str, list[tuple[int, float]]], *, width: int = 600, height: int = 100) -> dict:
+    """Polyline geometry for several series over the same hour: x is the minute (0..60), y scaled to the peak."""
+    peak = max([v for points in series.values() for _, v in points] + [1])
+    lines = []
+    for i, (name, points) in enumerate(series.items()):
+        coords = " ".join(f"{10 + round(x * width / 60)},{10 + height - round(height * v / peak)}" for x, v in points)
+        last = points[-1][1] if points else 0
+        lines.append({"name": name, "points": coords, "colour": STAGE_COLOURS[i % len(STAGE_COLOURS)],
+                      "last": last})
+    return {"lines": lines, "peak": peak}
+
+
+def _pipeline_pictures(pipe: dict) -> dict:
+    since = pipe["since"]
+
+    def minute_of(taken_at) -> float:
+        return max(0.0, min(60.0, (taken_at - since).total_seconds() / 60))
+
+    backlog = {stage: [(minute_of(t), count) for t, count, _ in rows] for stage, rows in pipe["history"].items()}
+    age = {stage: [(minute_of(t), seconds) for t, _, seconds in rows] for stage, rows in pipe["history"].items()}
+    throughput = {name: [(i, n) for i, n in enumerate(counts)] for name, counts in pipe["throughput"].items()}
+    pictures = {"backlog": _lines(backlog), "age": _lines(age), "throughput": _lines(throughput)}
+    for line in pictures["throughput"]["lines"]:
+        line["colour"] = LEGEND.get(line["name"], line["colour"])
+    return pictures
+
+
 @screen
 def overview(request):
     data = selectors.overview()
+    pipe = selectors.pipeline()
     return render(request, "governance/overview.html", {"data": data, "chart": _chart(data["series"]),
+                                                        "pipe": pipe, "pictures": _pipeline_pictures(pipe),
                                                         "nav": "overview"})
+
+
+@screen
+def receipt(request, pk: int):
+    """One receipt: what was admitted, under which epoch and fence, and why it has (not yet) materialized."""
+    from connector.models import Receipt
+
+    receipt_ = get_object_or_404(Receipt.objects.select_related("account", "epoch").defer("epoch__preimage",
+                                                                                          "payload"), pk=pk)
+    return render(request, "governance/receipt.html", {
+        "receipt": receipt_, "status": selectors.receipt_status(receipt_),
+        "components": list(receipt_.components.order_by("ordinal").values("ordinal", "disposition", "reason_code",
+                                                                          "event_id")[:100]),
+        "nav": "overview"})
 
 
 @screen

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -62,7 +63,6 @@ class EngineCollector(Collector):
             held_age.add_metric([q.kind, q.reason], max(0.0, (now - q.oldest).total_seconds()) if q.oldest else 0.0)
         yield held
         yield held_age
-        yield _deadlines()
         took = GaugeMetricFamily("connector_scrape_duration_seconds", "Seconds this scrape spent reading PostgreSQL")
         took.add_metric([], time.monotonic() - began)
         yield took
@@ -73,20 +73,14 @@ def _outermost() -> bool:
     return not connection.savepoint_ids
 
 
-def _deadlines() -> GaugeMetricFamily:
-    """The closed reason map's alert deadlines, so an alert rule compares an age with its reason's deadline."""
-    from governance.reasons import REASONS
-
-    family = GaugeMetricFamily("connector_reason_alert_deadline_seconds",
-                               "Alert deadline of each closed reason code (governance/reasons.py)", labels=["reason"])
-    for code, reason in sorted(REASONS.items()):
-        family.add_metric([code], reason.deadline.total_seconds())
-    return family
-
-
 def _registry() -> CollectorRegistry:
+    """The engine's figures, then every collector settings.OBSERVABILITY_COLLECTORS names: an app above this one
+    (the operator screens' reason map, governance.metrics) contributes its own figures without observability
+    importing it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
+    for path in getattr(settings, "OBSERVABILITY_COLLECTORS", ()):
+        registry.register(import_string(path)())
     return registry
 
 

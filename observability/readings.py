@@ -3,10 +3,11 @@ filtered state, each served by a partial index or a small work-queue table; docs
 PostgreSQL is the only authority, so every web worker answers a scrape with the same figures."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db.models import Count, Exists, Min, OuterRef
+from django.db.models import Count, Exists, Min, OuterRef, QuerySet
 from django.utils import timezone
 
 from connector.choices import EpochState, GateMode
@@ -42,28 +43,100 @@ class Quarantine:
     oldest: datetime | None
 
 
-def _backlog(stage: str, queryset, since: str) -> Backlog:
-    row = queryset.aggregate(n=Count("pk"), oldest=Min(since))
-    return Backlog(stage, row["n"], row["oldest"])
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline as the readings see it: which rows wait in it (`rows(now)`), the timestamp its
+    age counts from, and which screen shows one of its items (`link`: a governance URL name and the column that
+    holds that page's primary key; empty for stages whose items the quarantine board lists)."""
+
+    name: str
+    rows: Callable[[datetime], QuerySet]
+    since: str
+    link: tuple[str, str] = ("", "")
+    action: str = ""
+
+
+STAGES = (
+    # Age from the receipt's admission: the whole wait of the event, not only since the row was (re)queued.
+    Stage("materialization_due", lambda now: MaterializationDue.objects.filter(held_reason=""),
+          "receipt__created_at", ("governance:receipt", "receipt_id"),
+          "The sweeper materializes it within seconds; a receipt that stays here names why on its page."),
+    Stage("materialization_held", lambda now: MaterializationDue.objects.exclude(held_reason=""), "held_at"),
+    Stage("lane_pending", lambda now: Projection.objects.filter(lane_status="pending"), "created_at",
+          ("governance:lane", "lane_id"),
+          "It waits for the positions before it; a gap past its deadline halts the lane, and the lane page "
+          "offers resume (missing arrived, skip with evidence, replay)."),
+    Stage("window_open", lambda now: ProjectionWindow.objects.filter(state="open"), "opened_at"),
+    Stage("execution_ready", lambda now: Execution.objects.filter(state="ready"), "created_at",
+          ("governance:execution", "pk"),
+          "Ready and unclaimed: check that the claims workers run (worker liveness, /readyz) and the gate serves."),
+    # Age from the expiry: how long a claim has been ownerless without being taken again.
+    Stage("execution_lease_expired",
+          lambda now: Execution.objects.filter(state="ready", lease_expires_at__lt=now), "lease_expires_at",
+          ("governance:execution", "pk"),
+          "Its worker died holding the lease; the next claim takes it with a new fence. If it stays, check the "
+          "claims workers."),
+    Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared"), "changed_at",
+          ("governance:effect", "pk"),
+          "Waiting for a permit: check the egress workers and the credential gate of its generation."),
+    Stage("effect_dispatching", lambda now: RemoteEffect.objects.filter(state="dispatching"), "changed_at",
+          ("governance:effect", "pk"),
+          "A permit is open; settlement records the answer. An effect that stays here becomes uncertain and waits "
+          "for reconciliation on its page."),
+    Stage("delivery_held", lambda now: DeliveryOperation.objects.exclude(held_reason=""), "held_at"),
+)
 
 
 def backlogs(now: datetime | None = None) -> list[Backlog]:
     """Per stage of the pipeline: how many items wait and since when the oldest does."""
     now = now or timezone.now()
-    return [
-        # Age from the receipt's admission: the whole wait of the event, not only since the row was (re)queued.
-        _backlog("materialization_due", MaterializationDue.objects.filter(held_reason=""), "receipt__created_at"),
-        _backlog("materialization_held", MaterializationDue.objects.exclude(held_reason=""), "held_at"),
-        _backlog("lane_pending", Projection.objects.filter(lane_status="pending"), "created_at"),
-        _backlog("window_open", ProjectionWindow.objects.filter(state="open"), "opened_at"),
-        _backlog("execution_ready", Execution.objects.filter(state="ready"), "created_at"),
-        # Age from the expiry: how long a claim has been ownerless without being taken again.
-        _backlog("execution_lease_expired", Execution.objects.filter(state="ready", lease_expires_at__lt=now),
-                 "lease_expires_at"),
-        _backlog("effect_prepared", RemoteEffect.objects.filter(state="prepared"), "changed_at"),
-        _backlog("effect_dispatching", RemoteEffect.objects.filter(state="dispatching"), "changed_at"),
-        _backlog("delivery_held", DeliveryOperation.objects.exclude(held_reason=""), "held_at"),
-    ]
+    found = []
+    for stage in STAGES:
+        row = stage.rows(now).aggregate(n=Count("pk"), oldest=Min(stage.since))
+        found.append(Backlog(stage.name, row["n"], row["oldest"]))
+    return found
+
+
+@dataclass(frozen=True)
+class StuckItem:
+    stage: str
+    label: str
+    since: datetime
+    age_seconds: float
+    url_name: str
+    url_pk: int | None
+    action: str
+
+
+def stuck(budgets: dict[str, int], *, now: datetime | None = None, limit: int = 10) -> list[StuckItem]:
+    """The oldest items (at most `limit` per stage) that have waited longer than their stage's budget, oldest first.
+    Each read is the stage's filter plus `since < now - budget`, ordered by `since`, LIMIT: served by the same
+    partial indexes as the backlog gauges. Stages without a budget (held, quarantined: the board lists them) are
+    skipped."""
+    now = now or timezone.now()
+    items = []
+    for stage in STAGES:
+        budget = budgets.get(stage.name)
+        if budget is None or not stage.link[0]:
+            continue
+        url_name, column = stage.link
+        rows = (stage.rows(now).filter(**{f"{stage.since}__lt": now - timedelta(seconds=budget)})
+                .order_by(stage.since).values_list("pk", column, stage.since)[:limit])
+        for pk, target, since in rows:
+            items.append(StuckItem(stage.name, f"{stage.name.replace('_', ' ')} #{pk}", since,
+                                   (now - since).total_seconds(), url_name, target, stage.action))
+    return sorted(items, key=lambda item: item.since)
+
+
+def stage_history(*, since: datetime) -> dict[str, list[tuple[datetime, int, float]]]:
+    """The stored samples (observability.services.stage_samples_record) since `since`, per stage, oldest first."""
+    from .models import StageSample
+
+    history: dict[str, list[tuple[datetime, int, float]]] = {stage.name: [] for stage in STAGES}
+    for taken_at, stage, count, age in (StageSample.objects.filter(taken_at__gte=since)
+                                        .values_list("taken_at", "stage", "count", "oldest_age_seconds")):
+        history.setdefault(stage, []).append((taken_at, count, age))
+    return history
 
 
 def _counts(queryset, field: str, values) -> dict[str, int]:

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "cutover",
     "governance",
     "v1",
+    "observability",  # health, /metrics and the overview's stage samples (issue 21); no product app imports it
     "bench",  # `manage.py bench ...`: above every product app (issue 18)
 ]
 
@@ -58,6 +59,9 @@ WSGI_APPLICATION = "config.wsgi.application"
 # /metrics (issue 21, docs/operations.md): open when empty (development, tests), else only with
 # `Authorization: Bearer <token>`. Production requires it.
 CONNECTOR_METRICS_TOKEN = env_str("CONNECTOR_METRICS_TOKEN", "")
+# Collectors /metrics adds to the engine's own (observability.metrics): apps above observability contribute figures
+# without being imported by it.
+OBSERVABILITY_COLLECTORS = ["governance.metrics.ReasonDeadlineCollector"]
 
 TEMPLATES = [
     {

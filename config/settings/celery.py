@@ -21,6 +21,7 @@ CELERY_TASK_ROUTES = {
     "effects.tasks.delivery_step": {"queue": "delivery"},
     "effects.tasks.*": {"queue": "sweeper"},
     "v1.tasks.*": {"queue": "v1"},
+    "observability.tasks.*": {"queue": "sweeper"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's Django fixup closes every database connection before and after each task unless this is set (celery 5.7,
@@ -45,6 +46,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "effects.tasks.effects_sweep",
         "schedule": 5.0,
         "options": {"expires": 5.0},
+    },
+    "observability-stage-sample": {
+        "task": "observability.tasks.stage_sample",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
     },
     "sweeper-delivery": {
         "task": "effects.tasks.delivery_sweep",

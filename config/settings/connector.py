@@ -15,6 +15,16 @@ CONNECTOR = {
     # Identity governance (D-180): within this many hours after a person created, granted a role or permission to,
     # (re)activated or set the password of an account, that person and the account are not independent approvers.
     "IDENTITY_COOLING_HOURS": env_int("CONNECTOR_IDENTITY_COOLING_HOURS", 168),
+    # How long an item may wait in each stage before the overview lists it as stuck work (seconds, issue 21;
+    # docs/operations.md gives the reasoning and the alerts built on the same figures).
+    "STAGE_BUDGETS_SECONDS": {
+        "materialization_due": env_int("CONNECTOR_BUDGET_MATERIALIZATION_SECONDS", 60),
+        "lane_pending": env_int("CONNECTOR_BUDGET_LANE_PENDING_SECONDS", 120),
+        "execution_ready": env_int("CONNECTOR_BUDGET_EXECUTION_READY_SECONDS", 120),
+        "execution_lease_expired": env_int("CONNECTOR_BUDGET_LEASE_EXPIRED_SECONDS", 60),
+        "effect_prepared": env_int("CONNECTOR_BUDGET_EFFECT_PREPARED_SECONDS", 120),
+        "effect_dispatching": env_int("CONNECTOR_BUDGET_EFFECT_DISPATCHING_SECONDS", 300),
+    },
 }
 
 # The V1 deployment the cutover coordinator drives, through cutover.ports.V1OwnerPort (the `v1` app).
