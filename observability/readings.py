@@ -123,7 +123,8 @@ def stuck(budgets: dict[str, int], *, now: datetime | None = None, limit: int = 
         rows = (stage.rows(now).filter(**{f"{stage.since}__lt": now - timedelta(seconds=budget)})
                 .order_by(stage.since).values_list("pk", column, stage.since)[:limit])
         for pk, target, since in rows:
-            items.append(StuckItem(stage.name, f"{stage.name.replace('_', ' ')} #{pk}", since,
+            noun = url_name.partition(":")[2]  # receipt, lane, execution, effect: the page the link opens
+            items.append(StuckItem(stage.name, f"{noun} #{target} ({stage.name.replace('_', ' ')})", since,
                                    (now - since).total_seconds(), url_name, target, stage.action))
     return sorted(items, key=lambda item: item.since)
 

@@ -58,7 +58,7 @@ def test_stuck_work_lists_items_past_their_budget_with_a_link_and_an_action(inbo
     with mock.patch("django.utils.timezone.now", return_value=fresh.created_at + timedelta(seconds=1)):
         page = client_for(people["auditor"]).get("/").content.decode()
     stuck = page[page.index('id="stuck"'):page.index("</table>", page.index('id="stuck"'))]
-    assert f'href="/queue/execution/{ready.pk}/"' in stuck and "execution ready #" in stuck
+    assert f'href="/queue/execution/{ready.pk}/"' in stuck and f"execution #{ready.pk} (execution ready)" in stuck
     assert f'href="/receipts/{waiting.pk}/"' in stuck
     assert f'href="/receipts/{fresh.pk}/"' not in stuck
     assert stuck.index(f"/queue/execution/{ready.pk}/") < stuck.index(f"/receipts/{waiting.pk}/")  # oldest first
