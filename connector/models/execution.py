@@ -1,6 +1,7 @@
 """Projection, ProjectionWindow, Execution, ExecutionAttempt, ExecutionDependency."""
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
@@ -101,7 +102,9 @@ class Projection(models.Model):
                                    name="connector_projection_one_source"),
         ]
         indexes = [models.Index(fields=["lane", "position"], name="connector_proj_lane_pending",
-                                condition=Q(lane_status="pending"))]
+                                condition=Q(lane_status="pending")),
+                   # The overview's "materialized" throughput of the last hour (issue 21; BRIN, see ApplicationResult).
+                   BrinIndex(fields=["created_at"], name="connector_proj_time_brin", autosummarize=True, pages_per_range=8)]
 
     def __str__(self) -> str:
         return f"projection #{self.pk} {self.route}"

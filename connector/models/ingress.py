@@ -3,6 +3,7 @@ tombstones. All are immutable once written (the database refuses UPDATE); every 
 the exact epoch that admitted the Receipt."""
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -87,7 +88,10 @@ class Receipt(models.Model):
                            | Q(kind=ReceiptKind.REPLAY, replay_request__isnull=False)),
                 name="connector_receipt_kind_matches_replay"),
         ]
-        indexes = [models.Index(fields=["account", "created_at"], name="connector_receipt_acct_time")]
+        indexes = [models.Index(fields=["account", "created_at"], name="connector_receipt_acct_time"),
+                   # The overview's admissions of the last hour across accounts (issue 21; BRIN, see
+                   # ApplicationResult).
+                   BrinIndex(fields=["created_at"], name="connector_receipt_time_brin", autosummarize=True, pages_per_range=8)]
 
     def __str__(self) -> str:
         return f"receipt #{self.pk} ({self.kind}, {self.channel})"

@@ -3,6 +3,7 @@ transaction; the Connector only keeps result correlation (command ID, ExecutionR
 Runtime commit receipt)."""
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 
 from connector.choices import ResultOutcome
@@ -45,6 +46,9 @@ class ApplicationResult(models.Model):
         ordering = ["pk"]
         constraints = [models.CheckConstraint(condition=models.Q(outcome__in=ResultOutcome.values),
                                               name="connector_applicationresult_outcome")]
+        # The overview's throughput of the last hour (issue 21): a BRIN index on the append-ordered commit time
+        # reads only the recent block ranges, whatever the retained history, at almost no write cost.
+        indexes = [BrinIndex(fields=["committed_at"], name="connector_result_time_brin", autosummarize=True, pages_per_range=8)]
 
 
     def __str__(self) -> str:

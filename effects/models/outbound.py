@@ -108,7 +108,11 @@ class RemoteEffect(ConcurrentTransitionMixin, models.Model):
                    # /metrics (issue 21): effects in flight or waiting for a person, without scanning the finalized
                    # history.
                    models.Index(fields=["state", "changed_at"], name="effects_effect_unsettled",
-                                condition=Q(state__in=["dispatching", "uncertain", "quarantined", "remote_confirmed"]))]
+                                condition=Q(state__in=["dispatching", "uncertain", "quarantined", "remote_confirmed"])),
+                   # The overview's "effects finalized" of the last hour (issue 21): finalized effects by time, written
+                   # once per effect when it finalizes.
+                   models.Index(fields=["changed_at"], name="effects_effect_finalized_time",
+                                condition=Q(state="finalized"))]
         permissions = [("reconcile_effect", "Can reconcile an uncertain remote effect with evidence")]
 
     def __str__(self) -> str:
