@@ -390,10 +390,36 @@ def test_unknown_remote_job_retains_capacity_until_reconciliation(sync_receiver)
 
 
 @TX
-def test_remote_job_semaphore_reserved_before_submit(sync_receiver):
-    """The reservation is part of the submit transaction, so it exists before SUBMITTING is visible: the race
-    above, run once more under this invariant's name. Proves: remote_job_semaphore_reserved_before_submit"""
-    test_remote_job_capacity_and_submitting_share_one_postgresql_transaction(sync_receiver, 0)
+def test_remote_job_semaphore_reserved_before_submit(sync_receiver, monkeypatch):
+    """The remote job slot is reserved before the operation becomes SUBMITTING, in the same transaction: at the
+    moment `submit` asks for `sealed -> submitting`, the operation's attempt already holds RESERVED capacity on the
+    principal's semaphore (seen from inside that transaction), and a full semaphore refuses the submit with
+    nothing written. Proves: remote_job_semaphore_reserved_before_submit"""
+    world = build(sync_receiver.url)
+    _capacity_one(world)
+    one = [{"at": T0.isoformat(), "id": "a"}]
+    a = world.plan(parent_key="ra", group="ga", records=one)
+    b = world.plan(parent_key="rb", group="gb", start=T0 + DAY, end=T0 + 2 * DAY,
+                   records=[{"at": (T0 + DAY).isoformat(), "id": "b"}])
+    a_op, b_op = a.children.get().pk, b.children.get().pk
+    seen = []
+    real_move = execution.move
+
+    def observing_move(op, target, **kwargs):
+        if target == "submitting":
+            seen.append(list(DeliveryAttempt.objects.filter(operation_id=op.pk).values_list(
+                "ordinal", "capacity_state", "semaphore__capacity")))
+        return real_move(op, target, **kwargs)
+
+    monkeypatch.setattr(execution, "move", observing_move)
+    assert execution.submit(a_op).submitted
+    assert seen == [[(1, CapacityState.RESERVED, 1)]]
+    assert DeliveryOperation.objects.get(pk=a_op).state == "submitting"
+    # The only slot is held: the next submit reserves nothing, so it never reaches the transition.
+    assert execution.submit(b_op).waiting_for == "capacity"
+    assert len(seen) == 1
+    assert (DeliveryOperation.objects.get(pk=b_op).state, DeliveryAttempt.objects.filter(operation_id=b_op).count(),
+            MayAttemptMarker.objects.filter(operation_id=b_op).count()) == ("sealed", 0, 0)
 
 
 def test_physical_receiver_effects_share_conflict_domain_across_local_namespaces_and_mutation_kinds():
