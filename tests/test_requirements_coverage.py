@@ -18,19 +18,20 @@ DECISIONS = ROOT / "docs" / "decisions.md"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
-# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R7 are real gaps the
+# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R8 are real gaps the
 # product does not show yet; _R0 marks IDs nobody has yet read against the tests (proven by an existing test
 # that does not name them, not applicable, or a gap). Remove an entry when a test proves the ID: the check fails
 # on an entry that is also cited or justified.
 _R0 = ("not yet triaged (issue 22 session ran out of time): an existing test may already assert it; read "
        "the requirement, then cite it in the test that proves it, justify it in D-212, or build it")
-_R1 = ("owner writes (authoring, publication, current selector, revocation) do not lock an owner barrier "
-       "and fail while an activation holds it; activation rereads the owners and refuses drift instead")
+_R1 = ("a held barrier set refuses a credential publication (tests/cutover/test_first_activation.py), but "
+       "not every authoring, publication, current-selector and revocation write is shown to lock its owner "
+       "barrier and fail while an activation holds it")
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R3 = ("urgent credential revocation does not abort a first activation while rollback is open, nor wait "
-       "through activation and readback; for a successor it is not ordered against the local activation "
-       "transaction")
+_R3 = ("the abort of a first activation by urgent revocation while rollback is open is proven "
+       "(tests/cutover/test_first_activation.py); its wait through activation and readback once activating_v2 "
+       "wins, and the successor's ordering against its local activation transaction, are not")
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
@@ -41,22 +42,24 @@ _R6 = ("there is no epoch_retire service: draining -> retired is declared but ne
        "retention rule it needs is undecided")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
+_R8 = ("cited only as a range (CV2-01-016..CV2-01-021) by a test that shows each part changes the epoch digest, "
+       "not the field list and order of each part; a golden vector of one epoch preimage would prove it")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # untriaged
-    "CV2-01-001": (_R0, 22), "CV2-01-017": (_R0, 22), "CV2-01-018": (_R0, 22), "CV2-01-019": (_R0, 22),
-    "CV2-01-020": (_R0, 22), "CV2-02-002": (_R0, 22), "CV2-02-004": (_R0, 22), "CV2-02-007": (_R0, 22),
-    "CV2-02-009": (_R0, 22), "CV2-02-014": (_R0, 22), "CV2-02-025": (_R0, 22), "CV2-03-008": (_R0, 22),
-    "CV2-03-018": (_R0, 22), "CV2-03-020": (_R0, 22), "CV2-05-010": (_R0, 22), "CV2-05-014": (_R0, 22),
+    "CV2-01-001": (_R0, 22), "CV2-01-017": (_R8, 22), "CV2-01-018": (_R8, 22), "CV2-01-019": (_R8, 22),
+    "CV2-01-020": (_R8, 22), "CV2-02-002": (_R0, 22), "CV2-02-004": (_R0, 22), "CV2-02-007": (_R0, 22),
+    "CV2-02-009": (_R0, 22), "CV2-02-014": (_R0, 22), "CV2-02-025": (_R0, 22),
+    "CV2-03-018": (_R0, 22), "CV2-03-020": (_R0, 22), "CV2-05-014": (_R0, 22),
     "CV2-06-002": (_R0, 22), "CV2-06-003": (_R0, 22), "CV2-06-004": (_R0, 22), "CV2-06-008": (_R0, 22),
     "CV2-07-003": (_R0, 22), "CV2-08-002": (_R0, 22), "CV2-08-007": (_R0, 22), "CV2-08-009": (_R0, 22),
     "CV2-09-002": (_R0, 22), "CV2-09-003": (_R0, 22), "CV2-09-013": (_R0, 22), "CV2-09-014": (_R0, 22),
     "CV2-09-019": (_R0, 22), "CV2-09-026": (_R0, 22), "CV2-11-001": (_R0, 22), "CV2-11-005": (_R0, 22),
     "CV2-11-017": (_R0, 22), "CV2-11-040": (_R0, 22), "CV2-12-006": (_R0, 22), "CV2-12-010": (_R0, 22),
     "CV2-12-011": (_R0, 22), "CV2-12-016": (_R0, 22), "CV2-12-019": (_R0, 22), "CV2-12-024": (_R0, 22),
-    "CV2-12-027": (_R0, 22), "CV2-12-048": (_R0, 22), "CV2-12-049": (_R0, 22), "CV2-12-054": (_R0, 22),
+    "CV2-12-027": (_R0, 22), "CV2-12-048": (_R0, 22), "CV2-12-049": (_R0, 22),
     "CV2-12-057": (_R0, 22), "CV2-12-069": (_R0, 22), "CV2-12-071": (_R0, 22), "CV2-12-077": (_R0, 22),
-    "CV2-12-078": (_R0, 22), "CV2-15-008": (_R0, 22), "CV2-15-009": (_R0, 22), "CV2-15-010": (_R0, 22),
-    "CV2-15-011": (_R0, 22), "CV2-15-012": (_R0, 22), "CV2-15-014": (_R0, 22),
+    "CV2-12-078": (_R0, 22), "CV2-15-009": (_R0, 22),
+    "CV2-15-012": (_R0, 22), "CV2-15-014": (_R0, 22),
     # reason 1
     "CV2-11-034": (_R1, 22), "CV2-11-055": (_R1, 22),
     # reason 2

@@ -21,6 +21,7 @@ from connector.models import (
     OrderingLane,
     Projection,
     Receipt,
+    ReceiptAdmissionKey,
     ReceiptComponent,
     ReplayRequest,
     SupersededDecision,
@@ -36,6 +37,7 @@ from tests.conformance.packs import PACK_A, PACK_B, with_route
 from tests.connector.inbound_helpers import (
     ACTOR,
     BugReproduced,
+    admit,
     build_inbound_world,
     deliver,
     drain,
@@ -118,6 +120,19 @@ def test_same_request_id_converges_on_one_request_receipt_and_generation(world, 
     assert Execution.objects.filter(projection__event=event).count() == 1
     assert (bytes(first.receipt.payload), first.receipt.kind) == (
         bytes(ReceiptComponent.objects.get(event=original).payload), "replay")
+
+
+def test_a_replay_receipt_lives_outside_the_transport_key_namespace(world, original):
+    """A replay Receipt takes no ReceiptAdmissionKey: a live delivery whose transport key equals the ReplayRequest
+    ID is admitted as its own Receipt, and the replay, keyed by account and request ID, still resolves to its own
+    Receipt. Proves: CV2-05-010"""
+    first = replay(world, "replay-1", original)
+    assert not ReceiptAdmissionKey.objects.filter(receipt=first.receipt).exists()
+    live = admit(world, SNAPSHOT, webhook_body(webhook_event("evt-2", "rec-2", 1)), key="replay-1")
+    assert live.pk != first.receipt.pk and live.kind != "replay"
+    assert ReceiptAdmissionKey.objects.get(transport_key="replay-1").receipt_id == live.pk
+    again = replay(world, "replay-1", original)
+    assert (again.outcome, again.request.pk, again.receipt.pk) == ("duplicate", first.request.pk, first.receipt.pk)
 
 
 @pytest.mark.parametrize("change", [{"reason": "another reason"}, {"principal": "ops-bob"}])
