@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from connector.actors import Actor
-from effects.delivery.receiver import DeliveryReceiver
+from tests.effects.delivery.receiver import DeliveryReceiver
 from effects.models import RemoteEffect
 from effects.services import worker
 from effects.services.dispatch import RECONCILE_DECISIONS

@@ -3,7 +3,6 @@
 one, range-scoped watermarks, the append policy, and the remote job semaphore's one-transaction reservation."""
 from __future__ import annotations
 
-import threading
 from datetime import date, timedelta
 
 import pytest
@@ -14,6 +13,7 @@ from effects.delivery.errors import DeliveryError
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent, MayAttemptMarker
 from effects.models.delivery import CapacityState
 from effects.services.delivery import execution, reconciliation, runner, setup
+from tests.concurrency import run_concurrently
 from tests.effects.delivery.world import NAMESPACE, T0, build
 
 TX = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
@@ -21,30 +21,6 @@ REFUSALS = {"REST_DELIVERY_STALE_GENERATION", "REST_DELIVERY_OVERLAPPING_EFFECT_
             "REST_DELIVERY_INTENT_CONFLICT"}
 DAY = timedelta(days=1)
 OTHER_NAMESPACE = dict(NAMESPACE, tenant_id="tenant-8")
-
-
-def run_concurrently(jobs: list) -> list:
-    """Run each job on its own thread (its own PostgreSQL connection), released together by a barrier. Returns
-    each job's value or the exception it raised; every thread closes its connection."""
-    barrier = threading.Barrier(len(jobs))
-    results: list = [None] * len(jobs)
-
-    def run(i: int, job) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = job()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a thread hung (lock wait without end?)"
-    return results
 
 
 def refused(code: str, fn, *args, **kwargs) -> DeliveryError:
