@@ -283,6 +283,28 @@ def test_replay_admission_and_materialization_refused_while_halting(world, origi
     assert not Event.objects.filter(replay_request__isnull=False).exists()
 
 
+def test_a_held_replay_materializes_only_after_a_new_serving_fence_with_its_stored_bytes(world, original):
+    """A replay admitted before a halt stays inert through `halting_v2` and `v2_halted`; after the gate returns to
+    `v2_serving` by its own transition (fence advanced), materialization runs in a new transaction under the
+    current fence and binds the request's stored target epoch, whose bytes never changed. Proves: CV2-09-013"""
+    admitted = replay(world, "replay-held", original)
+    stored = ReplayRequest.objects.values("target_epoch_id", "target_epoch_digest", "request_digest",
+                                          "gate_fence").get(pk=admitted.request.pk)
+    for action in ("halt_v2", "confirm_halted"):
+        gate_services.gate_transition(account_id=world.account.pk, action=action, expected_fence=None,
+                                      actor=ACTOR, reason="test")
+        with pytest.raises(GateNotServing):
+            materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    gate = gate_services.gate_transition(account_id=world.account.pk, action="resume_predecessor",
+                                         expected_fence=None, actor=ACTOR, reason="test")
+    assert gate.mode == "v2_serving" and gate.fence == stored["gate_fence"] + 3
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    event = Event.objects.get(replay_request=admitted.request)
+    assert event.epoch_id == stored["target_epoch_id"]
+    assert ReplayRequest.objects.values("target_epoch_id", "target_epoch_digest", "request_digest",
+                                        "gate_fence").get(pk=admitted.request.pk) == stored
+
+
 def test_windowed_replay_keeps_suppress_external_effects(world):
     """A replay of an Event on a grouped route is executed with suppress_external_effects=True in its
     Projection and ExecutionRef, and never shares a Projection with live input. Proves: CV2-09-017, CV2-09-009"""
