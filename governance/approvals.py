@@ -14,7 +14,7 @@ from connector.models import DualApprovalRequest
 from connector.services import approvals
 
 from .forms import ApprovalRequestForm, DigestApprovalForm, parse
-from .views import screen
+from .access import screen
 
 GIVE = approvals.PERMISSION
 

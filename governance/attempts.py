@@ -26,7 +26,7 @@ from cutover.services import decision as decisions
 from cutover.services import first_activation, v1_shutdown
 
 from .forms import AttemptActionForm, parse
-from .views import screen
+from .access import screen
 
 COORDINATE = cutover_phases.PERMISSION
 

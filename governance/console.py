@@ -27,7 +27,7 @@ from cutover.models import CutoverDecision, OrderingHandoff, ServiceCutoverAttem
 from cutover.services import succession, succession_phases
 
 from .forms import SuccessionActionForm, parse
-from .views import screen
+from .access import screen
 
 COORDINATE = "cutover.coordinate_succession"
 PHASES = ("barriers", "halt", "handoffs", "activate", "release")

@@ -10,6 +10,8 @@ from django.urls import reverse
 from connector.models import MaterializationDue, ProjectionWindow, ServingEpoch, StepFailure
 from effects.models import DeliveryOperation
 
+from .items import Item
+
 
 def _latest(model, pks) -> dict[str, object]:
     rows = (StepFailure.objects.filter(entity_type=model._meta.label, entity_id__in=[str(pk) for pk in pks])
@@ -23,8 +25,7 @@ def _failures_url(model, pk) -> str:
 
 def poison_items() -> list:
     """The board items (governance.selectors.Item), in no particular order: the board groups them by reason."""
-    from .selectors import Item as item_class
-
+    item_class = Item
     items = []
     held = list(MaterializationDue.objects.select_related("receipt").exclude(held_reason=""))
     items += [item_class("receipt", d.receipt_id, f"Receipt #{d.receipt_id} ({d.receipt.channel})", "held",

@@ -36,7 +36,7 @@ from effects.models import RemoteEffect
 from effects.services import identity
 
 from .reasons import reason
-from .views import _audit, screen
+from .access import _audit, screen
 
 
 def _shown(request):

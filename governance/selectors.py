@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db.models import Count, Q
 from django.db.models.functions import TruncMinute
@@ -26,39 +26,10 @@ from connector.models import (
 from effects.models import DeliveryOperation, DispatchPermit, MutationGate, ReceiverCertification, RemoteEffect
 from effects.services.delivery.setup import certification_subject_digest
 
+from .items import Item
 from .poison import poison_items
-from .reasons import Reason, Remedy, reason
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
-
-
-@dataclass(frozen=True)
-class Item:
-    kind: str  # effect | delivery | execution | lane | component | gate | credential_gate | delivery_gate | v1_effect
-    pk: int
-    title: str
-    state: str
-    code: str
-    since: datetime  # when the fact that halted or quarantined the item was recorded
-    evidence_url: str  # the admin rows behind it
-    decide_url: str = ""  # the page where the remedy is taken, where the product offers one
-    hint: str = ""  # what the remedy would do for this item (e.g. whether a replay runs)
-
-    @property
-    def reason(self) -> Reason:
-        return reason(self.code)
-
-    @property
-    def remedy(self) -> Remedy:
-        return self.reason.remedy
-
-    @property
-    def deadline(self) -> datetime:
-        return self.since + self.reason.deadline
-
-    @property
-    def overdue(self) -> bool:
-        return timezone.now() > self.deadline
 
 
 def _admin(model: str, **filters) -> str:

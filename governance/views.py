@@ -5,10 +5,7 @@ with an explanation, never applied to the new state. A user without the permissi
 POST is answered 403."""
 from __future__ import annotations
 
-from functools import wraps
-
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
@@ -16,7 +13,6 @@ from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import AuditRecord
 from effects.delivery.contract import contract
 from effects.models import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
@@ -24,26 +20,9 @@ from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
 
 from . import selectors
-from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
+from .access import _audit, screen
+from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, parse
 from .reasons import REASONS
-
-VIEW = "governance.view_governance"
-
-
-def screen(view):
-    """Login required, then the view-governance permission (auditors and up). A POST whose form does not
-    validate (governance.forms.parse) is answered 400 with its catalog entry; nothing is applied."""
-    @login_required
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not request.user.has_perm(VIEW):
-            raise PermissionDenied("governance screens need the view_governance permission")
-        try:
-            return view(request, *args, **kwargs)
-        except FormRefused as refused:
-            return render(request, "governance/refused.html", {"error": refused.error, "fields": refused.fields},
-                          status=refused.error.http_status)
-    return wrapped
 
 
 def _decide(request, call, *, success: str) -> bool:
@@ -54,10 +33,6 @@ def _decide(request, call, *, success: str) -> bool:
         return False
     messages.success(request, success)
     return True
-
-
-def _audit(entity) -> list[AuditRecord]:
-    return list(AuditRecord.objects.filter(entity_type=entity._meta.label, entity_id=str(entity.pk)).order_by("pk"))
 
 
 def _chart(series) -> dict:

@@ -49,3 +49,27 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def run_concurrently(jobs: list) -> list:
+    """Run each job on its own thread (its own PostgreSQL connection), released together by a barrier. Returns
+    each job's value or the exception it raised; every thread closes its connection."""
+    barrier = threading.Barrier(len(jobs))
+    results: list = [None] * len(jobs)
+
+    def run(i: int, job) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = job()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a thread hung (lock wait without end?)"
+    return results

@@ -112,12 +112,15 @@ def replay_outlook(execution: Execution) -> Outlook:
     return Outlook(True, "runs in order on its lane with external effects suppressed")
 
 
+def remediation_request_id(execution_pk: int) -> str:
+    """The ReplayRequest ID of the remediation of one quarantined execution (one per execution)."""
+    return f"execution-{execution_pk}-replay"
+
+
 def execution_remedy(execution: Execution) -> str:
     """The remediation already taken for a quarantined execution, or "" while it still waits for one: a replay of
     its source event admitted after the quarantine (its own execution is then followed on its own), or a
     resumption of its lane past its position. The quarantined execution itself never changes (CV2-13-003)."""
-    from connector.selectors.replay import remediation_request_id
-
     projection = execution.projection
     if projection.event_id is not None:
         replays = ReplayRequest.objects.filter(predecessor_event_id=projection.event_id).order_by("pk")

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 from connector.choices import LaneState, OrderingContract
 from connector.models import Execution, OrderingLane, ReplayRequest
-from connector.selectors.lanes import expected_position
-
-def remediation_request_id(execution_pk: int) -> str:
-    """The ReplayRequest ID of the remediation of one quarantined execution (one per execution)."""
-    return f"execution-{execution_pk}-replay"
-
+from connector.selectors.lanes import expected_position, remediation_request_id  # noqa: F401 - its read path
 
 # The closed set of dispositions a replayed event can have.
 DISPOSITIONS = ("materialization_pending", "superseded", "execution", "waiting")

@@ -41,7 +41,7 @@ from connector.services.execution import execution_claim, execution_run, lane_ad
 from connector.services.materialize import receipt_materialize
 from connector.services.sweeper import inbound_sweep
 from effects.delivery.contract import AXES, contract
-from effects.delivery.receiver import DeliveryReceiver
+from tests.effects.delivery.receiver import DeliveryReceiver
 from effects.models import (
     DeliveryAttempt,
     DeliveryOperation,

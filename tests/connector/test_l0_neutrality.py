@@ -20,14 +20,13 @@ L0_VOCABULARY = {"events"}
 # A pointer starts a string or follows a quote, space or bracket; inside a URL path (`<int:pk>/events`) the same
 # characters are a REST route of L0's own API, not a JSON pointer.
 POINTER_START = r"(?:^|(?<=[\s\"'(\[{,:=]))"
-# L0 files that currently break neutrality: each is a product finding, proven by an xfail(strict) case of
-# `test_known_l0_violation_is_fixed`; remove the entry when the file is fixed.
-KNOWN_VIOLATIONS = {
+# Files once found to carry a pack literal, each with its finding; `test_fixed_finding_stays_fixed` proves every
+# one is still free of them. A new finding is fixed, not exempted: the scan of L0 has no exemption list.
+FIXED_FINDINGS = {
+    "bench/management/commands/bench.py": (
+        "hard-coded the demo pack's route name and built the demo body fields itself (when it lived in L0); the "
+        "traffic shapes now come from connector/demo.py (commit 636bd9f) and the bench is its own app (D-200)"),
 }
-
-
-class BugReproduced(AssertionError):
-    """Raised only by the final check of the xfail cases (this module needs no database or Django models)."""
 
 
 def l0_files() -> list[Path]:
@@ -85,26 +84,21 @@ def violations(source: str, label: str) -> list[str]:
 
 def test_l0_has_no_conformance_pack_literals():
     """No pack, route, mapping, credential, Runtime-command or event name, no source field name and no JSON
-    pointer of either conformance pack occurs in L0 code; connector/demo.py is the only L1 data in the tree
-    (files listed in KNOWN_VIOLATIONS are proven separately). Proves: CV2-02-003, CV2-02-005, CV2-06-007"""
-    files = [f for f in l0_files() if f.relative_to(ROOT).as_posix() not in KNOWN_VIOLATIONS]
+    pointer of either conformance pack occurs in L0 code; connector/demo.py is the only L1 data in the tree.
+    Proves: CV2-02-003, CV2-02-005, CV2-06-007"""
+    files = l0_files()
     assert len(files) > 30 and any(f.name == "inbound.py" and f.parent.name == "interpreters" for f in files)
     found = [v for path in files for v in violations(path.read_text(), path.relative_to(ROOT).as_posix())]
     assert found == []
 
 
-@pytest.mark.parametrize("relative", [
-    pytest.param(path, marks=pytest.mark.xfail(strict=True, raises=BugReproduced, reason=reason), id=path)
-    for path, reason in KNOWN_VIOLATIONS.items()])
-def test_known_l0_violation_is_fixed(relative):
-    """Each file once found to carry a pack literal is free of them (xfail while the finding stands).
-    Proves: CV2-02-003"""
+@pytest.mark.parametrize("relative", sorted(FIXED_FINDINGS))
+def test_fixed_finding_stays_fixed(relative):
+    """Each file once found to carry a pack literal still exists (a moved or deleted file must be re-pointed
+    here, not silently skipped) and carries none. Proves: CV2-02-003"""
     path = ROOT / relative
-    if not path.exists():
-        return
-    found = violations(path.read_text(), relative)
-    if found:
-        raise BugReproduced("\n".join(found))
+    assert path.is_file(), f"{relative} moved: point FIXED_FINDINGS at its new home"
+    assert violations(path.read_text(), relative) == []
 
 
 @pytest.mark.parametrize("planted", [

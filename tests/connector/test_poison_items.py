@@ -201,7 +201,7 @@ def test_a_lane_whose_gap_decision_fails_halts_and_the_other_gaps_are_decided(wo
 
 def test_a_window_whose_seal_fails_is_quarantined_and_the_other_windows_seal(world, monkeypatch):
     """window_seal_due failing for one window quarantines it (WINDOW_SEAL_FAILED, `open -> quarantined`) and the
-    other due window of the sweep seals and mints its execution. Proves: CV2-13-001, CV2-06-025"""
+    other due window of the sweep seals and mints its execution. Proves: CV2-13-001, CV2-06-025, CV2-07-005"""
     deliver(world, GROUPED, feed_body(feed_line("G-1", 1, "m-1", batch_tag="batch-a"),
                                       feed_line("G-2", 1, "m-2", batch_tag="batch-b")))
     bad, good = (ProjectionWindow.objects.get(grouping_key=f"batch-{t}") for t in "ab")
@@ -264,7 +264,7 @@ def test_an_execution_whose_runtime_run_fails_is_quarantined_and_the_worker_runs
 
 def test_an_execution_whose_claim_fails_is_quarantined_and_the_next_is_claimed(world, monkeypatch):
     """A claim failing for one Execution quarantines it (step execution_claim) and the same claim call takes the
-    next ready Execution. Proves: CV2-13-001, CV2-07-010"""
+    next ready Execution (`ready -> quarantined`). Proves: CV2-13-001, CV2-07-010, CV2-07-011"""
     for n in (1, 2):
         deliver(world, WEBHOOK, webhook_body(webhook_event(f"ev-{n}", f"rec-{n}", 1)))
     for lane in OrderingLane.objects.order_by("pk"):

@@ -21,6 +21,7 @@ from connector.models import (
     OrderingLane,
     Projection,
     Receipt,
+    ReceiptAdmissionKey,
     ReceiptComponent,
     ReplayRequest,
     SupersededDecision,
@@ -36,6 +37,7 @@ from tests.conformance.packs import PACK_A, PACK_B, with_route
 from tests.connector.inbound_helpers import (
     ACTOR,
     BugReproduced,
+    admit,
     build_inbound_world,
     deliver,
     drain,
@@ -118,6 +120,19 @@ def test_same_request_id_converges_on_one_request_receipt_and_generation(world, 
     assert Execution.objects.filter(projection__event=event).count() == 1
     assert (bytes(first.receipt.payload), first.receipt.kind) == (
         bytes(ReceiptComponent.objects.get(event=original).payload), "replay")
+
+
+def test_a_replay_receipt_lives_outside_the_transport_key_namespace(world, original):
+    """A replay Receipt takes no ReceiptAdmissionKey: a live delivery whose transport key equals the ReplayRequest
+    ID is admitted as its own Receipt, and the replay, keyed by account and request ID, still resolves to its own
+    Receipt. Proves: CV2-05-010"""
+    first = replay(world, "replay-1", original)
+    assert not ReceiptAdmissionKey.objects.filter(receipt=first.receipt).exists()
+    live = admit(world, SNAPSHOT, webhook_body(webhook_event("evt-2", "rec-2", 1)), key="replay-1")
+    assert live.pk != first.receipt.pk and live.kind != "replay"
+    assert ReceiptAdmissionKey.objects.get(transport_key="replay-1").receipt_id == live.pk
+    again = replay(world, "replay-1", original)
+    assert (again.outcome, again.request.pk, again.receipt.pk) == ("duplicate", first.request.pk, first.receipt.pk)
 
 
 @pytest.mark.parametrize("change", [{"reason": "another reason"}, {"principal": "ops-bob"}])
@@ -266,6 +281,28 @@ def test_replay_admission_and_materialization_refused_while_halting(world, origi
     assert (again.outcome, again.request.pk) == ("duplicate", admitted.request.pk)
     assert counts() == before
     assert not Event.objects.filter(replay_request__isnull=False).exists()
+
+
+def test_a_held_replay_materializes_only_after_a_new_serving_fence_with_its_stored_bytes(world, original):
+    """A replay admitted before a halt stays inert through `halting_v2` and `v2_halted`; after the gate returns to
+    `v2_serving` by its own transition (fence advanced), materialization runs in a new transaction under the
+    current fence and binds the request's stored target epoch, whose bytes never changed. Proves: CV2-09-013"""
+    admitted = replay(world, "replay-held", original)
+    stored = ReplayRequest.objects.values("target_epoch_id", "target_epoch_digest", "request_digest",
+                                          "gate_fence").get(pk=admitted.request.pk)
+    for action in ("halt_v2", "confirm_halted"):
+        gate_services.gate_transition(account_id=world.account.pk, action=action, expected_fence=None,
+                                      actor=ACTOR, reason="test")
+        with pytest.raises(GateNotServing):
+            materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    gate = gate_services.gate_transition(account_id=world.account.pk, action="resume_predecessor",
+                                         expected_fence=None, actor=ACTOR, reason="test")
+    assert gate.mode == "v2_serving" and gate.fence == stored["gate_fence"] + 3
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    event = Event.objects.get(replay_request=admitted.request)
+    assert event.epoch_id == stored["target_epoch_id"]
+    assert ReplayRequest.objects.values("target_epoch_id", "target_epoch_digest", "request_digest",
+                                        "gate_fence").get(pk=admitted.request.pk) == stored
 
 
 def test_windowed_replay_keeps_suppress_external_effects(world):

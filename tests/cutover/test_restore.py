@@ -119,8 +119,8 @@ def test_cold_abort_is_refused_before_the_drain_completes():
 
 @TX
 def test_full_restore_returns_the_exact_snapshot_and_a_new_v1_generation_resumes():
-    """Proves: CV2-12-073, CV2-12-074, CV2-12-075, CV2-12-084 (decision restoring_v1 first; default replaced
-    atomically by the dump and verified against every frozen digest; recovery receipt and v1_restored durable in
+    """Proves: CV2-12-073, CV2-12-074, CV2-12-075, CV2-12-084, CV2-12-094, CV2-12-054 (decision restoring_v1 first;
+    default replaced atomically by the dump and verified against every frozen digest; recovery receipt and v1_restored durable in
     the journal before V1 starts; a NEW generation; cursors, idempotency, high-waters and terminal effects as
     captured; gates v1_serving; outcome v1_restored)."""
     world = validating_world()

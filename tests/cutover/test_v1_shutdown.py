@@ -64,8 +64,9 @@ def drained(world, key="att-1"):
 def test_preflight_refuses_unsupported_routes_missing_budgets_and_projections_over_budget(provider, monkeypatch):
     """An `unsupported` route or one without a lossless halt contract, a missing budget and a projection over its
     budget each refuse the certificate and write nothing; a certificate is immutable and a changed input needs a
-    new attempt with byte-distinct evidence. Proves: CV2-12-012, CV2-12-013, CV2-12-014, CV2-12-017, CV2-12-025,
-    CV2-12-087, CV2-12-088"""
+    new attempt with byte-distinct evidence; the certificate gives the route its disposition (`v1_high_water`)
+    before maintenance. Proves: CV2-12-012, CV2-12-013, CV2-12-014, CV2-12-017, CV2-12-025, CV2-12-087,
+    CV2-12-088, CV2-12-015, CV2-06-017, CV2-06-027"""
     world = build_v1_world()
     sd.cutover_open(attempt_key="att-1", configuration_generation_id=world.configuration.generation_id,
                     candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)

@@ -342,7 +342,7 @@ def _credential(request):
 
 @pytest.fixture
 def delivery(db):
-    from effects.delivery.receiver import DeliveryReceiver
+    from tests.effects.delivery.receiver import DeliveryReceiver
     from tests.effects.delivery.world import build
 
     receiver = DeliveryReceiver(kind="sync_batch", default="count_missing").start()

@@ -17,8 +17,6 @@ from datetime import timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from connector.actors import Actor
-from connector.services.audit import audit_record
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError, DeliveryRequestInvalid
 from effects.delivery.protocol import Answer
@@ -35,9 +33,9 @@ from effects.models.delivery import CapacityState, ParentState
 from . import finalization, journal
 from .planning import check_generation_fence, domain_lock_for_update, unresolved_states
 from .setup import binding_certified, contract_approved, semaphore_ensure
+from .transitions import move
 
 log = logging.getLogger(__name__)
-SYSTEM = Actor.system("delivery")
 
 
 @dataclass(frozen=True)
@@ -49,17 +47,6 @@ class SubmitResult:
 
 def operation_for_update(pk: int) -> DeliveryOperation:
     return DeliveryOperation.objects.select_for_update(of=("self",)).get(pk=pk)
-
-
-def move(op: DeliveryOperation, target: str, *, actor: Actor = SYSTEM, reason: str = "",
-         evidence: bytes | None = None) -> None:
-    """One automatic transition: the django-fsm method generated from the contract, revision + 1, audit."""
-    source = op.state
-    getattr(op, f"to_{target}")()
-    op.revision += 1
-    op.save()
-    audit_record(actor=actor, entity=op, action="delivery_transition", from_state=source, to_state=target,
-                 fence=op.revision, evidence_digest=evidence, reason=reason)
 
 
 def _observe(op: DeliveryOperation, *, kind: str, answer: Answer, attempt: DeliveryAttempt | None) -> None:

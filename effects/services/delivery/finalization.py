@@ -9,6 +9,8 @@ from effects.delivery import watermark as intervals
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent, DeliveryWatermark
 from effects.models.delivery import CapacityState
 
+from .transitions import move
+
 RETAINED = ("UNKNOWN", "PARTIALLY_APPLIED")
 
 
@@ -66,8 +68,6 @@ def apply_watermark(op: DeliveryOperation) -> None:
 def promote(parent: DeliveryParent) -> int:
     """eligible -> promoted in frontier order while the next child is eligible (revision_and_frontier CAS).
     Returns the new contiguous checkpoint frontier."""
-    from .execution import move  # noqa: PLC0415 - one transition helper
-
     frontier = parent.contiguous_checkpoint_frontier
     for child in parent.children.select_for_update().filter(frontier_order__gt=frontier).order_by("frontier_order"):
         if child.frontier_order != frontier + 1 or child.axis("checkpoint") != "ELIGIBLE":

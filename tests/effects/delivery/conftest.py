@@ -1,6 +1,6 @@
 import pytest
 
-from effects.delivery.receiver import DeliveryReceiver
+from tests.effects.delivery.receiver import DeliveryReceiver
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from django.db import connection
 
 from connector.actors import Actor
 from effects import egress
-from effects.delivery.receiver import DeliveryReceiver
+from tests.effects.delivery.receiver import DeliveryReceiver
 from effects.services.delivery import runner, setup
 
 EXCEPTION = {"immutable_profile_exception": "PX-1", "security_approval": "SEC-9", "end_to_end_url_redaction": "on",

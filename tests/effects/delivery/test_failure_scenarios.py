@@ -22,7 +22,7 @@ from connector.actors import Actor
 from connector.models import AuditRecord
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryPermissionDenied, DeliveryRequestInvalid
-from effects.delivery.receiver import DeliveryReceiver
+from tests.effects.delivery.receiver import DeliveryReceiver
 from effects.models import (
     DeliveryAttempt,
     DeliveryObservation,

@@ -3,7 +3,6 @@
 one, range-scoped watermarks, the append policy, and the remote job semaphore's one-transaction reservation."""
 from __future__ import annotations
 
-import threading
 from datetime import date, timedelta
 
 import pytest
@@ -14,6 +13,7 @@ from effects.delivery.errors import DeliveryError
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent, MayAttemptMarker
 from effects.models.delivery import CapacityState
 from effects.services.delivery import execution, reconciliation, runner, setup
+from tests.concurrency import run_concurrently
 from tests.effects.delivery.world import NAMESPACE, T0, build
 
 TX = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
@@ -21,30 +21,6 @@ REFUSALS = {"REST_DELIVERY_STALE_GENERATION", "REST_DELIVERY_OVERLAPPING_EFFECT_
             "REST_DELIVERY_INTENT_CONFLICT"}
 DAY = timedelta(days=1)
 OTHER_NAMESPACE = dict(NAMESPACE, tenant_id="tenant-8")
-
-
-def run_concurrently(jobs: list) -> list:
-    """Run each job on its own thread (its own PostgreSQL connection), released together by a barrier. Returns
-    each job's value or the exception it raised; every thread closes its connection."""
-    barrier = threading.Barrier(len(jobs))
-    results: list = [None] * len(jobs)
-
-    def run(i: int, job) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = job()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a thread hung (lock wait without end?)"
-    return results
 
 
 def refused(code: str, fn, *args, **kwargs) -> DeliveryError:
@@ -390,10 +366,36 @@ def test_unknown_remote_job_retains_capacity_until_reconciliation(sync_receiver)
 
 
 @TX
-def test_remote_job_semaphore_reserved_before_submit(sync_receiver):
-    """The reservation is part of the submit transaction, so it exists before SUBMITTING is visible: the race
-    above, run once more under this invariant's name. Proves: remote_job_semaphore_reserved_before_submit"""
-    test_remote_job_capacity_and_submitting_share_one_postgresql_transaction(sync_receiver, 0)
+def test_remote_job_semaphore_reserved_before_submit(sync_receiver, monkeypatch):
+    """The remote job slot is reserved before the operation becomes SUBMITTING, in the same transaction: at the
+    moment `submit` asks for `sealed -> submitting`, the operation's attempt already holds RESERVED capacity on the
+    principal's semaphore (seen from inside that transaction), and a full semaphore refuses the submit with
+    nothing written. Proves: remote_job_semaphore_reserved_before_submit"""
+    world = build(sync_receiver.url)
+    _capacity_one(world)
+    one = [{"at": T0.isoformat(), "id": "a"}]
+    a = world.plan(parent_key="ra", group="ga", records=one)
+    b = world.plan(parent_key="rb", group="gb", start=T0 + DAY, end=T0 + 2 * DAY,
+                   records=[{"at": (T0 + DAY).isoformat(), "id": "b"}])
+    a_op, b_op = a.children.get().pk, b.children.get().pk
+    seen = []
+    real_move = execution.move
+
+    def observing_move(op, target, **kwargs):
+        if target == "submitting":
+            seen.append(list(DeliveryAttempt.objects.filter(operation_id=op.pk).values_list(
+                "ordinal", "capacity_state", "semaphore__capacity")))
+        return real_move(op, target, **kwargs)
+
+    monkeypatch.setattr(execution, "move", observing_move)
+    assert execution.submit(a_op).submitted
+    assert seen == [[(1, CapacityState.RESERVED, 1)]]
+    assert DeliveryOperation.objects.get(pk=a_op).state == "submitting"
+    # The only slot is held: the next submit reserves nothing, so it never reaches the transition.
+    assert execution.submit(b_op).waiting_for == "capacity"
+    assert len(seen) == 1
+    assert (DeliveryOperation.objects.get(pk=b_op).state, DeliveryAttempt.objects.filter(operation_id=b_op).count(),
+            MayAttemptMarker.objects.filter(operation_id=b_op).count()) == ("sealed", 0, 0)
 
 
 def test_physical_receiver_effects_share_conflict_domain_across_local_namespaces_and_mutation_kinds():
