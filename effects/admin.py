@@ -8,6 +8,7 @@ from connector import statetokens
 from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col
 from connector.admin.poison import step_failures_col
 from effects.models import (
+    DestinationLimiter,
     DispatchPermit,
     OutboundCommand,
     ProcessGeneration,
@@ -16,6 +17,7 @@ from effects.models import (
     RemoteLink,
     RemoteLinkResolution,
 )
+from effects import selectors
 from effects.services import dispatch
 
 
@@ -179,3 +181,29 @@ class RemoteLinkResolutionAdmin(FactAdmin):
 
 
 from effects import admin_delivery  # noqa: E402,F401  (registers the delivery facts)
+
+
+@admin.register(DestinationLimiter)
+class DestinationLimiterAdmin(FactAdmin):
+    fact_description = ("One destination (account, callout) that declares a rate and concurrency limit: the shared "
+                        "state every egress process admits permits through (D-222), and the receiver's "
+                        "Retry-After deferrals (D-223). The limit itself is frozen on each command.")
+    list_display = ("id", "account", "callout", "declared_limit", "current_rate", "in_flight", "deferrals_total",
+                    "deferred_until", "refused_total", "granted_total")
+    list_select_related = ("account",)
+    search_fields = ("callout",)
+    fieldsets = ((None, {"fields": ("account", "callout", "declared_limit", "current_rate", "in_flight",
+                                    "tokens", "refilled_at", "not_before", "deferred_until", "deferrals_total",
+                                    "last_deferral_status", "refused_total", "granted_total", "updated_at")}),)
+
+    @admin.display(description="declared limit")
+    def declared_limit(self, obj):
+        return selectors.destination_limiter_overview(obj)["limit"]
+
+    @admin.display(description="current rate")
+    def current_rate(self, obj):
+        return selectors.destination_limiter_overview(obj)["rate"]
+
+    @admin.display(description="in flight")
+    def in_flight(self, obj):
+        return selectors.destination_limiter_overview(obj)["in_flight"]

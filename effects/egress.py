@@ -5,6 +5,7 @@ every other caller is refused before any byte leaves (CV2-10-036..039, CV2-04-00
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import hashlib
 import json
 import logging
@@ -39,6 +40,33 @@ class SendResult:
     status: int | None
     remote_id: str
     evidence: str
+    defer_seconds: float | None = None
+
+
+DEFER_WITHOUT_RETRY_AFTER = 1.0
+
+
+def _defer_seconds(response: httpx.Response) -> float | None:
+    """How long the receiver asks its destination to be left alone: `Retry-After` (delta-seconds or an HTTP-date)
+    on any answer, or DEFER_WITHOUT_RETRY_AFTER for a bare `429`; capped at CONNECTOR["RATE_LIMIT_MAX_DEFER_SECONDS"]
+    (default 300) so a hostile or broken header cannot park a destination for ever (D-223). None: no deferral."""
+    value = response.headers.get("Retry-After")
+    seconds = None
+    if value is not None:
+        value = value.strip()
+        if value.isdigit():
+            seconds = float(int(value))
+        else:
+            try:
+                seconds = (email.utils.parsedate_to_datetime(value) - timezone.now()).total_seconds()
+            except (TypeError, ValueError, OverflowError):
+                seconds = None
+    if seconds is None and response.status_code == 429:
+        seconds = DEFER_WITHOUT_RETRY_AFTER
+    if seconds is None:
+        return None
+    cap = float(settings.CONNECTOR.get("RATE_LIMIT_MAX_DEFER_SECONDS", 300))
+    return min(max(seconds, 0.0), cap)
 
 
 _CLIENTS: dict[int, httpx.Client] = {}
@@ -117,16 +145,20 @@ def _path_refusal(command) -> tuple[str, bool] | None:
 
 def _classify(response: httpx.Response) -> SendResult:
     body_digest = hashlib.sha256(response.content).hexdigest()
+    defer = _defer_seconds(response)
     if 200 <= response.status_code < 300:
         try:
             remote_id = str(json.loads(response.content or b"{}").get("id", ""))
         except ValueError:
             remote_id = ""
-        return SendResult(AttemptOutcome.REMOTE_CONFIRMED, response.status_code, remote_id, f"body sha256 {body_digest}")
-    if response.status_code in (400, 404, 409, 422):
-        # The receiver contract: these answers mean the request was refused before any change.
-        return SendResult(AttemptOutcome.NO_EFFECT, response.status_code, "", f"refused, body sha256 {body_digest}")
-    return SendResult(AttemptOutcome.UNCERTAIN, response.status_code, "", f"status {response.status_code}")
+        return SendResult(AttemptOutcome.REMOTE_CONFIRMED, response.status_code, remote_id, f"body sha256 {body_digest}",
+                          defer)
+    if response.status_code in (400, 404, 409, 422, 429):
+        # The receiver contract: these answers mean the request was refused before any change (429: refused by the
+        # receiver's rate limit, D-224).
+        return SendResult(AttemptOutcome.NO_EFFECT, response.status_code, "", f"refused, body sha256 {body_digest}",
+                          defer)
+    return SendResult(AttemptOutcome.UNCERTAIN, response.status_code, "", f"status {response.status_code}", defer)
 
 
 def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
@@ -170,7 +202,8 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     fault_point("egress.after_request")
     log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
     return permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
-                         response_digest=digest, remote_id=result.remote_id, evidence=result.evidence)
+                         response_digest=digest, remote_id=result.remote_id, evidence=result.evidence,
+                         defer_seconds=result.defer_seconds)
 
 
 # -- REST bulk delivery ---------------------------------------------------------------------------------------

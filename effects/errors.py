@@ -59,3 +59,23 @@ class ReconcileRefused(ConnectorError):
 
     code = "RECONCILE_REFUSED"
     http_status = 409
+
+
+class RateLimitInvalid(OutboundRefused):
+    """The callout's `rate_limit` is not `{"requests_per_second": R, "max_in_flight": K}` with R and K integers from
+    1 to 100000 (and an optional integer `burst` from 1 to R): the command is not authored; nothing was written
+    (D-222)."""
+
+    code = "RATE_LIMIT_INVALID"
+    http_status = 422
+    operator_action = "Correct the callout definition's rate_limit in the pack and install a new pack generation."
+
+
+class DestinationDeferred(ConnectorError):
+    """The destination's declared limit admits no permit now (its in-flight maximum is reached, its token bucket
+    is empty, or a receiver's Retry-After defers it): no permit was granted, nothing was sent, and the effect is
+    `prepared` and claimable again once the destination admits it (D-222)."""
+
+    code = "DESTINATION_DEFERRED"
+    http_status = 429
+    retryable = True

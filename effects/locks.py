@@ -1,13 +1,18 @@
 """Row locks of the effects app, after connector's (epoch, account gate, credential gate) in the canonical
-order: entity rows come last, effect before permit before holder."""
+order: entity rows come last, effect before destination limiter before permit before holder."""
 from __future__ import annotations
 
-from effects.models import DeliveryOperation, DispatchPermit, ProcessGeneration, RemoteEffect
+from effects.models import DeliveryOperation, DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect
 
 
 def effect_for_update(effect_pk: int, *, skip_locked: bool = False) -> RemoteEffect | None:
     return (RemoteEffect.objects.select_for_update(of=("self",), skip_locked=skip_locked)
             .filter(pk=effect_pk).first())
+
+
+def limiter_for_update(limiter_pk: int) -> DestinationLimiter:
+    """A destination's limiter row: after the effect, before any permit (docs/locking.md)."""
+    return DestinationLimiter.objects.select_for_update(of=("self",)).get(pk=limiter_pk)
 
 
 def permit_for_update(permit_pk: int) -> DispatchPermit:

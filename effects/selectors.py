@@ -13,3 +13,27 @@ def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]
     rows = (RemoteEffect.objects.filter(command__epoch_id=epoch_pk).exclude(state__in=EFFECT_TERMINAL)
             .order_by("pk").values_list("pk", "state")[:limit])
     return [f"effect #{pk} is {state}" for pk, state in rows]
+
+
+RATE_WINDOW_SECONDS = 10
+
+
+def destination_limiter_overview(limiter) -> dict:
+    """What the operator sees of one destination: its declared limit (the newest command's frozen one), the
+    permits granted in the last RATE_WINDOW_SECONDS (as a rate per second, through effects_permit_limiter_rate),
+    permits in flight, and its receiver deferrals. Reads only; takes no lock."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from effects.models import DispatchPermit, OutboundCommand
+
+    limit = (OutboundCommand.objects.filter(limiter_id=limiter.pk).order_by("-pk")
+             .values_list("rate_requests_per_second", "rate_max_in_flight", "rate_burst").first())
+    since = timezone.now() - timedelta(seconds=RATE_WINDOW_SECONDS)
+    permits = DispatchPermit.objects.filter(limiter_id=limiter.pk)
+    recent = permits.filter(granted_at__gte=since).count()
+    return {"limit": (f"{limit[0]}/s, {limit[1]} in flight, burst {limit[2]}" if limit else "none"),
+            "rate": f"{recent / RATE_WINDOW_SECONDS:.1f}/s over {RATE_WINDOW_SECONDS} s",
+            "in_flight": permits.filter(state__in=("granted", "sending")).count(),
+            "deferrals": limiter.deferrals_total}

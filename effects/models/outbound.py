@@ -55,6 +55,13 @@ class OutboundCommand(models.Model):
     request_digest = models.BinaryField(max_length=32)
     provider_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     max_attempts = models.PositiveIntegerField()
+    # The destination's declared rate and concurrency limit, frozen from the callout definition's `rate_limit`
+    # (all null: none declared, no limiter is ever locked). Part of the route policy digest (D-222).
+    rate_requests_per_second = models.PositiveIntegerField(null=True, blank=True)
+    rate_max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    rate_burst = models.PositiveIntegerField(null=True, blank=True)
+    limiter = models.ForeignKey("effects.DestinationLimiter", on_delete=models.PROTECT, null=True, blank=True,
+                                related_name="commands")
     predecessor = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="successor")
     predecessor_digest = models.BinaryField(max_length=32, null=True, blank=True)
@@ -79,6 +86,12 @@ class OutboundCommand(models.Model):
                                    name="effects_command_provider_key_not_blank"),
             models.CheckConstraint(condition=Q(target_link__isnull=True) | ~Q(owner_slot=""),
                                    name="effects_command_update_names_its_slot"),
+            models.CheckConstraint(
+                condition=Q(rate_requests_per_second__isnull=True, rate_max_in_flight__isnull=True,
+                            rate_burst__isnull=True, limiter__isnull=True)
+                | Q(rate_requests_per_second__gte=1, rate_max_in_flight__gte=1, rate_burst__gte=1,
+                    limiter__isnull=False),
+                name="effects_command_rate_limit_whole"),
         ]
 
     def __str__(self) -> str:
@@ -191,6 +204,9 @@ class DispatchPermit(ConcurrentTransitionMixin, models.Model):
     credential_gate_fence = models.BigIntegerField()
     holder = models.ForeignKey(ProcessGeneration, on_delete=models.PROTECT, related_name="permits")
     holder_fence = models.BigIntegerField()
+    # The destination limiter that admitted this permit (null: the destination declares no limit).
+    limiter = models.ForeignKey("effects.DestinationLimiter", on_delete=models.PROTECT, null=True, blank=True,
+                                related_name="permits")
     state = FSMField(default=PermitState.GRANTED, choices=PermitState.choices, protected=True)
     io_may_have_started = models.BooleanField(default=False)
     granted_at = models.DateTimeField(auto_now_add=True)
@@ -208,7 +224,13 @@ class DispatchPermit(ConcurrentTransitionMixin, models.Model):
                                    name="effects_permit_sending_marks_io"),
         ]
         indexes = [models.Index(fields=["gate"], name="effects_permit_open_set",
-                                condition=Q(state__in=["granted", "sending"]))]
+                                condition=Q(state__in=["granted", "sending"])),
+                   # A destination's in-flight count, taken under its limiter's row lock at every acquisition.
+                   models.Index(fields=["limiter"], name="effects_permit_limiter_open",
+                                condition=Q(state__in=["granted", "sending"], limiter__isnull=False)),
+                   # The operator overview's current rate: a destination's permits of the last seconds.
+                   models.Index(fields=["limiter", "granted_at"], name="effects_permit_limiter_rate",
+                                condition=Q(limiter__isnull=False))]
 
     def __str__(self) -> str:
         return f"permit #{self.pk} ({self.state})"

@@ -1,7 +1,8 @@
 """Effect claims, DispatchPermit acquisition, settlement, abandonment, finalization and reconciliation.
 
 Lock order (docs/locking.md): epoch, account gate (the guard, FOR SHARE), credential dispatch gate (FOR SHARE —
-revocation takes FOR UPDATE, so they serialize), then entity rows: effect, permit, holder.
+revocation takes FOR UPDATE, so they serialize), then entity rows: effect, destination limiter (only a destination
+that declares a limit), permit, holder.
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from connector import locks as connector_locks
@@ -24,8 +25,8 @@ from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from effects import locks
 from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
-from effects.errors import AbandonRefused, PermitRefused, ReconcileRefused
-from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
+from effects.errors import AbandonRefused, DestinationDeferred, PermitRefused, ReconcileRefused
+from effects.models import DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -73,63 +74,141 @@ class EffectClaim:
     holder_pk: int
 
 
+# A limited destination's time gate and in-flight count in one round trip (the count through the
+# effects_permit_limiter_open index).
+_DESTINATION_SQL = (
+    "SELECT l.not_before, (SELECT count(*) FROM effects_dispatchpermit p WHERE p.limiter_id = l.id "
+    "AND p.state IN ('granted', 'sending')) FROM effects_destinationlimiter l WHERE l.id = %s")
+
+
+def _destination_open(limiter_pk: int, max_in_flight: int, now: datetime) -> bool:
+    """An unlocked look at a limited destination: may it admit a permit now? A hint that spares a claim (and its
+    attempt row) for a destination that would refuse; permit_acquire decides under the limiter's lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(_DESTINATION_SQL, [limiter_pk])
+        not_before, in_flight = cursor.fetchone()
+    return (not_before is None or not_before <= now) and in_flight < max_in_flight
+
+
+def _in_flight(limiter_pk: int) -> int:
+    """The destination's open permits (`granted`/`sending`), through the effects_permit_limiter_open index."""
+    return DispatchPermit.objects.filter(limiter_id=limiter_pk, state__in=(PermitState.GRANTED,
+                                                                           PermitState.SENDING)).count()
+
+
+CLAIM_ROUNDS = 3
+
+
 def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
                  account_id: int | None = None) -> EffectClaim | None:
     """Claim one `prepared` effect whose lease is free or expired: guard, then the effect `FOR UPDATE SKIP
     LOCKED`; append an Attempt bound to the command's frozen epoch, request and credential generation. A claim
-    authorizes no I/O (CV2-10-031). Missing secret material quarantines the effect (CV2-10-013)."""
+    authorizes no I/O (CV2-10-031). Missing secret material quarantines the effect (CV2-10-013). Effects of a
+    destination that cannot admit a permit now (deferred, bucket empty until `not_before`, or its in-flight
+    maximum reached) are passed over without a write, so the worker moves on to other destinations (D-222)."""
     now = timezone.now()
-    qs = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
-                                     state=EffectState.PREPARED)
+    base = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+                                       state=EffectState.PREPARED)
     if account_id is not None:
-        qs = qs.filter(account_id=account_id)
-    for pk, acct in qs.order_by("pk").values_list("pk", "account_id")[:20]:
-        claim = None
-        # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
-        # (EFFECT_STEP_FAILED) so the next claim does not meet it again (decision D-168).
-        with poison.isolated(step=SweepStep.EFFECT_CLAIM, item=f"effect {pk}",
-                             quarantine=partial(effect_quarantine, effect_pk=pk, step=SweepStep.EFFECT_CLAIM)):
-            with transaction.atomic():
-                lock_serving(account_id=acct)
-                effect = locks.effect_for_update(pk, skip_locked=True)
-                now = timezone.now()
-                if (effect is None or effect.state != EffectState.PREPARED
-                        or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
-                    continue
-                command = effect.command
-                if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
-                    effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
-                    effect.save()
-                    audit_record(actor=DISPATCHER, entity=effect, action="effect_quarantine",
-                                 from_state=EffectState.PREPARED, to_state=effect.state,
-                                 reason="frozen credential secret version is absent; never falls forward")
-                    continue
-                ordinal, fence = effect.attempt_count + 1, effect.lease_fence + 1
-                expires = now + timedelta(seconds=lease_seconds)
-                attempt = RemoteEffectAttempt.objects.create(
-                    effect=effect, ordinal=ordinal, holder=holder, lease_fence=fence, epoch_id=command.epoch_id,
-                    credential_generation_id=command.credential_generation_id,
-                    request_digest=bytes(command.request_digest),
-                    provider_idempotency_key=command.provider_idempotency_key, lease_expires_at=expires)
-                RemoteEffect.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence,
-                                                          lease_holder=holder.holder_id, lease_expires_at=expires)
-                claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
-        if claim is not None:
-            return claim
+        base = base.filter(account_id=account_id)
+    base = base.exclude(command__limiter__not_before__gt=now)
+    closed: set[int] = set()
+    for _round in range(CLAIM_ROUNDS):
+        qs = base.exclude(command__limiter_id__in=closed) if closed else base
+        rows = list(qs.order_by("pk").values_list("pk", "account_id", "command__limiter_id",
+                                                  "command__rate_max_in_flight")[:20])
+        closed_before = len(closed)
+        for pk, acct, limiter_pk, max_in_flight in rows:
+            if limiter_pk is not None and (limiter_pk in closed
+                                           or not _destination_open(limiter_pk, max_in_flight, timezone.now())):
+                closed.add(limiter_pk)
+                continue
+            claim = _claim_one(holder=holder, pk=pk, acct=acct, lease_seconds=lease_seconds)
+            if claim is not None:
+                return claim
+        if len(closed) == closed_before or len(rows) < 20:
+            return None
     return None
+
+
+def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: int) -> EffectClaim | None:
+    claim = None
+    # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
+    # (EFFECT_STEP_FAILED) so the next claim does not meet it again (decision D-168).
+    with poison.isolated(step=SweepStep.EFFECT_CLAIM, item=f"effect {pk}",
+                         quarantine=partial(effect_quarantine, effect_pk=pk, step=SweepStep.EFFECT_CLAIM)):
+        with transaction.atomic():
+            lock_serving(account_id=acct)
+            effect = locks.effect_for_update(pk, skip_locked=True)
+            now = timezone.now()
+            if (effect is None or effect.state != EffectState.PREPARED
+                    or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
+                return None
+            command = effect.command
+            if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
+                effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
+                effect.save()
+                audit_record(actor=DISPATCHER, entity=effect, action="effect_quarantine",
+                             from_state=EffectState.PREPARED, to_state=effect.state,
+                             reason="frozen credential secret version is absent; never falls forward")
+                return None
+            ordinal, fence = effect.attempt_count + 1, effect.lease_fence + 1
+            expires = now + timedelta(seconds=lease_seconds)
+            attempt = RemoteEffectAttempt.objects.create(
+                effect=effect, ordinal=ordinal, holder=holder, lease_fence=fence, epoch_id=command.epoch_id,
+                credential_generation_id=command.credential_generation_id,
+                request_digest=bytes(command.request_digest),
+                provider_idempotency_key=command.provider_idempotency_key, lease_expires_at=expires)
+            RemoteEffect.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence,
+                                                      lease_holder=holder.holder_id, lease_expires_at=expires)
+            claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
+    return claim
+
+
+def _limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str]:
+    """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
+    limit: no receiver deferral pending, fewer than K permits open, and a token in the bucket (refilled at R per
+    second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason); the caller
+    saves the row either way."""
+    rate, burst = command.rate_requests_per_second, command.rate_burst
+    if limiter.deferred_until is not None and limiter.deferred_until > now:
+        return False, limiter.deferred_until, f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}"
+    in_flight = _in_flight(limiter.pk)
+    if in_flight >= command.rate_max_in_flight:
+        return False, None, f"{in_flight} permits in flight, the declared maximum is {command.rate_max_in_flight}"
+    if limiter.refilled_at is None:
+        tokens = float(burst)
+    else:
+        elapsed = max((now - limiter.refilled_at).total_seconds(), 0.0)
+        tokens = min(float(burst), limiter.tokens + elapsed * rate)
+    limiter.refilled_at = now
+    if tokens < 1.0:
+        limiter.tokens = tokens
+        retry_at = now + timedelta(seconds=(1.0 - tokens) / rate)
+        return False, retry_at, f"{rate} requests per second: the next token is due at {retry_at:%H:%M:%S.%f}"
+    limiter.tokens = tokens - 1.0
+    return True, None, ""
 
 
 def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
     """One transaction: the guard (gate `v2_serving`, exact active epoch, FOR SHARE), the exact credential
     dispatch gate (FOR SHARE, must be `enabled`; its fence is copied), the effect (FOR UPDATE, `prepared`, lease
-    fence and holder equal to the claim's); record a `granted` permit (joining the gate's open-permit set) and
-    move the effect to `dispatching` (CV2-10-037, CV2-04-006)."""
+    fence and holder equal to the claim's); for a destination that declares a limit, its limiter (FOR UPDATE)
+    must admit the permit (D-222); record a `granted` permit (joining the gate's open-permit set) and move the
+    effect to `dispatching` (CV2-10-037, CV2-04-006).
+
+    A limiter refusal grants nothing: in the same transaction the claim's lease is released and its attempt
+    closed `no_effect` ("deferred by the destination limiter, nothing sent"; it never counts against the
+    policy's attempts), the limiter records the refusal and, for a time-bound refusal, `not_before`; then
+    DestinationDeferred is raised after the commit. The effect stays `prepared` and claimable."""
     effect = RemoteEffect.objects.select_related("command").get(pk=claim.effect_pk)
     command = effect.command
+    deferred = None
     with transaction.atomic():
         ctx = lock_serving(account_id=effect.account_id)
         credential_gate = connector_locks.credential_gate_for_share(command.credential_generation_id)
         effect = locks.effect_for_update(claim.effect_pk)
+        limiter = locks.limiter_for_update(command.limiter_id) if command.limiter_id is not None else None
         holder = locks.holder_for_share(claim.holder_pk)
         if credential_gate.mode != "enabled":
             raise PermitRefused(f"credential generation dispatch gate is {credential_gate.mode}")
@@ -137,19 +216,56 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
             raise PermitRefused(f"effect is {effect.state} with lease fence {effect.lease_fence}, not the claim's")
         if holder.state != HolderState.RUNNING or effect.lease_holder != holder.holder_id:
             raise PermitRefused("the holder no longer owns this effect's lease")
-        try:
-            with transaction.atomic():
-                permit = DispatchPermit.objects.create(
-                    attempt_id=claim.attempt_pk, effect=effect, gate_id=ctx.gate_pk, gate_fence=ctx.fence,
-                    credential_gate=credential_gate, credential_gate_fence=credential_gate.fence, holder=holder,
-                    holder_fence=claim.lease_fence)
-        except IntegrityError as exc:
-            raise PermitRefused("this attempt or effect already holds a permit") from exc
-        effect.dispatch()
-        effect.save()
-        audit_record(actor=DISPATCHER, entity=permit, action="permit_acquire", to_state=permit.state,
-                     fence=credential_gate.fence)
+        if limiter is not None:
+            now = timezone.now()
+            admitted, retry_at, reason = _limiter_admit(limiter, command, now)
+            if not admitted:
+                _defer_claim(limiter=limiter, claim=claim, retry_at=retry_at, reason=reason, now=now)
+                deferred = reason
+        if deferred is None:
+            try:
+                with transaction.atomic():
+                    permit = DispatchPermit.objects.create(
+                        attempt_id=claim.attempt_pk, effect=effect, gate_id=ctx.gate_pk, gate_fence=ctx.fence,
+                        credential_gate=credential_gate, credential_gate_fence=credential_gate.fence,
+                        holder=holder, holder_fence=claim.lease_fence, limiter=limiter)
+            except IntegrityError as exc:
+                raise PermitRefused("this attempt or effect already holds a permit") from exc
+            if limiter is not None:
+                # An emptied bucket names when its next token is due, so claims pass the destination over until
+                # then instead of claiming what acquisition would refuse.
+                rate = command.rate_requests_per_second
+                next_token = limiter.refilled_at + timedelta(seconds=(1.0 - limiter.tokens) / rate) \
+                    if limiter.tokens < 1.0 else None
+                not_before = max(d for d in (limiter.not_before, next_token, limiter.deferred_until) if d) \
+                    if (limiter.not_before or next_token) else None
+                DestinationLimiter.objects.filter(pk=limiter.pk).update(
+                    tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
+                    granted_total=F("granted_total") + 1, updated_at=limiter.refilled_at)
+            effect.dispatch()
+            effect.save()
+            audit_record(actor=DISPATCHER, entity=permit, action="permit_acquire", to_state=permit.state,
+                         fence=credential_gate.fence)
+    if deferred is not None:
+        raise DestinationDeferred(f"effect #{claim.effect_pk} deferred: {deferred}", effect=claim.effect_pk)
     return permit
+
+
+def _defer_claim(*, limiter: DestinationLimiter, claim: EffectClaim, retry_at: datetime | None, reason: str,
+                 now: datetime) -> None:
+    """The refusal's writes (see permit_acquire): limiter state, the claim's lease released, its attempt closed."""
+    assert transaction.get_connection().in_atomic_block
+    not_before = limiter.not_before
+    if retry_at is not None and (not_before is None or not_before < retry_at):
+        not_before = retry_at
+    DestinationLimiter.objects.filter(pk=limiter.pk).update(
+        tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
+        refused_total=F("refused_total") + 1, updated_at=now)
+    RemoteEffectAttempt.objects.filter(pk=claim.attempt_pk, outcome="").update(
+        outcome=AttemptOutcome.NO_EFFECT, evidence=f"deferred by the destination limiter, nothing sent: {reason}",
+        settled_at=now)
+    RemoteEffect.objects.filter(pk=claim.effect_pk, lease_fence=claim.lease_fence).update(
+        lease_holder="", lease_expires_at=None)
 
 
 # -- settlement ------------------------------------------------------------------------------------------------
@@ -157,8 +273,12 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
 def _after_no_effect(effect: RemoteEffect) -> None:
     """Proven no effect: another attempt only if the frozen policy permits it (CV2-10-028). The policy counts
     attempts that crossed (or may have crossed) the provider boundary — those whose permit reached `sending`;
-    claims that never sent (a lease lost before acquisition, a `granted` permit abandoned) do not count (D-117)."""
-    sent = RemoteEffectAttempt.objects.filter(effect=effect, permit__io_may_have_started=True).count()
+    claims that never sent (a lease lost before acquisition, a `granted` permit abandoned, a claim the destination
+    limiter deferred) do not count (D-117), and neither do attempts the receiver refused with `429` (D-224)."""
+    # An attempt the receiver refused with 429 (its rate limit, D-224) is proven unprocessed and does not count:
+    # a throttled destination delays its effects, it never exhausts them.
+    sent = (RemoteEffectAttempt.objects.filter(effect=effect, permit__io_may_have_started=True)
+            .exclude(response_status=429).count())
     if sent < effect.command.max_attempts:
         effect.retry()
     else:
@@ -166,15 +286,22 @@ def _after_no_effect(effect: RemoteEffect) -> None:
 
 
 def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, response_digest: bytes | None,
-                  remote_id: str, evidence: str, final: bool = False) -> RemoteEffect:
+                  remote_id: str, evidence: str, final: bool = False,
+                  defer_seconds: float | None = None) -> RemoteEffect:
     """Settle a `sending` permit with the provider's answer or the ambiguity: append the attempt's outcome, move
     the effect (`remote_confirmed`, `uncertain`, or after proven no effect `prepared`/`no_effect`), and record
     `returned`, leaving the open-permit set. Uses the permit and holder fences, not the gate's (CV2-03-018).
     `final` (no_effect only): the adapter proved that no attempt of this frozen request can ever be sent (its
-    path is outside its template), so the effect becomes terminal `no_effect` instead of being retried."""
+    path is outside its template), so the effect becomes terminal `no_effect` instead of being retried.
+    `defer_seconds` (a receiver's `429` or `Retry-After`, already capped): a destination that declares a limit gets
+    no further permit before now + defer_seconds; its limiter is locked after the effect, before the permit
+    (D-223). Other destinations are untouched."""
     permit = DispatchPermit.objects.get(pk=permit_pk)
     with transaction.atomic():
         effect = locks.effect_for_update(permit.effect_id)
+        if defer_seconds is not None and permit.limiter_id is not None:
+            _destination_defer(limiter=locks.limiter_for_update(permit.limiter_id), seconds=defer_seconds,
+                               status=response_status)
         permit = locks.permit_for_update(permit_pk)
         if permit.state != PermitState.SENDING:
             raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
@@ -196,6 +323,17 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
         audit_record(actor=DISPATCHER, entity=effect, action="permit_settle", from_state=EffectState.DISPATCHING,
                      to_state=effect.state, reason=f"{outcome}: {evidence}"[:500])
     return effect
+
+
+def _destination_defer(*, limiter: DestinationLimiter, seconds: float, status: int | None) -> None:
+    """Push the destination's deferral (never earlier than one already recorded) and count it."""
+    now = timezone.now()
+    until = now + timedelta(seconds=max(seconds, 0.0))
+    deferred_until = max(until, limiter.deferred_until) if limiter.deferred_until else until
+    not_before = max(deferred_until, limiter.not_before) if limiter.not_before else deferred_until
+    DestinationLimiter.objects.filter(pk=limiter.pk).update(
+        deferred_until=deferred_until, not_before=not_before, deferrals_total=F("deferrals_total") + 1,
+        last_deferral_status=status, updated_at=now)
 
 
 @transaction.atomic

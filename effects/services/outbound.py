@@ -17,8 +17,8 @@ from connector.receipts import canonical_json, rec
 from connector.selectors.owners import binding_definition_read
 from connector.services.guard import ServingContext, lock_serving
 from connector.interpreters import callout as callout_paths
-from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused
-from effects.models import OutboundCommand, RemoteEffect
+from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused, RateLimitInvalid
+from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect
 from effects.services import identity
 
 PATH_MAX_LENGTH = OutboundCommand._meta.get_field("path").max_length
@@ -156,6 +156,46 @@ def frozen_path_template(command: OutboundCommand) -> str:
     return template
 
 
+RATE_LIMIT_MAX = 100_000
+
+
+def declared_rate_limit(callout_def: dict) -> dict | None:
+    """The callout definition's `rate_limit`, validated and completed: `{"requests_per_second": R,
+    "max_in_flight": K, "burst": B}` (B defaults to min(K, R): a destination idle for a while gets at most B
+    permits at once). None when the callout declares none. Raises RateLimitInvalid (nothing written, D-222)."""
+    declared = callout_def.get("rate_limit")
+    if declared is None:
+        return None
+    if not isinstance(declared, dict) or not set(declared) <= {"requests_per_second", "max_in_flight", "burst"}:
+        raise RateLimitInvalid(f"rate_limit must be an object of requests_per_second, max_in_flight and an "
+                               f"optional burst, not {declared!r}")
+    values = {}
+    for name in ("requests_per_second", "max_in_flight", "burst"):
+        value = declared.get(name)
+        if value is None and name == "burst":
+            continue
+        if type(value) is not int or not 1 <= value <= RATE_LIMIT_MAX:
+            raise RateLimitInvalid(f"rate_limit.{name} must be an integer from 1 to {RATE_LIMIT_MAX}, not {value!r}")
+        values[name] = value
+    rps, k = values["requests_per_second"], values["max_in_flight"]
+    burst = values.get("burst", min(k, rps))
+    if burst > rps:
+        raise RateLimitInvalid(f"rate_limit.burst must not exceed requests_per_second ({rps}), not {burst}")
+    return {"requests_per_second": rps, "max_in_flight": k, "burst": burst}
+
+
+def _destination_limiter_pk(account_id: int, callout: str) -> int:
+    """The destination's limiter row, created at its first limited command (inside the authoring transaction, so
+    it exists exactly when a command references it). Usually one SELECT; never locks the row."""
+    rows = DestinationLimiter.objects.filter(account_id=account_id, callout=callout).values_list("pk", flat=True)
+    pk = rows.first()
+    if pk is None:
+        DestinationLimiter.objects.bulk_create([DestinationLimiter(account_id=account_id, callout=callout)],
+                                               ignore_conflicts=True)
+        pk = rows.first()
+    return pk
+
+
 def idempotency_key(*, profile_id: str, account_key: str, application_scope: str, effect_root_id: str,
                     effect_slot_id: str, effect_generation_id: str) -> bytes:
     return profile_for(profile_id).digest("outbound-idempotency-key", rec(
@@ -205,11 +245,15 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                           effect_root_id=effect_root_id, effect_slot_id=effect_slot_id,
                           effect_generation_id=effect_generation_id)
     request_body = canonical_json(body)
+    rate = declared_rate_limit(callout_def)
     link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
     callout_def, path_params = identity.callout_address(callout_def, path_params, link)
     path = outbound_path(callout_def["path_template"], path_params)
     provider_key = key.hex() if push_def.get("idempotency") == "provider_key" else None
     policy = {"max_attempts": int(push_def.get("max_attempts", 3)), "timeout_ms": int(callout_def.get("timeout_ms", 5000))}
+    if rate is not None:
+        # Only a declared limit enters the digest: commands of callouts without one keep their exact bytes.
+        policy["rate_limit"] = rate
     route_policy_digest = profile.digest("route-policy", canonical_json(policy))
     request_digest = profile.digest("outbound-request", rec(method=callout_def["method"], path=path,
                                                             body=request_body, provider_key=provider_key))
@@ -224,7 +268,10 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         method=callout_def["method"], path=path, request_body=request_body, request_digest=request_digest,
         provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"],
         predecessor=predecessor, predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None,
-        owner_slot=owner_slot, target_link=link)
+        owner_slot=owner_slot, target_link=link,
+        rate_requests_per_second=rate and rate["requests_per_second"], rate_max_in_flight=rate and rate["max_in_flight"],
+        rate_burst=rate and rate["burst"],
+        limiter_id=_destination_limiter_pk(ctx.account_id, callout) if rate is not None else None)
     binding_digest = profile.digest("frozen-dispatch-binding", rec(
         idempotency_key=key, epoch_digest=ctx.epoch_digest, pack_generation=push.pack_generation_id,
         pack_payload_digest=fields["pack_payload_digest"], definition_digest=push.canonical_definition_digest,

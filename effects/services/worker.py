@@ -18,6 +18,7 @@ from connector.faults import fault_point
 from connector.services import poison
 from effects import egress
 from effects.choices import EffectState
+from effects.errors import DestinationDeferred
 from effects.models import RemoteEffect
 from effects.services import dispatch, identity
 from effects.services.poison import effect_quarantine
@@ -39,22 +40,35 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
                            quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
 
 
+DEFERRED_RETRIES = 3
+
+
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
     """Claim, acquire a permit, send, finalize one effect. None when nothing was claimable or the permit was
-    refused; the effect otherwise (also when one of its steps failed and it was quarantined or held)."""
+    refused; the effect otherwise (also when one of its steps failed and it was quarantined or held). A permit
+    the destination limiter deferred (D-222) left the effect `prepared` and claimable; the worker then claims
+    again, and the claim passes over that destination, so other destinations keep moving."""
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
     dispatch.holder_heartbeat(holder_id=holder.holder_id)
-    claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
-                                  account_id=account_id)
-    if claim is None:
-        return None
-    permit = None
-    with _isolated(SweepStep.PERMIT_ACQUIRE, claim.effect_pk) as step:
-        permit = dispatch.permit_acquire(claim=claim)
-    if permit is None:
+    for _ in range(DEFERRED_RETRIES):
+        claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
+                                      account_id=account_id)
+        if claim is None:
+            return None
+        permit, deferred = None, False
+        with _isolated(SweepStep.PERMIT_ACQUIRE, claim.effect_pk) as step:
+            try:
+                permit = dispatch.permit_acquire(claim=claim)
+            except DestinationDeferred:
+                deferred = True  # committed: lease released, nothing granted; the next claim skips it
+        if permit is not None:
+            break
         if step.failure == poison.FAILED:
             return RemoteEffect.objects.get(pk=claim.effect_pk)
-        return None  # refused (the lease or gate moved) or transient: logged; the effect stays claimable later
+        if not deferred:
+            return None  # refused (the lease or gate moved) or transient: logged; the effect stays claimable later
+    else:
+        return None
     effect = None
     with _isolated(SweepStep.EFFECT_SEND, claim.effect_pk):
         effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,

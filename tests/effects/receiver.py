@@ -9,6 +9,10 @@ Modes (set per test, optionally for the next N requests):
   hang           apply, then sleep past the client timeout
   apply_5xx      apply, then answer 500
   new_identity   apply, answer 201 {"id": a new remote id} even for an update (the provider changed the identity)
+  throttle       answer 429 with `Retry-After: <retry_after>` without applying (the receiver's rate limit)
+
+Every request also records its arrival time (`at`, monotonic) and the number of requests in flight at the
+receiver when it arrived (`in_flight`, itself included); `service_seconds` holds every answer that long.
 
 An update (`PATCH /v1/records/by-id/<id>`) is applied to the record it names and answered with that id, the way a
 CRM answers; a create answers "remote-" + the key's last 12 characters.
@@ -29,6 +33,15 @@ class Receiver:
         self.modes: list[str] = []
         self.default_mode = "ok"
         self.hang_seconds = 8.0
+        self.retry_after = "2"
+        self.service_seconds = 0.0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        # Optional: path -> destination group; per-group in-flight maxima; groups whose next request is throttled.
+        self.group_of = None
+        self.group_in_flight: dict[str, int] = {}
+        self.group_max_in_flight: dict[str, int] = {}
+        self.throttle_groups: set[str] = set()
         self.lock = threading.Lock()
         receiver = self
 
@@ -40,10 +53,32 @@ class Receiver:
                 length = int(self.headers.get("Content-Length", 0))
                 body = self.rfile.read(length)
                 key = self.headers.get("Idempotency-Key") or self.path
+                group = receiver.group_of(self.path) if receiver.group_of else ""
                 with receiver.lock:
                     mode = receiver.modes.pop(0) if receiver.modes else receiver.default_mode
+                    if group in receiver.throttle_groups:
+                        receiver.throttle_groups.discard(group)
+                        mode = "throttle"
+                    receiver.in_flight += 1
+                    receiver.max_in_flight = max(receiver.max_in_flight, receiver.in_flight)
+                    in_group = receiver.group_in_flight[group] = receiver.group_in_flight.get(group, 0) + 1
+                    receiver.group_max_in_flight[group] = max(receiver.group_max_in_flight.get(group, 0), in_group)
                     receiver.requests.append({"method": self.command, "path": self.path, "key": key, "body": body,
-                                              "auth": self.headers.get("Authorization"), "mode": mode})
+                                              "auth": self.headers.get("Authorization"), "mode": mode,
+                                              "at": time.monotonic(), "in_flight": receiver.in_flight,
+                                              "group": group})
+                try:
+                    if receiver.service_seconds:
+                        time.sleep(receiver.service_seconds)
+                    return self._handle(mode, key)
+                finally:
+                    with receiver.lock:
+                        receiver.in_flight -= 1
+                        receiver.group_in_flight[group] -= 1
+
+            def _handle(self, mode: str, key: str):
+                if mode == "throttle":
+                    return self._answer(429, {"error": "slow down"}, {"Retry-After": receiver.retry_after})
                 if mode == "fail_before":
                     return self._answer(503, {"error": "unavailable"})
                 if mode == "refuse":
@@ -70,9 +105,11 @@ class Receiver:
 
             do_PATCH = do_POST
 
-            def _answer(self, status: int, payload: dict) -> None:
+            def _answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

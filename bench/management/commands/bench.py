@@ -683,3 +683,7 @@ class Command(BaseCommand):
     def handle(self, *args, subcommand: str, **options):
         SUBCOMMANDS[subcommand].handle(self, options)
         sys.stdout.flush()
+
+from bench.outbound_rate import OutboundRate  # noqa: E402 - per-destination rate limits (issue 20)
+
+SUBCOMMANDS[OutboundRate.name] = OutboundRate()
