@@ -43,7 +43,8 @@ class Receiver:
                 with receiver.lock:
                     mode = receiver.modes.pop(0) if receiver.modes else receiver.default_mode
                     receiver.requests.append({"method": self.command, "path": self.path, "key": key, "body": body,
-                                              "auth": self.headers.get("Authorization"), "mode": mode})
+                                              "auth": self.headers.get("Authorization"), "mode": mode,
+                                              "traceparent": self.headers.get("traceparent")})
                 if mode == "fail_before":
                     return self._answer(503, {"error": "unavailable"})
                 if mode == "refuse":
