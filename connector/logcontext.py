@@ -1,7 +1,7 @@
 """The ids a log line of the hot path carries (issue 21): account_id, receipt_id, execution_id, effect_id,
-trace_id and span_id. A stage entry point (a Celery task, the admission view, a tracing stage) binds what it knows with `bound(...)`;
-code deeper in the stage adds what it learns with `note(...)` (it changes the innermost binding only, so the
-next stage starts clean). `observability.logs.ContextFilter` copies the current fields onto every log record.
+trace_id and span_id. A stage entry point (a Celery task, the admission view, a tracing stage) binds what it
+knows with `bound(...)`; code deeper in the stage adds what it learns with `note(...)` (it changes the innermost
+binding only, so the next stage starts clean). `observability.logs.ContextFilter` copies the current fields onto every log record.
 contextvars, so threads and asyncio tasks never see each other's ids. Costs one dict copy per binding."""
 from __future__ import annotations
 

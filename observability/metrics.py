@@ -4,6 +4,7 @@ process memory. Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set 
 from __future__ import annotations
 
 import hmac
+import os
 import time
 
 from django.conf import settings
@@ -12,7 +13,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -85,8 +86,16 @@ def _deadlines() -> GaugeMetricFamily:
 
 
 def _registry() -> CollectorRegistry:
+    from observability.admission import ADMISSION
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
+    # Counted in process memory, unlike the readings above: with PROMETHEUS_MULTIPROC_DIR, the sum of every
+    # process's files (prometheus-client's multiprocess mode); without, this process's own figures.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(ADMISSION)
     return registry
 
 

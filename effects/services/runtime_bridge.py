@@ -27,7 +27,8 @@ def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command
         return None
     transaction.on_commit(_wake_dispatch)
     command = outbound_command_author(
-        ctx=ctx, account_key=account_key, application_scope="runtime.records", effect_root_id=f"{command_id}:{record_key}",
+        ctx=ctx, account_key=account_key, application_scope="runtime.records",
+        effect_root_id=f"{command_id}:{record_key}",
         effect_slot_id=f"push:{push['contract']}", effect_generation_id="g1", push_contract=push["contract"],
         callout=push["callout"], path_params={"record_key": record_key}, body={"record_key": record_key, **fields},
         suppress_external_effects=suppress_external_effects, source_execution_id=execution_id,

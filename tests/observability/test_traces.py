@@ -164,8 +164,9 @@ class _Records(logging.Handler):
 
 
 def test_a_line_logged_inside_a_stage_carries_its_ids(pipeline, monkeypatch, spans):
-    """A line logged inside the execution stage carries the account, execution, trace and span ids; a line of the admission carries account and receipt; the configured JSON handler writes them as fields;
-    nothing leaks past the stage. Proves: issue 21 (logs)."""
+    """A line logged inside the execution stage carries the account, execution, trace and span ids; a line of the
+    admission carries account and receipt; the configured JSON handler writes them as fields; nothing leaks past
+    the stage. Proves: issue 21 (logs)."""
     stage_log = logging.getLogger("tests.stage")
     original = runtime.runtime_command_apply
 
