@@ -8,6 +8,7 @@ from connector import statetokens
 from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col
 from connector.admin.poison import step_failures_col
 from effects.models import (
+    CommandTrace,
     DispatchPermit,
     OutboundCommand,
     ProcessGeneration,
@@ -33,6 +34,14 @@ class PermitInline(FactInline):
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
 
 
+class CommandTraceInline(FactInline):
+    """The W3C trace context of the Runtime span that authored the command (issue 21, D-225)."""
+
+    model = CommandTrace
+    fields = ("traceparent", "tracestate")
+    verbose_name = verbose_name_plural = "trace context"
+
+
 @admin.register(OutboundCommand)
 class OutboundCommandAdmin(FactAdmin):
     fact_description = ("Runtime's immutable outbox intent with its complete FrozenDispatchBinding; one per logical "
@@ -42,6 +51,7 @@ class OutboundCommandAdmin(FactAdmin):
                     "source_execution", "created_at")
     search_fields = ("effect_root_id", "path")
     list_select_related = ("account", "source_execution")
+    inlines = [CommandTraceInline]
     fieldsets = ((None, {"fields": ("account", "application_scope", "effect_root_id", "effect_slot_id",
                                     "effect_generation_id", "key", "effect_link", "source_execution_link")}),
                  ("Frozen dispatch binding", {"fields": (
