@@ -23,3 +23,8 @@ def _close_old_connections(task=None, **kwargs) -> None:
 
 signals.task_prerun.connect(_close_old_connections, weak=False)
 signals.task_postrun.connect(_close_old_connections, weak=False)
+
+# Worker liveness file and the OpenTelemetry SDK of each worker process (issue 21, observability/).
+from observability import workers as _observability_workers  # noqa: E402
+
+_observability_workers.connect(signals)

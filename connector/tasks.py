@@ -11,7 +11,9 @@ from functools import partial
 from celery import shared_task
 from django.conf import settings
 
+from connector import tracing
 from connector.choices import SweepStep
+from connector.models import ReceiptTrace
 from connector.services import execution, materialize, poison, sweeper
 
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
@@ -33,6 +35,7 @@ def inbound_sweep() -> dict[str, int]:
 
 
 @shared_task(name="connector.tasks.receipt_materialize", acks_late=True, ignore_result=True)
+@tracing.entry("receipt_materialize", ReceiptTrace, arg="receipt_pk", lookup="receipt_id", log="receipt_id")
 def receipt_materialize(receipt_pk: int) -> None:
     out = None
     with poison.isolated(step=SweepStep.RECEIPT_MATERIALIZE, item=f"receipt {receipt_pk}", refusals_quarantine=True,

@@ -9,6 +9,7 @@ from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge
 from connector.admin.poison import step_failures_col
 from effects.models import (
     DestinationLimiter,
+    CommandTrace,
     DispatchPermit,
     OutboundCommand,
     ProcessGeneration,
@@ -35,6 +36,14 @@ class PermitInline(FactInline):
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
 
 
+class CommandTraceInline(FactInline):
+    """The W3C trace context of the Runtime span that authored the command (issue 21, D-225)."""
+
+    model = CommandTrace
+    fields = ("traceparent", "tracestate")
+    verbose_name = verbose_name_plural = "trace context"
+
+
 @admin.register(OutboundCommand)
 class OutboundCommandAdmin(FactAdmin):
     fact_description = ("Runtime's immutable outbox intent with its complete FrozenDispatchBinding; one per logical "
@@ -44,6 +53,7 @@ class OutboundCommandAdmin(FactAdmin):
                     "source_execution", "created_at")
     search_fields = ("effect_root_id", "path")
     list_select_related = ("account", "source_execution")
+    inlines = [CommandTraceInline]
     fieldsets = ((None, {"fields": ("account", "application_scope", "effect_root_id", "effect_slot_id",
                                     "effect_generation_id", "key", "effect_link", "source_execution_link")}),
                  ("Frozen dispatch binding", {"fields": (

@@ -18,8 +18,10 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from opentelemetry.trace import SpanKind
 
 from connector import locks as connector_locks
+from connector import tracing
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.interpreters import callout as callout_paths
@@ -27,7 +29,7 @@ from connector.secrets import secret_backend
 from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import EgressRefused
-from effects.models import DispatchPermit
+from effects.models import CommandTrace, DispatchPermit
 from effects.services.dispatch import permit_settle
 from effects.services.outbound import frozen_path_template
 
@@ -161,6 +163,8 @@ def _classify(response: httpx.Response) -> SendResult:
     return SendResult(AttemptOutcome.UNCERTAIN, response.status_code, "", f"status {response.status_code}", defer)
 
 
+@tracing.entry("egress_send", CommandTrace, arg="permit_pk", lookup="command__effect__permits",
+               kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
 def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
          base_url: str | None = None):
     """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
@@ -186,6 +190,7 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
     if command.provider_idempotency_key:
         headers["Idempotency-Key"] = command.provider_idempotency_key
+    tracing.inject(headers)  # issue 21: W3C traceparent of this span to the receiver (nothing while tracing is off)
     timeout = httpx.Timeout(connect=2.0, read=float(settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)),
                             write=5.0, pool=2.0)
     url = (base_url or settings.CONNECTOR["EGRESS_BASE_URL"]).rstrip("/") + command.path

@@ -4,6 +4,7 @@ process memory. Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set 
 from __future__ import annotations
 
 import hmac
+import os
 import time
 
 from django.conf import settings
@@ -13,7 +14,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -74,13 +75,21 @@ def _outermost() -> bool:
 
 
 def _registry() -> CollectorRegistry:
-    """The engine's figures, then every collector settings.OBSERVABILITY_COLLECTORS names: an app above this one
-    (the operator screens' reason map, governance.metrics) contributes its own figures without observability
-    importing it."""
+    """The engine's figures, every collector settings.OBSERVABILITY_COLLECTORS names (an app above this one, the
+    operator screens' reason map in governance.metrics, contributes its own figures without observability importing
+    it), and the admission histogram."""
+    from observability.admission import ADMISSION
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
     for path in getattr(settings, "OBSERVABILITY_COLLECTORS", ()):
         registry.register(import_string(path)())
+    # Counted in process memory, unlike the readings above: with PROMETHEUS_MULTIPROC_DIR, the sum of every
+    # process's files (prometheus-client's multiprocess mode); without, this process's own figures.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(ADMISSION)
     return registry
 
 

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "observability.admission.AdmissionMetricsMiddleware",  # admission latency by outcome (issue 21, /metrics)
     "django.middleware.security.SecurityMiddleware",
     # Static files (admin, governance screens, API docs) from STATIC_ROOT under any WSGI server (D-163).
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -62,3 +62,8 @@ CELERY_BEAT_SCHEDULE = {
 # PostgreSQL instead of holding a request or a transaction's on-commit hook.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
+
+# Worker liveness (issue 21, docs/operations.md): each worker touches this file when it is ready and on every
+# Celery heartbeat of its consumer loop (2 s); `manage.py worker_alive --max-age S` exits 1 when it is older.
+# One file per worker: give each its own path (e.g. per container, or suffix it with the node name).
+CONNECTOR_WORKER_HEARTBEAT_FILE = env_str("CONNECTOR_WORKER_HEARTBEAT_FILE", "/tmp/connector-worker.heartbeat")

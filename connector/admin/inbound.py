@@ -26,15 +26,18 @@ from connector.models import (
     Execution,
     ExecutionAttempt,
     ExecutionDependency,
+    ExecutionTrace,
     GapDecision,
     LaneResumption,
     MaterializationDue,
     OrderingLane,
     Projection,
+    ProjectionTrace,
     ProjectionWindow,
     Receipt,
     ReceiptAdmissionKey,
     ReceiptComponent,
+    ReceiptTrace,
     ReplayRequest,
     SupersededDecision,
     V1AcceptanceTombstone,
@@ -54,6 +57,26 @@ class ComponentInline(FactInline):
     digest = digest_col("payload_digest", "payload digest")
 
 
+class _TraceInline(FactInline):
+    """The W3C trace context stored beside the row while tracing was on (issue 21, D-225): search the tracing
+    backend with its trace id."""
+
+    fields = ("traceparent", "tracestate")
+    verbose_name = verbose_name_plural = "trace context"
+
+
+class ReceiptTraceInline(_TraceInline):
+    model = ReceiptTrace
+
+
+class ProjectionTraceInline(_TraceInline):
+    model = ProjectionTrace
+
+
+class ExecutionTraceInline(_TraceInline):
+    model = ExecutionTrace
+
+
 @admin.register(Receipt)
 class ReceiptAdmin(FactAdmin):
     fact_description = ("Immutable evidence of one accepted V2 admission: the exact bytes, the admitting epoch and "
@@ -64,7 +87,7 @@ class ReceiptAdmin(FactAdmin):
     list_filter = ("kind", "channel", "account")
     search_fields = ("admission_key__transport_key", "account__account_key")
     list_select_related = ("account", "epoch")
-    inlines = [ComponentInline]
+    inlines = [ComponentInline, ReceiptTraceInline]
     fieldsets = ((None, {"fields": ("account", "kind", "channel", "key_link", "replay_link", "epoch_col",
                                     "gate_fence", "component_count", "materialized", "created_at")}),
                  ("Materialization", {"fields": ("materialization_col", "step_failures_col")}),
@@ -198,7 +221,7 @@ class ExecutionAdmin(FactAdmin):
     list_filter = ("state", "result_outcome", "account")
     search_fields = ("command_id",)
     list_select_related = ("account",)
-    inlines = [AttemptInline, DependencyInline]
+    inlines = [AttemptInline, DependencyInline, ExecutionTraceInline]
     fieldsets = ((None, {"fields": ("account", "projection_link", "lane_link", "generation", "state_badge",
                                     "command_id", "ref_digest", "attempt_count", "lease_holder", "lease_fence",
                                     "lease_expires_at", "quarantine_reason", "step_failures_col")}),
@@ -240,6 +263,7 @@ class ProjectionAdmin(FactAdmin):
     fact_description = "An immutable application-input generation (one Event, or one sealed window) with the pointer " \
                        "that mints at most one active Execution generation."
     list_display = ("id", "account", "route", "position", "lane_status", "execution_generation", "created_at")
+    inlines = [ProjectionTraceInline]
     list_filter = ("route", "lane_status", "account")
     list_select_related = ("account",)
     fieldsets = ((None, {"fields": ("account", "route", "route_version", "event_link", "window_link", "lane_link",

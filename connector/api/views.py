@@ -34,7 +34,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from connector import tasks
+from connector import tasks, tracing
 from connector.actors import Actor
 from connector.api.exceptions import RETRY_AFTER_SECONDS, BodyTooLarge
 from connector.api.parsers import BoundedJSONParser
@@ -228,6 +228,7 @@ class ReceiptAdmitApi(APIView):
             "component_count": 2})],
         tags=["admission"],
     )
+    @tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
     def post(self, request, account: str, channel: str) -> Response:
         body = _raw_body(request)  # the exact bytes, before anything could parse them
         account_row = account_get(account)

@@ -7,3 +7,4 @@ from connector.models.ordering import *  # noqa: F401,F403
 from connector.models.owners import *  # noqa: F401,F403
 from connector.models.runtime import *  # noqa: F401,F403
 from connector.models.serving import *  # noqa: F401,F403
+from connector.models.tracing import *  # noqa: F401,F403

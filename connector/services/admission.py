@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
+from connector import logcontext, tracing
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import EpochState, ReceiptKind
 from connector.errors import ConnectorError
 from connector.faults import fault_point
-from connector.models import ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey, ServingEpoch
+from connector.models import (ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey, ReceiptTrace,
+                              ServingEpoch)
 from connector.selectors.routes import route_for
 from connector.services import storable
 from connector.services.guard import lock_serving
@@ -93,6 +95,7 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     mismatches. Children are materialized afterwards by `receipt_materialize`."""
     key = canonical_key(transport_key)
     account = account_get(account_key)
+    logcontext.note(account_id=account.pk)
     body = bytes(body)
     digest = hashlib.sha256(body).digest()
     found = _existing(account, channel, key, digest)
@@ -112,6 +115,7 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
             admission_key = ReceiptAdmissionKey.objects.create(account=account, channel=channel, transport_key=key,
                                                                receipt=receipt)
             MaterializationDue.objects.create(receipt=receipt)
+            tracing.remember(ReceiptTrace, receipt.pk)  # issue 21: the trace continues from this durable row
             # The answer names the receipt's epoch: bind the exact one the guard locked (and found `active`), as
             # the ORM would load it with .only() (its other columns, the preimage among them, stay deferred).
             receipt.epoch = ServingEpoch.from_db(receipt._state.db, ["id", "epoch_id", "digest", "state"],
@@ -125,6 +129,7 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
             raise
         return found
     fault_point("admission.after_receipt_commit")
+    logcontext.note(receipt_id=receipt.pk)
     log.info("receipt admitted", extra={"receipt": receipt.pk, "account": account.account_key,
                                         "components": receipt.component_count, "epoch": ctx.epoch_id})
     return Admission("created", receipt, admission_key)

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from connector import locks
+from connector import locks, logcontext, tracing
 from connector.actors import Actor
 from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
 from connector.errors import TransitionRefused
@@ -26,6 +26,7 @@ from connector.faults import fault_point
 from connector.models import (
     Execution,
     ExecutionAttempt,
+    ExecutionTrace,
     GapDecision,
     OrderingLane,
     Projection,
@@ -207,6 +208,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
 def execution_run(*, token: ClaimToken) -> Execution:
     """Submit the claimed command to Runtime (its own transaction) and record the result. Safe to repeat."""
     execution = Execution.objects.select_related("projection").get(pk=token.execution_pk)
+    logcontext.note(account_id=execution.account_id)
     receipt = runtime.runtime_command_apply(command_id=execution.command_id,
                                             execution_ref=bytes(execution.execution_ref),
                                             input=bytes(execution.projection.input), account_id=execution.account_id,
@@ -224,7 +226,9 @@ def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Executio
     token = execution_claim(holder=holder, lease_seconds=lease_seconds)
     if token is None:
         return None
-    with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
+    with tracing.stage("execution_run", ExecutionTrace, execution_id=token.execution_pk,  # issue 21
+                       log={"execution_id": token.execution_pk}), \
+            poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
                          quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
                                             step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
         return execution_run(token=token)

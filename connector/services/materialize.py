@@ -11,7 +11,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from connector import locks
+from connector import locks, logcontext, tracing
 from connector.canonical.profiles import profile_for
 from connector.choices import ComponentDisposition, ReceiptKind
 from connector.faults import fault_point
@@ -23,6 +23,8 @@ from connector.models import (
     MaterializationDue,
     OrderingLane,
     Projection,
+    ExecutionTrace,
+    ProjectionTrace,
     ProjectionWindow,
     Receipt,
     ReceiptComponent,
@@ -85,9 +87,12 @@ def mint_execution(*, projection: Projection, route: RouteProgram, ctx: ServingC
     Projection.objects.filter(pk=projection.pk, execution_generation=generation - 1).update(
         execution_generation=generation, lane_status=status)
     projection.execution_generation, projection.lane_status = generation, status
-    return Execution.objects.create(
+    execution = Execution.objects.create(
         projection=projection, generation=generation, account_id=projection.account_id, epoch_id=projection.epoch_id,
         lane=lane, command_id=command_id, execution_ref=ref, execution_ref_digest=hashlib.sha256(ref).digest())
+    tracing.minted(ExecutionTrace, execution.pk, name="lane_advance", parent=ProjectionTrace,
+                   projection_id=projection.pk)  # issue 21: the claim continues this execution's trace
+    return execution
 
 
 # -- projections -------------------------------------------------------------------------------------------------
@@ -121,6 +126,8 @@ def _immediate(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: Servi
         identity_digest=_projection_identity(profile_id, ctx.epoch_digest, route, source), event=event, lane=lane,
         position=n.position, tie_breaker=n.tie_breaker, input=payload, input_digest=hashlib.sha256(payload).digest(),
         suppress_external_effects=suppress, lane_status="pending" if lane is not None else "")
+    if lane is not None:
+        tracing.remember(ProjectionTrace, projection.pk)  # issue 21: the lane advance continues from it
     if lane is None:
         execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id)
         if n.depends_on:
@@ -214,6 +221,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
     materializers serialize; only ordinals without a Component are derived."""
     out = Materialized()
     receipt = Receipt.objects.select_related("epoch", "replay_request").defer("epoch__preimage").get(pk=receipt_pk)
+    logcontext.note(account_id=receipt.account_id)
     with transaction.atomic():
         ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
                            epoch_digest=bytes(receipt.epoch_digest))

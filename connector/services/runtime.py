@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from connector.canonical.encoding import decode, encode
-from connector import hooks
+from connector import hooks, tracing
 from connector.errors import ApplicationItemRejected, ConnectorError
 from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
 from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
@@ -75,6 +75,7 @@ def _apply_record(account_id: int, record_key: str, values: dict, command_id: st
     return "applied"
 
 
+@tracing.traced("runtime_command_apply")
 def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes, account_id: int,
                           execution_id: int | None = None) -> ResultReceipt:
     """Apply one command exactly once. Repeating it (after a lost response, a lease expiry) returns the stored

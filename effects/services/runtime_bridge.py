@@ -11,12 +11,14 @@ from urllib.parse import quote
 from django.db import transaction
 from django.db.backends.signals import connection_created
 
+from connector import tracing
 from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
-from effects.models import OutboundCommand
+from effects.models import CommandTrace, OutboundCommand
 from effects.services.outbound import frozen_binding, outbound_command_author
 
 
+@tracing.traced("outbound_command_author")
 def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str,
                        fields: dict, suppress_external_effects: bool, execution_id: int | None
                        ) -> OutboundCommand | None:
@@ -24,12 +26,15 @@ def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command
     if not push:
         return None
     transaction.on_commit(_wake_dispatch)
-    return outbound_command_author(
-        ctx=ctx, account_key=account_key, application_scope="runtime.records", effect_root_id=f"{command_id}:{record_key}",
+    command = outbound_command_author(
+        ctx=ctx, account_key=account_key, application_scope="runtime.records",
+        effect_root_id=f"{command_id}:{record_key}",
         effect_slot_id=f"push:{push['contract']}", effect_generation_id="g1", push_contract=push["contract"],
         callout=push["callout"], path_params={"record_key": record_key}, body={"record_key": record_key, **fields},
         suppress_external_effects=suppress_external_effects, source_execution_id=execution_id,
         owner_slot=record_key)
+    tracing.remember(CommandTrace, command.pk)  # issue 21: the egress request continues this trace after the outbox
+    return command
 
 
 def _wake_dispatch() -> None:

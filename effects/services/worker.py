@@ -12,6 +12,7 @@ from functools import partial
 
 from django.conf import settings
 
+from connector import logcontext
 from connector.choices import SweepStep
 from connector.errors import ConnectorError
 from connector.faults import fault_point
@@ -43,6 +44,7 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
 DEFERRED_RETRIES = 3
 
 
+@logcontext.fresh  # issue 21: the ids this claim notes end with it
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
     """Claim, acquire a permit, send, finalize one effect. None when nothing was claimable or the permit was
     refused; the effect otherwise (also when one of its steps failed and it was quarantined or held). A permit
@@ -55,6 +57,7 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
                                       account_id=account_id)
         if claim is None:
             return None
+        logcontext.note(effect_id=claim.effect_pk)
         permit, deferred = None, False
         with _isolated(SweepStep.PERMIT_ACQUIRE, claim.effect_pk) as step:
             try:

@@ -66,7 +66,7 @@ class Receiver:
                     receiver.requests.append({"method": self.command, "path": self.path, "key": key, "body": body,
                                               "auth": self.headers.get("Authorization"), "mode": mode,
                                               "at": time.monotonic(), "in_flight": receiver.in_flight,
-                                              "group": group})
+                                              "group": group, "traceparent": self.headers.get("traceparent")})
                 try:
                     if receiver.service_seconds:
                         time.sleep(receiver.service_seconds)

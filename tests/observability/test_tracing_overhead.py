@@ -1,0 +1,118 @@
+"""What tracing costs the hot path (issue 21, D-225, docs/benchmarks.md "Tracing overhead"): statements per stage
+with tracing off and on, pinned, and the wall time of the whole pipeline per delivery, off against on, measured
+in interleaved blocks in one run (printed; timing is reported, not asserted, on a shared machine)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+from celery.app.task import Task
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from connector import tasks, tracing
+from connector.models import Projection, Receipt
+from connector.services import execution
+from connector.services.signatures import sign
+from effects.services import worker
+from tests.connector.test_api_admission import admit, body, event, signing_secret
+from tests.effects.conftest import receiver  # noqa: F401 - the real HTTP receiver fixture
+
+STAGES = ("admission", "materialize", "lane_advance", "claim_run", "dispatch")
+# Statements each stage adds with tracing on (the trace context read from, and written beside, its durable rows):
+# admission writes the Receipt's; materialization reads it and writes the lane Projection's; the lane advance reads
+# that and writes the Execution's; the claim reads it and Runtime writes the OutboundCommand's; egress reads it.
+EXTRA_ON = {"admission": 1, "materialize": 2, "lane_advance": 2, "claim_run": 2, "dispatch": 1}
+
+
+class _Drop(SpanExporter):
+    """An exporter that accepts and drops every batch: the SDK's own cost without a collector's."""
+
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+
+@pytest.fixture
+def pipeline(transactional_db, monkeypatch, receiver):  # noqa: F811
+    from connector.demo import build_world
+
+    monkeypatch.setattr(Task, "apply_async", lambda self, *args, **kwargs: None)
+    return build_world("o-", push=True)
+
+
+def _delivery(world, client: Client, n: int, counts: dict | None = None) -> None:
+    account = world.accounts[0].account_key
+    payload = body(event(id=f"e-ov-{n}", record_id=f"r-ov-{n}"))
+    signature = sign(signing_secret(account), int(time.time()), payload)
+
+    def stage(name, fn):
+        with CaptureQueriesContext(connection) as queries:
+            out = fn()
+        if counts is not None:
+            counts[name] = len(queries)
+        return out
+
+    response = stage("admission", lambda: admit(client, payload, f"k-ov-{n}", account=account, signature=signature))
+    assert response.status_code == 201, response.content
+    receipt = Receipt.objects.get(pk=response.json()["receipt"])
+    lane = Projection.objects.filter(event__receipt=receipt).values_list("lane_id", flat=True)
+    stage("materialize", lambda: tasks.receipt_materialize(receipt.pk))
+    lane_pk = lane.get()
+    stage("lane_advance", lambda: tasks.lane_advance(lane_pk))
+    done = stage("claim_run", lambda: execution.execution_claim_and_run(holder="overhead", lease_seconds=60))
+    assert done is not None and done.state == "completed"
+    effect = stage("dispatch", lambda: worker.effect_dispatch_once(holder_name="overhead"))
+    assert effect is not None and effect.state == "finalized"
+
+
+@pytest.mark.slow
+def test_tracing_overhead_off_and_on(pipeline, capsys):
+    """Off, no stage runs an extra statement; on, each stage runs exactly EXTRA_ON more (one read of its parent's
+    context, one insert beside the row it writes), and every delivery still completes end to end. Prints the
+    per-delivery wall time off and on (median of interleaved blocks). Proves: issue 21 (off pays nothing; the
+    cost when on is known)."""
+    client = Client()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_Drop()))
+    n = 0
+    for _ in range(2):  # warm the caches of immutable facts, as a running worker has them
+        n += 1
+        _delivery(pipeline, client, n)
+    off, on = {}, {}
+    n += 1
+    _delivery(pipeline, client, n, off)
+    tracing.enable(provider)
+    try:
+        n += 1
+        _delivery(pipeline, client, n, on)
+    finally:
+        tracing.disable()
+    assert {k: on[k] - off[k] for k in STAGES} == EXTRA_ON, (off, on)
+
+    blocks, per_block = 6, 10
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for _ in range(blocks):
+            for mode in ("off", "on"):
+                if mode == "on":
+                    tracing.enable(provider)
+                began = time.perf_counter()
+                for _ in range(per_block):
+                    n += 1
+                    _delivery(pipeline, client, n)
+                times[mode].append((time.perf_counter() - began) / per_block)
+                tracing.disable()
+    finally:
+        tracing.disable()
+        provider.shutdown()
+    med = {mode: statistics.median(values) * 1000 for mode, values in times.items()}
+    with capsys.disabled():
+        print(f"\nTRACING-OVERHEAD statements off={off} on={on}")
+        print(f"TRACING-OVERHEAD ms/delivery off={med['off']:.2f} on={med['on']:.2f} "
+              f"overhead={100 * (med['on'] / med['off'] - 1):.1f}% blocks={blocks}x{per_block} "
+              f"off_blocks={[round(t * 1000, 2) for t in times['off']]} "
+              f"on_blocks={[round(t * 1000, 2) for t in times['on']]}")
