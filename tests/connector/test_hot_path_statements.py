@@ -71,3 +71,45 @@ def test_inbound_hot_path_statement_counts(hot_world, django_assert_max_num_quer
     client = Client()
     _one_event(client, account, 1)
     _one_event(client, account, 2, django_assert_max_num_queries)
+
+
+#: Statements of `receipt_materialize` for a receipt of fresh events on fresh records (issue 18, goal 2; D-217),
+#: BEGIN and COMMIT included: the same for 2 and for 100 events. Before the set-based materialization it was
+#: 16 for one event and grew by about 7 per event (717 for 100).
+BATCH_MATERIALIZATION = 12
+
+
+def _batch_materialize_statements(account: str, tag: str, events: int) -> tuple[int, object]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.hot_account import batch_body
+    from connector.actors import Actor
+    from connector.demo import DEMO_CHANNEL
+    from connector.services.admission import receipt_admit
+
+    admission = receipt_admit(account_key=account, channel=DEMO_CHANNEL, transport_key=f"k-{tag}",
+                              body=batch_body(tag, events), actor=Actor.system("hot-path-test"))
+    with CaptureQueriesContext(connection) as captured:
+        out = receipt_materialize(receipt_pk=admission.receipt.pk)
+    assert len(out.events) == events and len(out.lanes) == events
+    return len(captured.captured_queries), admission.receipt
+
+
+def test_batch_receipt_materialization_statements_do_not_grow_with_events(hot_world):
+    """Materializing a 100-event receipt takes the same number of statements as a 2-event one, within the
+    measured ceiling: Events, Components, lanes and Projections are one statement each for the whole receipt.
+    Proves: CV2-14-001 (capacity of the hot path), CV2-05-011 (children derived from the receipt), STYLE R27/R31."""
+    from connector.models import Event, Projection, ReceiptComponent
+
+    account = hot_world.accounts[0].account_key
+    _batch_materialize_statements(account, "warm", 2)  # route cache, as a running worker has it
+    small, _ = _batch_materialize_statements(account, "small", 2)
+    large, receipt = _batch_materialize_statements(account, "large", 100)
+    assert large == small, (small, large)
+    assert large <= BATCH_MATERIALIZATION, large
+    components = list(ReceiptComponent.objects.filter(receipt=receipt).order_by("ordinal")
+                      .values_list("ordinal", "disposition", "event__source_event_key"))
+    assert components == [(i, "event", f"bench-ev-large-{i}") for i in range(100)]
+    assert Projection.objects.filter(event__receipt=receipt, lane_status="pending").count() == 100
+    assert Event.objects.filter(receipt=receipt).count() == 100
