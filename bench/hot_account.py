@@ -615,7 +615,7 @@ def _cmd_batch(index: int, command: dict) -> dict:
         key = f"{tag}-{n}"
         body = batch_body(key, events)
         n += 1
-        began = time.perf_counter()
+        t0 = time.perf_counter()
         try:
             admission = receipt_admit(account_key=command["account_key"], channel=DEMO_CHANNEL,
                                       transport_key=f"bench-{key}", body=body, actor=actor)
@@ -623,7 +623,7 @@ def _cmd_batch(index: int, command: dict) -> dict:
         except Exception:  # noqa: BLE001
             failures += 1
             continue
-        latencies.append((time.perf_counter() - began) * 1000)
+        latencies.append((time.perf_counter() - t0) * 1000)
         materialized += len(out.events)
     return {"latencies": latencies, "failures": failures, "events": materialized, "began": began,
             "ended": time.time()}
