@@ -4,13 +4,14 @@ Each step runs in its own real transaction (a transactional test), as in product
 locks. The counted event is the second of the process: a first one warms the in-process caches of immutable facts
 (routes, the Runtime's frozen definitions; STYLE R30), as a running worker has them. Statements are what
 Django's connection records, BEGIN and COMMIT included. The ceilings are the counts measured after issue 18's
-first slice; `before` is the same test on the code before it (the serving guard in six statements per call, each
-call of a transaction locking again, the admitted receipt's epoch read back with its preimage):
+first slice and (materialization) of its set-based materialization (D-217); `before` is the same test on the code
+before each (the serving guard in six statements per call, each call of a transaction locking again, the admitted
+receipt's epoch read back with its preimage; materialization with a savepoint per Event and per new lane):
 
 | step | before | after |
 | --- | --- | --- |
 | HTTP admission of a new one-event receipt (`POST .../receipts`, signed) | 19 | 13 |
-| `receipt_materialize` of that receipt | 21 | 16 |
+| `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from connector.services.signatures import sign
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 
 HTTP_ADMISSION = 13
-MATERIALIZATION = 16
+MATERIALIZATION = 12
 EXECUTION = 26
 
 
@@ -74,8 +75,8 @@ def test_inbound_hot_path_statement_counts(hot_world, django_assert_max_num_quer
 
 
 #: Statements of `receipt_materialize` for a receipt of fresh events on fresh records (issue 18, goal 2; D-217),
-#: BEGIN and COMMIT included: the same for 2 and for 100 events. Before the set-based materialization it was
-#: 16 for one event and grew by about 7 per event (717 for 100).
+#: BEGIN and COMMIT included: 12 for 1, 2 and 100 events. Before the set-based materialization (main at cfc1d42,
+#: same test) it was 16 for one event, 25 for two and 907 for 100 (9 more per event).
 BATCH_MATERIALIZATION = 12
 
 
