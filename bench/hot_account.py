@@ -254,7 +254,7 @@ def _process_main(index: int, setup: dict, inbox, outbox) -> None:
             break
         try:
             handler = {"warm": _cmd_warm, "mix": _cmd_mix, "control": _cmd_control, "admission": _cmd_admission,
-                       "raw": _cmd_raw, "peer": _cmd_peer}[command["kind"]]
+                       "batch": _cmd_batch, "raw": _cmd_raw, "peer": _cmd_peer}[command["kind"]]
             outbox.put(("result", index, handler(index, command)))
         except BaseException:  # noqa: BLE001
             outbox.put(("failed", index, traceback.format_exc()))
@@ -579,6 +579,56 @@ def _cmd_admission(index: int, command: dict) -> dict:
     return {"latencies": latencies, "failures": failures}
 
 
+BATCH_EVENTS = 100  # events per receipt of the "batch receipt" phase (issue 18, goal 2)
+BATCH_GOAL_EVENTS_PER_S = 2000.0  # issue 18, goal 2: reported beside the measured figure, not the budget floor
+
+
+def batch_body(tag: str, events: int) -> bytes:
+    """One demo webhook delivery carrying `events` events, each for its own record (so each opens its own lane:
+    the widest receipt materialization can meet)."""
+    return json.dumps({"events": [
+        {"id": f"bench-ev-{tag}-{i}", "type": "record.updated", "record_id": f"bench-r-{tag}-{i}", "sequence": 1,
+         "occurred_at": "2025-01-01T00:00:00Z", "data": {"name": f"Bench {tag} {i}", "email": f"{tag}.{i}@example.com"}}
+        for i in range(events)]}, sort_keys=True).encode()
+
+
+def _cmd_batch(index: int, command: dict) -> dict:
+    """Batch receipts (issue 18, goal 2): admit an N-event receipt with a fresh key and materialize it, in a
+    loop; each sample is one receipt's admission + materialization time. Events per second = events admitted
+    and materialized / phase seconds."""
+    from connector.actors import Actor
+    from connector.demo import DEMO_CHANNEL
+    from connector.services.admission import receipt_admit
+    from connector.services.materialize import receipt_materialize
+
+    actor = Actor.system("bench-hot-account")
+    events = int(command["events"])
+    latencies, failures, n, materialized = [], 0, 0, 0
+    tag = f"{command['tag']}-b{index}"
+    for i in range(int(command.get("warm", 2))):  # untimed: route caches, the connection, the first lanes' pages
+        receipt_materialize(receipt_pk=receipt_admit(
+            account_key=command["account_key"], channel=DEMO_CHANNEL, transport_key=f"bench-{tag}-w{i}",
+            body=batch_body(f"{tag}-w{i}", events), actor=actor).receipt.pk)
+    began = time.time()
+    deadline = began + float(command["seconds"])
+    while time.time() < deadline:
+        key = f"{tag}-{n}"
+        body = batch_body(key, events)
+        n += 1
+        t0 = time.perf_counter()
+        try:
+            admission = receipt_admit(account_key=command["account_key"], channel=DEMO_CHANNEL,
+                                      transport_key=f"bench-{key}", body=body, actor=actor)
+            out = receipt_materialize(receipt_pk=admission.receipt.pk)
+        except Exception:  # noqa: BLE001
+            failures += 1
+            continue
+        latencies.append((time.perf_counter() - t0) * 1000)
+        materialized += len(out.events)
+    return {"latencies": latencies, "failures": failures, "events": materialized, "began": began,
+            "ended": time.time()}
+
+
 # -- raw baseline -------------------------------------------------------------------------------------------------
 
 RAW_SCHEMA = [
@@ -881,7 +931,8 @@ def machine_facts() -> dict:
 
 def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float, raw_seconds: float,
                     peer: bool = True, shared_counter: bool = False, progress: Progress | None = None,
-                    warm_rounds: int = 2, drop_raw: bool = False, replay_every: int = REPLAY_EVERY) -> dict:
+                    warm_rounds: int = 2, drop_raw: bool = False, replay_every: int = REPLAY_EVERY,
+                    batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None) -> dict:
     """Run the bench on the current `default` database (which must hold the push demo world with `account_key`
     v2_serving). Returns the report dict. The loopback receiver runs in this process."""
     from django.conf import settings
@@ -891,7 +942,7 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
 
     say = progress or (lambda _msg: None)
     clients = sorted({int(c) for c in clients})
-    if not clients or clients[0] < 1:
+    if (not clients and not batch_events) or (clients and clients[0] < 1):
         raise ValueError("clients must be positive")
     facts = _world_facts(account_key)
     if facts["gate_mode"] != "v2_serving":
@@ -918,21 +969,26 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
             peer_reason = f"procrastinate schema could not be applied: {type(exc).__name__}: {exc}"[:300]
     else:
         peer_reason = "not requested (--no-peer)"
-    raw_schema_create(conninfo, max(clients))
-    pool = Pool(max(clients) + 1, setup, say)
-    control = max(clients)
+    raw_schema_create(conninfo, max(clients, default=1))
+    pool = Pool(max(clients, default=0) + 1, setup, say)
+    control = max(clients, default=0)
     run_tag = f"{int(time.time() * 1000):x}"
     try:
         base = {"account_id": facts["account_id"], "account_key": account_key, "replay_every": replay_every}
-        say(f"warming up: {warm_rounds} untimed rounds per client process")
-        pool.run({i: {**base, "kind": "warm", "rounds": warm_rounds, "tag": f"{run_tag}-w",
+        if clients:
+            say(f"warming up: {warm_rounds} untimed rounds per client process")
+            pool.run({i: {**base, "kind": "warm", "rounds": warm_rounds, "tag": f"{run_tag}-w",
                       "role": "control" if i == control else "client"} for i in range(control + 1)},
-                 timeout=120 + 10 * warm_rounds, what="warm-up")
+                     timeout=120 + 10 * warm_rounds, what="warm-up")
         for n in clients:
             run = _run_clients(pool, n, control, base, facts, seconds, raw_seconds, conninfo, f"{run_tag}-n{n}",
                                peer and not peer_reason, peer_reason, shared_counter, say)
             run["state_problems"] = _state_check(account_key)
             report["runs"].append(run)
+        if batch_events:
+            report["batch_receipt"] = _run_batch(pool, base, batch_events, batch_seconds or raw_seconds,
+                                                 f"{run_tag}-batch", say)
+            report["batch_receipt"]["state_problems"] = _state_check(account_key)
     finally:
         pool.close()
         receiver.stop()
@@ -1017,6 +1073,21 @@ def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seco
     return run
 
 
+def _run_batch(pool: Pool, base: dict, events: int, seconds: float, tag: str, say: Progress) -> dict:
+    """The "batch receipt" phase (issue 18, goal 2): one client admits and materializes `events`-event receipts
+    for `seconds`; events/s over the phase, and each receipt's admission + materialization latency."""
+    say(f"1 client: batch receipts of {events} events (admitted and materialized) for {seconds:g} s")
+    res = pool.run({0: {**base, "kind": "batch", "tag": tag, "events": events, "seconds": seconds}},
+                   timeout=seconds + 180, what="batch receipts")[0]
+    elapsed = res["ended"] - res["began"]  # the last receipt may finish after the deadline
+    out = {"clients": 1, "events_per_receipt": events, "seconds": _r(elapsed, 3), "receipts": len(res["latencies"]),
+           "events": res["events"], "failures": res["failures"],
+           "events_per_s": _r(res["events"] / elapsed if elapsed else 0.0, 1),
+           "goal_events_per_s": BATCH_GOAL_EVENTS_PER_S}
+    out["receipt_ms"] = percentiles(res["latencies"]) if res["latencies"] else {}
+    return out
+
+
 def _run_peer(pool: Pool, n: int, conninfo: str, jobs: int, tag: str, say: Progress) -> dict:
     import psycopg
 
@@ -1096,6 +1167,15 @@ def format_report(report: dict) -> str:
             lines.append(f"peer baseline: unavailable ({p['reason']})")
         for problem in run["control"]["problems"] + run.get("state_problems", []):
             lines.append(f"  PROBLEM: {problem}")
+    b = report.get("batch_receipt")
+    if b:
+        ms = b.get("receipt_ms") or {}
+        lines += ["", f"batch receipt (1 client, {b['events_per_receipt']}-event receipts admitted and materialized): "
+                      f"{b['receipts']} receipts, {b['events']} events in {b['seconds']:g} s = {b['events_per_s']:.1f} "
+                      f"events/s (goal {b['goal_events_per_s']:g}); per receipt p50 {ms.get('p50', 0):.1f} ms, "
+                      f"p99 {ms.get('p99', 0):.1f} ms; failures {b['failures']}"]
+        for problem in b.get("state_problems", []):
+            lines.append(f"  PROBLEM: {problem}")
     return "\n".join(lines)
 
 
@@ -1142,7 +1222,18 @@ def check_report(report: dict, budgets: dict) -> list[str]:
             failures.append(f"{where} halt drain {drain} ms > halt_drain_max_ms {budget['halt_drain_max_ms']}")
         for problem in run["control"]["problems"] + run.get("state_problems", []):
             failures.append(f"{where} {problem}")
-    if not checked:
+    batch, floor = report.get("batch_receipt"), (section.get("batch_receipt") or {}).get("events_per_s_floor")
+    if floor is not None:
+        if not batch:
+            failures.append("batch receipt phase missing (budgeted in hot_account.batch_receipt)")
+        else:
+            if batch["events_per_s"] < floor:
+                failures.append(f"batch receipt {batch['events_per_s']:.1f} events/s < floor {floor}")
+            if batch["failures"]:
+                failures.append(f"batch receipt failures {batch['failures']} > 0")
+            for problem in batch.get("state_problems", []):
+                failures.append(f"batch receipt {problem}")
+    if not checked and report["runs"]:
         failures.append("no run of this report has a budget entry in hot_account.clients "
                         f"(budgeted client counts: {sorted(per_n) or 'none'})")
     return failures
@@ -1205,7 +1296,8 @@ def budgets_from_reports(reports: Sequence[dict], *, floor_fraction: float = 0.5
 def write_budget_section(path: Path, section: dict) -> None:
     """Replace only the "hot_account" section of the budget file; every other section is kept as it is."""
     data = load_budgets(path) if path.exists() else {}
-    data["hot_account"] = section
+    kept = (data.get("hot_account") or {}).get("batch_receipt")
+    data["hot_account"] = {**section, **({"batch_receipt": kept} if kept and "batch_receipt" not in section else {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -1243,6 +1335,12 @@ class HotAccount:
         parser.add_argument("--quick", action="store_true",
                             help="1 and 2 clients, 5 s each, 3 s baselines (for `make bench`)")
         parser.add_argument("--no-peer", action="store_true", help="skip the procrastinate peer baseline")
+        parser.add_argument("--batch-events", type=int, default=BATCH_EVENTS,
+                            help=f"events per receipt of the batch receipt phase (default {BATCH_EVENTS}; 0 skips it)")
+        parser.add_argument("--batch-only", action="store_true",
+                            help="run only the batch receipt phase (no mix, baselines or peer)")
+        parser.add_argument("--batch-seconds", type=float, default=None,
+                            help="duration of the batch receipt phase (default: that of the admission-only phase)")
         parser.add_argument("--shared-counter", action="store_true",
                             help="raw baseline: all clients update one counter row (default: one row per client)")
         parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
@@ -1294,6 +1392,10 @@ class HotAccount:
         from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
         clients = [1, 2] if options["quick"] else _client_counts(options["clients"])
+        if options["batch_only"]:
+            if not options["batch_events"]:
+                raise CommandError("--batch-only needs --batch-events above 0")
+            clients = []
         seconds = 5.0 if options["quick"] else options["seconds"]
         raw_seconds = options["raw_seconds"] or (3.0 if options["quick"] else min(10.0, max(2.0, seconds / 2)))
         if seconds < 1 or raw_seconds < 0.5:
@@ -1313,12 +1415,18 @@ class HotAccount:
                 account_key = build_world("", push=True).accounts[0].account_key
                 connections["default"].close()
                 report = run_hot_account(account_key=account_key, clients=clients, seconds=seconds,
-                                         raw_seconds=raw_seconds, peer=not options["no_peer"],
-                                         shared_counter=options["shared_counter"], progress=say)
+                                         raw_seconds=raw_seconds, peer=not (options["no_peer"] or options["batch_only"]),
+                                         shared_counter=options["shared_counter"], progress=say,
+                                         batch_events=options["batch_events"],
+                                         batch_seconds=options["batch_seconds"])
         finally:
             connector_log.setLevel(saved_level)
         flags = ["--quick"] if options["quick"] else [
             f"--clients {','.join(map(str, clients))}", f"--seconds {seconds:g}", f"--raw-seconds {raw_seconds:g}"]
-        flags += [f"--{k.replace('_', '-')}" for k in ("no_peer", "shared_counter") if options[k]]
+        flags += [f"--{k.replace('_', '-')}" for k in ("no_peer", "shared_counter", "batch_only") if options[k]]
+        if options["batch_events"] != BATCH_EVENTS:
+            flags.append(f"--batch-events {options['batch_events']}")
+        if options["batch_seconds"]:
+            flags.append(f"--batch-seconds {options['batch_seconds']:g}")
         report["command"] = "manage.py bench hot-account " + " ".join(flags)
         return report

@@ -74,6 +74,22 @@ def remember(carrier, pk: int) -> None:
             f'ON CONFLICT ("{meta.pk.column}") DO NOTHING', [pk, *found])
 
 
+def remember_many(carrier, pks: list[int]) -> None:
+    """`remember` for the rows a set-based statement wrote (a batch receipt's projections or executions): one
+    INSERT for all of them, nothing when tracing is off or no span is current."""
+    if not _ENABLED or not pks:
+        return
+    found = _carrier_of(trace.get_current_span().get_span_context())
+    if found is None:
+        return
+    meta = carrier._meta
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO "{meta.db_table}" ("{meta.pk.column}", traceparent, tracestate) '
+            f'SELECT pk, %s, %s FROM unnest(%s::bigint[]) AS pk ON CONFLICT ("{meta.pk.column}") DO NOTHING',
+            [*found, list(pks)])
+
+
 def _parent(carrier, lookup: dict):
     """The stored context of the row `lookup` selects in `carrier`; the empty (root) context when none is stored
     (the row was written while tracing was off)."""

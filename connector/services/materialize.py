@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -186,39 +187,208 @@ def _windowed(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: Servin
         ProjectionWindow.objects.filter(pk=window.pk).update(member_count=window.member_count)
 
 
+# -- set-based inserts (STYLE R28/R31) -------------------------------------------------------------------------
+
+_INSERT_SQL: dict[tuple, tuple[str, tuple]] = {}
+
+
+def _insert_statement(model, returning: tuple[str, ...], conflict_nothing: bool) -> tuple[str, tuple]:
+    """One fixed statement per (table, returning, conflict rule): `INSERT INTO t (cols) SELECT * FROM
+    unnest(%s::type[], ...) [ON CONFLICT DO NOTHING] RETURNING ...`. Built from the model's own columns and
+    types, so it never drifts from the schema; values are parameters only (never SQL built from input)."""
+    key = (model, returning, conflict_nothing)
+    if key not in _INSERT_SQL:
+        from django.db import connection
+
+        fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+        table = connection.ops.quote_name(model._meta.db_table)
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        # Arrays of the bare type (varchar, not varchar(64)): an explicit cast to a length would silently truncate
+        # a value the column must refuse; assignment to the column enforces the length as a single insert does.
+        arrays = ", ".join(f"%s::{re.sub(r'[(][^)]*[)]', '', f.db_type(connection))}[]" for f in fields)
+        sql = (f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays})"
+               + (" ON CONFLICT DO NOTHING" if conflict_nothing else "")
+               + " RETURNING " + ", ".join(connection.ops.quote_name(c) for c in returning))
+        _INSERT_SQL[key] = (sql, fields)
+    return _INSERT_SQL[key]
+
+
+def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",),
+                 conflict_nothing: bool = False) -> list[tuple]:
+    """Insert `rows` (attname -> value; missing columns take the field default, `auto_now(_add)` the current
+    time) in ONE statement, in the given order, and return the RETURNING tuples (rows skipped by a conflict are
+    absent). Row constraints, foreign keys and triggers apply to every row exactly as for a single insert."""
+    assert transaction.get_connection().in_atomic_block
+    if not rows:
+        return []
+    sql, fields = _insert_statement(model, returning, conflict_nothing)
+    now = timezone.now()
+    columns = []
+    for f in fields:
+        if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
+            columns.append([row.get(f.attname, now) for row in rows])
+            continue
+        default = f.get_default() if f.attname not in rows[0] else None
+        columns.append([bytes(v) if isinstance(v, memoryview) else v
+                        for v in (row.get(f.attname, default) for row in rows)])
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(sql, columns)
+        return cursor.fetchall()
+
+
 # -- events --------------------------------------------------------------------------------------------------------
 
-def _event(receipt: Receipt, n: NormalizedEvent, route: RouteProgram, profile_id: str, *, replay=None,
-           predecessor: Event | None = None) -> tuple[Event, str, str]:
-    """Insert the Event, or link a live duplicate (identical bytes) or quarantine a conflict (decision 14)."""
+@dataclass
+class _Item:
+    """One component still to derive: its ordinal, normalized event, and (once decided) its event and
+    disposition."""
+    ordinal: int
+    n: NormalizedEvent
+    event_pk: int | None = None
+    disposition: str = ""
+    reason: str = ""
+
+
+def _event_row(receipt: Receipt, n: NormalizedEvent, route: RouteProgram, contract_digest: bytes, replay,
+               predecessor_pk: int | None) -> dict:
+    return dict(account_id=receipt.account_id, epoch_id=receipt.epoch_id, receipt_id=receipt.pk,
+                route=route.business_key, event_kind=n.event_kind, source_locator=n.source_locator,
+                occurred_at=n.occurred_at, source_event_key=n.source_event_key, payload=n.payload,
+                payload_digest=hashlib.sha256(n.payload).digest(), ordering_contract=route.contract,
+                contract_digest=contract_digest, partition=n.partition,
+                position_kind="integer" if n.position is not None else "", position=n.position,
+                position_bytes=n.position_bytes, tie_breaker=n.tie_breaker, grouping_key=n.grouping_key,
+                replay_request_id=replay.pk if replay is not None else None, predecessor_id=predecessor_pk)
+
+
+def _events(receipt: Receipt, items: list[_Item], route: RouteProgram, profile_id: str, replay) -> None:
+    """Insert the Events of `items` with one statement, or link a live duplicate (identical bytes) or quarantine
+    a conflict (decision 14), exactly as one insert per component in ordinal order would: the first component
+    of a key in the receipt is the one that may insert; a later one of the same key meets that Event.
+
+    Rows are proposed in ascending source event key, so two receipts racing on overlapping keys wait on each
+    other's unique-index entries in one order and cannot deadlock (D-217). `ON CONFLICT DO NOTHING` skips only
+    a row that meets one of the Event's unique constraints (one live per key, one per replay generation); any
+    other failure raises as before. Conflicting keys are read back with one more statement."""
     contract_digest = _profile(profile_id).digest("ordering-contract", canonical_json(
         {"contract": route.contract, "ordering": route.ordering}))
-    fields = dict(account_id=receipt.account_id, epoch_id=receipt.epoch_id, receipt=receipt, route=route.business_key,
-                  event_kind=n.event_kind, source_locator=n.source_locator, occurred_at=n.occurred_at,
-                  source_event_key=n.source_event_key, payload=n.payload,
-                  payload_digest=hashlib.sha256(n.payload).digest(), ordering_contract=route.contract,
-                  contract_digest=contract_digest, partition=n.partition,
-                  position_kind="integer" if n.position is not None else "", position=n.position,
-                  position_bytes=n.position_bytes, tie_breaker=n.tie_breaker, grouping_key=n.grouping_key,
-                  replay_request=replay, predecessor=predecessor)
-    try:
-        with transaction.atomic():
-            return Event.objects.create(**fields), ComponentDisposition.EVENT, ""
-    except IntegrityError as exc:
-        if _constraint(exc) not in ("connector_event_one_live_per_key", "connector_event_one_replay_generation"):
-            raise
-    existing = Event.objects.get(account_id=receipt.account_id, source_event_key=n.source_event_key,
-                                 replay_request=replay)
-    if bytes(existing.payload_digest) == fields["payload_digest"] and existing.partition == n.partition and (
-            existing.position == n.position):
-        return existing, ComponentDisposition.DUPLICATE_EVENT, ""
-    return existing, ComponentDisposition.QUARANTINED, "EVENT_KEY_CONFLICT"
+    predecessor_pk = replay.predecessor_event_id if replay is not None else None
+    first: dict[str, _Item] = {}
+    for item in items:
+        first.setdefault(item.n.source_event_key, item)
+    rows = {key: _event_row(receipt, item.n, route, contract_digest, replay, predecessor_pk)
+            for key, item in first.items()}
+    inserted = dict((key, pk) for pk, key in _insert_rows(
+        Event, [rows[key] for key in sorted(rows)], returning=("id", "source_event_key"), conflict_nothing=True))
+    others = [item for item in items
+              if first[item.n.source_event_key] is not item or item.n.source_event_key not in inserted]
+    existing = {}
+    if others:
+        existing = {e["source_event_key"]: e for e in Event.objects.filter(
+            account_id=receipt.account_id, replay_request=replay,
+            source_event_key__in=sorted({i.n.source_event_key for i in others})).values(
+                "id", "source_event_key", "payload_digest", "partition", "position")}
+    for item in items:
+        key = item.n.source_event_key
+        if first[key] is item and key in inserted:
+            item.event_pk, item.disposition = inserted[key], ComponentDisposition.EVENT
+            continue
+        found = existing[key]
+        item.event_pk = found["id"]
+        if (bytes(found["payload_digest"]) == hashlib.sha256(item.n.payload).digest()
+                and found["partition"] == item.n.partition and found["position"] == item.n.position):
+            item.disposition = ComponentDisposition.DUPLICATE_EVENT
+        else:
+            item.disposition, item.reason = ComponentDisposition.QUARANTINED, "EVENT_KEY_CONFLICT"
+
+
+def _components(receipt: Receipt, items: list[_Item]) -> None:
+    """All the receipt's missing Components, in ordinal order, with one statement."""
+    _insert_rows(ReceiptComponent, [dict(
+        receipt_id=receipt.pk, ordinal=i.ordinal, payload=i.n.component,
+        payload_digest=hashlib.sha256(i.n.component).digest(), disposition=i.disposition,
+        event_id=None if i.disposition == ComponentDisposition.QUARANTINED else i.event_pk,
+        reason_code=i.reason) for i in items])
+
+
+# -- lanes and projections, set-based ------------------------------------------------------------------------
+
+def _lanes(ctx: ServingContext, route: RouteProgram, partitions: list[str], account_id: int) -> dict[str, int]:
+    """The lane of each partition (partition -> lane pk), opening the missing ones: one read, then (only for new
+    partitions) one `INSERT ... ON CONFLICT DO NOTHING` in ascending partition order, then (only if a concurrent
+    materializer opened one meanwhile) one more read. Two materializers opening overlapping partitions propose
+    them in one order and cannot deadlock (D-217)."""
+    key = dict(epoch_id=ctx.epoch_pk, account_id=account_id, route=route.business_key, route_version=route.version)
+    lanes = dict(OrderingLane.objects.filter(**key, partition__in=partitions).values_list("partition", "pk"))
+    missing = sorted(set(partitions) - set(lanes))
+    if missing:
+        for pk, partition in _insert_rows(OrderingLane, [dict(key, partition=p, contract=route.contract)
+                                                         for p in missing],
+                                          returning=("id", "partition"), conflict_nothing=True):
+            lanes[partition] = pk
+        if len(lanes) < len(set(partitions)):
+            lanes.update(OrderingLane.objects.filter(**key, partition__in=sorted(set(partitions) - set(lanes)))
+                         .values_list("partition", "pk"))
+    return lanes
+
+
+def _projection_row(event_pk: int, n: NormalizedEvent, route: RouteProgram, ctx: ServingContext, profile_id: str,
+                    suppress: bool, account_id: int, lane_pk: int | None) -> dict:
+    payload = canonical_json({"record_key": n.record_key, "event_kind": n.event_kind,
+                              "data": json.loads(n.payload)})
+    return dict(account_id=account_id, epoch_id=ctx.epoch_pk, route=route.business_key, route_version=route.version,
+                identity_digest=_projection_identity(profile_id, ctx.epoch_digest, route, f"event:{event_pk}"),
+                event_id=event_pk, window_id=None, lane_id=lane_pk, position=n.position, tie_breaker=n.tie_breaker,
+                input=payload, input_digest=hashlib.sha256(payload).digest(), suppress_external_effects=suppress,
+                execution_generation=0, lane_status="pending" if lane_pk is not None else "")
+
+
+def _immediate_batch(items: list[_Item], route: RouteProgram, ctx: ServingContext, profile_id: str,
+                     suppress: bool, account_id: int, out: Materialized) -> None:
+    """Projections of the new events of an immediate route, one statement (plus the lanes' and, for
+    order-independent routes, the Executions' one statement each). Lane routes leave the projection `pending`
+    for `lane_advance` (ordering and supersession are decided there, by position, tie-breaker and pk, never
+    here). Projections are inserted in ascending lane pk, then ordinal, so the implicit `FOR KEY SHARE` each
+    takes on its lane comes in the lanes' canonical order (docs/locking.md)."""
+    if route.ordered:
+        lanes = _lanes(ctx, route, sorted({i.n.partition for i in items}), account_id)
+        ordered = sorted(items, key=lambda i: (lanes[i.n.partition], i.ordinal))
+        projections = _insert_rows(Projection, [_projection_row(i.event_pk, i.n, route, ctx, profile_id, suppress,
+                                                                account_id, lanes[i.n.partition]) for i in ordered])
+        tracing.remember_many(ProjectionTrace, [pk for (pk,) in projections])  # issue 21: lane advance continues
+        out.lanes.update(lanes[i.n.partition] for i in items)
+        return
+    rows = [_projection_row(i.event_pk, i.n, route, ctx, profile_id, suppress, account_id, None) for i in items]
+    for row in rows:
+        row["execution_generation"] = 1  # what mint_execution's first step sets: generation 0 -> 1
+    projections = [pk for (pk,) in _insert_rows(Projection, rows)]
+    executions = []
+    for pk, row in zip(projections, rows):
+        projection = Projection(pk=pk, identity_digest=row["identity_digest"], input_digest=row["input_digest"],
+                                suppress_external_effects=suppress)
+        command_id = command_id_for(row["identity_digest"], 1)
+        ref = execution_ref(command_id=command_id, projection=projection, generation=1, route=route,
+                            epoch_digest=ctx.epoch_digest, profile_id=profile_id)
+        executions.append(dict(projection_id=pk, generation=1, account_id=account_id, epoch_id=ctx.epoch_pk,
+                               lane_id=None, command_id=command_id, execution_ref=ref,
+                               execution_ref_digest=hashlib.sha256(ref).digest()))
+    minted = [pk for (pk,) in _insert_rows(Execution, executions)]
+    tracing.remember_many(ExecutionTrace, minted)  # issue 21: the claim continues each execution's trace
+    out.executions.extend(minted)
 
 
 def receipt_materialize(*, receipt_pk: int) -> Materialized:
     """Materialize the missing children of one Receipt in one guarded transaction (gate `v2_serving` on the
     Receipt's exact epoch). Locks: epoch, gate (FOR SHARE), then the Receipt row (FOR UPDATE) so concurrent
-    materializers serialize; only ordinals without a Component are derived."""
+    materializers serialize; only ordinals without a Component are derived (CV2-05-016/017: the sweeper's
+    repair of a crashed receipt is this same call).
+
+    Set-based (D-217): the receipt's missing Events, Components, lanes and Projections (and the Executions of
+    an order-independent route) are each one statement whatever the number of events; Events are proposed in
+    key order, lanes opened in partition order, projections inserted in lane order (no deadlock between two
+    materializers). Windowed routes add their members one window at a time, in grouping-key order; routes with
+    declared dependencies mint per event. Fault point `materialize.after_components` fires once the Components
+    are written, before any projection."""
     out = Materialized()
     receipt = Receipt.objects.select_related("epoch", "replay_request").defer("epoch__preimage").get(pk=receipt_pk)
     logcontext.note(account_id=receipt.account_id)
@@ -238,23 +408,21 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
             normalized = [route.normalize(json.loads(bytes(receipt.payload)))]
         else:
             normalized = route.parse(bytes(receipt.payload))
-        for ordinal, n in enumerate(normalized):
-            if ordinal in done:
-                continue
-            event, disposition, reason = _event(receipt, n, route, profile_id, replay=replay,
-                                                predecessor=replay.predecessor_event if replay else None)
-            ReceiptComponent.objects.create(
-                receipt=receipt, ordinal=ordinal, payload=n.component,
-                payload_digest=hashlib.sha256(n.component).digest(), disposition=disposition,
-                event=None if disposition == ComponentDisposition.QUARANTINED else event, reason_code=reason)
-            out.components += 1
-            fault_point("materialize.after_components")
-            if disposition != ComponentDisposition.EVENT:
-                continue
-            out.events.append(event.pk)
-            if route.windowed and replay is None:
-                _windowed(event, n, route, ctx, profile_id, out)
-            else:
-                _immediate(event, n, route, ctx, profile_id, replay is not None, out)
+        items = [_Item(ordinal, n) for ordinal, n in enumerate(normalized) if ordinal not in done]
+        _events(receipt, items, route, profile_id, replay)
+        _components(receipt, items)
+        out.components += len(items)
+        fault_point("materialize.after_components")
+        new = [i for i in items if i.disposition == ComponentDisposition.EVENT]
+        out.events.extend(i.event_pk for i in new)
+        if route.windowed and replay is None:
+            for i in sorted(new, key=lambda i: (i.n.grouping_key, i.ordinal)):
+                _windowed(Event(pk=i.event_pk, account_id=receipt.account_id), i.n, route, ctx, profile_id, out)
+        elif route.definition.get("depends_on"):
+            for i in new:
+                _immediate(Event(pk=i.event_pk, account_id=receipt.account_id), i.n, route, ctx, profile_id,
+                           replay is not None, out)
+        elif new:
+            _immediate_batch(new, route, ctx, profile_id, replay is not None, receipt.account_id, out)
         MaterializationDue.objects.filter(receipt=receipt).delete()
     return out

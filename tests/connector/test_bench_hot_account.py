@@ -68,6 +68,11 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     assert run["peer"] == {"available": False, "reason": "not requested (--no-peer)"}
     assert "peer baseline: unavailable (not requested (--no-peer))" in format_report(report)
     assert report["receiver"]["requests"] >= run["classes"]["egress_send"]["count"]
+    # the batch receipt phase (issue 18, goal 2): 100-event receipts admitted and materialized by one client
+    batch = report["batch_receipt"]
+    assert batch["events_per_receipt"] == 100 and batch["receipts"] > 0 and batch["failures"] == 0
+    assert batch["events"] == 100 * batch["receipts"] and batch["events_per_s"] > 0
+    assert not batch["state_problems"] and "batch receipt (1 client, 100-event receipts" in format_report(report)
 
     # budgets derived from this very run hold; an impossible one fails, naming each broken figure
     derived = {"hot_account": budgets_from_reports([report])}
@@ -86,7 +91,7 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
         "gate_lock_wait_p99_ceiling_ms": 0.0001,
         "starvation_max_ms": 0.001,
         "deadlocks_max": 0,
-    }}}}))
+    }}, "batch_receipt": {"events_per_s_floor": 1e9}}}))
     with pytest.raises(CommandError) as caught:
         call_command("bench", "hot-account", "--from-json", str(saved), "--check", "--budgets", str(strict))
     message = str(caught.value)
@@ -94,18 +99,22 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     assert "runtime_completion p99" in message
     assert "gate-lock wait p99" in message
     assert "longest single wait" in message
+    assert "batch receipt" in message and "events/s < floor 1000000000.0" in message
     # a budget file without an entry for the measured client count is a failure too, not a silent pass
     assert check_report(report, {"hot_account": {"clients": {"8": {}}}})[0].startswith("no run of this report")
 
 
 def test_budget_sections_are_kept_and_history_limit_is_read(tmp_path):
-    """Writing the hot_account section keeps every other section (e.g. "history", "activation"); `bench history
+    """Writing the hot_account section keeps every other section (e.g. "history", "activation") and the batch
+    receipt floor inside it (measured by its own phase, D-218); `bench history
     --check` reads its ratio limit from the "history" section, with the built-in default when absent."""
     path = tmp_path / "budgets.json"
-    path.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1}}))
+    path.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1},
+                                "hot_account": {"batch_receipt": {"events_per_s_floor": 5.0}}}))
     write_budget_section(path, {"clients": {}})
     data = load_budgets(path)
-    assert data == {"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1}, "hot_account": {"clients": {}}}
+    assert data == {"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1},
+                    "hot_account": {"clients": {}, "batch_receipt": {"events_per_s_floor": 5.0}}}
     assert history_ratio_limit(default=1.2, path=path) == 1.5
     assert history_ratio_limit(default=1.2, path=tmp_path / "absent.json") == 1.2
 

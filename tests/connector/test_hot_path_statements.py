@@ -4,13 +4,14 @@ Each step runs in its own real transaction (a transactional test), as in product
 locks. The counted event is the second of the process: a first one warms the in-process caches of immutable facts
 (routes, the Runtime's frozen definitions; STYLE R30), as a running worker has them. Statements are what
 Django's connection records, BEGIN and COMMIT included. The ceilings are the counts measured after issue 18's
-first slice; `before` is the same test on the code before it (the serving guard in six statements per call, each
-call of a transaction locking again, the admitted receipt's epoch read back with its preimage):
+first slice and (materialization) of its set-based materialization (D-217); `before` is the same test on the code
+before each (the serving guard in six statements per call, each call of a transaction locking again, the admitted
+receipt's epoch read back with its preimage; materialization with a savepoint per Event and per new lane):
 
 | step | before | after |
 | --- | --- | --- |
 | HTTP admission of a new one-event receipt (`POST .../receipts`, signed) | 19 | 13 |
-| `receipt_materialize` of that receipt | 21 | 16 |
+| `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from connector.services.signatures import sign
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 
 HTTP_ADMISSION = 13
-MATERIALIZATION = 16
+MATERIALIZATION = 12
 EXECUTION = 26
 
 
@@ -71,3 +72,45 @@ def test_inbound_hot_path_statement_counts(hot_world, django_assert_max_num_quer
     client = Client()
     _one_event(client, account, 1)
     _one_event(client, account, 2, django_assert_max_num_queries)
+
+
+#: Statements of `receipt_materialize` for a receipt of fresh events on fresh records (issue 18, goal 2; D-217),
+#: BEGIN and COMMIT included: 12 for 1, 2 and 100 events. Before the set-based materialization (main at cfc1d42,
+#: same test) it was 16 for one event, 25 for two and 907 for 100 (9 more per event).
+BATCH_MATERIALIZATION = 12
+
+
+def _batch_materialize_statements(account: str, tag: str, events: int) -> tuple[int, object]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.hot_account import batch_body
+    from connector.actors import Actor
+    from connector.demo import DEMO_CHANNEL
+    from connector.services.admission import receipt_admit
+
+    admission = receipt_admit(account_key=account, channel=DEMO_CHANNEL, transport_key=f"k-{tag}",
+                              body=batch_body(tag, events), actor=Actor.system("hot-path-test"))
+    with CaptureQueriesContext(connection) as captured:
+        out = receipt_materialize(receipt_pk=admission.receipt.pk)
+    assert len(out.events) == events and len(out.lanes) == events
+    return len(captured.captured_queries), admission.receipt
+
+
+def test_batch_receipt_materialization_statements_do_not_grow_with_events(hot_world):
+    """Materializing a 100-event receipt takes the same number of statements as a 2-event one, within the
+    measured ceiling: Events, Components, lanes and Projections are one statement each for the whole receipt.
+    Proves: CV2-14-001 (capacity of the hot path), CV2-05-011 (children derived from the receipt), STYLE R27/R31."""
+    from connector.models import Event, Projection, ReceiptComponent
+
+    account = hot_world.accounts[0].account_key
+    _batch_materialize_statements(account, "warm", 2)  # route cache, as a running worker has it
+    small, _ = _batch_materialize_statements(account, "small", 2)
+    large, receipt = _batch_materialize_statements(account, "large", 100)
+    assert large == small, (small, large)
+    assert large <= BATCH_MATERIALIZATION, large
+    components = list(ReceiptComponent.objects.filter(receipt=receipt).order_by("ordinal")
+                      .values_list("ordinal", "disposition", "event__source_event_key"))
+    assert components == [(i, "event", f"bench-ev-large-{i}") for i in range(100)]
+    assert Projection.objects.filter(event__receipt=receipt, lane_status="pending").count() == 100
+    assert Event.objects.filter(receipt=receipt).count() == 100

@@ -666,6 +666,10 @@ from bench.burst import Burst  # noqa: E402 - burst against make run's processes
 
 SUBCOMMANDS[Burst.name] = Burst()
 
+from bench.accounts import Accounts  # noqa: E402 - account flatness (issue 18, goal 7; its own module)
+
+SUBCOMMANDS[Accounts.name] = Accounts()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
