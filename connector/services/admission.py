@@ -244,8 +244,8 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     admission = _admit_hinted(account_key=account_key, channel=channel, key=key, body=body, digest=digest, hint=hint)
     if admission is None:
         admission = _admit_ordered(account_key=account_key, channel=channel, key=key, body=body, digest=digest)
-        if admission.outcome != "created":
-            return admission
+    if admission.outcome != "created":
+        return admission
     receipt = admission.receipt
     fault_point("admission.after_receipt_commit")
     log.info("receipt admitted", extra={"receipt": receipt.pk, "account": account_key,
