@@ -190,6 +190,11 @@ def _install_timers() -> None:
         setattr(locks, name, timed_lock(getattr(locks, name), 0))
     for name in ("credential_gate_for_share", "credential_gate_for_update"):
         setattr(locks, name, timed_lock(getattr(locks, name), 1))
+    # A new transport receipt takes the guard's locks inside its one statement (connector_receipt_admit, D-201):
+    # the statement's whole time is counted as its lock time, an upper bound of the wait.
+    from connector.services import admission
+
+    admission._admit_statement = timed_lock(admission._admit_statement, 0)
 
     hooks.author_outbound = _nested("outbound_authoring", hooks.author_outbound)
     egress.permit_settle = _nested("permit_settlement", egress.permit_settle)

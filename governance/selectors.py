@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Q
 from django.db.models.functions import TruncMinute
@@ -28,6 +28,7 @@ from effects.services.delivery.setup import certification_subject_digest
 
 from .items import Item
 from .poison import poison_items
+from .reasons import Remedy, reason
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
 

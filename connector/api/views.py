@@ -51,10 +51,9 @@ from connector.api.serializers import (
 )
 from connector.api.transport import idempotency_key_from
 from connector.errors import ConnectorError, GateNotServing
-from connector.models import ConnectorAccount, Event, Execution, Receipt, ReceiptComponent, ReplayRequest
+from connector.models import Event, Execution, Receipt, ReceiptComponent, ReplayRequest
 from connector.selectors.routes import route_for
-from connector.selectors.serving import gate_get
-from connector.services.admission import Admission, account_get, receipt_admit
+from connector.services.admission import Admission, AdmissionHint, account_get, admission_hint_get, receipt_admit
 from connector.selectors.replay import replay_dispositions
 from connector.services.owners import ident
 from connector.services.replay import replay_request_admit, replay_request_settle
@@ -231,31 +230,29 @@ class ReceiptAdmitApi(APIView):
     @tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
     def post(self, request, account: str, channel: str) -> Response:
         body = _raw_body(request)  # the exact bytes, before anything could parse them
-        account_row = account_get(account)
-        _channel_check(account_row, channel)
-        signature_verify(account_id=account_row.pk, channel=channel,
-                         header=request.META.get("HTTP_CONNECTOR_SIGNATURE"), body=body)
-        admission = receipt_admit(account_key=account_row.account_key, channel=channel,
+        hint = _channel_check(account, channel)
+        signature_verify(account_id=hint.account_pk, channel=channel,
+                         header=request.META.get("HTTP_CONNECTOR_SIGNATURE"), body=body,
+                         epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest)
+        admission = receipt_admit(account_key=account, channel=channel,
                                   transport_key=idempotency_key_from(request.META), body=body,
-                                  actor=TRANSPORT)
+                                  actor=TRANSPORT, hint=hint)
         if admission.outcome == "created":
             _schedule_materialization(admission.receipt.pk)
         data = self.OutputSerializer(_admission_data(admission)).data
         return Response(data, status=status.HTTP_201_CREATED if admission.outcome == "created" else status.HTTP_200_OK)
 
 
-def _channel_check(account: ConnectorAccount, channel: str) -> None:
-    """The channel must be an enabled inbound route of the epoch the gate names now. A gate naming no epoch has
-    no route to check and no signing key: it is not serving (admission would refuse it under its lock anyway)."""
-    try:
-        gate = gate_get(account_id=account.pk)
-    except ObjectDoesNotExist:
-        gate = None
-    if gate is None or gate.epoch_id is None or gate.epoch_digest is None:
-        raise GateNotServing(f"account {account.account_key!r} gate is {gate.mode if gate else 'absent'}; "
-                             "no epoch serves it")
-    route_for(epoch_pk=gate.epoch_id, epoch_digest=bytes(gate.epoch_digest), account_id=account.pk,
-              channel=channel)
+def _channel_check(account_key: str, channel: str) -> AdmissionHint:
+    """The account (ACCOUNT_NOT_FOUND) and its gate's current epoch, read once; the channel must be an enabled
+    inbound route of that epoch. A gate naming no epoch has no route to check and no signing key: it is not
+    serving (admission would refuse it under its lock anyway). The answer is the hint the admission statement
+    re-checks under its locks (D-202)."""
+    hint = admission_hint_get(account_key)
+    if hint is None:
+        raise GateNotServing(f"account {account_key!r} gate names no epoch; no epoch serves it")
+    route_for(epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest, account_id=hint.account_pk, channel=channel)
+    return hint
 
 
 def _admission_data(admission: Admission) -> dict:

@@ -1,6 +1,16 @@
 """Transport admission: the ReceiptAdmissionKey and Receipt in one guarded transaction, then materialization of
 the Receipt's children (connector.services.materialize) in a second one, so a crash between them leaves a
-durable Receipt whose missing children the sweeper materializes (CV2-05-016/017)."""
+durable Receipt whose missing children the sweeper materializes (CV2-05-016/017).
+
+The hot path (issue 18 goal 1, D-201/D-202): a new receipt is admitted by one statement,
+`connector_receipt_admit` (migration 0014), which locks in the canonical order, makes every check of the serving
+guard and writes the Receipt, its key and its MaterializationDue, or writes nothing. The body is parsed and
+checked before that statement against the route of a hint, the (account pk, epoch pk, epoch digest) this process
+last saw; the statement admits only when the rows it holds locked are exactly the hint's, so the parse always
+ran against the exact epoch the receipt binds to. A stale hint is replaced by what the statement locked and the
+call is made once more; everything else that is not a new receipt (a refusal of the route or the body, a second
+stale hint) takes the ordered path below (`_admit_ordered`), which decides the documented error exactly as
+before."""
 from __future__ import annotations
 
 import hashlib
@@ -8,6 +18,7 @@ import hmac
 import logging
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
@@ -16,11 +27,12 @@ from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import EpochState, ReceiptKind
 from connector.errors import ConnectorError
 from connector.faults import fault_point
+from connector.locks import ServingLock
 from connector.models import (ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey, ReceiptTrace,
                               ServingEpoch)
 from connector.selectors.routes import route_for
 from connector.services import storable
-from connector.services.guard import lock_serving
+from connector.services.guard import lock_serving, serving_check
 
 log = logging.getLogger(__name__)
 
@@ -82,22 +94,178 @@ def _existing(account: ConnectorAccount, channel: str, key: str, digest: bytes) 
     return Admission("duplicate" if row.receipt_id else "v1_accepted", row.receipt, row)
 
 
+@dataclass(frozen=True)
+class AdmissionHint:
+    """Which account pk and which exact epoch (pk, digest) an account key was last seen serving under. Only a
+    hint: the admission statement admits nothing unless the rows it holds locked are exactly these."""
+
+    account_pk: int
+    epoch_pk: int
+    epoch_digest: bytes
+
+
+# Per process, by account key. Not a cache of facts (R30 caches only immutable facts by exact identity): an
+# account key's pk and a gate's epoch can both change, and the statement that uses a hint re-checks it under its
+# locks (D-202). A hint is replaced by what the statement locked whenever it differs.
+_HINTS: dict[str, AdmissionHint] = {}
+
+
+def admission_hint_get(account_key: str) -> AdmissionHint | None:
+    """The account's pk and its gate's current epoch, read in one statement without locking (ACCOUNT_NOT_FOUND when
+    no account has that key; None when its gate names no epoch). The epoch's preimage is never read."""
+    row = (ConnectorAccount.objects.filter(account_key=account_key)
+           .values_list("pk", "serving_gate__epoch_id", "serving_gate__epoch_digest").first())
+    if row is None:
+        _HINTS.pop(account_key, None)
+        raise AccountNotFound(f"no account {account_key!r}")
+    if row[1] is None or row[2] is None:
+        return None
+    hint = AdmissionHint(row[0], row[1], bytes(row[2]))
+    _HINTS[account_key] = hint
+    return hint
+
+
+class _Statement:
+    """One row of `connector_receipt_admit` (migration 0014)."""
+
+    __slots__ = ("outcome", "account_pk", "receipt_pk", "key_pk", "created_at", "lock")
+
+    def __init__(self, row: tuple) -> None:
+        self.outcome, self.account_pk, self.receipt_pk, self.key_pk, self.created_at = row[:5]
+        lock = ServingLock(*row[5:])
+        self.lock = lock._replace(
+            gate_epoch_digest=None if lock.gate_epoch_digest is None else bytes(lock.gate_epoch_digest),
+            epoch_digest=None if lock.epoch_digest is None else bytes(lock.epoch_digest))
+
+
+ADMIT_SQL = "SELECT * FROM connector_receipt_admit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+def _admit_statement(*, account_key: str, hint: AdmissionHint, channel: str, key: str, body: bytes, digest: bytes,
+                     component_count: int) -> _Statement:
+    """The one statement. Outside a transaction it is its own transaction (autocommit: one round trip, committed
+    when it returns); inside a caller's transaction it runs in a savepoint so that a lost key race leaves the
+    caller's transaction usable, as the ordered path's `atomic()` does."""
+    params = [account_key, hint.account_pk, hint.epoch_pk, hint.epoch_digest, channel, key, body, digest,
+              component_count, 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))]
+    connection = transaction.get_connection()
+    if connection.in_atomic_block:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(ADMIT_SQL, params)
+            return _Statement(cursor.fetchone())
+    with connection.cursor() as cursor:
+        cursor.execute(ADMIT_SQL, params)
+        return _Statement(cursor.fetchone())
+
+
+def _admitted(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes, count: int,
+              out: _Statement) -> Admission:
+    """The Admission of a receipt the statement created, built from what it returned (no read back). Its epoch is
+    the exact one the statement locked and found `active`, loaded as `.only()` would (the preimage deferred)."""
+    db = transaction.get_connection().alias
+    lock = out.lock
+    account = ConnectorAccount.from_db(db, ["id", "account_key"], [out.account_pk, account_key])
+    receipt = Receipt.from_db(
+        db, ["id", "account_id", "epoch_id", "epoch_digest", "gate_fence", "kind", "channel", "payload",
+             "payload_digest", "component_count", "replay_request_id", "created_at"],
+        [out.receipt_pk, out.account_pk, lock.gate_epoch_pk, lock.epoch_digest, lock.gate_fence,
+         ReceiptKind.TRANSPORT, channel, body, digest, count, None, out.created_at])
+    receipt.account = account
+    receipt.epoch = ServingEpoch.from_db(db, ["id", "epoch_id", "digest", "state"],
+                                         [lock.gate_epoch_pk, lock.epoch_id, lock.epoch_digest, EpochState.ACTIVE])
+    admission_key = ReceiptAdmissionKey.from_db(
+        db, ["id", "account_id", "channel", "transport_key", "receipt_id", "tombstone_id"],
+        [out.key_pk, out.account_pk, channel, key, out.receipt_pk, None])
+    admission_key.account = account
+    admission_key.receipt = receipt
+    return Admission("created", receipt, admission_key)
+
+
+def _admit_hinted(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes,
+                  hint: AdmissionHint | None) -> Admission | None:
+    """The one-statement path: parse against the hint's route, then the statement; a stale hint is replaced by the
+    rows the statement locked and tried once more. None: take the ordered path."""
+    for _attempt in range(2):
+        if hint is None:
+            return None
+        try:
+            route = route_for(epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest, account_id=hint.account_pk,
+                              channel=channel)
+            events = route.parse(body)
+            storable.events_check(events=events, route=route, epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest)
+        except ConnectorError:
+            return None  # the ordered path decides which refusal (or duplicate) answers, in its documented order
+        try:
+            out = _admit_statement(account_key=account_key, hint=hint, channel=channel, key=key, body=body,
+                                   digest=digest, component_count=len(events))
+        except IntegrityError as exc:
+            name = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "")
+            if name != "connector_admissionkey_unique_key":
+                raise
+            return None  # lost the race to a concurrent admission of this key: resolve it as a duplicate
+        if out.outcome == "created":
+            return _admitted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
+                             count=len(events), out=out)
+        if out.outcome == "existing":  # resolved before any lock, as the ordered path does
+            account = ConnectorAccount.from_db(transaction.get_connection().alias, ["id", "account_key"],
+                                               [out.account_pk, account_key])
+            return _existing(account, channel, key, digest)
+        if out.outcome == "no_account":
+            _HINTS.pop(account_key, None)
+            return None
+        # refused: the guard's own checks on the locked rows raise its documented error; passing them means only
+        # the hint was stale, so parse again against the epoch the statement found and call once more
+        ctx = serving_check(out.lock, account_id=out.account_pk)
+        hint = AdmissionHint(out.account_pk, ctx.epoch_pk, ctx.epoch_digest)
+        _HINTS[account_key] = hint
+    return None
+
+
 def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes | None, body: bytes,
-                  actor: Actor) -> Admission:
+                  actor: Actor, hint: AdmissionHint | None = None) -> Admission:
     """Admit one transport delivery exactly once.
 
     Validates the key, resolves a duplicate (same bytes: the original Receipt and epoch; a V1 tombstone: already
     accepted, no descendant; different bytes: RECEIPT_DIGEST_MISMATCH) before any lock. Otherwise, in one
     transaction: the serving guard (gate `v2_serving`, exact active epoch), the route from the frozen epoch, a
     whole-body parse and the check that every extracted value fits every column that stores it and every
-    outbound use (`storable.events_check`; BODY_UNPARSEABLE refuses everything), then the Receipt and its key.
-    Concurrent submissions of one key race on the key's unique constraint; losers resolve as duplicates or
-    mismatches. Children are materialized afterwards by `receipt_materialize`."""
+    outbound use (`storable.events_check`; BODY_UNPARSEABLE refuses everything), then the Receipt, its key and its
+    MaterializationDue. Concurrent submissions of one key race on the key's unique constraint; losers resolve as
+    duplicates or mismatches. Children are materialized afterwards by `receipt_materialize`.
+
+    A new receipt is admitted by one statement (module docstring, D-201/D-202): the parse and the check run
+    against the route of `hint` (or this process's last hint for the account, read when there is none), and the
+    statement writes only if the rows it locks are exactly the hint's; otherwise nothing is written and the
+    answer is the ordered path's. Raises NoncanonicalKey, AccountNotFound, ReceiptDigestMismatch, GateNotServing,
+    ChannelNotFound, BodyUnparseable (and the route's own definition errors)."""
     key = canonical_key(transport_key)
-    account = account_get(account_key)
-    logcontext.note(account_id=account.pk)
     body = bytes(body)
     digest = hashlib.sha256(body).digest()
+    admission = None
+    # With tracing on, the receipt's trace context must commit in the receipt's own transaction (D-225): the
+    # ordered path writes it; the one statement stays the path when tracing is off (its default).
+    if not tracing.enabled():
+        if hint is None:
+            hint = _HINTS.get(account_key) or admission_hint_get(account_key)
+        admission = _admit_hinted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
+                                  hint=hint)
+    if admission is None:
+        admission = _admit_ordered(account_key=account_key, channel=channel, key=key, body=body, digest=digest)
+    if admission.outcome != "created":
+        return admission
+    receipt = admission.receipt
+    fault_point("admission.after_receipt_commit")
+    logcontext.note(account_id=receipt.account_id, receipt_id=receipt.pk)
+    log.info("receipt admitted", extra={"receipt": receipt.pk, "account": account_key,
+                                        "components": receipt.component_count, "epoch": receipt.epoch.epoch_id})
+    return admission
+
+
+def _admit_ordered(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes) -> Admission:
+    """The ordered path (every check in its documented order, one statement each): the answer for everything the
+    one-statement path does not admit: account, duplicate, then in one transaction the serving guard, the route,
+    the parse and the check, and the three rows (`receipt_admit`'s docstring)."""
+    account = account_get(account_key)
     found = _existing(account, channel, key, digest)
     if found is not None:
         return found
@@ -128,8 +296,5 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
         if found is None:  # pragma: no cover - the unique violation proves a committed row
             raise
         return found
-    fault_point("admission.after_receipt_commit")
-    logcontext.note(receipt_id=receipt.pk)
-    log.info("receipt admitted", extra={"receipt": receipt.pk, "account": account.account_key,
-                                        "components": receipt.component_count, "epoch": ctx.epoch_id})
+    _HINTS[account_key] = AdmissionHint(account.pk, ctx.epoch_pk, ctx.epoch_digest)
     return Admission("created", receipt, admission_key)

@@ -73,7 +73,15 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
     still runs on each call, against the rows the transaction holds locked).
     """
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
-    row = _locked(account_id)
+    return serving_check(_locked(account_id), account_id=account_id, epoch_id=epoch_id, epoch_digest=epoch_digest,
+                         expected_fence=expected_fence, settling=settling)
+
+
+def serving_check(row: locks.ServingLock, *, account_id: int, epoch_id: str | None = None,
+                  epoch_digest: bytes | None = None, expected_fence: int | None = None,
+                  settling: bool = False) -> ServingContext:
+    """Every check of `lock_serving` on rows already locked FOR SHARE (by `connector_lock_serving`, directly or
+    through a hot path's one statement, e.g. `connector_receipt_admit`): the same order, the same exceptions."""
     if row.outcome == "no_epoch":
         raise GateNotServing(f"account {account_id} gate is {row.gate_mode or 'absent'}; no epoch serves it")
     if row.outcome != "locked":

@@ -11,6 +11,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | step | before | after |
 | --- | --- | --- |
 | HTTP admission of a new one-event receipt (`POST .../receipts`, signed) | 19 | 13 |
+| the same after issue 18 goal 1 (D-201..D-203): one hint read + `connector_receipt_admit` | 13 | 2 |
 | `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 """
@@ -29,7 +30,7 @@ from connector.services.materialize import receipt_materialize
 from connector.services.signatures import sign
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 
-HTTP_ADMISSION = 13
+HTTP_ADMISSION = 2
 MATERIALIZATION = 12
 EXECUTION = 26
 

@@ -190,7 +190,7 @@ def test_database_outage_answers_a_retryable_503(monkeypatch):
     def unreachable(account_key):
         raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
 
-    monkeypatch.setattr(views, "account_get", unreachable)
+    monkeypatch.setattr(views, "admission_hint_get", unreachable)  # the admission view's first database read
     response = Client(raise_request_exception=False).post(
         "/api/v2/accounts/acme/channels/records.webhook/receipts", data=b"{}", content_type="application/json",
         HTTP_IDEMPOTENCY_KEY="k-1", HTTP_CONNECTOR_SIGNATURE="t=1,v1=00")
