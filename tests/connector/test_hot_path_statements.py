@@ -12,6 +12,7 @@ call of a transaction locking again, the admitted receipt's epoch read back with
 | HTTP admission of a new one-event receipt (`POST .../receipts`, signed) | 19 | 13 |
 | `receipt_materialize` of that receipt | 21 | 16 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
+| one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
 """
 from __future__ import annotations
 
@@ -71,3 +72,28 @@ def test_inbound_hot_path_statement_counts(hot_world, django_assert_max_num_quer
     client = Client()
     _one_event(client, account, 1)
     _one_event(client, account, 2, django_assert_max_num_queries)
+
+
+BATCH_CLAIM = 5  # candidates, BEGIN, every account's guard, lease CAS + Attempts, COMMIT (D-204)
+
+
+def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, django_assert_max_num_queries):
+    """One `execution_claim_batch` (candidates, the guard of every account involved, the lease CAS with its
+    Attempts) runs a fixed number of statements however many Executions and accounts it claims: 2 from one
+    account and 8 from two accounts cost the same. Proves: CV2-14-001, CV2-14-010, STYLE R27, R31"""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.crash.support import ready_execution
+
+    first, second = hot_world.accounts[:2]
+    for i in range(4):
+        ready_execution(first.account_key, f"rec-b{i}")
+        ready_execution(second.account_key, f"rec-c{i}")
+    with CaptureQueriesContext(connection) as small:
+        tokens = execution.execution_claim_batch(holder="pin", n=2, account_ids=[first.pk])
+    assert len(tokens) == 2
+    with django_assert_max_num_queries(BATCH_CLAIM), CaptureQueriesContext(connection) as large:
+        tokens = execution.execution_claim_batch(holder="pin", n=8)
+    assert len(tokens) == 6
+    assert len(large.captured_queries) == len(small.captured_queries)
