@@ -666,6 +666,10 @@ from bench.burst import Burst  # noqa: E402 - burst against make run's processes
 
 SUBCOMMANDS[Burst.name] = Burst()
 
+from bench.claims import Claims  # noqa: E402 - batched fair claims against procrastinate (its own module)
+
+SUBCOMMANDS[Claims.name] = Claims()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
