@@ -198,10 +198,12 @@ def dependency_for_update(dependency_pk: int):
 # append their ExecutionAttempts. Returns (execution pk, lease fence) of the rows claimed.
 _EXECUTIONS_LEASE = """
 WITH candidate AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS c(id, epoch_id)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(accounts)s::bigint[])
+        AS c(id, epoch_id, account_id)
 ), picked AS (
     SELECT e.id, e.attempt_count + 1 AS ordinal, e.lease_fence + 1 AS fence
-    FROM connector_execution e JOIN candidate c ON c.id = e.id AND c.epoch_id = e.epoch_id
+    FROM connector_execution e
+    JOIN candidate c ON c.id = e.id AND c.epoch_id = e.epoch_id AND c.account_id = e.account_id
     WHERE e.state = 'ready' AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
     ORDER BY e.id
     FOR UPDATE OF e SKIP LOCKED
@@ -217,15 +219,17 @@ WITH candidate AS (
 SELECT l.id, l.lease_fence FROM leased l ORDER BY l.id"""
 
 
-def executions_lease(*, candidates: list[tuple[int, int]], holder: str, now, expires) -> list[tuple[int, int]]:
-    """Lock the given (execution pk, guarded epoch pk) candidates `FOR UPDATE SKIP LOCKED` in ascending pk and
-    lease the ones still claimable (entity rows: last in the canonical order, after the caller's guard). Writes
-    the new lease fences and ExecutionAttempts in the same statement (the lease compare-and-swap, CV2-07-018)."""
+def executions_lease(*, candidates: list[tuple[int, int, int]], holder: str, now, expires) -> list[tuple[int, int]]:
+    """Lock the given (execution pk, guarded epoch pk, account id) candidates `FOR UPDATE SKIP LOCKED` in
+    ascending pk and lease the ones still claimable (entity rows: last in the canonical order, after the caller's
+    guard). Writes the new lease fences and ExecutionAttempts in the same statement (the lease compare-and-swap,
+    CV2-07-018). The statement names the accounts, so a sharded deployment routes it by account (D-205)."""
     assert transaction.get_connection().in_atomic_block, "the lease is written inside the claim's transaction"
     if not candidates:
         return []
     ordered = sorted(candidates)
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(_EXECUTIONS_LEASE, {"ids": [c[0] for c in ordered], "epochs": [c[1] for c in ordered],
-                                           "holder": holder, "now": now, "expires": expires})
+                                           "accounts": [c[2] for c in ordered], "holder": holder, "now": now,
+                                           "expires": expires})
         return [(int(pk), int(fence)) for pk, fence in cursor.fetchall()]

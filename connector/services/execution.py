@@ -290,7 +290,7 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
     _ROTATION["start"] = first_rank[-1] + 1
     with transaction.atomic(durable=True):
         guarded = lock_serving_accounts(account_ids=seen)
-        chosen = [(pk, epoch_pk) for pk, acct, epoch_pk in candidates
+        chosen = [(pk, epoch_pk, acct) for pk, acct, epoch_pk in candidates
                   if isinstance(guarded[acct], ServingContext) and guarded[acct].epoch_pk == epoch_pk]
         now = timezone.now()
         leased = locks.executions_lease(candidates=chosen, holder=holder, now=now,

@@ -99,11 +99,13 @@ def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_acco
     assert [w.error for w in workers] == [None, None]
     claimed = workers[0].result + workers[1].result
     assert sorted(claimed) == sorted(ready)  # each exactly once
-    assert workers[0].result and workers[1].result, "both claimers took part"
+    # Which claimer gets how many depends on the scheduler (on a loaded machine one may take every batch before
+    # the other starts); the property is that the union is exact, whatever the interleaving.
     assert ExecutionAttempt.objects.count() == 36
     rows = Execution.objects.filter(pk__in=ready)
     assert {(e.attempt_count, e.lease_fence) for e in rows} == {(1, 1)}
-    assert {e.lease_holder for e in rows} == {"claimer-0", "claimer-1"}
+    assert {e.lease_holder for e in rows} <= {"claimer-0", "claimer-1"}
+    assert sorted(ExecutionAttempt.objects.values_list("execution_id", flat=True)) == sorted(ready)
 
 
 def test_a_stale_lease_fence_cannot_complete(three_accounts):
