@@ -77,6 +77,34 @@ def serving_for_share(account_id: int, *, attempts: int) -> ServingLock:
     return lock._replace(gate_epoch_digest=gate_digest, epoch_digest=bytes(lock.epoch_digest))
 
 
+# One call of connector_lock_serving per account, in the array's (ascending) order: the function scan of
+# unnest yields the accounts in array order and the nested loop calls the lateral function once per outer row, so
+# the account with the lower id is locked (epoch, then gate) before the next one is touched.
+_SERVINGS_FOR_SHARE = """
+SELECT s.* FROM unnest(%s::bigint[]) WITH ORDINALITY AS a(account_id, ord)
+CROSS JOIN LATERAL connector_lock_serving(a.account_id, %s) AS s
+ORDER BY a.ord"""
+
+
+def servings_for_share(account_ids: list[int], *, attempts: int) -> list[ServingLock]:
+    """`serving_for_share` for several accounts in one round trip, in ascending account id (a batched claim,
+    D-204): the same function per account, so each account's epoch is locked before its gate and a lost race is
+    retried from the top for that account. Returns one ServingLock per account, in the given order."""
+    ordered = list(account_ids)
+    assert ordered == sorted(set(ordered)), "accounts are guarded in ascending id"
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_SERVINGS_FOR_SHARE, [ordered, attempts])
+        rows = cursor.fetchall()
+    out = []
+    for row in rows:
+        lock = ServingLock(*row)
+        if lock.outcome == "locked":
+            gate_digest = None if lock.gate_epoch_digest is None else bytes(lock.gate_epoch_digest)
+            lock = lock._replace(gate_epoch_digest=gate_digest, epoch_digest=bytes(lock.epoch_digest))
+        out.append(lock)
+    return out
+
+
 def forget_serving() -> None:
     """A transaction about to change a gate or an epoch drops what its guard memoized (connector.services.guard):
     a later guard in the same transaction must read the rows again."""
@@ -161,3 +189,47 @@ def dependency_for_update(dependency_pk: int):
     from connector.models import ExecutionDependency
 
     return ExecutionDependency.objects.select_for_update(of=("self",)).get(pk=dependency_pk)
+
+
+# The batched claim's lock and lease compare-and-swap (D-204), one statement: lock the guarded candidates that are
+# still ready with a free or expired lease and still bound to the epoch their account's guard locked, ascending
+# pk, FOR UPDATE SKIP LOCKED (a row another claimer holds is skipped, never waited for; a row another claimer
+# leased and committed meanwhile fails the re-checked condition); give each a new lease fence and Attempt ordinal;
+# append their ExecutionAttempts. Returns (execution pk, lease fence) of the rows claimed.
+_EXECUTIONS_LEASE = """
+WITH candidate AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(accounts)s::bigint[])
+        AS c(id, epoch_id, account_id)
+), picked AS (
+    SELECT e.id, e.attempt_count + 1 AS ordinal, e.lease_fence + 1 AS fence
+    FROM connector_execution e
+    JOIN candidate c ON c.id = e.id AND c.epoch_id = e.epoch_id AND c.account_id = e.account_id
+    WHERE e.state = 'ready' AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+    ORDER BY e.id
+    FOR UPDATE OF e SKIP LOCKED
+), leased AS (
+    UPDATE connector_execution e
+    SET attempt_count = p.ordinal, lease_fence = p.fence, lease_holder = %(holder)s, lease_expires_at = %(expires)s
+    FROM picked p WHERE e.id = p.id
+    RETURNING e.id, e.attempt_count, e.lease_fence
+), attempts AS (
+    INSERT INTO connector_executionattempt (execution_id, ordinal, holder, lease_fence, claimed_at, lease_expires_at)
+    SELECT l.id, l.attempt_count, %(holder)s, l.lease_fence, %(now)s, %(expires)s FROM leased l
+)
+SELECT l.id, l.lease_fence FROM leased l ORDER BY l.id"""
+
+
+def executions_lease(*, candidates: list[tuple[int, int, int]], holder: str, now, expires) -> list[tuple[int, int]]:
+    """Lock the given (execution pk, guarded epoch pk, account id) candidates `FOR UPDATE SKIP LOCKED` in
+    ascending pk and lease the ones still claimable (entity rows: last in the canonical order, after the caller's
+    guard). Writes the new lease fences and ExecutionAttempts in the same statement (the lease compare-and-swap,
+    CV2-07-018). The statement names the accounts, so a sharded deployment routes it by account (D-205)."""
+    assert transaction.get_connection().in_atomic_block, "the lease is written inside the claim's transaction"
+    if not candidates:
+        return []
+    ordered = sorted(candidates)
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_EXECUTIONS_LEASE, {"ids": [c[0] for c in ordered], "epochs": [c[1] for c in ordered],
+                                           "accounts": [c[2] for c in ordered], "holder": holder, "now": now,
+                                           "expires": expires})
+        return [(int(pk), int(fence)) for pk, fence in cursor.fetchall()]

@@ -28,8 +28,8 @@ def serving_epoch_sweep() -> dict[str, list[int]]:
 @shared_task(name="connector.tasks.inbound_sweep", acks_late=True, ignore_result=True)
 def inbound_sweep() -> dict[str, int]:
     report = sweeper.inbound_sweep()
-    if report.claimable:
-        for _ in range(min(report.claimable, 8)):
+    if report.claimable:  # one wake-up per batch of claimable work (D-206), at most 8
+        for _ in range(min(-(-report.claimable // _batch()), 8)):
             execution_claim_and_run.delay()
     return vars(report)
 
@@ -46,8 +46,9 @@ def receipt_materialize(receipt_pk: int) -> None:
         return  # transient: the sweeper retries from MaterializationDue; failed: the receipt is held
     for lane_pk in out.lanes:
         lane_advance.delay(lane_pk)
-    for _ in out.executions:
-        execution_claim_and_run.delay()
+    if out.executions:  # one wake-up per batch, not per item (D-206)
+        for _ in range(-(-len(out.executions) // _batch())):
+            execution_claim_and_run.delay()
 
 
 @shared_task(name="connector.tasks.lane_advance", acks_late=True, ignore_result=True)
@@ -60,16 +61,23 @@ def lane_advance(lane_pk: int) -> None:
         execution_claim_and_run.delay()
 
 
+def _batch() -> int:
+    return max(1, int(settings.CONNECTOR.get("CLAIM_BATCH", 10)))
+
+
 @shared_task(name="connector.tasks.execution_claim_and_run", acks_late=True, ignore_result=True)
 def execution_claim_and_run(limit: int = 20) -> int:
-    """Claim and run up to `limit` executions; each result commits before the next claim, and a quarantined one
-    never stops the loop."""
+    """Claim batches fairly across accounts and run them one by one, up to `limit` executions
+    (`execution.execution_claim_batch_and_run`, D-204..D-206); each result commits before the next run, and a
+    quarantined one never stops the loop. Each completed execution's lane is woken to mint its successor."""
     done = 0
     while done < limit:
-        result = execution.execution_claim_and_run(holder=HOLDER, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
-        if result is None:
+        ran = execution.execution_claim_batch_and_run(holder=HOLDER, n=min(_batch(), limit - done),
+                                                      lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
+        if not ran:
             break
-        if result.lane_id:
-            lane_advance.delay(result.lane_id)
-        done += 1
+        for result in ran:
+            if result.lane_id:
+                lane_advance.delay(result.lane_id)
+        done += len(ran)
     return done

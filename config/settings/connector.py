@@ -10,6 +10,8 @@ CONNECTOR = {
     "ACTIVATION_MAX_ACCOUNTS": env_int("CONNECTOR_ACTIVATION_MAX_ACCOUNTS", 100_000),
     "SIGNATURE_TOLERANCE_SECONDS": env_int("CONNECTOR_SIGNATURE_TOLERANCE_SECONDS", 300),
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
+    # Executions one worker step claims in one transaction (D-204); the lease above must cover running them all.
+    "CLAIM_BATCH": env_int("CONNECTOR_CLAIM_BATCH", 10),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
     # Identity governance (D-180): within this many hours after a person created, granted a role or permission to,

@@ -147,6 +147,10 @@ class Execution(ConcurrentTransitionMixin, models.Model):
         ]
         indexes = [models.Index(fields=["account", "state", "lease_expires_at"], name="connector_exec_claimable",
                                 condition=Q(state="ready")),
+                   # The batched claim (D-205): accounts with ready work by a loose scan, then each account's
+                   # oldest ready executions in pk order, without sorting the account's whole ready backlog.
+                   models.Index(fields=["account", "id"], name="connector_exec_ready_queue",
+                                condition=Q(state="ready")),
                    # /metrics (issue 21): quarantined executions by reason without scanning the completed history.
                    models.Index(fields=["quarantine_reason", "changed_at"], name="connector_exec_quarantined",
                                 condition=Q(state="quarantined"))]

@@ -21,7 +21,7 @@ from django.utils import timezone
 from connector import locks, logcontext, tracing
 from connector.actors import Actor
 from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
-from connector.errors import TransitionRefused
+from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
 from connector.models import (
     Execution,
@@ -36,7 +36,7 @@ from connector.models import (
 from connector.selectors.routes import route_for
 from connector.services import lanes, poison, runtime
 from connector.services.audit import audit_record
-from connector.services.guard import lock_serving
+from connector.services.guard import ServingContext, lock_serving, lock_serving_accounts
 from connector.services.materialize import mint_execution, window_seal
 
 log = logging.getLogger(__name__)
@@ -205,17 +205,156 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
     return None
 
 
+# The batched claim's candidates (D-204/D-205), read without a lock: the accounts with ready work, found by a
+# loose index scan of the ready-queue index in rotation order (from the process's cursor up, then wrapping
+# around), at most `accounts` of them; then, per account (a LATERAL subquery naming its account, so it runs on
+# the account's shard), its oldest claimable executions; then ranks interleaved round-robin: every account's
+# first, then every account's second, ... An account's backlog therefore never delays another account's first.
+# `group` (optional) restricts the claim to one account group (the scale-out path: one claimer per shard).
+_CLAIM_CANDIDATES = """
+WITH RECURSIVE upper_accounts(account_id, n) AS (
+    (SELECT e.account_id, 1 FROM connector_execution e
+     WHERE e.state = 'ready' AND e.account_id >= %(start)s
+       AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
+     ORDER BY e.account_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.account_id FROM connector_execution e
+            WHERE e.state = 'ready' AND e.account_id > u.account_id
+              AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
+            ORDER BY e.account_id LIMIT 1), u.n + 1
+    FROM upper_accounts u WHERE u.account_id IS NOT NULL AND u.n < %(accounts)s
+), lower_accounts(account_id, n) AS (
+    (SELECT e.account_id, 1 FROM connector_execution e
+     WHERE e.state = 'ready' AND e.account_id < %(start)s
+       AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
+     ORDER BY e.account_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.account_id FROM connector_execution e
+            WHERE e.state = 'ready' AND e.account_id > l.account_id AND e.account_id < %(start)s
+              AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
+            ORDER BY e.account_id LIMIT 1), l.n + 1
+    FROM lower_accounts l WHERE l.account_id IS NOT NULL AND l.n < %(accounts)s
+), rotation AS (
+    SELECT account_id, wrap FROM (
+        SELECT account_id, 0 AS wrap FROM upper_accounts WHERE account_id IS NOT NULL
+        UNION ALL
+        SELECT account_id, 1 AS wrap FROM lower_accounts WHERE account_id IS NOT NULL) a
+    ORDER BY wrap, account_id LIMIT %(accounts)s
+)
+SELECT c.id, c.account_id, c.epoch_id
+FROM rotation r CROSS JOIN LATERAL (
+    SELECT e.id, e.account_id, e.epoch_id, row_number() OVER (ORDER BY e.id) AS rank
+    FROM connector_execution e
+    WHERE e.account_id = r.account_id AND e.state = 'ready'
+      AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+    ORDER BY e.id LIMIT %(n)s) c
+ORDER BY c.rank, r.wrap, r.account_id
+LIMIT %(n)s"""
+
+# Where this process's next batch starts its rotation over accounts (round-robin across batches too).
+_ROTATION = {"start": 0}
+
+
+def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
+                          account_ids: list[int] | None = None) -> list[ClaimToken]:
+    """Claim up to `n` ready Executions whose lease is free or expired, fairly across accounts, in one
+    transaction (D-204, D-205, CV2-07-016/017/018).
+
+    1. Candidates (one statement, no lock): up to `n` claimable executions interleaved round-robin over the
+       accounts that have ready work, starting from this process's rotation cursor (`_CLAIM_CANDIDATES`);
+       `account_ids` restricts the claim to one account group.
+    2. The serving guard of every account involved, in ascending account id, in one round trip
+       (`guard.lock_serving_accounts`: per account its epoch, then its gate, FOR SHARE). An account whose gate
+       does not serve is skipped; a candidate bound to another epoch than its account's guarded one is skipped.
+    3. The remaining candidates locked `FOR UPDATE SKIP LOCKED` in ascending pk, re-checked (still ready, lease
+       still free or expired, same epoch), leased with a new fence and Attempt ordinal, and their Attempts
+       appended, in one statement (`locks.executions_lease`).
+
+    An expired lease is reacquired under the same Execution identity and command with a higher fence (CV2-07-017).
+    Returns the tokens in claim order (round-robin over accounts); `fault_point("claim.after_commit")` fires
+    once after the commit. Nothing is written for a skipped candidate; a refused guard never raises."""
+    if n <= 0:
+        return []
+    now = timezone.now()
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_CLAIM_CANDIDATES, {"start": _ROTATION["start"], "accounts": 2 * n, "n": n, "now": now,
+                                           "group": sorted(account_ids) if account_ids is not None else None})
+        candidates = cursor.fetchall()
+    if not candidates:
+        return []
+    order = {pk: i for i, (pk, _, _) in enumerate(candidates)}
+    first_rank, seen = [], set()
+    for _, acct, _ in candidates:
+        if acct not in seen:
+            seen.add(acct)
+            first_rank.append(acct)
+    _ROTATION["start"] = first_rank[-1] + 1
+    with transaction.atomic(durable=True):
+        guarded = lock_serving_accounts(account_ids=seen)
+        chosen = [(pk, epoch_pk, acct) for pk, acct, epoch_pk in candidates
+                  if isinstance(guarded[acct], ServingContext) and guarded[acct].epoch_pk == epoch_pk]
+        now = timezone.now()
+        leased = locks.executions_lease(candidates=chosen, holder=holder, now=now,
+                                        expires=now + timedelta(seconds=lease_seconds))
+    if not leased:
+        return []
+    fault_point("claim.after_commit")
+    return [ClaimToken(pk, fence, holder) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
+
+
+def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 60,
+                                  account_ids: list[int] | None = None) -> list[Execution]:
+    """One worker step over a batch: claim up to `n` Executions (`execution_claim_batch`), then run them one by
+    one, each in Runtime's own transaction and each completion in its own fenced transaction, exactly as
+    `execution_claim_and_run` runs one. A deterministic failure of one run quarantines that Execution only
+    (EXECUTION_STEP_FAILED) and the loop goes on; a transient one leaves it leased. A crash loses only what was
+    not committed: the leases of the batch's unrun Executions expire and they are claimed again with a new fence.
+    If the batch claim itself fails deterministically, this step falls back to single claims, whose poison
+    isolation quarantines the execution at fault. Returns the Executions it ran (completed, quarantined or left
+    ready by a transient failure); empty when nothing was claimable."""
+    try:
+        tokens = execution_claim_batch(holder=holder, n=n, lease_seconds=lease_seconds, account_ids=account_ids)
+    except Exception as exc:  # noqa: BLE001 - classified below; the single path isolates the poison item
+        if poison.classify(exc) != poison.FAILED:  # transient or refused: nothing was written, the next step retries
+            log.info("execution_claim_batch deferred: %s: %s", type(exc).__name__, exc)
+            return []
+        log.exception("execution_claim_batch failed; falling back to single claims")
+        out = []
+        for _ in range(n):
+            one = execution_claim_and_run(holder=holder, lease_seconds=lease_seconds)
+            if one is None:
+                break
+            out.append(one)
+        return out
+    done = []
+    for token in tokens:
+        ran = None
+        with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
+                             quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
+                                                step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
+            ran = execution_run(token=token)
+        done.append(ran if ran is not None else Execution.objects.get(pk=token.execution_pk))
+    return done
+
+
 def execution_run(*, token: ClaimToken) -> Execution:
-    """Submit the claimed command to Runtime (its own transaction) and record the result. Safe to repeat."""
+    """Submit the claimed command to Runtime (its own transaction) and record the result. Safe to repeat.
+
+    The token's lease fence is compared twice: before Runtime (a holder whose lease was already taken over does
+    not call Runtime) and under the Execution's row lock at completion (`execution_record_result(lease_fence=)`):
+    a stale fence never completes the Execution (FENCE_STALE, retryable; the newer holder completes it)."""
     execution = Execution.objects.select_related("projection").get(pk=token.execution_pk)
     logcontext.note(account_id=execution.account_id)
+    if execution.state == ExecutionState.READY and execution.lease_fence != token.lease_fence:
+        raise FenceStale(f"execution {execution.pk} lease fence is {execution.lease_fence}, the claim holds "
+                         f"{token.lease_fence}")
     receipt = runtime.runtime_command_apply(command_id=execution.command_id,
                                             execution_ref=bytes(execution.execution_ref),
                                             input=bytes(execution.projection.input), account_id=execution.account_id,
                                             execution_id=execution.pk)
     fault_point("runtime.after_commit")
     return execution_record_result(execution_pk=execution.pk, command_id=receipt.command_id,
-                                   execution_ref_digest=receipt.execution_ref_digest)
+                                   execution_ref_digest=receipt.execution_ref_digest, lease_fence=token.lease_fence)
 
 
 def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Execution | None:
@@ -235,10 +374,15 @@ def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Executio
     return Execution.objects.get(pk=token.execution_pk)
 
 
-def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes) -> Execution:
+def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes,
+                            lease_fence: int | None = None) -> Execution:
     """Close an Execution from the Runtime result receipt (read back from Runtime, never from the caller's
     word), and under the route's frozen terminal-disposition policy either complete it and advance the lane
-    high-water, or quarantine it and halt the partition, in one fenced transaction. Idempotent."""
+    high-water, or quarantine it and halt the partition, in one fenced transaction. Idempotent.
+
+    `lease_fence` (a claim holder's token): the Execution's current lease fence must equal it under the row lock
+    (lease compare-and-swap, CV2-07-018), else FenceStale and nothing is written. Without it (recovery from a
+    stored Runtime result receipt, which is not a re-execution) no lease is compared."""
     execution = Execution.objects.select_related("epoch", "projection").defer("epoch__preimage").get(pk=execution_pk)
     if execution.command_id != command_id:
         raise TransitionRefused("the result names another command")
@@ -254,6 +398,9 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
             return execution
         if execution.state != ExecutionState.READY:
             raise TransitionRefused(f"execution is {execution.state}")
+        if lease_fence is not None and execution.lease_fence != lease_fence:
+            raise FenceStale(f"execution {execution_pk} lease fence is {execution.lease_fence}, the holder's is "
+                             f"{lease_fence}")
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=execution.account_id,
                           channel=execution.projection.route)
         if route.terminal_disposition(result.outcome) == "advance":

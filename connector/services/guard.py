@@ -19,7 +19,7 @@ from django.db import transaction
 
 from connector import locks
 from connector.choices import EpochState, GateMode
-from connector.errors import FenceStale, GateNotServing
+from connector.errors import ConnectorError, FenceStale, GateNotServing
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,22 @@ def _locked(account_id: int) -> locks.ServingLock:
     never used). A transaction that goes on to change a gate or epoch drops the memo
     (`locks.forget_serving`, called by every FOR UPDATE of gates and epochs). Only outcome "locked" is kept:
     a refusal is re-read by the next guard."""
-    connection = transaction.get_connection()
+    memo = _memo(transaction.get_connection())
+    lock = memo.get(account_id)
+    if lock is None:
+        lock = locks.serving_for_share(account_id, attempts=1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1)))
+        if lock.outcome == "locked":
+            memo[account_id] = lock
+    return lock
+
+
+def _memo(connection) -> dict[int, locks.ServingLock]:
+    """This transaction's memo of locked gate and epoch rows by account (see `_locked`)."""
     memo = getattr(connection, "connector_serving_memo", None)
     if memo is None or memo[0] is not connection.run_on_commit:
         memo = (connection.run_on_commit, {})
         connection.connector_serving_memo = memo
-    lock = memo[1].get(account_id)
-    if lock is None:
-        lock = locks.serving_for_share(account_id, attempts=1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1)))
-        if lock.outcome == "locked":
-            memo[1][account_id] = lock
-    return lock
+    return memo[1]
 
 
 def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: bytes | None = None,
@@ -75,6 +80,34 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
     assert transaction.get_connection().in_atomic_block, "lock_serving runs inside the write's transaction"
     return serving_check(_locked(account_id), account_id=account_id, epoch_id=epoch_id, epoch_digest=epoch_digest,
                          expected_fence=expected_fence, settling=settling)
+
+
+def lock_serving_accounts(*, account_ids) -> dict[int, ServingContext | ConnectorError]:
+    """`lock_serving` for several accounts of one transaction (a batched claim), in ascending account id.
+
+    One round trip for every account not yet guarded in this transaction (`locks.servings_for_share`: per
+    account the epoch FOR SHARE, then the gate FOR SHARE, accounts in ascending id: docs/locking.md, D-204);
+    the locked rows join the transaction's memo, so a later `lock_serving` of one of
+    these accounts in the same transaction needs no round trip. Returns, per account, its ServingContext or the
+    GateNotServing / FenceStale the single guard would have raised: the caller skips refused accounts and writes
+    nothing for them (their share locks, if taken, are harmless and end with the transaction)."""
+    connection = transaction.get_connection()
+    assert connection.in_atomic_block, "lock_serving_accounts runs inside the write's transaction"
+    ordered = sorted(set(int(a) for a in account_ids))
+    memo = _memo(connection)
+    missing = [a for a in ordered if a not in memo]
+    fetched = dict(zip(missing, locks.servings_for_share(
+        missing, attempts=1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))))) if missing else {}
+    out: dict[int, ServingContext | ConnectorError] = {}
+    for account_id in ordered:
+        row = memo.get(account_id) or fetched[account_id]
+        if row.outcome == "locked":
+            memo[account_id] = row
+        try:
+            out[account_id] = serving_check(row, account_id=account_id)
+        except ConnectorError as exc:
+            out[account_id] = exc
+    return out
 
 
 def serving_check(row: locks.ServingLock, *, account_id: int, epoch_id: str | None = None,

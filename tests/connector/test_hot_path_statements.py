@@ -14,6 +14,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | the same after issue 18 goal 1 (D-201..D-203): one hint read + `connector_receipt_admit` | 13 | 2 |
 | `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
+| one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
 """
 from __future__ import annotations
 
@@ -115,3 +116,28 @@ def test_batch_receipt_materialization_statements_do_not_grow_with_events(hot_wo
     assert components == [(i, "event", f"bench-ev-large-{i}") for i in range(100)]
     assert Projection.objects.filter(event__receipt=receipt, lane_status="pending").count() == 100
     assert Event.objects.filter(receipt=receipt).count() == 100
+
+
+BATCH_CLAIM = 5  # candidates, BEGIN, every account's guard, lease CAS + Attempts, COMMIT (D-204)
+
+
+def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, django_assert_max_num_queries):
+    """One `execution_claim_batch` (candidates, the guard of every account involved, the lease CAS with its
+    Attempts) runs a fixed number of statements however many Executions and accounts it claims: 2 from one
+    account and 8 from two accounts cost the same. Proves: CV2-14-001, CV2-14-010, STYLE R27, R31"""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.crash.support import ready_execution
+
+    first, second = hot_world.accounts[:2]
+    for i in range(4):
+        ready_execution(first.account_key, f"rec-b{i}")
+        ready_execution(second.account_key, f"rec-c{i}")
+    with CaptureQueriesContext(connection) as small:
+        tokens = execution.execution_claim_batch(holder="pin", n=2, account_ids=[first.pk])
+    assert len(tokens) == 2
+    with django_assert_max_num_queries(BATCH_CLAIM), CaptureQueriesContext(connection) as large:
+        tokens = execution.execution_claim_batch(holder="pin", n=8)
+    assert len(tokens) == 6
+    assert len(large.captured_queries) == len(small.captured_queries)

@@ -57,3 +57,15 @@ token = execution_claim(holder="crash-child", lease_seconds=ARGS["lease_seconds"
 execution = execution_run(token=token)
 emit(execution=execution.pk, state=execution.state)
 """
+
+CLAIM_BATCH_SCRIPT = """
+from connector.services.execution import execution_claim_batch
+tokens = execution_claim_batch(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
+emit(executions=[t.execution_pk for t in tokens])
+"""
+
+CLAIM_BATCH_AND_RUN_SCRIPT = """
+from connector.services.execution import execution_claim_batch_and_run
+done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
+emit(executions=[e.pk for e in done])
+"""

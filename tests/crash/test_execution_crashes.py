@@ -14,8 +14,22 @@ import pytest
 
 from connector.demo import build_world
 from connector.models import ApplicationResult, CrmRecord, Execution, ExecutionAttempt, OrderingLane
-from connector.services.execution import execution_claim, execution_record_result, execution_run
-from tests.crash.support import CLAIM_AND_RUN_SCRIPT, CLAIM_SCRIPT, DB, assert_killed, ready_execution
+from connector.services.execution import (
+    execution_claim,
+    execution_claim_batch,
+    execution_claim_batch_and_run,
+    execution_record_result,
+    execution_run,
+)
+from tests.crash.support import (
+    CLAIM_AND_RUN_SCRIPT,
+    CLAIM_BATCH_AND_RUN_SCRIPT,
+    CLAIM_BATCH_SCRIPT,
+    CLAIM_SCRIPT,
+    DB,
+    assert_killed,
+    ready_execution,
+)
 
 LEASE_SECONDS = 1
 
@@ -132,3 +146,64 @@ def test_result_received_before_local_completion_closes_from_stored_receipt(run_
     again = execution_record_result(execution_pk=execution.pk, command_id=execution.command_id,
                                     execution_ref_digest=original[1])
     assert again.state == "completed" and ApplicationResult.objects.count() == 1
+
+
+def _batch_world():
+    """Two accounts with two ready Executions each (each record its own lane)."""
+    world = build_world("kb-")
+    ready = [ready_execution(account.account_key, f"rec-{n}") for account in world.accounts[:2] for n in (1, 2)]
+    return world, ready
+
+
+@pytest.mark.django_db(**DB)
+def test_batch_claimed_before_runtime_accepts_retries_each_execution(run_child):
+    """Crash row "Execution claimed before Runtime accepts the command", for a batched claim (D-204): the
+    claimant is SIGKILLed right after the batch's one transaction committed (`claim.after_commit`). All four
+    leases and Attempts are durable, Runtime was never called; while the leases live nobody claims them; after
+    expiry one batch re-claims the same four Execution identities as Attempt 2 with fence + 1, and running them
+    yields exactly one ApplicationResult per command. Proves: CV2-07-020, CV2-07-017, CV2-07-021, CV2-07-016"""
+    _, ready = _batch_world()
+    run = run_child(CLAIM_BATCH_SCRIPT, "claim.after_commit", n=10, lease_seconds=LEASE_SECONDS)
+    assert_killed(run)
+    rows = Execution.objects.filter(pk__in=[e.pk for e in ready])
+    assert {(e.state, e.attempt_count, e.lease_fence, e.lease_holder) for e in rows} == {
+        ("ready", 1, 1, "crash-child")}
+    assert ExecutionAttempt.objects.count() == 4 and not ApplicationResult.objects.exists()
+
+    assert execution_claim_batch(holder="recovery", n=10) == []  # the leases still hold
+    _wait_for_lease_expiry()
+    tokens = execution_claim_batch(holder="recovery", n=10, lease_seconds=60)
+    assert sorted(t.execution_pk for t in tokens) == sorted(e.pk for e in ready)
+    assert {t.lease_fence for t in tokens} == {2}
+    for token in tokens:
+        assert execution_run(token=token).state == "completed"
+    for e in ready:
+        assert ApplicationResult.objects.filter(command_id=e.command_id).count() == 1
+        assert list(ExecutionAttempt.objects.filter(execution=e).values_list("ordinal", "holder")) == [
+            (1, "crash-child"), (2, "recovery")]
+    assert Execution.objects.filter(projection__in=[e.projection_id for e in ready]).count() == 4
+
+
+@pytest.mark.django_db(**DB)
+def test_batch_run_crash_loses_only_uncommitted_work(run_child):
+    """A batch worker step is SIGKILLed after Runtime committed the first Execution's ApplicationResult
+    (`runtime.after_commit`), before the result was recorded and before the batch's other three ran. Nothing
+    committed is lost or repeated: after lease expiry the next batch step re-claims all four with a new fence,
+    the first completes from Runtime's same stored ApplicationResult (applied once), the other three run once.
+    Proves: CV2-07-020, CV2-08-010, CV2-08-012, CV2-07-021"""
+    _, ready = _batch_world()
+    run = run_child(CLAIM_BATCH_AND_RUN_SCRIPT, "runtime.after_commit", n=10, lease_seconds=LEASE_SECONDS)
+    assert_killed(run)
+    assert set(Execution.objects.filter(pk__in=[e.pk for e in ready]).values_list("state", flat=True)) == {"ready"}
+    applied = [e for e in ready if ApplicationResult.objects.filter(command_id=e.command_id).exists()]
+    assert len(applied) == 1
+    original = _result_fingerprint(applied[0].command_id)
+
+    _wait_for_lease_expiry()
+    done = execution_claim_batch_and_run(holder="recovery", n=10, lease_seconds=60)
+    assert sorted(e.pk for e in done) == sorted(e.pk for e in ready)
+    assert {e.state for e in done} == {"completed"} and {e.lease_fence for e in done} == {2}
+    assert _result_fingerprint(applied[0].command_id) == original
+    for e in ready:
+        assert ApplicationResult.objects.filter(command_id=e.command_id).count() == 1
+    assert set(CrmRecord.objects.values_list("version", flat=True)) == {1}

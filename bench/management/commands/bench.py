@@ -670,6 +670,10 @@ from bench.accounts import Accounts  # noqa: E402 - account flatness (issue 18, 
 
 SUBCOMMANDS[Accounts.name] = Accounts()
 
+from bench.claims import Claims  # noqa: E402 - batched fair claims against procrastinate (its own module)
+
+SUBCOMMANDS[Claims.name] = Claims()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
