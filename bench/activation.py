@@ -857,6 +857,66 @@ def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
     return phases, wal
 
 
+# -- 2b. the raw set-based reference ---------------------------------------------------------------------------
+
+# The raw set-based shape of the same rows (issue 19): ONE UPDATE ... RETURNING of every gate of the account set
+# feeding ONE INSERT ... SELECT of their audit rows, with every row trigger firing (transition, fence, append-only
+# audit). No lock is taken first, no epoch row moves, nothing is read back into Python: the floor a set-based
+# product can approach on this database. The edge is the django-fsm declaration's (gates.fsm_edge).
+RAW_REFERENCE_SQL = """
+WITH moved AS (
+  UPDATE connector_accountservinggate AS g
+     SET mode = %(target)s, epoch_id = %(epoch_pk)s, epoch_digest = %(epoch_digest)s::bytea, fence = g.fence + 1,
+         changed_at = statement_timestamp()
+   WHERE g.account_id = ANY(%(account_ids)s::bigint[]) AND g.mode = %(source)s
+  RETURNING g.id, g.fence
+)
+INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                   fence, evidence_digest, reason)
+SELECT statement_timestamp(), %(actor)s, NULL, 'connector.AccountServingGate', moved.id::text, %(action)s,
+       %(source)s, %(target)s, moved.fence, %(epoch_digest)s::bytea, ''
+  FROM moved
+"""
+
+
+@dataclass
+class RawReference:
+    statement_ms: float  # the one UPDATE ... RETURNING -> INSERT ... SELECT statement
+    rows: int  # audit rows it wrote (= gates it moved)
+    rolled_back_ms: float  # BEGIN -> ROLLBACK acknowledged (it never commits: the product's run needs the rows)
+
+
+def raw_reference(world: ActivationWorld) -> RawReference:
+    """Run RAW_REFERENCE_SQL over the world's account set in its pre-activation state (after the killed attempt,
+    before the timed retry), in its own transaction, then ROLLBACK: the same rows, the same database, the same
+    run. Refuses (ActivationBenchError) unless it moved every gate."""
+    from connector.models import AccountServingGate
+    from connector.services.gates import fsm_edge
+
+    action = "activate_successor" if world.scenario == "successor" else "activate_first"
+    source, target = fsm_edge(getattr(AccountServingGate, action))
+    params = {"source": source, "target": target, "epoch_pk": world.epoch_pk, "epoch_digest": world.epoch_digest,
+              "account_ids": sorted(world.fences), "actor": f"system:{ACTOR}", "action": f"gate_{action}"}
+    _fresh_session()
+    began = time.perf_counter()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            statement = time.perf_counter()
+            cursor.execute(RAW_REFERENCE_SQL, params)
+            done, rows = time.perf_counter(), cursor.rowcount
+            raise _RolledBack()
+    except _RolledBack:
+        pass
+    rolled_back = time.perf_counter()
+    if rows != world.accounts:
+        raise ActivationBenchError(f"raw reference moved {rows} of {world.accounts} gates")
+    return RawReference(statement_ms=_ms(done - statement), rows=rows, rolled_back_ms=_ms(rolled_back - began))
+
+
+class _RolledBack(Exception):
+    """Leaves the raw reference's transaction.atomic() by rollback."""
+
+
 # -- 3. readback ----------------------------------------------------------------------------------------------
 
 def readback(world: ActivationWorld) -> float:
@@ -888,6 +948,14 @@ class ActivationResult:
     rows: dict[str, int]
     load_average: float = 0.0
     scenario: str = "first"
+    raw: RawReference | None = None
+
+    @property
+    def raw_ratio(self) -> float | None:
+        """The product's activation transaction over the raw set-based statement of the same rows (goal <= 2)."""
+        if self.raw is None or not self.raw.statement_ms:
+            return None
+        return round(self.phases.transaction_ms / self.raw.statement_ms, 2)
 
     def figures(self) -> dict[str, float | int | None]:
         """The budgeted figures (BUDGET_FIGURES). wal_bytes is the larger of the committed retry and the killed,
@@ -911,6 +979,7 @@ class ActivationResult:
         data = asdict(self)
         data["figures"] = self.figures()
         data["per_account"] = self.per_account()
+        data["raw_ratio"] = self.raw_ratio
         data["recovery"]["census"]["total_row_locks"] = self.recovery.census.total_row_locks
         data["recovery"]["census"]["total_lock_table"] = self.recovery.census.total_lock_table
         return data
@@ -965,7 +1034,10 @@ def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, re
 
     checkpoint()
     recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
-    say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible; retrying")
+    say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible")
+    raw = raw_reference(world)
+    say(f"  raw set-based reference (one UPDATE ... RETURNING -> INSERT ... SELECT, rolled back): "
+        f"{raw.statement_ms:,.1f} ms for {raw.rows:,} gates; retrying")
     phases, wal = timed_activation(world)
     recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
     say(f"  retried {what} committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
@@ -974,7 +1046,7 @@ def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, re
     return ActivationResult(accounts=accounts, setup_seconds=world.setup_seconds,
                             setup_rows=world.setup_rows, phases=phases, wal=wal, readback_ms=Stats.of(samples),
                             recovery=recovery, rows=activation_rows(world),
-                            load_average=round(os.getloadavg()[0], 2), scenario=scenario)
+                            load_average=round(os.getloadavg()[0], 2), scenario=scenario, raw=raw)
 
 
 def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
@@ -1142,7 +1214,7 @@ def format_table(report: ActivationReport) -> str:
     head = (f"{'accounts':>9} {'setup s':>8} {'reread ms':>10} {'epoch lock':>10} {'gate locks':>10} "
             f"{'epoch upd':>9} {'gate upd':>10} {'COMMIT':>7} {'txn ms':>10} {'readback p50/p99 ms':>20} "
             f"{'WAL bytes':>12} {'WAL cold':>12} {'row locks':>9} {'pg_locks':>8} {'released ms':>11} "
-            f"{'recovery ms':>11}")
+            f"{'recovery ms':>11} {'raw ms':>8} {'txn/raw':>7}")
     titles = {"first": "first activation (epoch_activate_first), one killed attempt then the timed retry:",
               "successor": "successor activation (succession.successor_activate; epoch lock = barrier set + both "
                            "epochs), one killed attempt then the timed retry:"}
@@ -1178,7 +1250,8 @@ def _table_rows(results: list[ActivationResult]) -> list[str]:
             f"{p.gate_update_ms:>10,.1f} {p.commit_ms:>7,.1f} {p.transaction_ms:>10,.1f} "
             f"{r.readback_ms.p50:>9,.1f}/{r.readback_ms.p99:>9,.1f} {_n(r.wal.bytes, ','):>12} "
             f"{_n(r.recovery.child_wal.bytes, ','):>12} {_n(c.total_row_locks, ','):>9} {c.total_lock_table:>8,} "
-            f"{r.recovery.locks_released_ms:>11,.1f} {_n(r.recovery.retried_commit_ms):>11}")
+            f"{r.recovery.locks_released_ms:>11,.1f} {_n(r.recovery.retried_commit_ms):>11} "
+            f"{_n(None if r.raw is None else r.raw.statement_ms):>8} {_n(r.raw_ratio, ',.2f'):>7}")
     return lines
 
 

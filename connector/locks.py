@@ -122,7 +122,9 @@ def gate_for_update(account_id: int) -> AccountServingGate:
 def gates_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
     """Whole-service transitions (activation) lock every gate row; they take no per-gate advisory lock: one per
     gate would exhaust PostgreSQL's shared lock table beyond ~12,800 accounts (bench activation), and no guarded
-    writer holds a gate in the modes these transitions start from (v2_validating, v2_halted)."""
+    writer holds a gate in the modes these transitions start from (v2_validating, v2_halted, and the V1 modes of
+    V1 shutdown's set-based steps, D-208). halt_v2 (from v2_serving, where writers hold the gate) stays per gate
+    through gate_for_update and its advisory lock (D-209)."""
     forget_serving()
     ordered = sorted(set(account_ids))
     return list(AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from connector.errors import OwnerFactInvalid, OwnerUnavailable, SecretBackendError
@@ -56,6 +57,36 @@ class FileSecretBackend:
             return False
         except OSError as exc:  # unreadable mount, permission: retryable unavailability
             raise OwnerUnavailable(f"secret backend cannot stat {ref}: {exc.strerror}") from exc
+
+    def versions_present(self, refs: Iterable[str]) -> dict[str, bool]:
+        """Metadata only, batched: for each reference this listing can decide, whether the exact version exists,
+        with one directory listing per credential identity instead of one stat per version (issue 19: an epoch's
+        reread checks two versions per account). References it cannot decide are left out, and the caller asks
+        `version_exists` for them, which raises exactly as before: a non-canonical reference, an unavailable
+        root or identity directory, and a version that is a symbolic link (existence follows the link).
+        Never opens a file."""
+        by_identity: dict[str, dict[str, str]] = {}
+        for ref in refs:
+            match = _REF.match(ref) if isinstance(ref, str) else None
+            if match is not None:
+                by_identity.setdefault(match["identity"], {})[f"v{match['version']}"] = ref
+        if not by_identity or not self.root.is_dir():
+            return {}
+        present: dict[str, bool] = {}
+        for identity, versions in by_identity.items():
+            try:
+                with os.scandir(self.root / identity) as entries:
+                    listed = {entry.name: entry.is_symlink() for entry in entries if entry.name in versions}
+            except FileNotFoundError:
+                listed = {}
+            except OSError:  # unreadable, not a directory: version_exists decides (and raises) per reference
+                continue
+            for name, ref in versions.items():
+                if name not in listed:
+                    present[ref] = False
+                elif not listed[name]:
+                    present[ref] = True
+        return present
 
     def read(self, ref: str) -> bytes:
         """Secret bytes, for the egress adapter at use time only."""

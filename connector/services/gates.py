@@ -40,6 +40,21 @@ UPDATE connector_accountservinggate AS g
 RETURNING g.account_id, g.id, g.fence
 """
 
+# The transitions whose django-fsm body is `_advance` alone (mode and fence + 1; epoch unchanged) and that whole-
+# service coordinators apply to every frozen gate at once: V1 shutdown's per-gate steps (D-208). Each edge is
+# read from its declaration (fsm_edge); a test pins, for every action here, that the instance transition changes
+# exactly mode and fence, so GATES_ADVANCE_SQL writes what the instance would.
+ADVANCE_ACTIONS = ("halt_v1", "abort_halt_v1", "stop_v1", "certify_drained")
+
+# AccountServingGate._advance as one statement over the locked gates (same defence in depth as GATES_BIND_SQL).
+GATES_ADVANCE_SQL = """
+UPDATE connector_accountservinggate AS g
+   SET mode = %(target)s, fence = g.fence + 1, changed_at = %(changed_at)s::timestamptz
+  FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS v(id, fence)
+ WHERE g.id = v.id AND g.mode = %(source)s AND g.fence = v.fence
+RETURNING g.account_id, g.id, g.fence
+"""
+
 
 def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blockers: list[str]) -> str:
     if expected_fence is not None and row.fence != expected_fence:
@@ -139,4 +154,32 @@ def gates_bind_epoch(*, gates: list[AccountServingGate], action: str, epoch: Ser
         raise TransitionRefused(f"{len(gates) - len(moved)} gate(s) changed under their lock; nothing moved")
     audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _, pk, fence in moved],
                   action=f"gate_{action}", from_state=source, to_state=target, evidence_digest=evidence_digest)
+    return moved
+
+
+def gates_advance(*, gates: list[AccountServingGate], action: str, actor: Actor, evidence_digest: bytes | None,
+                  reason: str = "") -> list[tuple[int, int, int]]:
+    """Apply the unconditional transition `action` (ADVANCE_ACTIONS) to the gates of `gates` that are in its source
+    mode, which the caller holds FOR UPDATE (locks.gates_for_update, ascending account id) inside its transaction:
+    ONE UPDATE moves them (mode, fence + 1, changed_at) and ONE INSERT writes the audit row `gate_<action>` of each
+    (from, to, new fence, evidence digest, reason), in account order. Gates in another mode are left as they are
+    (a resumed phase skips what it already moved; the caller decides which other modes it tolerates). Returns
+    (account id, gate pk, new fence) of the moved gates. Raises TransitionRefused if a gate changed under its lock
+    (impossible while the caller holds it); the caller's transaction then rolls back. (STYLE R31, D-208)"""
+    assert transaction.get_connection().in_atomic_block, "runs inside the coordinator's transaction"
+    if action not in ADVANCE_ACTIONS:
+        raise TransitionRefused(f"{action!r} is not a set-based advance; allowed: {', '.join(ADVANCE_ACTIONS)}")
+    source, target = fsm_edge(getattr(AccountServingGate, action))
+    todo = [g for g in gates if g.mode == source]
+    if not todo:
+        return []
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(GATES_ADVANCE_SQL, {"source": source, "target": target, "changed_at": timezone.now(),
+                                           "ids": [g.pk for g in todo], "fences": [g.fence for g in todo]})
+        moved = sorted(cursor.fetchall())
+    if len(moved) != len(todo):
+        raise TransitionRefused(f"{len(todo) - len(moved)} gate(s) changed under their lock; nothing moved")
+    audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _, pk, fence in moved],
+                  action=f"gate_{action}", from_state=source, to_state=target, evidence_digest=evidence_digest,
+                  reason=reason)
     return moved

@@ -201,8 +201,10 @@ def _verification_outcome(epoch: ServingEpoch) -> tuple[str, str] | None:
     if [(r.binding.row_id, r.pack_generation.generation_id, bytes(r.owner_receipt)) for r in rows] != [
             (b.row_id, b.pack_generation_id, b.owner_receipt) for b in fresh.bindings]:
         return "EPOCH_OWNER_MISMATCH", "frozen binding proof rows differ from the owners"
-    crows = list(epoch.credential_proofs.select_related("credential_generation").order_by("ordinal"))
-    if [(r.credential_generation.generation_id, bytes(r.owner_receipt)) for r in crows] != [
+    # two per account: the compared columns only, no model instances (issue 19, D-207)
+    crows = epoch.credential_proofs.order_by("ordinal").values_list("credential_generation__generation_id",
+                                                                   "owner_receipt")
+    if [(generation_id, bytes(receipt)) for generation_id, receipt in crows] != [
             (p.generation_id, p.owner_receipt) for p in fresh.credentials]:
         return "EPOCH_OWNER_MISMATCH", "frozen credential proof rows differ from the owners"
     return None

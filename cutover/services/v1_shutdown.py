@@ -41,6 +41,7 @@ from connector.models import (
 )
 from connector.services import serving
 from connector.services.audit import audit_record
+from connector.services.gates import fsm_edge, gates_advance
 from connector.services.tombstones import tombstones_import
 from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, DrainBlocked
 from cutover.models import (
@@ -142,16 +143,12 @@ def frozen_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
 
 def _move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor, attempt: ServiceCutoverAttempt,
           evidence: bytes | None) -> int:
-    moved = 0
-    for gate in gates:
-        if gate.mode != source:
-            continue
-        getattr(gate, action)()
-        gate.save()
-        audit_record(actor=actor, entity=gate, action=f"gate_{action}", from_state=source, to_state=gate.mode,
-                     fence=gate.fence, evidence_digest=evidence, reason=f"service cutover {attempt.attempt_key}")
-        moved += 1
-    return moved
+    """Every frozen gate still in `source` takes `action`, set-based (one UPDATE, one audit INSERT;
+    connector gates_advance, D-208); the edge is the django-fsm declaration's, which must start at `source`."""
+    if fsm_edge(getattr(AccountServingGate, action))[0] != source:
+        raise CutoverPhaseRefused(f"{action} does not start at {source}")
+    return len(gates_advance(gates=gates, action=action, actor=actor, evidence_digest=evidence,
+                             reason=f"service cutover {attempt.attempt_key}"))
 
 
 def _modes(gates) -> set[str]:

@@ -228,3 +228,71 @@ def test_an_activation_above_the_declared_maximum_is_refused_before_anything_is_
     assert not AuditRecord.objects.filter(action__in=("epoch_activate_first", "gate_activate_first")).exists()
     settings.CONNECTOR = {**settings.CONNECTOR, "ACTIVATION_MAX_ACCOUNTS": 3}
     assert serving.epoch_activate_first(epoch_pk=epoch.pk, actor=ACTOR).state == EpochState.ACTIVE
+
+
+def _row(gate: AccountServingGate) -> dict:
+    values = {f.attname: getattr(gate, f.attname) for f in AccountServingGate._meta.concrete_fields
+              if f.attname != "changed_at"}
+    values["epoch_digest"] = None if values["epoch_digest"] is None else bytes(values["epoch_digest"])
+    return values
+
+
+def test_set_based_advance_agrees_with_the_per_gate_transition_table_on_every_pair(every_mode):
+    """For every set-based gate transition (V1 shutdown's steps, D-208; the binding ones are pinned above) and every
+    gate mode as source: `gates_advance` moves the gate exactly when its django-fsm declaration allows it, to
+    exactly the row the instance transition produces (mode, fence + 1, nothing else), with one audit row, and
+    leaves every other gate as it is. Every (source, target) pair a set-based statement can produce is an edge
+    of the trigger's table, and for every pair of modes that is not an edge the statement is refused by the
+    transition trigger. (STYLE R31; CV2-03-013)"""
+    by_mode, _candidate = every_mode
+    produced = set()
+    for action in gate_services.ADVANCE_ACTIONS:
+        source, target = gate_services.fsm_edge(getattr(AccountServingGate, action))
+        for mode, account_id in by_mode.items():
+            audits = AuditRecord.objects.count()
+            try:
+                with transaction.atomic():
+                    (gate,) = locks.gates_for_update([account_id])
+                    expected = copy.deepcopy(gate)
+                    fsm_allows = mode in getattr(AccountServingGate, action)._django_fsm.transitions
+                    if fsm_allows:
+                        getattr(expected, action)()
+                    moved = gate_services.gates_advance(gates=[gate], action=action, actor=ACTOR,
+                                                        evidence_digest=b"\x01" * 32, reason="pairs")
+                    after = AccountServingGate.objects.get(account_id=account_id)
+                    assert _row(after) == _row(expected), (action, mode)
+                    assert bool(moved) == fsm_allows == (mode == source), (action, mode)
+                    assert AuditRecord.objects.count() == audits + len(moved)
+                    if moved:
+                        assert after.fence == gate.fence + 1 and after.mode == target
+                        produced.add((mode, after.mode))
+                        (row,) = AuditRecord.objects.filter(action=f"gate_{action}", entity_id=str(gate.pk),
+                                                            fence=after.fence)
+                        assert (row.from_state, row.to_state, row.reason) == (source, target, "pairs")
+                    raise _Rollback
+            except _Rollback:
+                pass
+    produced |= {gate_services.fsm_edge(getattr(AccountServingGate, a)) for a in gate_services.BINDING_ACTIONS}
+    assert produced <= set(GATE_TRANSITIONS)
+    for mode, account_id in by_mode.items():
+        gate = AccountServingGate.objects.get(account_id=account_id)
+        for target in GateMode:
+            if target == mode or (mode, target) in GATE_TRANSITIONS:
+                continue
+            with pytest.raises(IntegrityError, match=f"transition {mode} -> {target} is not allowed"):
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(gate_services.GATES_ADVANCE_SQL, {
+                        "source": mode, "target": target, "changed_at": "2026-12-05T00:00:00Z",
+                        "ids": [gate.pk], "fences": [gate.fence]})
+
+
+def test_a_non_advance_transition_is_refused_by_the_set_based_advance(every_mode):
+    """Only the declared unconditional advances run through `gates_advance`: a guarded transition
+    (confirm_halted), a binding one and an unknown name are refused before any statement. (R31)"""
+    by_mode, _candidate = every_mode
+    with transaction.atomic():
+        gates = locks.gates_for_update(list(by_mode.values()))
+        for action in ("confirm_halted", "activate_first", "nonsense"):
+            with pytest.raises(TransitionRefused):
+                gate_services.gates_advance(gates=gates, action=action, actor=ACTOR, evidence_digest=None)
+    assert {AccountServingGate.objects.get(account_id=a).mode: a for a in by_mode.values()} == by_mode

@@ -289,3 +289,31 @@ def test_successor_scenario_runs_end_to_end():
     assert check_budgets(report, {"24": {}}) == ["24 accounts: no successor activation budget"]
     assert "successor activation (succession.successor_activate" in format_table(report)
     assert report.as_dict()["scenarios"]["successor"][0]["scenario"] == "successor"
+
+
+@pytest.mark.django_db(**DB)
+def test_raw_reference_moves_the_same_rows_with_the_triggers_and_leaves_nothing():
+    """The raw set-based reference of `bench activation` (issue 19) moves every gate of the account set and
+    writes one audit row each in ONE statement, with the row triggers firing (an edge outside the seed's table is
+    refused by the transition trigger), and rolls back: the world is unchanged and the product's activation
+    still commits after it. Proves: CV2-14-006"""
+    from django.db import IntegrityError, connection, transaction
+
+    from bench import activation as bench_activation
+    from connector.actors import Actor
+    from connector.services import serving
+
+    world = build_activation_world(N, prefix="raw-")
+    before = [(g.pk, g.mode, g.fence, g.epoch_id) for g in _gates(world)]
+    audits = AuditRecord.objects.count()
+    raw = bench_activation.raw_reference(world)
+    assert raw.rows == N and raw.statement_ms > 0 and raw.rolled_back_ms >= raw.statement_ms
+    assert [(g.pk, g.mode, g.fence, g.epoch_id) for g in _gates(world)] == before
+    assert AuditRecord.objects.count() == audits
+    with pytest.raises(IntegrityError) as refused, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(bench_activation.RAW_REFERENCE_SQL, {  # v2_validating -> v2_halted is not a seed edge
+            "source": "v2_validating", "target": "v2_halted", "epoch_pk": world.epoch_pk,
+            "epoch_digest": world.epoch_digest, "account_ids": sorted(world.fences), "actor": "t", "action": "x"})
+    assert refused.value.__cause__.diag.constraint_name == "connector_accountservinggate_transition"
+    epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system("t"))
+    assert epoch.state == EpochState.ACTIVE

@@ -1007,3 +1007,30 @@ def test_kernel_is_pure_python_without_django():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_accepted_name_cache_never_accepts_a_rejected_name():
+    """The cache of accepted field names and domains (issue 19, D-207) remembers only names that passed and never
+    decides a rejection: a non-canonical name is refused every time, with the same code, before and after a
+    canonical one was remembered, and a str subclass is never served from the cache."""
+    from connector.canonical import encoding
+
+    assert encoding.encode("d.v1", encoding.Record([("name", "x")])) == encoding.encode(
+        "d.v1", encoding.Record([("name", "x")]))
+    assert "name" in encoding._accepted_field_names
+    for _ in range(2):
+        for bad, code in ((" name", "CANONICAL_FIELD_NAME_INVALID"), ("", "CANONICAL_FIELD_NAME_EMPTY")):
+            with pytest.raises(encoding.CanonicalEncodingError) as info:
+                encoding.Record([(bad, 1)])
+            assert info.value.code == code
+            assert bad not in encoding._accepted_field_names
+
+    class Name(str):
+        pass
+
+    with pytest.raises(encoding.CanonicalEncodingError) as info:
+        encoding.Record([(Name("name"), 1)])
+    assert info.value.code == "CANONICAL_FIELD_NAME_INVALID"
+    with pytest.raises(encoding.CanonicalEncodingError):
+        encoding.encode(" d.v1", 1)
+    assert len(encoding._accepted_field_names) <= encoding.ACCEPTED_NAMES_MAX

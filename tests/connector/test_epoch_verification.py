@@ -14,6 +14,7 @@ from connector.demo import build_owners
 from connector.errors import (
     CredentialMappingInvalid,
     EpochCandidateInvalid,
+    OwnerFactInvalid,
     OwnerUnavailable,
     TransitionRefused,
 )
@@ -345,3 +346,79 @@ def test_the_last_credential_generation_in_order_is_checked_too(owners_world):
     epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)
     assert (epoch.state, epoch.rejection_code) == (EpochState.REJECTED, "OWNER_FACT_INVALID")
     assert f"credential generation {generation.generation_id}: secret version" in epoch.rejection_detail
+
+
+def test_owner_reread_reads_generations_in_one_statement_and_lists_secrets_per_identity(db, monkeypatch):
+    """The reread reads every credential generation of the configuration with ONE statement (an array
+    parameter, not one placeholder or one query per id) and checks the secret versions with one directory listing
+    per credential identity, never one stat per version, while still checking each generation: the statement
+    count is the same for 2 and for 30 accounts and `version_exists` is never asked. (issue 19, D-207, R27)
+    Proves: CV2-02-021"""
+    from django.test.utils import CaptureQueriesContext
+
+    stats = []
+    real_exists = FileSecretBackend.version_exists
+    monkeypatch.setattr(FileSecretBackend, "version_exists",
+                        lambda self, ref: stats.append(ref) or real_exists(self, ref))
+    counts = []
+    for accounts in (2, 30):
+        world = build_owners(f"one{accounts}-", account_keys=tuple(f"acct-{i}" for i in range(accounts)))
+        with CaptureQueriesContext(connection) as queries:
+            candidate = candidate_from_owners(epoch_id=f"one{accounts}-epoch",
+                                              configuration_generation_id=world.configuration.generation_id)
+        assert len(candidate.credentials) == 2 * accounts
+        generation_reads = [q["sql"] for q in queries if "FROM connector_credentialgeneration AS g" in q["sql"]]
+        assert len(generation_reads) == 1
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
+    assert stats == []
+
+
+@pytest.mark.parametrize("broken", ["absent", "receipt", "secret"])
+def test_batched_reread_raises_for_the_first_failing_generation_in_order(owners_world, broken):
+    """Two generations broken in different ways: the batched reread raises for the one that comes first in
+    ascending generation-ID byte order, with the same message the per-generation reader gives it, whatever
+    check fails (absent row, receipt mismatch, missing secret version). Proves: CV2-02-021, CV2-02-036"""
+    from connector.secrets import secret_backend
+    from connector.selectors import owners as owner_readers
+
+    ids = sorted(CredentialGeneration.objects.values_list("generation_id", flat=True), key=str.encode)
+    first, later = ids[1], ids[-1]
+    secret_backend().destroy(CredentialGeneration.objects.get(generation_id=later).secret_version_ref)
+    asked = list(ids)
+    if broken == "absent":
+        asked[1] = first = first + "-missing"
+    elif broken == "receipt":
+        with connection.cursor() as cursor:  # corruption behind the owner's back, as in the test above
+            dbroles.admin_on(cursor)
+            cursor.execute("SET session_replication_role = replica")
+            cursor.execute("UPDATE connector_credentialgeneration SET provider_scope = 'elsewhere' "
+                           "WHERE generation_id = %s", [first])
+            cursor.execute("SET session_replication_role = origin")
+            dbroles.admin_off(cursor)
+    else:
+        secret_backend().destroy(CredentialGeneration.objects.get(generation_id=first).secret_version_ref)
+    with pytest.raises(OwnerFactInvalid) as batched:
+        owner_readers.credential_generations_read(generation_ids=asked)
+    with pytest.raises(OwnerFactInvalid) as single:
+        owner_readers.credential_generation_read(generation_id=first)
+    assert str(batched.value) == str(single.value)
+    assert first in str(batched.value)
+
+
+def test_secret_listing_decides_only_what_a_stat_would(tmp_path):
+    """`versions_present` answers present/absent exactly where `version_exists` would, and leaves to
+    `version_exists` what a listing cannot decide: non-canonical references, a symbolic link, an unavailable
+    root. Proves: CV2-02-021"""
+    backend = FileSecretBackend(tmp_path)
+    present = backend.put("crm-api", b"s1")
+    absent = "crm-api/v9"
+    in_missing_dir = "other-identity/v1"
+    (tmp_path / "crm-api" / "v5").symlink_to(tmp_path / "nowhere")
+    linked = "crm-api/v5"
+    answers = backend.versions_present([present, absent, in_missing_dir, linked, "../etc/v1", "bad ref"])
+    assert answers == {present: True, absent: False, in_missing_dir: False}
+    for ref, exists in answers.items():
+        assert backend.version_exists(ref) is exists
+    assert backend.version_exists(linked) is False  # the dangling link: decided by stat, not by the listing
+    assert FileSecretBackend(tmp_path / "unmounted").versions_present([present]) == {}
