@@ -43,6 +43,8 @@ class LockoutAwareBasicAuthentication(BasicAuthentication):
     401 a wrong password gets: the client learns to wait instead of retrying."""
 
     def authenticate_credentials(self, userid, password, request=None):
+        if "\x00" in userid or "\x00" in password:  # PostgreSQL text cannot hold NUL: refuse, never a 500
+            raise exceptions.AuthenticationFailed("Invalid username/password.")
         try:
             return super().authenticate_credentials(userid, password, request)
         except exceptions.AuthenticationFailed:
