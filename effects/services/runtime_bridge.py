@@ -5,11 +5,9 @@ slot: a record that already has an active RemoteLink is updated at that remote i
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
 from urllib.parse import quote
 
 from django.db import transaction
-from django.db.backends.signals import connection_created
 
 from connector import tracing
 from connector.errors import ConnectorError
@@ -51,18 +49,13 @@ def _wake_dispatch() -> None:
 
 # -- what admission must refuse (decision D-165) -------------------------------------------------------------------
 
-@lru_cache(maxsize=256)
 def _path_template(epoch_digest: bytes, epoch_pk: int, callout: str) -> str | None:
-    """The callout's frozen path template in this exact epoch (immutable: cached by epoch identity)."""
+    """The callout's frozen path template in this exact epoch (`frozen_binding` caches it by epoch identity)."""
     try:
         return frozen_binding(epoch_pk=epoch_pk, epoch_digest=epoch_digest, kind="callout_profile",
                               business_key=callout).definition().get("path_template")
     except ConnectorError:
         return None  # no such callout: authoring refuses it, with its own code
-
-
-connection_created.connect(lambda **_signal: _path_template.cache_clear(), weak=False,
-                          dispatch_uid="effects.services.runtime_bridge.path_templates")
 
 
 def admission_problems(*, epoch_pk: int, epoch_digest: bytes, route_definition: dict, record_key: str) -> list[str]:
