@@ -258,8 +258,10 @@ def _process_main(index: int, setup: dict, inbox, outbox) -> None:
         if command is None:
             break
         try:
-            handler = {"warm": _cmd_warm, "mix": _cmd_mix, "control": _cmd_control, "admission": _cmd_admission,
-                       "batch": _cmd_batch, "raw": _cmd_raw, "peer": _cmd_peer}[command["kind"]]
+            handlers = {"warm": _cmd_warm, "mix": _cmd_mix, "control": _cmd_control, "admission": _cmd_admission,
+                        "batch": _cmd_batch, "raw": _cmd_raw, "peer": _cmd_peer}
+            # "call": a command of another bench module run in this pool ("module:function", e.g. bench.overhead)
+            handler = handlers.get(command["kind"]) or _imported(command["target"])
             outbox.put(("result", index, handler(index, command)))
         except BaseException:  # noqa: BLE001
             outbox.put(("failed", index, traceback.format_exc()))
@@ -267,6 +269,13 @@ def _process_main(index: int, setup: dict, inbox, outbox) -> None:
             from django.db import connections
 
             connections.close_all()
+
+
+def _imported(target: str) -> Callable[[int, dict], dict]:
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _sleep_until(at: float) -> None:
@@ -315,9 +324,14 @@ class Client:
 
     # -- the chain -------------------------------------------------------------------------------------------
     def materialize(self, receipt_pk: int, cls: str = "materialization") -> str:
+        from connector import tracing
+        from connector.models import ReceiptTrace
         from connector.services.materialize import receipt_materialize
 
-        outcome, out = RECORDER.op(cls, lambda: receipt_materialize(receipt_pk=receipt_pk))
+        # As the materialize task's entry point does: a span continuing the receipt's stored trace (tracing off: a
+        # shared no-op; `bench overhead` turns it on).
+        with tracing.stage("receipt_materialize", ReceiptTrace, receipt_id=receipt_pk):
+            outcome, out = RECORDER.op(cls, lambda: receipt_materialize(receipt_pk=receipt_pk))
         if outcome == "rejected":
             self.pending_materialize.append((cls, receipt_pk))
         elif outcome == "ok" and cls == "materialization":
@@ -427,15 +441,17 @@ class Client:
         return True
 
     def round(self) -> None:
+        from connector import tracing
         from connector.demo import DEMO_CHANNEL, demo_event_body
         from connector.services.admission import receipt_admit
 
         rejected = not self.retry_pending()
         tag = f"{self.tag}-{self.rounds}"
         self.rounds += 1
-        outcome, admission = RECORDER.op("transport_admission", lambda: receipt_admit(
-            account_key=self.account_key, channel=DEMO_CHANNEL, transport_key=f"bench-{tag}",
-            body=demo_event_body(tag), actor=self.actor))
+        with tracing.server_span("receipt_admit", {}):  # as the admission view: a new trace (off: a no-op)
+            outcome, admission = RECORDER.op("transport_admission", lambda: receipt_admit(
+                account_key=self.account_key, channel=DEMO_CHANNEL, transport_key=f"bench-{tag}",
+                body=demo_event_body(tag), actor=self.actor))
         if outcome == "ok":
             if admission.outcome != "created":
                 RECORDER.note("transport_admission", "race", f"resolved as {admission.outcome}")

@@ -3,7 +3,7 @@ the Receipt's children (connector.services.materialize) in a second one, so a cr
 durable Receipt whose missing children the sweeper materializes (CV2-05-016/017).
 
 The hot path (issue 18 goal 1, D-201/D-202): a new receipt is admitted by one statement,
-`connector_receipt_admit` (migration 0014), which locks in the canonical order, makes every check of the serving
+`connector_receipt_admit` (migrations 0016, 0018), which locks in the canonical order, makes every check of the serving
 guard and writes the Receipt, its key and its MaterializationDue, or writes nothing. The body is parsed and
 checked before that statement against the route of a hint, the (account pk, epoch pk, epoch digest) this process
 last saw; the statement admits only when the rows it holds locked are exactly the hint's, so the parse always
@@ -126,7 +126,7 @@ def admission_hint_get(account_key: str) -> AdmissionHint | None:
 
 
 class _Statement:
-    """One row of `connector_receipt_admit` (migration 0014)."""
+    """One row of `connector_receipt_admit` (migrations 0016, 0018)."""
 
     __slots__ = ("outcome", "account_pk", "receipt_pk", "key_pk", "created_at", "lock")
 
@@ -138,7 +138,7 @@ class _Statement:
             epoch_digest=None if lock.epoch_digest is None else bytes(lock.epoch_digest))
 
 
-ADMIT_SQL = "SELECT * FROM connector_receipt_admit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+ADMIT_SQL = "SELECT * FROM connector_receipt_admit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def _admit_statement(*, account_key: str, hint: AdmissionHint, channel: str, key: str, body: bytes, digest: bytes,
@@ -146,8 +146,10 @@ def _admit_statement(*, account_key: str, hint: AdmissionHint, channel: str, key
     """The one statement. Outside a transaction it is its own transaction (autocommit: one round trip, committed
     when it returns); inside a caller's transaction it runs in a savepoint so that a lost key race leaves the
     caller's transaction usable, as the ordered path's `atomic()` does."""
+    # With tracing on, the current span's context is written beside the receipt by the same statement (D-235).
+    traceparent, tracestate = tracing.current() or (None, None)
     params = [account_key, hint.account_pk, hint.epoch_pk, hint.epoch_digest, channel, key, body, digest,
-              component_count, 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1))]
+              component_count, 1 + int(settings.CONNECTOR.get("GUARD_RETRY_LIMIT", 1)), traceparent, tracestate]
     connection = transaction.get_connection()
     if connection.in_atomic_block:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -241,14 +243,12 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     key = canonical_key(transport_key)
     body = bytes(body)
     digest = hashlib.sha256(body).digest()
-    admission = None
-    # With tracing on, the receipt's trace context must commit in the receipt's own transaction (D-225): the
-    # ordered path writes it; the one statement stays the path when tracing is off (its default).
-    if not tracing.enabled():
-        if hint is None:
-            hint = _HINTS.get(account_key) or admission_hint_get(account_key)
-        admission = _admit_hinted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
-                                  hint=hint)
+    # With tracing on, the receipt's trace context commits in the receipt's own transaction (D-225): the one
+    # statement writes it (D-235), as the ordered path does with `tracing.remember`.
+    if hint is None:
+        hint = _HINTS.get(account_key) or admission_hint_get(account_key)
+    admission = _admit_hinted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
+                              hint=hint)
     if admission is None:
         admission = _admit_ordered(account_key=account_key, channel=channel, key=key, body=body, digest=digest)
     if admission.outcome != "created":

@@ -674,6 +674,10 @@ from bench.claims import Claims  # noqa: E402 - batched fair claims against proc
 
 SUBCOMMANDS[Claims.name] = Claims()
 
+from bench.overhead import Overhead  # noqa: E402 - metrics and tracing overhead (issue 21; its own module)
+
+SUBCOMMANDS[Overhead.name] = Overhead()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
