@@ -159,8 +159,9 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
     receiver, sink = Receiver().start(), Sink().start()
     saved = settings.CONNECTOR
     settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url}
-    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url  # inherited by the spawned bench processes
-    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "1000"
+    # inherited by the spawned bench processes; this process's own values come back afterwards
+    saved_env = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "1000"})
     setup = {"settings_module": os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE,
              "names": {"default": default["NAME"], "journal": journal["NAME"]},
              "connector": {"EGRESS_BASE_URL": receiver.url,
@@ -213,6 +214,11 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
         receiver.stop()
         sink.stop()
         settings.CONNECTOR = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     ratios = []
     for k in range(pairs):
         by_arm = {r["arm"]: r for r in report["runs"] if r["pair"] == k}

@@ -678,6 +678,10 @@ from bench.overhead import Overhead  # noqa: E402 - metrics and tracing overhead
 
 SUBCOMMANDS[Overhead.name] = Overhead()
 
+from bench.metrics_plans import MetricsPlans  # noqa: E402 - metrics queries over 1M retained rows (issue 21)
+
+SUBCOMMANDS[MetricsPlans.name] = MetricsPlans()
+
 
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
