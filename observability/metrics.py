@@ -35,6 +35,7 @@ class EngineCollector(Collector):
             gates = readings.gates_by_mode()
             epochs = readings.epochs_by_state()
             quarantines = readings.quarantines()
+            permits = readings.open_permits()
         items = GaugeMetricFamily("connector_backlog_items", "Items waiting at a stage of the pipeline",
                                   labels=["stage"])
         ages = GaugeMetricFamily("connector_backlog_oldest_age_seconds",
@@ -64,6 +65,16 @@ class EngineCollector(Collector):
             held_age.add_metric([q.kind, q.reason], max(0.0, (now - q.oldest).total_seconds()) if q.oldest else 0.0)
         yield held
         yield held_age
+        gates_open = GaugeMetricFamily("connector_gates_with_open_permits",
+                                       "Serving gates holding at least one open (granted or sending) dispatch permit")
+        gates_open.add_metric([], permits.gates)
+        yield gates_open
+        most = GaugeMetricFamily("connector_open_permits_max_per_gate",
+                                 "The most open dispatch permits any one serving gate holds (a halt of that gate "
+                                 "waits for all of them; per-stage totals are connector_backlog_items{stage=~"
+                                 "\"permit_.*\"})")
+        most.add_metric([], permits.max_per_gate)
+        yield most
         took = GaugeMetricFamily("connector_scrape_duration_seconds", "Seconds this scrape spent reading PostgreSQL")
         took.add_metric([], time.monotonic() - began)
         yield took

@@ -22,7 +22,7 @@ from connector.models import (
     ReplayRequest,
     ServingEpoch,
 )
-from effects.models import DeliveryOperation, RemoteEffect
+from effects.models import DeliveryOperation, DispatchPermit, RemoteEffect
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,16 @@ STAGES = (
           ("governance:effect", "pk"),
           "A permit is open; settlement records the answer. An effect that stays here becomes uncertain and waits "
           "for reconciliation on its page."),
+    # Open permits (served by the partial index effects_permit_open_set's predicate): granted and not yet sending,
+    # then sending (the request may be on the wire) and not yet settled.
+    Stage("permit_granted", lambda now: DispatchPermit.objects.filter(state="granted"), "granted_at",
+          ("governance:effect", "effect_id"),
+          "Granted, the request not started: the egress worker that holds it died or is slow; the permit blocks "
+          "the gate's halt until it is abandoned with proof or settles."),
+    Stage("permit_sending", lambda now: DispatchPermit.objects.filter(state="sending"), "sending_at",
+          ("governance:effect", "effect_id"),
+          "The request may have reached the provider and no answer is settled: the effect becomes uncertain and "
+          "waits for reconciliation on its page; never send it again by hand."),
     Stage("delivery_held", lambda now: DeliveryOperation.objects.exclude(held_reason=""), "held_at"),
 )
 
@@ -148,6 +158,20 @@ def _counts(queryset, field: str, values) -> dict[str, int]:
 def gates_by_mode() -> dict[str, int]:
     """Every gate mode, zero included (an alert on `v2_halted > 0` needs the series to exist)."""
     return _counts(AccountServingGate.objects.all(), "mode", GateMode.values)
+
+
+@dataclass(frozen=True)
+class OpenPermits:
+    gates: int  # serving gates with at least one open (granted or sending) permit
+    max_per_gate: int  # the most open permits any one gate holds
+
+
+def open_permits() -> OpenPermits:
+    """Open permits per gate, summarized with a bounded label set: one row per gate that holds an open permit
+    (at most the in-flight requests), read from the partial index effects_permit_open_set."""
+    counts = list(DispatchPermit.objects.filter(state__in=("granted", "sending")).values_list("gate_id")
+                  .annotate(n=Count("pk")).order_by().values_list("n", flat=True))
+    return OpenPermits(len(counts), max(counts, default=0))
 
 
 def epochs_by_state() -> dict[str, int]:

@@ -26,6 +26,8 @@ CONNECTOR = {
         "execution_lease_expired": env_int("CONNECTOR_BUDGET_LEASE_EXPIRED_SECONDS", 60),
         "effect_prepared": env_int("CONNECTOR_BUDGET_EFFECT_PREPARED_SECONDS", 120),
         "effect_dispatching": env_int("CONNECTOR_BUDGET_EFFECT_DISPATCHING_SECONDS", 300),
+        "permit_granted": env_int("CONNECTOR_BUDGET_PERMIT_GRANTED_SECONDS", 60),
+        "permit_sending": env_int("CONNECTOR_BUDGET_PERMIT_SENDING_SECONDS", 120),
     },
 }
 
