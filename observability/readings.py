@@ -23,6 +23,7 @@ from connector.models import (
     ServingEpoch,
 )
 from effects.models import DeliveryOperation, DispatchPermit, RemoteEffect
+from effects.models.delivery import RECONCILIATION_WAITING
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ STAGES = (
           "The request may have reached the provider and no answer is settled: the effect becomes uncertain and "
           "waits for reconciliation on its page; never send it again by hand."),
     Stage("delivery_held", lambda now: DeliveryOperation.objects.exclude(held_reason=""), "held_at"),
+    # Outcome unknown, partial or unverified and not reconciled, or a reconciliation open: an operator decides with
+    # the provider's evidence (the quarantine board lists each); age from the last state change.
+    Stage("delivery_reconciling", lambda now: DeliveryOperation.objects.filter(RECONCILIATION_WAITING), "changed_at"),
 )
 
 

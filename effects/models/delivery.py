@@ -32,6 +32,14 @@ __all__ = [
 
 _C = contract()
 TUPLE_CHOICES = [(name, name) for name in _C.tuples]
+# Operations waiting for a reconciliation (the quarantine board's delivery rows, governance WAITING_DELIVERY): the
+# outcome is unknown, partial or unverified and not yet reconciled, or a reconciliation is open. One expression for
+# the partial index that serves /metrics and for the reading itself, so the planner can match them (issue 21).
+RECONCILIATION_WAITING_STATES = tuple(name for name in _C.tuples if name.startswith(
+    ("final_unknown", "final_partial", "final_full_unverified", "reconciling_")))
+RECONCILIATION_WAITING = (Q(state__in=[s for s in RECONCILIATION_WAITING_STATES if s.startswith("reconciling_")])
+                          | Q(state__in=[s for s in RECONCILIATION_WAITING_STATES if s.startswith("final_")],
+                              reconciled=False))
 
 
 class DeliveryApprovalReceipt(models.Model):
@@ -390,6 +398,7 @@ class DeliveryOperation(DeliveryTransitions, ConcurrentTransitionMixin, ScopedGe
             models.Index(fields=["state", "next_attempt_after"], name="delivery_op_due"),
             # /metrics (issue 21): held operations without scanning the delivered history.
             models.Index(fields=["held_reason", "held_at"], name="delivery_op_held", condition=~Q(held_reason="")),
+            models.Index(fields=["changed_at"], name="delivery_op_reconciling", condition=RECONCILIATION_WAITING),
         ]
         permissions = [("reconcile_delivery", "Can open and resolve delivery reconciliations"),
                        ("approve_certification", "Can approve platform-attested receiver certifications"),
