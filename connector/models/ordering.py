@@ -43,6 +43,13 @@ class OrderingLane(models.Model):
             models.CheckConstraint(condition=Q(high_water__isnull=True) | Q(baseline__isnull=True)
                                    | Q(high_water__gte=models.F("baseline")), name="connector_lane_high_water_ge_baseline"),
         ]
+        indexes = [
+            # /metrics and the quarantine board count halted lanes by reason (issue 21). Lanes are rewritten on every
+            # advance, so the table carries dead space that a count must not scan (buffers grew 21 -> 392 at 1M
+            # retained receipts, docs/benchmarks.md). Neither indexed column changes on an advance: HOT updates of
+            # the hot path are kept (changed_at, which does, stays out of every lane index).
+            models.Index(fields=["halt_reason"], condition=Q(state="halted"), name="connector_lane_halted"),
+        ]
         permissions = [("resume_orderinglane", "Can resume a halted ordering lane with authoritative evidence")]
 
     def __str__(self) -> str:
