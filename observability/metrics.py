@@ -1,6 +1,9 @@
 """`/metrics` in the Prometheus text format. A custom collector reads PostgreSQL at scrape time (observability/
-readings.py), so the figures are the same whichever web worker answers and however many run: nothing is counted in
-process memory. Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set (production requires it)."""
+readings.py), so the gauges are the same whichever web worker answers and however many run. The latencies counted in
+process memory where the work happens (the admission histogram, connector.stage_metrics) are added by
+`add_counted`: with PROMETHEUS_MULTIPROC_DIR, summed over every process writing that directory (a worker's own
+scrape, observability/workers.py, uses the same). Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set
+(production requires it)."""
 from __future__ import annotations
 
 import hmac
