@@ -142,3 +142,34 @@ def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sum
         if web is not None:
             web.stop()
         receiver.stop()
+
+
+def test_make_run_gives_every_child_one_emptied_multiprocess_directory(tmp_path, monkeypatch):
+    """`make run` (scripts/run.py) starts every child (web, each worker group, beat, receiver) with the same
+    PROMETHEUS_MULTIPROC_DIR, after removing the metric files an earlier run left there (they would be summed in
+    for ever); other files in it are left alone. Proves: issue 21 (metrics of several processes, make run)."""
+    from scripts import run
+
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    (shared / "histogram_4242.db").write_bytes(b"stale")
+    (shared / "counter_4243.db").write_bytes(b"stale")
+    (shared / "notes.txt").write_text("not a metric file")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(shared))
+    started = []
+
+    class Started:
+        def __init__(self, argv, **kwargs):
+            assert not list(shared.glob("*.db")), "a child started before the directory was emptied"
+            started.append(kwargs["env"]["PROMETHEUS_MULTIPROC_DIR"])
+            self.pid, self.stdout = 1, open(os.devnull, "rb")
+
+    monkeypatch.setattr(run.subprocess, "Popen", Started)
+    supervisor = run.Supervisor(0)
+    supervisor.start()
+    for pump in supervisor.pumps:
+        pump.join(timeout=5)
+    assert started == [str(shared)] * len(run.children(0))
+    assert (shared / "notes.txt").exists()
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    assert run.metrics_dir({}) == run.ROOT / ".data" / "prometheus-multiproc"
