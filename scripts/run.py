@@ -7,9 +7,9 @@ the foreground.
 
 Each child runs in its own process group with this process's environment; its output is prefixed with
 its name. Every child shares one PROMETHEUS_MULTIPROC_DIR (default .data/prometheus-multiproc, emptied at start),
-so the web's /metrics sums the metrics every process counts (docs/operations.md). Ctrl-C (SIGINT), SIGTERM or SIGHUP stops every child (SIGTERM to its process group, SIGKILL
-after 10 s) and exits 0. If a child exits on its own, the others are stopped and this exits non-zero,
-naming it. Standard library only.
+so the web's /metrics sums the metrics every process counts (docs/operations.md). Ctrl-C (SIGINT), SIGTERM or
+SIGHUP stops every child (SIGTERM to its process group, SIGKILL after 10 s) and exits 0. If a child exits on its
+own, the others are stopped and this exits non-zero, naming it. Standard library only.
 """
 from __future__ import annotations
 

@@ -62,12 +62,12 @@ def deferrals(samples: dict) -> float:
 @pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sums(settings, broker, tmp_path,
                                                                                   monkeypatch):
-    """N deliveries on a destination declared with a rate limit (1 in flight, two worker children) run through a real worker to
-    finalized effects; the receiver answers the first two requests 429. Scraped over HTTP, the worker's own port
-    shows: N admission -> result latencies (event, applied) whose sum is exactly the stored committed_at -
-    created_at, N command -> finalized latencies, N egress `2xx` and 2 `429` for the destination, 2 receiver
-    deferrals, and limiter deferrals equal to the limiter row's refused_total. The web's /metrics, reading the same
-    multiprocess directory, shows the same values. Proves: issue 21 (metrics exported by a worker process,
+    """N deliveries on a destination declared with a rate limit (1 in flight, two worker children contending) run
+    through a real worker to finalized effects; the receiver answers the first two requests 429. Scraped over HTTP,
+    the worker's own port shows: N admission -> result latencies (event, applied) whose sum is exactly the stored
+    committed_at - created_at, N command -> finalized latencies, N egress `2xx` and 2 `429` for the destination, 2
+    receiver deferrals, and limiter deferrals equal to the limiter row's refused_total. The web's /metrics, reading
+    the same multiprocess directory, shows the same values. Proves: issue 21 (metrics exported by a worker process,
     stage latencies, egress status per destination, rate-limit deferrals), CV2-10-037."""
     from connector import demo
 
