@@ -251,3 +251,26 @@ def test_labels_stay_in_their_closed_sets(transactional_db, settings, monkeypatc
     stage_metrics.rate_limit_deferred(callout="records.callout", cause="because")
     assert before.delta(EGRESS + "_count", destination="records.callout", status="other") == 1
     assert before.delta(LIMITED, destination="records.callout", cause=stage_metrics.UNKNOWN) == 1
+
+
+def test_the_web_metrics_include_this_process_counts_without_a_multiprocess_directory(transactional_db,
+                                                                                     monkeypatch):
+    """Without PROMETHEUS_MULTIPROC_DIR (one process, development) /metrics answers this process's own counted
+    metrics beside the PostgreSQL readings: an egress observation made here is on the page with its labels.
+    Proves: issue 21 (the web /metrics includes the stage histograms)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    def page() -> dict:
+        response = Client().get("/metrics")
+        assert response.status_code == 200, response.content
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(response.content.decode()) for s in family.samples}
+
+    key = (EGRESS + "_count", (("destination", CALLOUT), ("status", "timeout")))
+    before = page()
+    stage_metrics.egress_observe(callout=CALLOUT, status_label="timeout", seconds=5.0)
+    after = page()
+    assert after[key] - before.get(key, 0.0) == 1
+    assert ("connector_backlog_items", (("stage", "materialization_due"),)) in after  # the readings are there too
