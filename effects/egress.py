@@ -12,6 +12,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +22,7 @@ from django.utils import timezone
 from opentelemetry.trace import SpanKind
 
 from connector import locks as connector_locks
+from connector import stage_metrics
 from connector import tracing
 from connector.errors import ConnectorError
 from connector.faults import fault_point
@@ -194,21 +196,29 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     timeout = httpx.Timeout(connect=2.0, read=float(settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)),
                             write=5.0, pool=2.0)
     url = (base_url or settings.CONNECTOR["EGRESS_BASE_URL"]).rstrip("/") + command.path
+    began = time.perf_counter()
     try:
         response = _client().request(command.method, url, content=bytes(command.request_body), headers=headers,
                                      timeout=timeout)
         result = _classify(response)
         digest = hashlib.sha256(response.content).digest()
+        answered = stage_metrics.status(response.status_code)
     except httpx.ConnectError as exc:
         # The connection was never established: no request bytes reached the receiver.
         result, digest = SendResult(AttemptOutcome.NO_EFFECT, None, "", f"connect failed: {exc}"), None
+        answered = "transport_error"
     except httpx.HTTPError as exc:
         result, digest = SendResult(AttemptOutcome.UNCERTAIN, None, "", f"{type(exc).__name__}: {exc}"), None
+        answered = "timeout" if isinstance(exc, httpx.TimeoutException) else "transport_error"
+    seconds = time.perf_counter() - began
     fault_point("egress.after_request")
     log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
-    return permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
-                         response_digest=digest, remote_id=result.remote_id, evidence=result.evidence,
-                         defer_seconds=result.defer_seconds)
+    effect = permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
+                           response_digest=digest, remote_id=result.remote_id, evidence=result.evidence,
+                           defer_seconds=result.defer_seconds)
+    # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
+    stage_metrics.egress_observe(callout=command.callout, status_label=answered, seconds=seconds)
+    return effect
 
 
 # -- REST bulk delivery ---------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """`/metrics` in the Prometheus text format. A custom collector reads PostgreSQL at scrape time (observability/
-readings.py), so the figures are the same whichever web worker answers and however many run: nothing is counted in
-process memory. Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set (production requires it)."""
+readings.py), so the gauges are the same whichever web worker answers and however many run. The latencies counted in
+process memory where the work happens (the admission histogram, connector.stage_metrics) are added by
+`add_counted`: with PROMETHEUS_MULTIPROC_DIR, summed over every process writing that directory (a worker's own
+scrape, observability/workers.py, uses the same). Protected by a bearer token when CONNECTOR_METRICS_TOKEN is set
+(production requires it)."""
 from __future__ import annotations
 
 import hmac
@@ -88,19 +91,33 @@ def _outermost() -> bool:
 def _registry() -> CollectorRegistry:
     """The engine's figures, every collector settings.OBSERVABILITY_COLLECTORS names (an app above this one, the
     operator screens' reason map in governance.metrics, contributes its own figures without observability importing
-    it), and the admission histogram."""
-    from observability.admission import ADMISSION
-
+    it), and the histograms and counters counted in process memory (`add_counted`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
     for path in getattr(settings, "OBSERVABILITY_COLLECTORS", ()):
         registry.register(import_string(path)())
-    # Counted in process memory, unlike the readings above: with PROMETHEUS_MULTIPROC_DIR, the sum of every
-    # process's files (prometheus-client's multiprocess mode); without, this process's own figures.
+    add_counted(registry)
+    return registry
+
+
+def counted_collectors() -> tuple:
+    """Every metric counted in process memory: the admission histogram (web) and the stage latencies, egress and
+    deferrals counted where the work happens (connector.stage_metrics, workers)."""
+    from connector.stage_metrics import COLLECTORS
+    from observability.admission import ADMISSION
+
+    return (ADMISSION, *COLLECTORS)
+
+
+def add_counted(registry: CollectorRegistry) -> CollectorRegistry:
+    """Counted in process memory, unlike the readings above: with PROMETHEUS_MULTIPROC_DIR, the sum of every
+    process's files in that directory (prometheus-client's multiprocess mode: every web worker, every worker
+    process of the host that shares it); without, this process's own figures."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)
     else:
-        registry.register(ADMISSION)
+        for collector in counted_collectors():
+            registry.register(collector)
     return registry
 
 

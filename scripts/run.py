@@ -6,9 +6,10 @@ the foreground.
     python scripts/run.py --dev      # or RUN_DEV_SERVER=1: Django's runserver instead, for development only
 
 Each child runs in its own process group with this process's environment; its output is prefixed with
-its name. Ctrl-C (SIGINT), SIGTERM or SIGHUP stops every child (SIGTERM to its process group, SIGKILL
-after 10 s) and exits 0. If a child exits on its own, the others are stopped and this exits non-zero,
-naming it. Standard library only.
+its name. Every child shares one PROMETHEUS_MULTIPROC_DIR (default .data/prometheus-multiproc, emptied at start),
+so the web's /metrics sums the metrics every process counts (docs/operations.md). Ctrl-C (SIGINT), SIGTERM or
+SIGHUP stops every child (SIGTERM to its process group, SIGKILL after 10 s) and exits 0. If a child exits on its
+own, the others are stopped and this exits non-zero, naming it. Standard library only.
 """
 from __future__ import annotations
 
@@ -86,6 +87,23 @@ def children(port: int, dev: bool = False) -> list[tuple[str, list[str]]]:
     ]
 
 
+def metrics_dir(environ: dict[str, str]) -> Path:
+    """PROMETHEUS_MULTIPROC_DIR of every child (issue 21, D-231): one directory for the host, shared by the web
+    workers and every worker group, so the web's /metrics (and any worker's own metrics port) sums every process.
+    The environment's value if set, else .data/prometheus-multiproc."""
+    return Path(environ.get("PROMETHEUS_MULTIPROC_DIR") or ROOT / ".data" / "prometheus-multiproc")
+
+
+def prepare_metrics_dir(path: Path) -> Path:
+    """Create the directory and remove the metric files of an earlier run (prometheus-client's multiprocess mode
+    requires an empty directory at start: a dead process's files are summed in for ever). Only its `*.db` files
+    are removed, so a directory named by mistake loses nothing else."""
+    path.mkdir(parents=True, exist_ok=True)
+    for entry in path.glob("*.db"):
+        entry.unlink()
+    return path
+
+
 class Supervisor:
     def __init__(self, port: int, dev: bool = False) -> None:
         self.port = port
@@ -121,6 +139,7 @@ class Supervisor:
     def start(self) -> None:
         (ROOT / ".data").mkdir(exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_metrics_dir(metrics_dir(os.environ)))
         for name, cmd in children(self.port, self.dev):
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

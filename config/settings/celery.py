@@ -1,5 +1,5 @@
 """Celery: Redis only wakes workers; every worker re-reads and claims from PostgreSQL."""
-from config.env import env_str
+from config.env import env_int, env_str
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
@@ -67,3 +67,10 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 2
 # Celery heartbeat of its consumer loop (2 s); `manage.py worker_alive --max-age S` exits 1 when it is older.
 # One file per worker: give each its own path (e.g. per container, or suffix it with the node name).
 CONNECTOR_WORKER_HEARTBEAT_FILE = env_str("CONNECTOR_WORKER_HEARTBEAT_FILE", "/tmp/connector-worker.heartbeat")
+
+# A worker's own Prometheus scrape (issue 21, D-231, docs/operations.md): the worker's main process serves the
+# metrics counted in process memory (with PROMETHEUS_MULTIPROC_DIR: the sum of every process writing that
+# directory, its forked children included) on this port from `worker_ready`. 0 (the default) serves nothing.
+# Loopback unless CONNECTOR_WORKER_METRICS_ADDR says otherwise (e.g. 0.0.0.0 in a container scraped from outside).
+CONNECTOR_WORKER_METRICS_PORT = env_int("CONNECTOR_WORKER_METRICS_PORT", 0)
+CONNECTOR_WORKER_METRICS_ADDR = env_str("CONNECTOR_WORKER_METRICS_ADDR", "127.0.0.1")

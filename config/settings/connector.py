@@ -14,6 +14,9 @@ CONNECTOR = {
     "CLAIM_BATCH": env_int("CONNECTOR_CLAIM_BATCH", 10),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
+    # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before
+    # counting the rest as `_other` (issue 21, D-232): the label set stays bounded whatever the contracts declare.
+    "METRICS_MAX_DESTINATIONS": env_int("CONNECTOR_METRICS_MAX_DESTINATIONS", 100),
     # Identity governance (D-180): within this many hours after a person created, granted a role or permission to,
     # (re)activated or set the password of an account, that person and the account are not independent approvers.
     "IDENTITY_COOLING_HOURS": env_int("CONNECTOR_IDENTITY_COOLING_HOURS", 168),

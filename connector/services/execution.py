@@ -15,10 +15,11 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from connector import locks, logcontext, tracing
+from connector import locks, logcontext, stage_metrics, tracing
 from connector.actors import Actor
 from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
 from connector.errors import FenceStale, TransitionRefused
@@ -383,7 +384,12 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
     `lease_fence` (a claim holder's token): the Execution's current lease fence must equal it under the row lock
     (lease compare-and-swap, CV2-07-018), else FenceStale and nothing is written. Without it (recovery from a
     stored Runtime result receipt, which is not a re-execution) no lease is compared."""
-    execution = Execution.objects.select_related("epoch", "projection").defer("epoch__preimage").get(pk=execution_pk)
+    # The admission time rides along in the same statement (issue 21: the admission -> result latency).
+    execution = (Execution.objects.select_related("epoch", "projection").defer("epoch__preimage")
+                 .annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
+                                                F("projection__window__opened_at")))
+                 .get(pk=execution_pk))
+    admitted_at, windowed = execution.admitted_at, execution.projection.window_id is not None
     if execution.command_id != command_id:
         raise TransitionRefused("the result names another command")
     result = runtime.runtime_result_get(command_id=command_id, execution_ref_digest=execution_ref_digest)
@@ -410,6 +416,8 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
             execution.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
                                  result_digest=result.result_digest, runtime_receipt=result.receipt)
         execution.save()
+        stage_metrics.result_recorded(admitted_at=admitted_at, committed_at=result.committed_at,
+                                      window=windowed, outcome=result.outcome)
         audit_record(actor=CLAIMANT, entity=execution, action="execution_record_result",
                      from_state=ExecutionState.READY, to_state=execution.state,
                      evidence_digest=bytes(result.result_digest), reason=result.outcome)

@@ -8,6 +8,7 @@ import hmac
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import IntegrityError, transaction
 
@@ -38,11 +39,12 @@ class ResultReceipt:
     outcome: str
     result_digest: bytes
     receipt: bytes
+    committed_at: datetime | None = None  # the ApplicationResult's commit time (issue 21: the stage latency)
 
 
 def _receipt(result: ApplicationResult) -> ResultReceipt:
     return ResultReceipt(result.command_id, bytes(result.execution_ref_digest), result.outcome,
-                         bytes(result.result_digest), bytes(result.receipt))
+                         bytes(result.result_digest), bytes(result.receipt), result.committed_at)
 
 
 def runtime_result_get(*, command_id: str, execution_ref_digest: bytes) -> ResultReceipt | None:

@@ -16,6 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from connector import locks as connector_locks
+from connector import stage_metrics
 from connector.actors import Actor
 from connector.choices import SweepStep
 from connector.errors import ConnectorError, PermissionRefused, StateTokenInvalid
@@ -165,17 +166,19 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
     return claim
 
 
-def _limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str]:
+def _limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str, str]:
     """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
     limit: no receiver deferral pending, fewer than K permits open, and a token in the bucket (refilled at R per
-    second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason); the caller
-    saves the row either way."""
+    second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason, cause), the
+    cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way."""
     rate, burst = command.rate_requests_per_second, command.rate_burst
     if limiter.deferred_until is not None and limiter.deferred_until > now:
-        return False, limiter.deferred_until, f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}"
+        return (False, limiter.deferred_until,
+                f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}", "receiver_deferral")
     in_flight = _in_flight(limiter.pk)
     if in_flight >= command.rate_max_in_flight:
-        return False, None, f"{in_flight} permits in flight, the declared maximum is {command.rate_max_in_flight}"
+        return (False, None, f"{in_flight} permits in flight, the declared maximum is {command.rate_max_in_flight}",
+                "in_flight")
     if limiter.refilled_at is None:
         tokens = float(burst)
     else:
@@ -185,9 +188,9 @@ def _limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple
     if tokens < 1.0:
         limiter.tokens = tokens
         retry_at = now + timedelta(seconds=(1.0 - tokens) / rate)
-        return False, retry_at, f"{rate} requests per second: the next token is due at {retry_at:%H:%M:%S.%f}"
+        return False, retry_at, f"{rate} requests per second: the next token is due at {retry_at:%H:%M:%S.%f}", "rate"
     limiter.tokens = tokens - 1.0
-    return True, None, ""
+    return True, None, "", ""
 
 
 def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
@@ -218,9 +221,10 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
             raise PermitRefused("the holder no longer owns this effect's lease")
         if limiter is not None:
             now = timezone.now()
-            admitted, retry_at, reason = _limiter_admit(limiter, command, now)
+            admitted, retry_at, reason, cause = _limiter_admit(limiter, command, now)
             if not admitted:
                 _defer_claim(limiter=limiter, claim=claim, retry_at=retry_at, reason=reason, now=now)
+                stage_metrics.rate_limit_deferred(callout=limiter.callout, cause=cause)  # counted after the commit
                 deferred = reason
         if deferred is None:
             try:
@@ -334,6 +338,7 @@ def _destination_defer(*, limiter: DestinationLimiter, seconds: float, status: i
     DestinationLimiter.objects.filter(pk=limiter.pk).update(
         deferred_until=deferred_until, not_before=not_before, deferrals_total=F("deferrals_total") + 1,
         last_deferral_status=status, updated_at=now)
+    stage_metrics.receiver_deferred(callout=limiter.callout, code=status)  # counted after the settlement commits
 
 
 @transaction.atomic
@@ -398,8 +403,10 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
 def _effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
     """`remote_confirmed -> finalized` from attempt evidence, never calling the provider again (CV2-10-030,
     CV2-10-052). With an owner slot, links it to the proven remote identity; a conflicting active link fails
-    closed (the effect stays `remote_confirmed` for an operator)."""
-    effect = locks.effect_for_update(effect_pk)
+    closed (the effect stays `remote_confirmed` for an operator). The command's time and callout ride along in the
+    lock's statement (issue 21: the command -> finalized latency)."""
+    effect = (RemoteEffect.objects.select_for_update(of=("self",)).filter(pk=effect_pk)
+              .annotate(commanded_at=F("command__created_at"), callout=F("command__callout")).first())
     if effect.state == EffectState.FINALIZED:
         return effect
     if effect.state != EffectState.REMOTE_CONFIRMED:
@@ -417,6 +424,8 @@ def _effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
                                        "elsewhere; nothing was linked", conflict=True) from None
     effect.finalize()
     effect.save()
+    stage_metrics.effect_finalized(callout=effect.callout, commanded_at=effect.commanded_at,
+                                   finalized_at=effect.changed_at)
     audit_record(actor=DISPATCHER, entity=effect, action="effect_finalize", from_state=EffectState.REMOTE_CONFIRMED,
                  to_state=effect.state)
     return effect

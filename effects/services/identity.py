@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from connector import stage_metrics
 from connector.actors import Actor
 from connector.errors import PermissionRefused, TransitionRefused
 from connector.models import ApprovalKind, DualApprovalRequest
@@ -122,6 +123,8 @@ def _conflicted(*, effect_pk: int, evidence: str, actor: Actor, expected_changed
 def _finalize(effect: RemoteEffect, *, actor: Actor, action: str, evidence: str) -> RemoteEffect:
     effect.finalize()
     effect.save()
+    stage_metrics.effect_finalized(callout=effect.command.callout, commanded_at=effect.command.created_at,
+                                   finalized_at=effect.changed_at)
     audit_record(actor=actor, entity=effect, action=action, from_state=EffectState.REMOTE_CONFIRMED,
                  to_state=effect.state, reason=evidence[:500])
     return effect
