@@ -39,13 +39,42 @@ DEFAULT_DATABASE = "connector_bench_overhead"
 
 # -- in the bench processes -----------------------------------------------------------------------------------------
 
-def _switch(on: bool, endpoint: str) -> None:
-    """Tracing on (the production configuration, exporting to `endpoint`) or off in this process."""
+class _Drop:
+    """A span exporter that drops every batch: the SDK's and the trace rows' cost without serialization."""
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+_DROP_PROVIDER = None
+
+
+def _switch(on: bool, endpoint: str, exporter: str = "otlp") -> None:
+    """Tracing on (the production configuration, exporting to `endpoint`; or the SDK with a dropping exporter) or
+    off in this process; `exporter` "none" keeps tracing off in the on arm (scrapes only)."""
+    global _DROP_PROVIDER
     from connector import tracing
     from observability import tracing as sdk
 
-    if not on:
+    if not on or exporter == "none":
         tracing.disable()
+        return
+    if exporter == "drop":
+        if _DROP_PROVIDER is None:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            _DROP_PROVIDER = TracerProvider()
+            _DROP_PROVIDER.add_span_processor(BatchSpanProcessor(_Drop()))
+        tracing.enable(_DROP_PROVIDER)
         return
     if sdk._PROVIDER is None or sdk._CONFIGURED_PID != os.getpid():
         sdk.configure({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SERVICE_NAME": "bench-overhead"})
@@ -58,7 +87,7 @@ def cmd_mix(index: int, command: dict) -> dict:
     from bench.hot_account import _cmd_mix
     from observability import tracing as sdk
 
-    _switch(command["observe"], command["endpoint"])
+    _switch(command["observe"], command["endpoint"], command.get("exporter", "otlp"))
     try:
         return _cmd_mix(index, command)
     finally:
@@ -147,7 +176,7 @@ def histogram_observe_us(samples: int = 200_000) -> float:
 
 
 def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, interval: float,
-                 say: Progress) -> dict:
+                 say: Progress, exporter: str = "otlp") -> dict:
     from django.conf import settings
     from django.db import connections
 
@@ -168,11 +197,12 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
                            "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
                            "EGRESS_TIMEOUT_SECONDS": settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)}}
     report = {"bench": "overhead", "account_key": account_key, "clients": clients, "seconds": seconds,
-              "pairs": pairs, "scrape_interval": interval, "machine": machine_facts(),
+              "pairs": pairs, "scrape_interval": interval, "exporter": exporter, "machine": machine_facts(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": []}
     pool = Pool(clients + 1, setup, say)
     scraper = clients
-    base = {"account_id": facts["account_id"], "account_key": account_key, "endpoint": sink.url}
+    base = {"account_id": facts["account_id"], "account_key": account_key, "endpoint": sink.url,
+            "exporter": exporter}
     run_tag = f"{int(time.time() * 1000):x}"
     try:
         say("warming up: 2 s of untimed rounds per client, tracing on then off")
@@ -188,7 +218,7 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
                 commands = {i: {**base, "kind": "call", "target": "bench.overhead:cmd_mix", "observe": observe,
                                 "tag": f"{run_tag}-p{k}{arm}", "start_at": start, "deadline": deadline}
                             for i in range(clients)}
-                if observe:
+                if observe and interval > 0:
                     commands[scraper] = {"kind": "call", "target": "bench.overhead:cmd_scrape", "start_at": start,
                                          "deadline": deadline, "interval": interval}
                 spans_before = sink.count()
@@ -236,7 +266,8 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
 
 def format_report(report: dict) -> str:
     lines = [f"bench overhead: {report['clients']} client(s), {report['pairs']} pairs of {report['seconds']:g} s, "
-             f"scrape every {report['scrape_interval']:g} s (started {report['started_at']})",
+             f"exporter {report['exporter']}, scrape every {report['scrape_interval']:g} s (0: none) "
+             f"(started {report['started_at']})",
              "pair  arm  completions/s  admissions/s  finalized/s  completion p50 ms  spans  scrapes  load"]
     for r in report["runs"]:
         scrapes = f"{r['scrape']['scrapes']} x {r['scrape']['scrape_ms_median']} ms" if r["scrape"] else "-"
@@ -263,6 +294,9 @@ class Overhead:
         parser.add_argument("--pairs", type=int, default=4, help="pairs of off/on runs (default 4)")
         parser.add_argument("--scrape-interval", type=float, default=5.0,
                             help="seconds between scrapes in the on arm (default 5; Prometheus' default is 15)")
+        parser.add_argument("--exporter", choices=("otlp", "drop", "none"), default="otlp",
+                            help="on arm's tracing: OTLP/HTTP to the counting sink (default, as production), the SDK "
+                                 "with a dropping exporter, or none (scrapes only); --scrape-interval 0: no scrapes")
         parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
         parser.add_argument("--check", action="store_true", help="exit non-zero if the overhead is above 5%%")
         parser.add_argument("--database-name", default=DEFAULT_DATABASE,
@@ -292,12 +326,13 @@ class Overhead:
             try:
                 report = run_overhead(account_key=account_key, clients=options["clients"],
                                       seconds=options["seconds"], pairs=options["pairs"],
-                                      interval=options["scrape_interval"], say=say)
+                                      interval=options["scrape_interval"], say=say,
+                                      exporter=options["exporter"])
             finally:
                 shutil.rmtree(multiproc, ignore_errors=True)
         report["command"] = (f"manage.py bench overhead --clients {options['clients']} --seconds "
                              f"{options['seconds']:g} --pairs {options['pairs']} --scrape-interval "
-                             f"{options['scrape_interval']:g}")
+                             f"{options['scrape_interval']:g} --exporter {options['exporter']}")
         if options["json"]:
             Path(options["json"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         command.stdout.write(format_report(report))
