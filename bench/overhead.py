@@ -176,7 +176,7 @@ def histogram_observe_us(samples: int = 200_000) -> float:
 
 
 def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, interval: float,
-                 say: Progress, exporter: str = "otlp") -> dict:
+                 say: Progress, exporter: str = "otlp", sample_ratio: float = 1.0) -> dict:
     from django.conf import settings
     from django.db import connections
 
@@ -189,15 +189,20 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
     saved = settings.CONNECTOR
     settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url}
     # inherited by the spawned bench processes; this process's own values come back afterwards
-    saved_env = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY")}
-    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "1000"})
+    saved_env = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_BSP_SCHEDULE_DELAY",
+                                                 "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")}
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "1000",
+                       # the SDK's standard sampler variables, as a deployment sets them (D-236)
+                       "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                       "OTEL_TRACES_SAMPLER_ARG": repr(float(sample_ratio))})
     setup = {"settings_module": os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE,
              "names": {"default": default["NAME"], "journal": journal["NAME"]},
              "connector": {"EGRESS_BASE_URL": receiver.url,
                            "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
                            "EGRESS_TIMEOUT_SECONDS": settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)}}
     report = {"bench": "overhead", "account_key": account_key, "clients": clients, "seconds": seconds,
-              "pairs": pairs, "scrape_interval": interval, "exporter": exporter, "machine": machine_facts(),
+              "pairs": pairs, "scrape_interval": interval, "exporter": exporter,
+              "sample_ratio": sample_ratio, "machine": machine_facts(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": []}
     pool = Pool(clients + 1, setup, say)
     scraper = clients
@@ -266,7 +271,8 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
 
 def format_report(report: dict) -> str:
     lines = [f"bench overhead: {report['clients']} client(s), {report['pairs']} pairs of {report['seconds']:g} s, "
-             f"exporter {report['exporter']}, scrape every {report['scrape_interval']:g} s (0: none) "
+             f"exporter {report['exporter']}, sampled {report['sample_ratio']:g}, scrape every "
+             f"{report['scrape_interval']:g} s (0: none) "
              f"(started {report['started_at']})",
              "pair  arm  completions/s  admissions/s  finalized/s  completion p50 ms  spans  scrapes  load"]
     for r in report["runs"]:
@@ -297,6 +303,9 @@ class Overhead:
         parser.add_argument("--exporter", choices=("otlp", "drop", "none"), default="otlp",
                             help="on arm's tracing: OTLP/HTTP to the counting sink (default, as production), the SDK "
                                  "with a dropping exporter, or none (scrapes only); --scrape-interval 0: no scrapes")
+        parser.add_argument("--sample-ratio", type=float, default=1.0,
+                            help="on arm: the share of traces sampled (OTEL_TRACES_SAMPLER=parentbased_traceidratio; "
+                                 "default 1.0: every delivery traced)")
         parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
         parser.add_argument("--check", action="store_true", help="exit non-zero if the overhead is above 5%%")
         parser.add_argument("--database-name", default=DEFAULT_DATABASE,
@@ -327,12 +336,13 @@ class Overhead:
                 report = run_overhead(account_key=account_key, clients=options["clients"],
                                       seconds=options["seconds"], pairs=options["pairs"],
                                       interval=options["scrape_interval"], say=say,
-                                      exporter=options["exporter"])
+                                      exporter=options["exporter"], sample_ratio=options["sample_ratio"])
             finally:
                 shutil.rmtree(multiproc, ignore_errors=True)
         report["command"] = (f"manage.py bench overhead --clients {options['clients']} --seconds "
                              f"{options['seconds']:g} --pairs {options['pairs']} --scrape-interval "
-                             f"{options['scrape_interval']:g} --exporter {options['exporter']}")
+                             f"{options['scrape_interval']:g} --exporter {options['exporter']} --sample-ratio "
+                             f"{options['sample_ratio']:g}")
         if options["json"]:
             Path(options["json"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         command.stdout.write(format_report(report))

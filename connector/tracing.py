@@ -50,7 +50,9 @@ def enabled() -> bool:
 
 
 def _carrier_of(span_context) -> tuple[str, str] | None:
-    if not span_context.is_valid:
+    """The W3C headers of a sampled span context; None for an invalid or unsampled one (D-236: a trace the sampler
+    dropped leaves no row behind, so the stages after it read nothing and start no span)."""
+    if not span_context.is_valid or not span_context.trace_flags.sampled:
         return None
     headers: dict[str, str] = {}
     _PROPAGATOR.inject(headers, context=trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
@@ -127,6 +129,10 @@ def stage(name: str, carrier=None, *, log: dict | None = None, attributes: dict 
     if not _ENABLED:
         return logcontext.bound(**log) if log else _OFF
     context = _parent(carrier, lookup) if carrier is not None else None
+    if carrier is not None and context is None:
+        # No stored context: the row was written while tracing was off, or its trace was not sampled. Start no
+        # stray root trace (D-236); the log ids are bound all the same.
+        return logcontext.bound(**log) if log else _OFF
     if kind is None:
         kind = SpanKind.CONSUMER if carrier is not None else SpanKind.INTERNAL
     span = _span(name, context=context, kind=kind, attributes={**(attributes or {}), **(log or {})})
@@ -175,11 +181,13 @@ def minted(carrier, pk: int, *, name: str, parent, **lookup) -> None:
 
 
 def traced(name: str) -> Callable:
-    """Decorator: the call runs in a child span of the current one while tracing is on."""
+    """Decorator: the call runs in a child span of the current one while tracing is on and a span is recording."""
     def wrap(fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if not _ENABLED:
+            # Only ever a child: outside a recorded stage (tracing off, or the stage's trace was not sampled or
+            # never stored) no stray root trace starts here (D-236).
+            if not _ENABLED or not trace.get_current_span().is_recording():
                 return fn(*args, **kwargs)
             with _span(name):
                 return fn(*args, **kwargs)

@@ -132,6 +132,32 @@ def test_tracing_off_writes_no_trace_context_and_sends_no_header(pipeline, recei
     assert [r["traceparent"] for r in receiver.requests] == [None]
 
 
+def test_an_unsampled_trace_leaves_no_row_and_later_stages_start_no_stray_trace(pipeline, receiver):
+    """Tracing on with a sampler that drops this trace (the caller's `traceparent` says not sampled; the SDK's
+    parent-based sampler follows it): the admission writes no trace row, so materialization, the lane advance,
+    the execution and egress read nothing and start no span of their own (no stray root trace), and the receiver
+    gets no header; the delivery completes as usual. A sampled caller on the same provider is traced whole.
+    Proves: issue 21 (D-236: sampling is what keeps tracing's cost bounded in production)."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    try:
+        _run_pipeline(pipeline, 7, HTTP_TRACEPARENT=f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
+        for model in (ReceiptTrace, ProjectionTrace, ExecutionTrace, CommandTrace):
+            assert model.objects.count() == 0, model.__name__
+        assert exporter.get_finished_spans() == ()
+        assert [r["traceparent"] for r in receiver.requests] == [None]
+        _run_pipeline(pipeline, 8, HTTP_TRACEPARENT=CALLER)
+        assert set(STAGES) <= {s.name for s in exporter.get_finished_spans()}
+        assert {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()} == {CALLER_TRACE}
+    finally:
+        tracing.disable()
+        provider.shutdown()
+
+
 def test_trace_rows_are_immutable_and_well_formed(pipeline, spans):
     """A stored trace context is an append-only fact with a well-formed W3C value (constraint
     connector_receipttrace_traceparent_w3c); going around the services cannot change or forge it. Proves:
