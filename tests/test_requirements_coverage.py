@@ -18,7 +18,7 @@ DECISIONS = ROOT / "docs" / "decisions.md"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
-# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R8 are real gaps the
+# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R7 are real gaps the
 # product does not show yet; _R0 marks IDs nobody has yet read against the tests (proven by an existing test
 # that does not name them, not applicable, or a gap). Remove an entry when a test proves the ID: the check fails
 # on an entry that is also cited or justified.
@@ -42,12 +42,9 @@ _R6 = ("there is no epoch_retire service: draining -> retired is declared but ne
        "retention rule it needs is undecided")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
-_R8 = ("cited only as a range (CV2-01-016..CV2-01-021) by a test that shows each part changes the epoch digest, "
-       "not the field list and order of each part; a golden vector of one epoch preimage would prove it")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # untriaged
-    "CV2-01-001": (_R0, 22), "CV2-01-017": (_R8, 22), "CV2-01-018": (_R8, 22), "CV2-01-019": (_R8, 22),
-    "CV2-01-020": (_R8, 22), "CV2-02-002": (_R0, 22), "CV2-02-004": (_R0, 22), "CV2-02-007": (_R0, 22),
+    "CV2-01-001": (_R0, 22), "CV2-02-002": (_R0, 22), "CV2-02-004": (_R0, 22), "CV2-02-007": (_R0, 22),
     "CV2-02-009": (_R0, 22), "CV2-02-014": (_R0, 22), "CV2-02-025": (_R0, 22),
     "CV2-03-018": (_R0, 22), "CV2-03-020": (_R0, 22), "CV2-05-014": (_R0, 22),
     "CV2-06-002": (_R0, 22), "CV2-06-003": (_R0, 22), "CV2-06-004": (_R0, 22), "CV2-06-008": (_R0, 22),
