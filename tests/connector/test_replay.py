@@ -175,6 +175,25 @@ def test_distinct_request_id_is_a_distinct_generation(world, original):
                                 if f.attname != "id"})
 
 
+def test_live_admission_has_one_event_generation_and_replay_mints_its_own(world, original):
+    """A live redelivery of the same event under another transport key is a new Receipt that links the one
+    existing live Event (one canonical EventGeneration: no replay request, no predecessor); a replay is a new
+    generation named by its ReplayRequest, carrying the predecessor link only on the replay Event, so the live
+    Event's identity and lineage never change. Proves: CV2-05-014"""
+    live_before = snapshot(original)
+    deliver(world, SNAPSHOT, webhook_body(webhook_event("evt-1", "rec-1", 1, full_name="Ada")), key="redelivery-1")
+    live = list(Event.objects.filter(source_event_key="evt-1", replay_request__isnull=True))
+    assert [e.pk for e in live] == [original.pk] and Receipt.objects.count() == 2
+    assert (original.replay_request_id, original.predecessor_id) == (None, None)
+    admitted = replay(world, "replay-gen-1", original)
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    replayed = Event.objects.get(replay_request=admitted.request)
+    assert (replayed.predecessor_id, replayed.source_event_key) == (original.pk, "evt-1")
+    assert bytes(Projection.objects.get(event=replayed).identity_digest) != bytes(
+        Projection.objects.get(event=original).identity_digest)
+    assert snapshot(original) == live_before
+
+
 def test_predecessor_stays_byte_identical(world, original):
     """Admitting, materializing and running two replays leaves the predecessor Event, its Receipt, Component,
     Projection, Execution and ApplicationResult byte-identical in every column.
