@@ -50,10 +50,17 @@ _R10 = ('the cutover preflight refuses a route whose V1 owner declares it unsupp
        '(tests/cutover/test_v1_shutdown.py), but it takes the declared disposition as given and only records '
        'the proof digest: it does not itself check the order-independent proof or the completeness of the '
        "route's source-order facts")
+_R11 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, "
+       'principal and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem '
+       'identities, the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its '
+       'epoch is evidence only, cannot be expressed')
+_R12 = ('a replay authors no outbound command at all (suppress_external_effects; '
+       'tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but '
+       "nothing carries the predecessor's EffectRootID into the replay's records for correlation (the root "
+       'is derived from the Runtime command ID, which a replay changes)')
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # untriaged
-                        "CV2-09-002": (_R0, 22), "CV2-09-003": (_R0, 22), "CV2-09-014": (_R0, 22),
-    "CV2-09-019": (_R0, 22), "CV2-09-026": (_R0, 22), "CV2-11-001": (_R0, 22), "CV2-11-005": (_R0, 22),
+                            "CV2-11-001": (_R0, 22), "CV2-11-005": (_R0, 22),
     "CV2-11-040": (_R0, 22), "CV2-12-006": (_R0, 22), "CV2-12-010": (_R0, 22),
     "CV2-12-011": (_R0, 22), "CV2-12-016": (_R0, 22), "CV2-12-019": (_R0, 22), "CV2-12-024": (_R0, 22),
     "CV2-12-027": (_R0, 22), "CV2-12-048": (_R0, 22), "CV2-12-049": (_R0, 22),
@@ -80,6 +87,10 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-06-003": (_R9, 22), "CV2-11-017": (_R9, 22),
     # reason _R10
     "CV2-06-008": (_R10, 22),
+    # reason _R11
+    "CV2-09-002": (_R11, 22), "CV2-09-014": (_R11, 22),
+    # reason _R12
+    "CV2-09-019": (_R12, 22),
 }
 
 

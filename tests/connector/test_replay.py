@@ -194,6 +194,34 @@ def test_live_admission_has_one_event_generation_and_replay_mints_its_own(world,
     assert snapshot(original) == live_before
 
 
+def test_a_replay_reuses_no_v1_identity(world, original):
+    """A replay can name only a V2 Event as its predecessor: V1 work accepted before the upgrade exists here only
+    as an acceptance tombstone (no Event), so it cannot be replayed; a replay request gets a new V2 Receipt, Event,
+    Projection and Execution under the V2 target epoch, takes no admission key (so never a tombstone) and leaves
+    the tombstone as it was. Proves: CV2-09-003"""
+    from connector.models import V1AcceptanceTombstone
+    from connector.services.tombstones import tombstones_import
+    assert ReplayRequest._meta.get_field("predecessor_event").related_model is Event
+    assert ReplayRequest._meta.get_field("target_epoch").related_model.__name__ == "ServingEpoch"
+    tombstones_import(rows=[{"account": world.account.account_key, "channel": SNAPSHOT, "transport_key": "v1-key-1",
+                             "payload_digest": hashlib.sha256(b"v1 bytes").digest(),
+                             "predecessor_ref": "v1:receipt:77"}], actor=ACTOR)
+    tombstone = V1AcceptanceTombstone.objects.get()
+    before = (snapshot(tombstone), ReceiptAdmissionKey.objects.count(),
+              set(Receipt.objects.values_list("pk", flat=True)), set(Event.objects.values_list("pk", flat=True)),
+              set(Execution.objects.values_list("pk", flat=True)))
+    admitted = replay(world, "replay-after-upgrade", original)
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    drain()
+    replayed = Event.objects.get(replay_request=admitted.request)
+    assert admitted.receipt.pk not in before[2] and replayed.pk not in before[3]
+    new_executions = set(Execution.objects.values_list("pk", flat=True)) - before[4]
+    assert len(new_executions) == 1
+    assert {Execution.objects.get(pk=pk).epoch_id for pk in new_executions} == {world.epoch.pk}
+    assert (admitted.receipt.epoch_id, replayed.epoch_id) == (world.epoch.pk, world.epoch.pk)
+    assert (snapshot(tombstone), ReceiptAdmissionKey.objects.count()) == before[:2]
+
+
 def test_predecessor_stays_byte_identical(world, original):
     """Admitting, materializing and running two replays leaves the predecessor Event, its Receipt, Component,
     Projection, Execution and ApplicationResult byte-identical in every column.
