@@ -136,3 +136,43 @@ def test_l0_never_imports_an_l1_pack():
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "tests"]
     assert offenders == []
+
+
+def test_a_changed_catalog_lineage_alone_needs_an_exact_successor_epoch(world):
+    """After first activation, a new Catalog revision whose binding rows are identical and whose only change is
+    its lineage revision is not absorbed by the active epoch: its bytes stay as they were and the gate keeps
+    serving it, and the change can be served only through a new, separately verified epoch whose preimage and
+    digest differ. Proves: CV2-11-001"""
+    from connector.models import AccountServingGate, CatalogBinding
+    from connector.services import serving
+
+    active = ServingEpoch.objects.get(pk=world.epoch.pk)
+    frozen = (bytes(active.preimage), bytes(active.digest), active.state)
+    v = world.view
+    bindings = [{"kind": b.kind, "pack_generation_id": b.pack_generation.generation_id, "business_key": b.business_key,
+                 "definition_version": b.definition_version, "credential_refs": b.credential_refs,
+                 **({"runtime": (b.runtime_command_definition_id, b.runtime_command_version)}
+                    if b.runtime_command_definition_id else {})}
+                for b in v.bindings.order_by("ordinal")]
+    newer = owners.catalog_view_publish(
+        view_key=v.view_key, organization=v.organization, application_installation=v.application_installation,
+        authorized_workload=v.authorized_workload, lineage_revision="1.1",
+        source_snapshot_digest=bytes(v.source_snapshot_digest), security_epoch=v.security_epoch,
+        capability_version=v.capability_version, bindings=bindings, actor=ACTOR)
+    same_rows = [list(CatalogBinding.objects.filter(view=view).order_by("ordinal").values_list(
+        "kind", "business_key", "identity_digest", "pack_generation_id")) for view in (v, newer)]
+    assert same_rows[0] == same_rows[1]
+    key = world.account.account_key
+    owners.service_configuration_create(
+        generation_id="xg-config.lineage", catalog_view_key=v.view_key, catalog_revision=newer.revision,
+        accounts=[{"account_key": key, "enabled_routes": [ROUTE], "mapping_selections": {
+            "records.webhook.fields": "default"}, "policy_values": {}}], actor=ACTOR,
+        credential_relation=[(key, "acme-hooks-signing", f"{key}.acme-hooks-signing.g1")])
+    successor = serving.epoch_prepare_from_owners(epoch_id="xg-successor",
+                                                  configuration_generation_id="xg-config.lineage", actor=ACTOR)
+    successor = serving.epoch_verify(epoch_pk=successor.pk, actor=ACTOR)
+    assert successor.state == "verified" and bytes(successor.digest) != frozen[1]
+    assert bytes(successor.preimage) != frozen[0]
+    active.refresh_from_db()
+    assert (bytes(active.preimage), bytes(active.digest), active.state) == frozen
+    assert AccountServingGate.objects.get(account=world.account).epoch_id == active.pk
