@@ -67,13 +67,37 @@ _R14 = ('after v2_committed the restore is refused (tests/cutover/test_restore.p
        'not made read-only (no privilege revoke or trigger), and nothing refuses a new V1 generation, a '
        'barrier reopen or a V1 row write once V2 committed, so the one-step retirement at first v2_serving '
        '(and any later removal of V1 tables) is not implemented')
+_R15 = ('no closed inventory of the V2 paths (route, partition, account, gate, ingress, replay, '
+       'materialization, claim, execution, outbound, dispatch) with the authority selected for each is built '
+       'or checked before activation; the guarantee rests on every such path taking the one serving guard '
+       '(tests/connector/test_validating_refuses_writes.py), not on an inventory whose uncovered path blocks '
+       'activation')
+_R16 = ('preflight measures backlog, open partitions, live leases, ambiguous effects and database size and '
+       'projects each budgeted phase (tests/cutover/test_v1_shutdown.py), but dependency deadlines are never '
+       'measured (always None), owner latencies are not measured, and the restore rehearsal is projected '
+       'from the database size instead of being run on the candidate schema at preflight (it runs later, on '
+       'the restore point)')
+_R17 = ('before maintenance the attempt requires the candidate epoch verified for exactly the configuration '
+       'while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest '
+       'or conformance proof is verified offline or frozen in the readiness certificate')
+_R18 = ('the authoring barrier is a V1 owner barrier: while it is closed the L2 owner '
+       '(connector.services.owners) still creates accounts and configuration generations '
+       '(tests/cutover/test_v1_shutdown.py creates a stray account after it closed; only the shutdown '
+       'certification catches it); one gate per account holds (created with the account, unique), but L2 '
+       'itself does not freeze account creation, removal, enablement or cutover configuration at one '
+       'generation')
+_R19 = ('the first activation transaction itself moves every gate to v2_serving, which is what opens '
+       'admission, claims and provider I/O; the exact readback runs after that commit and gates only '
+       "v2_committed and the set's release (tests/cutover/test_first_activation.py), so provider I/O is not "
+       'held back until the readback')
+_R20 = ('one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced '
+       'by partial unique indexes, but a held set freezes one combined owner-receipts digest (the '
+       'configuration, binding and credential proofs; the Catalog receipt only through the epoch), not one '
+       'fenced receipt per owner (Catalog, each binding-definition owner, L2 configuration owner, credential '
+       'authority)')
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # untriaged
-                                "CV2-12-010": (_R0, 22),
-    "CV2-12-016": (_R0, 22), "CV2-12-019": (_R0, 22), "CV2-12-024": (_R0, 22),
-        "CV2-12-057": (_R0, 22), "CV2-12-071": (_R0, 22),     "CV2-15-009": (_R0, 22),
-    "CV2-15-012": (_R0, 22), "CV2-15-014": (_R0, 22),
-    # reason 1
+                                                        # reason 1
     "CV2-11-034": (_R1, 22), "CV2-11-055": (_R1, 22),
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
@@ -101,6 +125,18 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-11-005": (_R13, 22),
     # reason _R14
     "CV2-12-069": (_R14, 22), "CV2-12-077": (_R14, 22), "CV2-12-078": (_R14, 22),
+    # reason _R15
+    "CV2-12-010": (_R15, 22),
+    # reason _R16
+    "CV2-12-016": (_R16, 22),
+    # reason _R17
+    "CV2-12-019": (_R17, 22),
+    # reason _R18
+    "CV2-12-024": (_R18, 22),
+    # reason _R19
+    "CV2-12-071": (_R19, 22),
+    # reason _R20
+    "CV2-15-009": (_R20, 22),
 }
 
 
