@@ -40,7 +40,7 @@ _R6 = ("there is no epoch_retire service: draining -> retired is declared but ne
        "retention rule it needs is undecided")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
-_R8 = ("a route"s order_independent contract is accepted on the pack definition"s word: no conformance proof "
+_R8 = ("a route's order_independent contract is accepted on the pack definition's word: no conformance proof "
        "that its operations commute (or cannot overwrite newer source state) is attached to the definition, "
        "checked at epoch verification, or required when a successor gives such a route no lane handoff "
        "(order-independent routes simply get no lane and so no handoff)")
@@ -48,23 +48,23 @@ _R9 = ("the cutover preflight refuses a route whose V1 owner declares it unsuppo
        "(tests/cutover/test_v1_shutdown.py), but it takes the declared disposition as given and only records "
        "the proof digest: it does not itself check the order-independent proof or the completeness of the "
        "route's source-order facts")
-_R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, "
-        "principal and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem "
-        "identities, the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its "
-        "epoch is evidence only, cannot be expressed")
+_R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, principal "
+        "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
+        "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
+        "evidence only, cannot be expressed")
 _R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
-        "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but "
-        "nothing carries the predecessor"s EffectRootID into the replay"s records for correlation (the root "
-        "is derived from the Runtime command ID, which a replay changes)")
-_R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes "
-        "predecessor work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no "
-        "phase that first drains continuation work under the still-active predecessor with gates v2_serving "
-        "while owner barriers refuse new roots")
+        "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
+        "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
+        "from the Runtime command ID, which a replay changes)")
+_R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
+        "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
+        "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
+        "barriers refuse new roots")
 _R13 = ("after v2_committed the restore is refused (tests/cutover/test_restore.py) and V1 keeps its barriers "
-        "closed and its generation terminated, but V1 is never retired as such: its operational tables are "
-        "not made read-only (no privilege revoke or trigger), and nothing refuses a new V1 generation, a "
-        "barrier reopen or a V1 row write once V2 committed, so the one-step retirement at first v2_serving "
-        "(and any later removal of V1 tables) is not implemented")
+        "closed and its generation terminated, but V1 is never retired as such: its operational tables are not "
+        "made read-only (no privilege revoke or trigger), and nothing refuses a new V1 generation, a barrier "
+        "reopen or a V1 row write once V2 committed, so the one-step retirement at first v2_serving (and any "
+        "later removal of V1 tables) is not implemented")
 _R14 = ("no closed inventory of the V2 paths (route, partition, account, gate, ingress, replay, "
         "materialization, claim, execution, outbound, dispatch) with the authority selected for each is built "
         "or checked before activation; the guarantee rests on every such path taking the one serving guard "
@@ -72,27 +72,26 @@ _R14 = ("no closed inventory of the V2 paths (route, partition, account, gate, i
         "activation")
 _R15 = ("preflight measures backlog, open partitions, live leases, ambiguous effects and database size and "
         "projects each budgeted phase (tests/cutover/test_v1_shutdown.py), but dependency deadlines are never "
-        "measured (always None), owner latencies are not measured, and the restore rehearsal is projected "
-        "from the database size instead of being run on the candidate schema at preflight (it runs later, on "
-        "the restore point)")
+        "measured (always None), owner latencies are not measured, and the restore rehearsal is projected from "
+        "the database size instead of being run on the candidate schema at preflight (it runs later, on the "
+        "restore point)")
 _R16 = ("before maintenance the attempt requires the candidate epoch verified for exactly the configuration "
-        "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest "
-        "or conformance proof is verified offline or frozen in the readiness certificate")
+        "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest or "
+        "conformance proof is verified offline or frozen in the readiness certificate")
 _R17 = ("the authoring barrier is a V1 owner barrier: while it is closed the L2 owner "
         "(connector.services.owners) still creates accounts and configuration generations "
         "(tests/cutover/test_v1_shutdown.py creates a stray account after it closed; only the shutdown "
         "certification catches it); one gate per account holds (created with the account, unique), but L2 "
         "itself does not freeze account creation, removal, enablement or cutover configuration at one "
         "generation")
-_R18 = ("the first activation transaction itself moves every gate to v2_serving, which is what opens "
-        "admission, claims and provider I/O; the exact readback runs after that commit and gates only "
-        "v2_committed and the set's release (tests/cutover/test_first_activation.py), so provider I/O is not "
-        "held back until the readback")
-_R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced "
-        "by partial unique indexes, but a held set freezes one combined owner-receipts digest (the "
-        "configuration, binding and credential proofs; the Catalog receipt only through the epoch), not one "
-        "fenced receipt per owner (Catalog, each binding-definition owner, L2 configuration owner, credential "
-        "authority)")
+_R18 = ("the first activation transaction itself moves every gate to v2_serving, which is what opens admission, "
+        "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
+        "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
+        "readback")
+_R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced by "
+        "partial unique indexes, but a held set freezes one combined owner-receipts digest (the configuration, "
+        "binding and credential proofs; the Catalog receipt only through the epoch), not one fenced receipt per "
+        "owner (Catalog, each binding-definition owner, L2 configuration owner, credential authority)")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 1
     "CV2-11-034": (_R1, 22), "CV2-11-055": (_R1, 22),
