@@ -426,8 +426,8 @@ def test_secret_listing_decides_only_what_a_stat_would(tmp_path):
 
 def test_a_catalog_row_alone_is_not_definition_proof(owners_world):
     """The Catalog binding row stays as published, but its binding definition is gone from the definition owner
-    (moved to another key behind the owner's back): the row's identity and authorization do not stand in for the definition,
-    so verification rejects. Proves: CV2-02-009"""
+    (moved to another key behind the owner's back): the row's identity and authorization do not stand in for
+    the definition, so verification rejects. Proves: CV2-02-009"""
     epoch = serving.epoch_prepare(candidate=_candidate(owners_world), actor=ACTOR)
     with connection.cursor() as cursor:
         dbroles.admin_on(cursor)
