@@ -18,12 +18,10 @@ DECISIONS = ROOT / "docs" / "decisions.md"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
-# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R8 are real gaps the
-# product does not show yet; _R0 marks IDs nobody has yet read against the tests (proven by an existing test
-# that does not name them, not applicable, or a gap). Remove an entry when a test proves the ID: the check fails
-# on an entry that is also cited or justified.
-_R0 = ("not yet triaged (issue 22 session ran out of time): an existing test may already assert it; read "
-       "the requirement, then cite it in the test that proves it, justify it in D-212, or build it")
+# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
+# the product does not show yet, each saying precisely what is missing (issue 22 triaged every ID: none is
+# left unread). Remove an entry when a test proves the ID: the check fails on an entry that is also cited or
+# justified.
 _R1 = ("a held barrier set refuses a credential publication (tests/cutover/test_first_activation.py), but "
        "not every authoring, publication, current-selector and revocation write is shown to lock its owner "
        "barrier and fail while an activation holds it")
@@ -42,24 +40,59 @@ _R6 = ("there is no epoch_retire service: draining -> retired is declared but ne
        "retention rule it needs is undecided")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
-_R8 = ("cited only as a range (CV2-01-016..CV2-01-021) by a test that shows each part changes the epoch digest, "
-       "not the field list and order of each part; a golden vector of one epoch preimage would prove it")
+_R8 = ("a route's order_independent contract is accepted on the pack definition's word: no conformance proof "
+       "that its operations commute (or cannot overwrite newer source state) is attached to the definition, "
+       "checked at epoch verification, or required when a successor gives such a route no lane handoff "
+       "(order-independent routes simply get no lane and so no handoff)")
+_R9 = ("the cutover preflight refuses a route whose V1 owner declares it unsupported "
+       "(tests/cutover/test_v1_shutdown.py), but it takes the declared disposition as given and only records "
+       "the proof digest: it does not itself check the order-independent proof or the completeness of the "
+       "route's source-order facts")
+_R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, principal "
+        "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
+        "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
+        "evidence only, cannot be expressed")
+_R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
+        "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
+        "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
+        "from the Runtime command ID, which a replay changes)")
+_R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
+        "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
+        "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
+        "barriers refuse new roots")
+_R13 = ("after v2_committed the restore is refused (tests/cutover/test_restore.py) and V1 keeps its barriers "
+        "closed and its generation terminated, but V1 is never retired as such: its operational tables are not "
+        "made read-only (no privilege revoke or trigger), and nothing refuses a new V1 generation, a barrier "
+        "reopen or a V1 row write once V2 committed, so the one-step retirement at first v2_serving (and any "
+        "later removal of V1 tables) is not implemented")
+_R14 = ("no closed inventory of the V2 paths (route, partition, account, gate, ingress, replay, "
+        "materialization, claim, execution, outbound, dispatch) with the authority selected for each is built "
+        "or checked before activation; the guarantee rests on every such path taking the one serving guard "
+        "(tests/connector/test_validating_refuses_writes.py), not on an inventory whose uncovered path blocks "
+        "activation")
+_R15 = ("preflight measures backlog, open partitions, live leases, ambiguous effects and database size and "
+        "projects each budgeted phase (tests/cutover/test_v1_shutdown.py), but dependency deadlines are never "
+        "measured (always None), owner latencies are not measured, and the restore rehearsal is projected from "
+        "the database size instead of being run on the candidate schema at preflight (it runs later, on the "
+        "restore point)")
+_R16 = ("before maintenance the attempt requires the candidate epoch verified for exactly the configuration "
+        "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest or "
+        "conformance proof is verified offline or frozen in the readiness certificate")
+_R17 = ("the authoring barrier is a V1 owner barrier: while it is closed the L2 owner "
+        "(connector.services.owners) still creates accounts and configuration generations "
+        "(tests/cutover/test_v1_shutdown.py creates a stray account after it closed; only the shutdown "
+        "certification catches it); one gate per account holds (created with the account, unique), but L2 "
+        "itself does not freeze account creation, removal, enablement or cutover configuration at one "
+        "generation")
+_R18 = ("the first activation transaction itself moves every gate to v2_serving, which is what opens admission, "
+        "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
+        "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
+        "readback")
+_R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced by "
+        "partial unique indexes, but a held set freezes one combined owner-receipts digest (the configuration, "
+        "binding and credential proofs; the Catalog receipt only through the epoch), not one fenced receipt per "
+        "owner (Catalog, each binding-definition owner, L2 configuration owner, credential authority)")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
-    # untriaged
-    "CV2-01-001": (_R0, 22), "CV2-01-017": (_R8, 22), "CV2-01-018": (_R8, 22), "CV2-01-019": (_R8, 22),
-    "CV2-01-020": (_R8, 22), "CV2-02-002": (_R0, 22), "CV2-02-004": (_R0, 22), "CV2-02-007": (_R0, 22),
-    "CV2-02-009": (_R0, 22), "CV2-02-014": (_R0, 22), "CV2-02-025": (_R0, 22),
-    "CV2-03-018": (_R0, 22), "CV2-03-020": (_R0, 22), "CV2-05-014": (_R0, 22),
-    "CV2-06-002": (_R0, 22), "CV2-06-003": (_R0, 22), "CV2-06-004": (_R0, 22), "CV2-06-008": (_R0, 22),
-    "CV2-07-003": (_R0, 22), "CV2-08-002": (_R0, 22), "CV2-08-007": (_R0, 22), "CV2-08-009": (_R0, 22),
-    "CV2-09-002": (_R0, 22), "CV2-09-003": (_R0, 22), "CV2-09-014": (_R0, 22),
-    "CV2-09-019": (_R0, 22), "CV2-09-026": (_R0, 22), "CV2-11-001": (_R0, 22), "CV2-11-005": (_R0, 22),
-    "CV2-11-017": (_R0, 22), "CV2-11-040": (_R0, 22), "CV2-12-006": (_R0, 22), "CV2-12-010": (_R0, 22),
-    "CV2-12-011": (_R0, 22), "CV2-12-016": (_R0, 22), "CV2-12-019": (_R0, 22), "CV2-12-024": (_R0, 22),
-    "CV2-12-027": (_R0, 22), "CV2-12-048": (_R0, 22), "CV2-12-049": (_R0, 22),
-    "CV2-12-057": (_R0, 22), "CV2-12-069": (_R0, 22), "CV2-12-071": (_R0, 22), "CV2-12-077": (_R0, 22),
-    "CV2-12-078": (_R0, 22), "CV2-15-009": (_R0, 22),
-    "CV2-15-012": (_R0, 22), "CV2-15-014": (_R0, 22),
     # reason 1
     "CV2-11-034": (_R1, 22), "CV2-11-055": (_R1, 22),
     # reason 2
@@ -76,6 +109,30 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-11-026": (_R6, 22),
     # reason 7
     "CV2-10-046": (_R7, 22),
+    # reason 8
+    "CV2-06-003": (_R8, 22), "CV2-11-017": (_R8, 22),
+    # reason 9
+    "CV2-06-008": (_R9, 22),
+    # reason 10
+    "CV2-09-002": (_R10, 22), "CV2-09-014": (_R10, 22),
+    # reason 11
+    "CV2-09-019": (_R11, 22),
+    # reason 12
+    "CV2-11-005": (_R12, 22),
+    # reason 13
+    "CV2-12-069": (_R13, 22), "CV2-12-077": (_R13, 22), "CV2-12-078": (_R13, 22),
+    # reason 14
+    "CV2-12-010": (_R14, 22),
+    # reason 15
+    "CV2-12-016": (_R15, 22),
+    # reason 16
+    "CV2-12-019": (_R16, 22),
+    # reason 17
+    "CV2-12-024": (_R17, 22),
+    # reason 18
+    "CV2-12-071": (_R18, 22),
+    # reason 19
+    "CV2-15-009": (_R19, 22),
 }
 
 

@@ -422,3 +422,21 @@ def test_secret_listing_decides_only_what_a_stat_would(tmp_path):
         assert backend.version_exists(ref) is exists
     assert backend.version_exists(linked) is False  # the dangling link: decided by stat, not by the listing
     assert FileSecretBackend(tmp_path / "unmounted").versions_present([present]) == {}
+
+
+def test_a_catalog_row_alone_is_not_definition_proof(owners_world):
+    """The Catalog binding row stays as published, but its binding definition is gone from the definition owner
+    (moved to another key behind the owner's back): the row's identity and authorization do not stand in for
+    the definition, so verification rejects. Proves: CV2-02-009"""
+    epoch = serving.epoch_prepare(candidate=_candidate(owners_world), actor=ACTOR)
+    with connection.cursor() as cursor:
+        dbroles.admin_on(cursor)
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("UPDATE connector_bindingdefinition SET business_key = business_key || '.moved' "
+                       "WHERE kind = 'field_mapping'")
+        cursor.execute("SET session_replication_role = origin")
+        dbroles.admin_off(cursor)
+    assert owners_world.view.bindings.filter(kind="field_mapping").exists()
+    epoch = serving.epoch_verify(epoch_pk=epoch.pk, actor=ACTOR)
+    assert (epoch.state, epoch.rejection_code) == (EpochState.REJECTED, "OWNER_FACT_INVALID")
+    assert "is absent from" in epoch.rejection_detail

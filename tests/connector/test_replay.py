@@ -175,6 +175,53 @@ def test_distinct_request_id_is_a_distinct_generation(world, original):
                                 if f.attname != "id"})
 
 
+def test_live_admission_has_one_event_generation_and_replay_mints_its_own(world, original):
+    """A live redelivery of the same event under another transport key is a new Receipt that links the one
+    existing live Event (one canonical EventGeneration: no replay request, no predecessor); a replay is a new
+    generation named by its ReplayRequest, carrying the predecessor link only on the replay Event, so the live
+    Event's identity and lineage never change. Proves: CV2-05-014"""
+    live_before = snapshot(original)
+    deliver(world, SNAPSHOT, webhook_body(webhook_event("evt-1", "rec-1", 1, full_name="Ada")), key="redelivery-1")
+    live = list(Event.objects.filter(source_event_key="evt-1", replay_request__isnull=True))
+    assert [e.pk for e in live] == [original.pk] and Receipt.objects.count() == 2
+    assert (original.replay_request_id, original.predecessor_id) == (None, None)
+    admitted = replay(world, "replay-gen-1", original)
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    replayed = Event.objects.get(replay_request=admitted.request)
+    assert (replayed.predecessor_id, replayed.source_event_key) == (original.pk, "evt-1")
+    assert bytes(Projection.objects.get(event=replayed).identity_digest) != bytes(
+        Projection.objects.get(event=original).identity_digest)
+    assert snapshot(original) == live_before
+
+
+def test_a_replay_reuses_no_v1_identity(world, original):
+    """A replay can name only a V2 Event as its predecessor: V1 work accepted before the upgrade exists here only
+    as an acceptance tombstone (no Event), so it cannot be replayed; a replay request gets a new V2 Receipt, Event,
+    Projection and Execution under the V2 target epoch, takes no admission key (so never a tombstone) and leaves
+    the tombstone as it was. Proves: CV2-09-003"""
+    from connector.models import V1AcceptanceTombstone
+    from connector.services.tombstones import tombstones_import
+    assert ReplayRequest._meta.get_field("predecessor_event").related_model is Event
+    assert ReplayRequest._meta.get_field("target_epoch").related_model.__name__ == "ServingEpoch"
+    tombstones_import(rows=[{"account": world.account.account_key, "channel": SNAPSHOT, "transport_key": "v1-key-1",
+                             "payload_digest": hashlib.sha256(b"v1 bytes").digest(),
+                             "predecessor_ref": "v1:receipt:77"}], actor=ACTOR)
+    tombstone = V1AcceptanceTombstone.objects.get()
+    before = (snapshot(tombstone), ReceiptAdmissionKey.objects.count(),
+              set(Receipt.objects.values_list("pk", flat=True)), set(Event.objects.values_list("pk", flat=True)),
+              set(Execution.objects.values_list("pk", flat=True)))
+    admitted = replay(world, "replay-after-upgrade", original)
+    materialize.receipt_materialize(receipt_pk=admitted.receipt.pk)
+    drain()
+    replayed = Event.objects.get(replay_request=admitted.request)
+    assert admitted.receipt.pk not in before[2] and replayed.pk not in before[3]
+    new_executions = set(Execution.objects.values_list("pk", flat=True)) - before[4]
+    assert len(new_executions) == 1
+    assert {Execution.objects.get(pk=pk).epoch_id for pk in new_executions} == {world.epoch.pk}
+    assert (admitted.receipt.epoch_id, replayed.epoch_id) == (world.epoch.pk, world.epoch.pk)
+    assert (snapshot(tombstone), ReceiptAdmissionKey.objects.count()) == before[:2]
+
+
 def test_predecessor_stays_byte_identical(world, original):
     """Admitting, materializing and running two replays leaves the predecessor Event, its Receipt, Component,
     Projection, Execution and ApplicationResult byte-identical in every column.

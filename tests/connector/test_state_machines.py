@@ -179,3 +179,31 @@ def test_postgres_requires_fence_to_advance_by_exactly_one(world):
                 with connections["default"].cursor() as cursor:
                     cursor.execute(sql, [gate.pk])
         assert info.value.__cause__.diag.constraint_name == "connector_accountservinggate_fence_advance"
+
+
+@pytest.mark.django_db(databases=["default", "journal"])
+def test_no_v2_mode_ever_moves_to_a_v1_mode(world):
+    """Once a gate is in a V2 mode it never returns to a V1 mode: no transition method of the gate reaches one
+    from `v2_serving`, `halting_v2` or `v2_halted`, and PostgreSQL refuses the raw UPDATE of every such pair
+    (V1 is recovered only by the full restore, which replaces the database, never by a gate transition).
+    Proves: CV2-03-020"""
+    v1_modes = {"v1_serving", "halting_v1", "v1_stopped", "v1_drained"}
+    v2_modes = {"v2_serving", "halting_v2", "v2_halted"}
+    epoch = world.active_epoch
+    methods = {t.name for t in AccountServingGate._meta.get_field("mode").get_all_transitions(AccountServingGate)}
+    for source in v2_modes:
+        for name in methods:
+            gate = AccountServingGate(mode=source)
+            kwargs = {"epoch": ServingEpoch(digest=b"\x00" * 32)} if name in {"activate_first",
+                                                                              "activate_successor"} else {}
+            try:
+                getattr(gate, name)(**kwargs)
+            except TransitionNotAllowed:
+                continue
+            assert gate.mode in v2_modes, (source, name, gate.mode)
+    gate = world.accounts[0].serving_gate
+    for source, target in itertools.product(sorted(v2_modes), sorted(v1_modes)):
+        _force("default", "UPDATE connector_accountservinggate SET mode=%s, epoch_id=%s, epoch_digest=%s "
+               "WHERE id=%s", [source, epoch.pk, bytes(epoch.digest), gate.pk])
+        assert not _try_update("default", "UPDATE connector_accountservinggate SET mode=%s, fence=fence+1, "
+                               "epoch_id=NULL, epoch_digest=NULL WHERE id=%s", [target, gate.pk]), (source, target)

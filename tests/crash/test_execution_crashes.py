@@ -190,7 +190,7 @@ def test_batch_run_crash_loses_only_uncommitted_work(run_child):
     (`runtime.after_commit`), before the result was recorded and before the batch's other three ran. Nothing
     committed is lost or repeated: after lease expiry the next batch step re-claims all four with a new fence,
     the first completes from Runtime's same stored ApplicationResult (applied once), the other three run once.
-    Proves: CV2-07-020, CV2-08-010, CV2-08-012, CV2-07-021"""
+    Proves: CV2-07-020, CV2-08-010, CV2-08-012, CV2-07-021, CV2-02-007"""
     _, ready = _batch_world()
     run = run_child(CLAIM_BATCH_AND_RUN_SCRIPT, "runtime.after_commit", n=10, lease_seconds=LEASE_SECONDS)
     assert_killed(run)

@@ -91,7 +91,8 @@ class Load:
 @pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(provider, child_env):
     """Proves: CV2-12-001, CV2-12-003, CV2-12-004, CV2-12-026, CV2-12-032, CV2-12-037, CV2-12-044, CV2-12-051,
-    CV2-12-055, CV2-12-068, CV2-12-070, CV2-05-007 (V1 duplicate resolved by its tombstone)"""
+    CV2-12-055, CV2-12-068, CV2-12-070, CV2-05-007 (V1 duplicate resolved by its tombstone), CV2-02-007 (every
+    accepted input applied once at the provider, none lost across the cutover, none repeated by V1 or V2)"""
     world = build_v1_world("e-")
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "v1_worker", "--generation", world.generation_id, "--idle", "0.02"],

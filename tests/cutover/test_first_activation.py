@@ -177,3 +177,56 @@ def test_a_held_set_refuses_publications_and_an_urgent_revocation_aborts_only_wh
         fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
     assert all_or_nothing(world) == "offline"
     assert decisions.decision_read("att-1").state == DecisionState.ROLLBACK_OPEN
+
+
+class _Stopped(Exception):
+    """The coordinator stops right after the activation transaction committed (an in-process stand-in for the
+    crash of `activation.after_commit`, so the test can tamper before resuming)."""
+
+
+@TX
+def test_after_activating_v2_only_an_exact_readback_completes_and_releases(monkeypatch):
+    """Once the decision is `activating_v2` and the activation committed, recovery goes on only forward: a resume
+    whose readback does not see the exact epoch on every frozen gate (one gate's epoch digest damaged) refuses
+    and leaves the set `activation_committed` (not released) and the decision `activating_v2`; with the gate
+    exact again the same resume reads back, commits `v2_committed` and only then releases. Proves: CV2-11-040"""
+    from cutover.errors import CutoverPhaseRefused
+    from tests import dbroles
+
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+
+    def stop(name):
+        if name == "activation.after_commit":
+            raise _Stopped(name)
+
+    monkeypatch.setattr(fa, "fault_point", stop)
+    with pytest.raises(_Stopped):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    monkeypatch.undo()
+    attempt = ServiceCutoverAttempt.objects.get(attempt_key="att-1")
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.ACTIVATION_COMMITTED
+    assert decisions.decision_read("att-1").state == DecisionState.ACTIVATING_V2
+    from connector.models import AccountServingGate
+    gate = AccountServingGate.objects.filter(account__in=world.accounts).order_by("pk").first()
+    good = bytes(gate.epoch_digest)
+
+    def set_digest(value: bytes) -> None:
+        with connections["default"].cursor() as cursor:
+            dbroles.admin_on(cursor)
+            cursor.execute("SET session_replication_role = replica")
+            cursor.execute("UPDATE connector_accountservinggate SET epoch_digest = %s WHERE id = %s",
+                           [value, gate.pk])
+            cursor.execute("SET session_replication_role = origin")
+            dbroles.admin_off(cursor)
+
+    set_digest(bytes([good[0] ^ 1]) + good[1:])
+    with pytest.raises(CutoverPhaseRefused, match="readback"):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.ACTIVATION_COMMITTED
+    assert decisions.decision_read("att-1").state == DecisionState.ACTIVATING_V2
+    set_digest(good)
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert all_or_nothing(world) == "serving"
+    assert decisions.decision_read("att-1").state == DecisionState.V2_COMMITTED
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED

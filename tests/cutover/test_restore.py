@@ -79,8 +79,20 @@ def test_live_drift_after_rehearsal_refuses_validation():
 @TX
 def test_cold_abort_starts_a_new_generation_reopens_barriers_and_serves_v1():
     """Proves: CV2-12-072, CV2-12-082 (v1_drained before any V2 mutation -> v1_serving with a NEW generation of
-    the exact release; the terminated one stays terminated; barriers reopen; outcome cold_aborted)."""
+    the exact release; the terminated one stays terminated; barriers reopen; outcome cold_aborted), CV2-12-048,
+    CV2-12-049 (in v1_drained, with the V1ShutdownCertificate stored, no V1 generation runs and the terminated one
+    may execute nothing: the certificate is evidence, not an authorization; V1 stays the recoverable authority)."""
+    from cutover.models import V1ShutdownCertificate
+    from v1.errors import V1GenerationRefused
+
     world = drained_world()
+    assert world.modes() == {GateMode.V1_DRAINED}
+    assert V1ShutdownCertificate.objects.filter(attempt__attempt_key=world.key).exists()
+    assert not V1ProcessGeneration.objects.filter(state=GenerationState.RUNNING).exists()
+    effects_before = v1_state()["effects"]
+    with pytest.raises(V1GenerationRefused):
+        runtime.work_once(world.v1_generation)
+    assert v1_state()["effects"] == effects_before
     new_generation = cutover_cold_abort(attempt_key=world.key, actor=ACTOR)
     assert new_generation != world.v1_generation
     generations = dict(V1ProcessGeneration.objects.values_list("generation_id", "state"))
@@ -94,7 +106,8 @@ def test_cold_abort_starts_a_new_generation_reopens_barriers_and_serves_v1():
 
 @TX
 def test_cold_abort_is_refused_once_validation_began():
-    """Proves: CV2-12-082 (after v2_validating only the full restore returns to V1)."""
+    """Proves: CV2-12-082 (after v2_validating only the full restore returns to V1), CV2-12-057 (a candidate that
+    fails validation leaves the service offline, every gate v2_validating, until the full restore below runs)."""
     world = validating_world()
     with pytest.raises(ColdAbortRefused, match="validation began"):
         cutover_cold_abort(attempt_key=world.key, actor=ACTOR)
@@ -122,7 +135,8 @@ def test_full_restore_returns_the_exact_snapshot_and_a_new_v1_generation_resumes
     """Proves: CV2-12-073, CV2-12-074, CV2-12-075, CV2-12-084, CV2-12-094, CV2-12-054 (decision restoring_v1 first;
     default replaced atomically by the dump and verified against every frozen digest; recovery receipt and v1_restored durable in
     the journal before V1 starts; a NEW generation; cursors, idempotency, high-waters and terminal effects as
-    captured; gates v1_serving; outcome v1_restored)."""
+    captured; gates v1_serving; outcome v1_restored), CV2-12-057 (a candidate whose validation failed, having
+    scribbled on `default`, is undone by the full restore contract)."""
     world = validating_world()
     captured = v1_state()
     # validation scribbles on `default` (what a restore must undo)

@@ -271,3 +271,31 @@ def test_a_write_committed_during_capture_is_in_neither_the_dump_nor_the_digests
     assert pg_snapshot.digests_of().content != bytes(point.content_digest)
     with pytest.raises(RestorePointInvalid, match="drifted"):
         restore_point_rehearse(attempt_key=world.key, actor="op")
+
+
+@TX
+def test_one_restore_point_per_attempt_binding_the_certified_drain():
+    """The attempt has exactly one V1RestorePoint: a second capture returns it, and PostgreSQL refuses another row
+    for the same attempt (even with other bytes). The row binds the post-drain snapshot (schema and content
+    digests), the V1ShutdownCertificate (which itself binds the barrier receipts), the V1 release and
+    configuration tuple, the owner cursors, the account/gate set and the reconciled-effect evidence, all inside
+    its payload's digest. Proves: CV2-15-012"""
+    import hashlib
+
+    from cutover.models.restore import RESTORE_POINT_DIGESTS
+
+    world = drained_world()
+    point = restore_point_capture(attempt_key=world.key, actor="op")
+    assert restore_point_capture(attempt_key=world.key, actor="op").pk == point.pk
+    certificate = V1ShutdownCertificate.objects.get(attempt=world.attempt)
+    assert bytes(point.shutdown_certificate_digest) == bytes(certificate.digest)
+    assert len(bytes(certificate.barrier_receipts_digest)) == 32
+    for name in ("schema_digest", "content_digest", "cursors_digest", "account_gate_digest",
+                 "effect_evidence_digest", "v1_configuration_digest", "configuration_digest"):
+        assert name in RESTORE_POINT_DIGESTS and len(bytes(getattr(point, name))) == 32, name
+        assert bytes(getattr(point, name)) in bytes(point.payload), name
+    assert hashlib.sha256(bytes(point.payload)).digest() == bytes(point.digest)
+    row = {f.attname: getattr(point, f.attname) for f in V1RestorePoint._meta.concrete_fields if f.attname != "id"}
+    with pytest.raises(IntegrityError, match="attempt_key"), transaction.atomic(using=JOURNAL_DB):
+        V1RestorePoint.objects.using(JOURNAL_DB).create(**{**row, "digest": b"\x01" * 32, "payload": b"other"})
+    assert V1RestorePoint.objects.using(JOURNAL_DB).filter(attempt_key=world.key).count() == 1

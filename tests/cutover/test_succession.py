@@ -391,3 +391,31 @@ def test_a_succession_above_the_declared_maximum_is_refused_before_anything_is_w
         succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
     assert state_of(sworld) == before
     assert not AuditRecord.objects.filter(action__in=("successor_activate", "gate_activate_successor")).exists()
+
+
+def test_one_handoff_per_predecessor_lane_and_successor_with_a_byte_equal_baseline(sworld):
+    """The handoff of a predecessor lane (one predecessor epoch, account, route and partition) into a successor
+    epoch exists once: repeating the handoff returns the same row, and PostgreSQL refuses a second row for the
+    same successor epoch and predecessor lane even around the service. The staged successor lane's baseline and
+    high-water equal, byte for byte, the frozen predecessor high-water and its tie-breaker.
+    Proves: CV2-15-014"""
+    send(sworld, "evt-7", 7)
+    drain()
+    halt_all(sworld)
+    barrier = held_barrier(sworld)
+    handoff, = handoff_all(sworld, barrier)
+    predecessor = OrderingLane.objects.get(pk=handoff.predecessor_lane_id)
+    staged = handoff.successor_lane
+    assert (handoff.predecessor_epoch_id, handoff.successor_epoch_id) == (sworld.epoch.pk, sworld.successor.pk)
+    assert (handoff.route, handoff.partition) == (predecessor.route, predecessor.partition)
+    assert handoff.high_water == predecessor.high_water == staged.baseline == staged.high_water == 7
+    assert bytes(handoff.high_water_tie) == bytes(predecessor.high_water_tie) == bytes(staged.high_water_tie)
+    again = succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=predecessor.pk, actor=ACTOR)
+    assert again.pk == handoff.pk and OrderingHandoff.objects.count() == 1
+    other_lane = OrderingLane.objects.create(
+        epoch=sworld.successor, account_id=predecessor.account_id, route=predecessor.route,
+        route_version=predecessor.route_version, partition=predecessor.partition + "-other",
+        contract=predecessor.contract, baseline=7, baseline_origin="ordering_handoff", high_water=7)
+    row = {f.attname: getattr(handoff, f.attname) for f in OrderingHandoff._meta.concrete_fields if f.attname != "id"}
+    with pytest.raises(IntegrityError, match="cutover_orderinghandoff_one_per_lane"), transaction.atomic():
+        OrderingHandoff.objects.create(**{**row, "successor_lane_id": other_lane.pk})

@@ -357,3 +357,31 @@ def test_an_attempt_above_the_declared_activation_maximum_is_refused_at_prefligh
                         candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
     assert not ServiceCutoverAttempt.objects.filter(attempt_key="att-max").exists()
     assert not AuditRecord.objects.filter(action="cutover_open").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tamper", ["other_attempt", "other_subject", "payload_not_digest"])
+def test_owner_receipts_are_verified_in_l0_and_a_foreign_one_moves_nothing(provider, monkeypatch, tamper):
+    """Process termination and egress isolation stay facts of the V1 owner: L0 only verifies its receipts,
+    provider-neutrally (the exact attempt, the exact owner reference, and the digest of the canonical payload).
+    A termination receipt naming another attempt or another generation, or whose payload does not hash to its
+    digest, refuses `v1_stop`: no receipt is stored and no gate leaves `halting_v1`. Proves: CV2-12-011"""
+    import dataclasses
+
+    world = build_v1_world()
+    opened(world)
+    sd.maintenance_close(attempt_key="att-1", actor=ACTOR)
+    runtime.drain(world.generation_id)
+    real = V1Owner.terminate_generation
+
+    def forged(self, generation_id, attempt_key):
+        r = real(self, generation_id, attempt_key)
+        return {"other_attempt": dataclasses.replace(r, attempt_key="att-other"),
+                "other_subject": dataclasses.replace(r, subject="gen-other"),
+                "payload_not_digest": dataclasses.replace(r, payload=r.payload + b"x")}[tamper]
+
+    monkeypatch.setattr(V1Owner, "terminate_generation", forged)
+    with pytest.raises(CutoverPhaseRefused, match="does not name attempt"):
+        sd.v1_stop(attempt_key="att-1", actor=ACTOR)
+    assert not V1GenerationReceipt.objects.exists()
+    assert world.modes() == {GateMode.HALTING_V1}

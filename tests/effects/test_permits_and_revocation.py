@@ -114,8 +114,10 @@ def test_acquisition_grants_one_permit_moves_the_effect_to_dispatching_and_joins
 def test_open_permit_blocks_v2_halted_until_it_settles(push_world, receiver):
     """With a `granted` permit open, `v2_serving -> halting_v2` commits but `halting_v2 -> v2_halted` is refused
     naming the open permit set, however long it waits; in `halting_v2` no new claim or permit is possible, while
-    the open permit still makes its one call and settles; then `v2_halted` commits.
-    Proves: CV2-03-010, CV2-10-040, CV2-11-004, CV2-11-007, CV2-11-008, CV2-11-048"""
+    the open permit still makes its one call and settles; then `v2_halted` commits. The permit settles under its
+    own permit and holder fences although the gate's fence moved past the one it was granted under (a stale gate
+    token is not what settlement checks). Proves: CV2-03-010, CV2-10-040, CV2-11-004, CV2-11-007, CV2-11-008,
+    CV2-11-048, CV2-03-018"""
     acme = push_world.accounts[0]
     author(acme, root="order-1")
     ready = acquire("h-halt", acme)
@@ -127,6 +129,7 @@ def test_open_permit_blocks_v2_halted_until_it_settles(push_world, receiver):
         gate_action(acme, "confirm_halted")
     assert _gate(acme).mode == "halting_v2"
     assert claim("h-halt", acme)[1] is None  # the second effect is not claimable while halting
+    assert _permit(ready).gate_fence < _gate(acme).fence  # the gate drains its open-permit set on a new fence
 
     effect = send(ready)
     assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
