@@ -71,7 +71,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
-        lane = locks.lane_for_update(lane_pk)
+        lane = locks.lane_for_update(lane_pk, account_id=lane.account_id)
         if lane.active_execution_id is not None:
             return None
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
@@ -185,7 +185,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                 ctx = lock_serving(account_id=acct)
                 if ctx.epoch_pk != epoch_pk:
                     continue
-                execution = locks.execution_for_update(pk, skip_locked=True)
+                execution = locks.execution_for_update(pk, skip_locked=True, account_id=acct)
                 now = timezone.now()
                 if (execution is None or execution.state != ExecutionState.READY
                         or (execution.lease_expires_at is not None and execution.lease_expires_at >= now)):
@@ -195,7 +195,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                 expires = now + timedelta(seconds=lease_seconds)
                 ExecutionAttempt.objects.create(execution=execution, ordinal=ordinal, holder=holder, lease_fence=fence,
                                                 lease_expires_at=expires)
-                Execution.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence, lease_holder=holder,
+                Execution.objects.filter(pk=pk, account_id=acct).update(attempt_count=ordinal, lease_fence=fence, lease_holder=holder,
                                                        lease_expires_at=expires)
                 token = ClaimToken(pk, fence, holder)
         if token is None:
@@ -392,8 +392,9 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
     with transaction.atomic():
         ctx = lock_serving(account_id=execution.account_id, epoch_id=execution.epoch.epoch_id,
                            epoch_digest=bytes(execution.epoch.digest), settling=True)
-        lane = locks.lane_for_update(execution.lane_id) if execution.lane_id else None
-        execution = locks.execution_for_update(execution_pk)
+        account = execution.account_id
+        lane = locks.lane_for_update(execution.lane_id, account_id=account) if execution.lane_id else None
+        execution = locks.execution_for_update(execution_pk, account_id=account)
         if execution.state in (ExecutionState.COMPLETED, ExecutionState.QUARANTINED):
             return execution
         if execution.state != ExecutionState.READY:

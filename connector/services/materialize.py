@@ -395,7 +395,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
     with transaction.atomic():
         ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
                            epoch_digest=bytes(receipt.epoch_digest))
-        locks.receipt_for_update(receipt.pk)
+        locks.receipt_for_update(receipt.pk, account_id=receipt.account_id)
         done = set(ReceiptComponent.objects.filter(receipt=receipt).values_list("ordinal", flat=True))
         if len(done) == receipt.component_count:
             MaterializationDue.objects.filter(receipt=receipt).delete()
