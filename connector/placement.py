@@ -90,7 +90,8 @@ DEFAULT: dict[str, Placement] = {
                                    hot=True),
     "connector_servingepochbindingproof": _ref("immutable proof rows of an epoch"),
     "connector_servingepochcredentialproof": _ref("immutable proof rows of an epoch"),
-    "connector_dualapprovalrequest": _local("operator approvals (rare, coordinator transactions)"),
+    "connector_dualapprovalrequest": _ref("operator approval requests (rare writes); a reference table because an "
+                                          "account-scoped link resolution references its approval"),
     "connector_dualapproval": _local("operator approvals (rare, coordinator transactions)"),
     "connector_stepfailure": _local("isolation evidence of a failed step, written after the step's own "
                                     "transaction rolled back; keyed by entity type + id, never joined"),
@@ -170,7 +171,8 @@ DEFAULT: dict[str, Placement] = {
     # -- cutover and V1: coordinator operations ----------------------------------------------------------------
     "cutover_servingpublicationbarrierset": _ref("service-wide barrier set, first in the canonical lock order; "
                                                  "locked only by activation and cutover"),
-    "cutover_servicecutoverattempt": _local("the coordinator's cutover attempt (one per service)"),
+    "cutover_servicecutoverattempt": _ref("the cutover attempt (one per service, rare writes); a reference table "
+                                          "because the per-account ordering baselines reference it"),
     "cutover_v1shutdowncertificate": _local("certificates of one cutover attempt"),
     "cutover_cutoverreadinesscertificate": _local("certificates of one cutover attempt"),
     "cutover_maintenancebarrierreceipt": _local("receipts of one cutover attempt"),
@@ -268,18 +270,13 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
         "the candidate read joins the command and its limiter by id; add account_id equalities to both joins",
     ("effect claim", "effects_outboundcommand", "unpinned"):
         "as above: the join of command to effect is by command id; join on account_id too",
-    ("effect claim", "effects_remoteeffect", "row lock not single-shard"): _EFFECT_PK,
-    ("effect claim", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
     ("permit", "effects_outboundcommand", "unpinned"): _EFFECT_PK,
-    ("permit", "effects_remoteeffect", "row lock not single-shard"): _EFFECT_PK,
     ("permit", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
     ("egress marker, settlement", "connector_credentialgenerationdispatchgate", "unpinned"):
         "egress reads the permit with its credential gate joined by id; the gate gets account_id (backfill) "
         "and the join names it",
-    ("egress marker, settlement", "effects_dispatchpermit", "row lock not single-shard"): _EFFECT_PK,
     ("egress marker, settlement", "effects_dispatchpermit", "unpinned"): _EFFECT_PK,
     ("egress marker, settlement", "effects_outboundcommand", "unpinned"): _EFFECT_PK,
-    ("egress marker, settlement", "effects_remoteeffect", "row lock not single-shard"): _EFFECT_PK,
     ("egress marker, settlement", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
     ("egress marker, settlement", "effects_remoteeffectattempt", "unpinned"):
         "settlement's Attempt CAS is by attempt pk; after the backfill add the effect's account_id",

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 from celery.app.task import Task
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
@@ -130,49 +130,6 @@ def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
             for sql in statements:
                 verdict = check(sql)
                 assert verdict.routable, (name, sql, [str(f) for f in verdict.findings])
-
-
-def _tables(alias: str) -> set[str]:
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-        return {r[0] for r in cursor.fetchall()}
-
-
-@pytest.mark.django_db(databases=["default", "journal"])
-def test_every_table_has_a_placement():
-    """Every table of both databases (models, m2m tables and anything a migration created with RunSQL, as the
-    catalog shows them) has exactly one placement, and no placement names a table that does not exist."""
-    default, journal = _tables("default"), _tables("journal")
-    assert default == set(placement.DEFAULT), (sorted(default - set(placement.DEFAULT)),
-                                               sorted(set(placement.DEFAULT) - default))
-    assert journal == set(placement.JOURNAL_TABLES), (sorted(journal - set(placement.JOURNAL_TABLES)),
-                                                      sorted(set(placement.JOURNAL_TABLES) - journal))
-
-
-@pytest.mark.django_db
-def test_placements_are_consistent_with_the_schema():
-    """A distributed table has its distribution column today or names the parent it is backfilled from (never
-    both); only distributed tables name a column or group; every backfill parent is a distributed table of the
-    same group or an owner the row references."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema='public'")
-        columns = defaultdict(set)
-        for table, column in cursor.fetchall():
-            columns[table].add(column)
-    for table, p in placement.DEFAULT.items():
-        assert p.kind in placement.KINDS, table
-        if p.kind != placement.DISTRIBUTED:
-            assert not (p.column or p.group or p.backfill), table
-            continue
-        assert p.group in (placement.ACCOUNT, placement.DOMAIN), table
-        has = p.column in columns[table]
-        assert has != bool(p.backfill), (table, p.column, p.backfill)
-        if p.backfill and p.backfill[1] in placement.DEFAULT:
-            assert p.backfill[0] in columns[table], (table, p.backfill)
-    for key, why in placement.KNOWN_UNROUTABLE.items():
-        table = key[1].split(",")[0]
-        assert key[0] in placement.HOT_STEPS and (table in placement.DEFAULT or table in placement.ROUTINES), key
-        assert why, key
 
 
 @pytest.mark.parametrize("sql, problem", [
