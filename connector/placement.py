@@ -247,11 +247,7 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
     ("materialization", "connector_receipt", "unpinned"): _ENTRY,
     ("materialization", "connector_replayrequest", "unpinned"): _ENTRY + " (the replay request is joined by id)",
     ("lane advance", "connector_orderinglane", "unpinned"): _ENTRY,
-    ("lane advance", "connector_projection", "unpinned"):
-        "the lane's pending projections are read by lane id; add the lane's account_id to the filter",
     ("run, completion, authoring", "connector_execution", "unpinned"): _ENTRY + " (the claim token carries it)",
-    ("run, completion, authoring", "connector_orderinglane", "unpinned"):
-        "completion's lane CAS updates by lane pk; add the execution's account_id",
     ("run, completion, authoring", "connector_projection", "unpinned"):
         "the execution is read with its projection joined by id; add projection.account_id = execution.account_id",
     ("run, completion, authoring", "effects_outboundcommand", "unpinned"):
@@ -280,6 +276,5 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
     ("egress marker, settlement", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
     ("egress marker, settlement", "effects_remoteeffectattempt", "unpinned"):
         "settlement's Attempt CAS is by attempt pk; after the backfill add the effect's account_id",
-    ("finalization", "effects_remoteeffect", "row lock not single-shard"): _EFFECT_PK,
     ("finalization", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
 }

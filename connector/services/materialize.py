@@ -85,7 +85,8 @@ def mint_execution(*, projection: Projection, route: RouteProgram, ctx: ServingC
     ref = execution_ref(command_id=command_id, projection=projection, generation=generation, route=route,
                         epoch_digest=ctx.epoch_digest, profile_id=profile_id)
     status = "minted" if lane is not None else projection.lane_status
-    Projection.objects.filter(pk=projection.pk, execution_generation=generation - 1).update(
+    Projection.objects.filter(pk=projection.pk, account_id=projection.account_id,
+                              execution_generation=generation - 1).update(
         execution_generation=generation, lane_status=status)
     projection.execution_generation, projection.lane_status = generation, status
     execution = Execution.objects.create(

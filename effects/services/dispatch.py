@@ -378,11 +378,12 @@ def permit_abandon(*, permit_pk: int, actor: Actor) -> RemoteEffect:
 
 # -- finalization and reconciliation ------------------------------------------------------------------------------
 
-def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+def effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | None = None) -> RemoteEffect:
     """See `_effect_finalize`. A RemoteLink conflict is marked durably on the effect (in its own transaction,
-    after the refused one rolled back) so the operator sees it and the sweeper stops retrying."""
+    after the refused one rolled back) so the operator sees it and the sweeper stops retrying. `account_id`, when
+    the caller read the effect already, makes the effect's lock single-shard on the scale-out path (D-241)."""
     try:
-        return _effect_finalize(effect_pk=effect_pk, owner_slot=owner_slot)
+        return _effect_finalize(effect_pk=effect_pk, owner_slot=owner_slot, account_id=account_id)
     except ReconcileRefused as exc:
         if exc.context.get("conflict"):
             with transaction.atomic():
@@ -395,11 +396,11 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
 
 
 @transaction.atomic
-def _effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+def _effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | None = None) -> RemoteEffect:
     """`remote_confirmed -> finalized` from attempt evidence, never calling the provider again (CV2-10-030,
     CV2-10-052). With an owner slot, links it to the proven remote identity; a conflicting active link fails
     closed (the effect stays `remote_confirmed` for an operator)."""
-    effect = locks.effect_for_update(effect_pk)
+    effect = locks.effect_for_update(effect_pk, account_id=account_id)
     if effect.state == EffectState.FINALIZED:
         return effect
     if effect.state != EffectState.REMOTE_CONFIRMED:

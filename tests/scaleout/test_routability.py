@@ -65,8 +65,8 @@ def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
         effect = capture("egress marker, settlement", lambda: egress.send(
             permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
             credential_gate_fence=permit.credential_gate_fence))
-        final = capture("finalization", lambda: dispatch.effect_finalize(effect_pk=effect.pk,
-                                                                         owner_slot=f"r-route-{n}"))
+        final = capture("finalization", lambda: dispatch.effect_finalize(  # as the worker calls it
+            effect_pk=effect.pk, owner_slot=f"r-route-{n}", account_id=effect.account_id))
         assert final.state == "finalized", final.state
     for i in range(2):
         ready_execution(account.account_key, f"rec-route-batch-{i}")
