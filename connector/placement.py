@@ -250,8 +250,6 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
     ("run, completion, authoring", "connector_execution", "unpinned"): _ENTRY + " (the claim token carries it)",
     ("run, completion, authoring", "connector_projection", "unpinned"):
         "the execution is read with its projection joined by id; add projection.account_id = execution.account_id",
-    ("run, completion, authoring", "effects_outboundcommand", "unpinned"):
-        "the Runtime looks up an existing command by idempotency key / id; add the account id it authors for",
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
         "per-shard claimer runs it with its own account set (D-243)",
