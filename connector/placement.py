@@ -229,6 +229,11 @@ def placement(table: str, *, database: str = "default") -> Placement:
 def distributed(group: str | None = None) -> dict[str, Placement]:
     return {t: p for t, p in DEFAULT.items() if p.kind == DISTRIBUTED and (group is None or p.group == group)}
 
+#: Reference tables a hot statement row-locks (FOR SHARE): Citus serialises such a lock with writes of the reference
+#: table by a lock on its shard (docs/scale-out.md, "What the path relies on"); the epoch's is taken inside
+#: connector_lock_serving. The routability test asserts the captured statements lock no other reference table.
+REFERENCE_ROW_LOCKS = frozenset({"effects_processgeneration"})
+
 #: The hot transactions the routability test runs, in order (docs/scale-out.md, "Hot transactions").
 HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, completion, authoring", "effect claim",
              "permit", "egress marker, settlement", "finalization", "batch claim")

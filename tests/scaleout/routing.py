@@ -36,7 +36,8 @@ KEYWORDS = {"where", "on", "set", "inner", "left", "right", "full", "cross", "jo
             "for", "values", "select", "returning", "using", "natural", "outer", "lateral", "as", "default",
             "union", "having", "offset", "window", "into", "with"}
 IDENT = r'"?(\w+)"?'
-REF = re.compile(r"\b(FROM|JOIN|UPDATE|INTO)\s+" + IDENT + r"(?:\s+(?:AS\s+)?" + IDENT + r")?", re.I)
+NOT_KEYWORD = r"(?!(?:" + "|".join(sorted(KEYWORDS)) + r"|from)\b)"
+REF = re.compile(r"\b(FROM|JOIN|UPDATE|INTO)\s+" + IDENT + r"(?:\s+(?:AS\s+)?" + NOT_KEYWORD + IDENT + r")?", re.I)
 LITERAL = r"('(?:[^']|'')*'(?:::[\w ]+(?:\[\])?)*|-?\d+(?:\.\d+)?)"
 
 
@@ -228,6 +229,9 @@ def check(sql: str, *, tables: dict[str, Placement] = DEFAULT) -> Verdict:
                 verdict.findings.append(Finding(name, "routine called without one constant account"))
     refs, unknown = _refs(blank, tables)
     verdict.findings += [Finding(t, "no placement") for t in unknown]
+    for table in tables:  # fail closed: a placed table named anywhere must have been read as a reference
+        if table not in refs.values() and re.search(r'(?<![\w"])"?' + re.escape(table) + r'"?(?![\w"(])', blank):
+            verdict.findings.append(Finding(table, "reference not recognised"))
     pinned: dict[str, set[str]] = {}
     parent_pinned: set[str] = set()
 

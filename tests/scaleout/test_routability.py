@@ -112,6 +112,8 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
     new = sorted(found - known)
     assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
     assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
+    locked = {t for sqls in steps.values() for sql in sqls for t in check(sql).reference_locks}
+    assert locked == placement.REFERENCE_ROW_LOCKS, locked
     touched = {t for sqls in steps.values() for sql in sqls for t in check(sql).pinned_via_parent}
     hot_children = {t for t, p in placement.distributed().items() if p.backfill and p.hot}
     assert touched <= hot_children, touched - hot_children
@@ -132,6 +134,24 @@ def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
                 assert verdict.routable, (name, sql, [str(f) for f in verdict.findings])
 
 
+@pytest.mark.parametrize("routine, pinned, unpinned", [
+    ("connector_receipt_admit", "k.account_id = account_pk", "k.channel = p_channel"),
+    ("connector_lock_serving", "FROM connector_accountservinggate g WHERE g.account_id = p_account FOR SHARE",
+     "FROM connector_accountservinggate g WHERE g.mode = 'v2_serving' FOR SHARE"),
+])
+def test_a_function_body_that_loses_its_account_filter_is_refused(db, routine, pinned, unpinned):
+    """The installed body with one account filter replaced (as a careless edit of the migration would) has a
+    finding: the body check reads what is installed, statement by statement."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [routine])
+        (source,), = cursor.fetchall()
+    assert pinned in source
+    broken = source.replace(pinned, unpinned, 1)
+    findings = [f for sql in body_statements(broken, placement.ROUTINES[routine].account_names)
+                for f in check(sql).findings]
+    assert any(f.problem in ("unpinned", "row lock not single-shard") for f in findings), findings
+
+
 @pytest.mark.parametrize("sql, problem", [
     ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE "connector_receipt"."id" = 5', "unpinned"),
     ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE ("connector_receipt"."account_id" = 1 '
@@ -149,13 +169,15 @@ def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
     ('INSERT INTO "connector_event" ("account_id", "route") SELECT * FROM unnest(\'{1,2}\'::bigint[], '
      '\'{a,b}\'::varchar[])', "two distribution values"),
     ('SELECT * FROM "connector_brand_new_table" WHERE "connector_brand_new_table"."id" = 1', "no placement"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt", "connector_event" WHERE '
+     '"connector_receipt"."account_id" = 1', "reference not recognised"),
     ("SELECT s.* FROM unnest('{1,2}'::bigint[]) AS a(account_id) CROSS JOIN LATERAL "
      "connector_lock_serving(a.account_id, 2) AS s", "routine called without one constant account"),
 ])
 def test_the_checker_refuses_unscoped_statements(sql, problem):
     """Crafted statements that Citus could not route to one shard are findings: no account filter, an account
-    filter under OR, several accounts, an unpinned row lock, an unpinned joined table, an unknown table and the
-    guard function over a set of accounts."""
+    filter under OR, several accounts, an unpinned row lock, an unpinned joined table, an unknown table, a table
+    the checker cannot read as a reference (fail closed) and the guard function over a set of accounts."""
     assert problem in [f.problem for f in check(sql).findings], [str(f) for f in check(sql).findings]
 
 
