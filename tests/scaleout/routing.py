@@ -86,20 +86,23 @@ def _enclosing_span(sql: str, pos: int) -> tuple[int, int]:
 
 
 def _under_or(sql: str, pos: int) -> bool:
-    """True when the predicate at `pos` is a disjunct: its innermost parenthesised group has an OR at its own
-    level, so it does not restrict the whole statement to one value."""
+    """True when the predicate at `pos` is (part of) a disjunct: some parenthesised group enclosing it, or the
+    statement itself, has an OR at its own level, so it does not restrict the whole statement to one value. Fails
+    closed: an OR elsewhere at an enclosing level (another clause, an outer query) counts too."""
     start, end = _enclosing_span(sql, pos)
-    depth = 0
-    span = sql[start:end]
-    for m in re.finditer(r"[()]|\bOR\b", span, re.I):
-        tok = m.group(0)
-        if tok == "(":
-            depth += 1
-        elif tok == ")":
-            depth -= 1
-        elif depth == 0:
-            return True
-    return False
+    while True:
+        depth = 0
+        for m in re.finditer(r"[()]|\bOR\b", sql[start:end], re.I):
+            tok = m.group(0)
+            if tok == "(":
+                depth += 1
+            elif tok == ")":
+                depth -= 1
+            elif depth == 0:
+                return True
+        if start == 0:
+            return False
+        start, end = _enclosing_span(sql, start - 1)
 
 
 def _strip_literals(sql: str) -> str:

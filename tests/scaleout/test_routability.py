@@ -156,6 +156,8 @@ def test_a_function_body_that_loses_its_account_filter_is_refused(db, routine, p
     ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE "connector_receipt"."id" = 5', "unpinned"),
     ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE ("connector_receipt"."account_id" = 1 '
      'OR "connector_receipt"."id" = 5)', "unpinned"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE (("connector_receipt"."account_id" = 1 AND '
+     '"connector_receipt"."id" = 5) OR "connector_receipt"."id" = 6)', "unpinned"),
     ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE "connector_receipt"."account_id" IN (1, 2)',
      "unpinned"),
     ('SELECT "connector_execution"."id" FROM "connector_execution" WHERE "connector_execution"."state" = \'ready\' '
