@@ -62,6 +62,7 @@ def _done() -> bool:
             and RemoteEffect.objects.filter(state="finalized").count() == EVENTS)
 
 
+@pytest.mark.slow
 def test_two_web_and_two_worker_processes_deliver_every_event_exactly_once(env, children, tmp_path, redis_server,
                                                                            receiver):
     """2 web + 2 worker processes on one database, with one of each killed mid-flight and replaced: every event
