@@ -155,16 +155,23 @@ def _share_one(queryset):
 
 # -- inbound chain (entity rows come last in the canonical order) ----------------------------------------------
 
-def lane_for_update(lane_pk: int):
+# `account_id`, where the caller already read the row's account: the lock statement then names its distribution
+# column too, so on the scale-out path it is a single-shard row lock (docs/scale-out.md, D-241). The row is the
+# same (account_id never changes); a pk of another account finds nothing.
+def _of_account(queryset, account_id: int | None):
+    return queryset if account_id is None else queryset.filter(account_id=account_id)
+
+
+def lane_for_update(lane_pk: int, *, account_id: int | None = None):
     from connector.models import OrderingLane
 
-    return OrderingLane.objects.select_for_update(of=("self",)).get(pk=lane_pk)
+    return _of_account(OrderingLane.objects.select_for_update(of=("self",)), account_id).get(pk=lane_pk)
 
 
-def receipt_for_update(receipt_pk: int):
+def receipt_for_update(receipt_pk: int, *, account_id: int | None = None):
     from connector.models import Receipt
 
-    return Receipt.objects.select_for_update(of=("self",)).get(pk=receipt_pk)
+    return _of_account(Receipt.objects.select_for_update(of=("self",)), account_id).get(pk=receipt_pk)
 
 
 def open_window_for_update(*, epoch_pk: int, route: str, grouping_key: str):
@@ -180,10 +187,10 @@ def window_for_update(window_pk: int):
     return ProjectionWindow.objects.select_for_update(of=("self",)).get(pk=window_pk)
 
 
-def execution_for_update(execution_pk: int, *, skip_locked: bool = False):
+def execution_for_update(execution_pk: int, *, skip_locked: bool = False, account_id: int | None = None):
     from connector.models import Execution
 
-    return (Execution.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+    return (_of_account(Execution.objects.select_for_update(of=("self",), skip_locked=skip_locked), account_id)
             .filter(pk=execution_pk).first())
 
 

@@ -117,7 +117,7 @@ def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credentia
     permit = DispatchPermit.objects.select_related("credential_gate").get(pk=permit_pk)
     with transaction.atomic():
         credential_gate = connector_locks.credential_gate_for_share(permit.credential_gate.credential_generation_id)
-        permit = locks.permit_for_update(permit_pk)
+        permit = locks.permit_for_update(permit_pk, effect_id=permit.effect_id)
         holder = locks.holder_for_share(permit.holder_id)
         if permit.state != PermitState.GRANTED:
             raise EgressRefused(f"permit is {permit.state}; only the one caller that wins granted -> sending sends")

@@ -5,9 +5,14 @@ from __future__ import annotations
 from effects.models import DeliveryOperation, DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect
 
 
-def effect_for_update(effect_pk: int, *, skip_locked: bool = False) -> RemoteEffect | None:
-    return (RemoteEffect.objects.select_for_update(of=("self",), skip_locked=skip_locked)
-            .filter(pk=effect_pk).first())
+# `account_id` / `effect_id`, where the caller already read them: the lock names the row's distribution column
+# (or, for a permit, its parent effect) so on the scale-out path it is a single-shard row lock (D-241). Same row.
+def effect_for_update(effect_pk: int, *, skip_locked: bool = False, account_id: int | None = None
+                      ) -> RemoteEffect | None:
+    queryset = RemoteEffect.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+    if account_id is not None:
+        queryset = queryset.filter(account_id=account_id)
+    return queryset.filter(pk=effect_pk).first()
 
 
 def limiter_for_update(limiter_pk: int) -> DestinationLimiter:
@@ -15,8 +20,11 @@ def limiter_for_update(limiter_pk: int) -> DestinationLimiter:
     return DestinationLimiter.objects.select_for_update(of=("self",)).get(pk=limiter_pk)
 
 
-def permit_for_update(permit_pk: int) -> DispatchPermit:
-    return DispatchPermit.objects.select_for_update(of=("self",)).get(pk=permit_pk)
+def permit_for_update(permit_pk: int, *, effect_id: int | None = None) -> DispatchPermit:
+    queryset = DispatchPermit.objects.select_for_update(of=("self",))
+    if effect_id is not None:
+        queryset = queryset.filter(effect_id=effect_id)
+    return queryset.get(pk=permit_pk)
 
 
 def holder_for_share(holder_pk: int) -> ProcessGeneration:

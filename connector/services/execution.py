@@ -55,11 +55,18 @@ class ClaimToken:
     holder: str
 
 
+def _lane_row(lane: OrderingLane):
+    """The locked lane's row for a compare-and-set, named with its account too (single-shard on the scale-out path,
+    D-241)."""
+    return OrderingLane.objects.filter(pk=lane.pk, account_id=lane.account_id)
+
+
 def _supersede(lane: OrderingLane, projection: Projection, reason: str, selected: Decimal | None) -> None:
     SupersededDecision.objects.create(lane=lane, projection=projection, position=projection.position,
                                       high_water_at_decision=lane.high_water, selected_position=selected,
                                       reason=reason)
-    Projection.objects.filter(pk=projection.pk, lane_status="pending").update(lane_status="superseded")
+    Projection.objects.filter(pk=projection.pk, account_id=projection.account_id,
+                              lane_status="pending").update(lane_status="superseded")
 
 
 def lane_advance(*, lane_pk: int) -> Execution | None:
@@ -72,7 +79,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
-        lane = locks.lane_for_update(lane_pk)
+        lane = locks.lane_for_update(lane_pk, account_id=lane.account_id)
         if lane.active_execution_id is not None:
             return None
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
@@ -83,7 +90,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
             if replayed is None:
                 return None
             return _mint_on_lane(lane, replayed, route, ctx)
-        pending = list(Projection.objects.filter(lane=lane, lane_status="pending")
+        pending = list(Projection.objects.filter(lane=lane, account_id=lane.account_id, lane_status="pending")
                        .order_by("position", "tie_breaker", "pk"))
         if not pending:
             return None
@@ -115,12 +122,12 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
                 # A gap exists only while a later position waits for the missing one; stale duplicates alone
                 # never open (or keep open) a gap.
                 if waiting and lane.gap_since is None:
-                    OrderingLane.objects.filter(pk=lane.pk).update(gap_since=timezone.now(), fence=lane.fence + 1)
+                    _lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
                 elif not waiting and lane.gap_since is not None:
-                    OrderingLane.objects.filter(pk=lane.pk).update(gap_since=None, fence=lane.fence + 1)
+                    _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
                 return None
         if chosen is None:
-            OrderingLane.objects.filter(pk=lane.pk).update(fence=lane.fence + 1)
+            _lane_row(lane).update(fence=lane.fence + 1)
             return None
         return _mint_on_lane(lane, chosen, route, ctx)
 
@@ -128,7 +135,7 @@ def lane_advance(*, lane_pk: int) -> Execution | None:
 def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx) -> Execution:
     execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=lane.epoch.profile_id,
                                lane=lane)
-    OrderingLane.objects.filter(pk=lane.pk).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
+    _lane_row(lane).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
     return execution
 
 
@@ -152,16 +159,16 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
         nxt = (Projection.objects.filter(lane=lane, lane_status="pending", position__gt=expected)
                .order_by("position").values_list("position", flat=True).first())
         if nxt is None:  # nothing waits beyond the gap any more: there is no gap to decide
-            OrderingLane.objects.filter(pk=lane.pk).update(gap_since=None, fence=lane.fence + 1)
+            _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
             return None
         disposition = route.ordering.get("gap_disposition", "quarantine_partition")
         GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
         audit_record(actor=CLAIMANT, entity=lane, action="lane_gap_deadline", fence=lane.fence + 1,
                      reason=f"{disposition}: expected {expected}, next available {nxt}")
         if disposition == "skip_with_evidence" and nxt is not None:
-            OrderingLane.objects.filter(pk=lane.pk).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
+            _lane_row(lane).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
         else:
-            OrderingLane.objects.filter(pk=lane.pk).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
+            _lane_row(lane).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
                                                            fence=lane.fence + 1)
         return disposition
 
@@ -186,7 +193,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                 ctx = lock_serving(account_id=acct)
                 if ctx.epoch_pk != epoch_pk:
                     continue
-                execution = locks.execution_for_update(pk, skip_locked=True)
+                execution = locks.execution_for_update(pk, skip_locked=True, account_id=acct)
                 now = timezone.now()
                 if (execution is None or execution.state != ExecutionState.READY
                         or (execution.lease_expires_at is not None and execution.lease_expires_at >= now)):
@@ -196,8 +203,8 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                 expires = now + timedelta(seconds=lease_seconds)
                 ExecutionAttempt.objects.create(execution=execution, ordinal=ordinal, holder=holder, lease_fence=fence,
                                                 lease_expires_at=expires)
-                Execution.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence, lease_holder=holder,
-                                                       lease_expires_at=expires)
+                Execution.objects.filter(pk=pk, account_id=acct).update(
+                    attempt_count=ordinal, lease_fence=fence, lease_holder=holder, lease_expires_at=expires)
                 token = ClaimToken(pk, fence, holder)
         if token is None:
             continue
@@ -398,8 +405,9 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
     with transaction.atomic():
         ctx = lock_serving(account_id=execution.account_id, epoch_id=execution.epoch.epoch_id,
                            epoch_digest=bytes(execution.epoch.digest), settling=True)
-        lane = locks.lane_for_update(execution.lane_id) if execution.lane_id else None
-        execution = locks.execution_for_update(execution_pk)
+        account = execution.account_id
+        lane = locks.lane_for_update(execution.lane_id, account_id=account) if execution.lane_id else None
+        execution = locks.execution_for_update(execution_pk, account_id=account)
         if execution.state in (ExecutionState.COMPLETED, ExecutionState.QUARANTINED):
             return execution
         if execution.state != ExecutionState.READY:
@@ -425,11 +433,11 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
             position = execution.projection.position
             if execution.state == ExecutionState.COMPLETED:
                 high = position if lane.high_water is None or position > lane.high_water else lane.high_water
-                OrderingLane.objects.filter(pk=lane.pk).update(
+                _lane_row(lane).update(
                     high_water=high, high_water_tie=execution.projection.tie_breaker, active_execution=None,
                     fence=lane.fence + 1)
             else:
-                OrderingLane.objects.filter(pk=lane.pk).update(active_execution=None, state=LaneState.HALTED,
+                _lane_row(lane).update(active_execution=None, state=LaneState.HALTED,
                                                                halt_reason=execution.quarantine_reason,
                                                                fence=lane.fence + 1)
         fault_point("result.before_commit")

@@ -85,7 +85,8 @@ def mint_execution(*, projection: Projection, route: RouteProgram, ctx: ServingC
     ref = execution_ref(command_id=command_id, projection=projection, generation=generation, route=route,
                         epoch_digest=ctx.epoch_digest, profile_id=profile_id)
     status = "minted" if lane is not None else projection.lane_status
-    Projection.objects.filter(pk=projection.pk, execution_generation=generation - 1).update(
+    Projection.objects.filter(pk=projection.pk, account_id=projection.account_id,
+                              execution_generation=generation - 1).update(
         execution_generation=generation, lane_status=status)
     projection.execution_generation, projection.lane_status = generation, status
     execution = Execution.objects.create(
@@ -395,7 +396,7 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
     with transaction.atomic():
         ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
                            epoch_digest=bytes(receipt.epoch_digest))
-        locks.receipt_for_update(receipt.pk)
+        locks.receipt_for_update(receipt.pk, account_id=receipt.account_id)
         done = set(ReceiptComponent.objects.filter(receipt=receipt).values_list("ordinal", flat=True))
         if len(done) == receipt.component_count:
             MaterializationDue.objects.filter(receipt=receipt).delete()

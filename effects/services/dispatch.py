@@ -140,7 +140,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                          quarantine=partial(effect_quarantine, effect_pk=pk, step=SweepStep.EFFECT_CLAIM)):
         with transaction.atomic():
             lock_serving(account_id=acct)
-            effect = locks.effect_for_update(pk, skip_locked=True)
+            effect = locks.effect_for_update(pk, skip_locked=True, account_id=acct)
             now = timezone.now()
             if (effect is None or effect.state != EffectState.PREPARED
                     or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
@@ -160,7 +160,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                 credential_generation_id=command.credential_generation_id,
                 request_digest=bytes(command.request_digest),
                 provider_idempotency_key=command.provider_idempotency_key, lease_expires_at=expires)
-            RemoteEffect.objects.filter(pk=pk).update(attempt_count=ordinal, lease_fence=fence,
+            RemoteEffect.objects.filter(pk=pk, account_id=acct).update(attempt_count=ordinal, lease_fence=fence,
                                                       lease_holder=holder.holder_id, lease_expires_at=expires)
             claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
     return claim
@@ -210,7 +210,7 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
     with transaction.atomic():
         ctx = lock_serving(account_id=effect.account_id)
         credential_gate = connector_locks.credential_gate_for_share(command.credential_generation_id)
-        effect = locks.effect_for_update(claim.effect_pk)
+        effect = locks.effect_for_update(claim.effect_pk, account_id=effect.account_id)
         limiter = locks.limiter_for_update(command.limiter_id) if command.limiter_id is not None else None
         holder = locks.holder_for_share(claim.holder_pk)
         if credential_gate.mode != "enabled":
@@ -300,13 +300,13 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
     `defer_seconds` (a receiver's `429` or `Retry-After`, already capped): a destination that declares a limit gets
     no further permit before now + defer_seconds; its limiter is locked after the effect, before the permit
     (D-223). Other destinations are untouched."""
-    permit = DispatchPermit.objects.get(pk=permit_pk)
+    permit = DispatchPermit.objects.annotate(effect_account_id=F("effect__account_id")).get(pk=permit_pk)
     with transaction.atomic():
-        effect = locks.effect_for_update(permit.effect_id)
+        effect = locks.effect_for_update(permit.effect_id, account_id=permit.effect_account_id)
         if defer_seconds is not None and permit.limiter_id is not None:
             _destination_defer(limiter=locks.limiter_for_update(permit.limiter_id), seconds=defer_seconds,
                                status=response_status)
-        permit = locks.permit_for_update(permit_pk)
+        permit = locks.permit_for_update(permit_pk, effect_id=effect.pk)
         if permit.state != PermitState.SENDING:
             raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
         now = timezone.now()
@@ -383,11 +383,12 @@ def permit_abandon(*, permit_pk: int, actor: Actor) -> RemoteEffect:
 
 # -- finalization and reconciliation ------------------------------------------------------------------------------
 
-def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+def effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | None = None) -> RemoteEffect:
     """See `_effect_finalize`. A RemoteLink conflict is marked durably on the effect (in its own transaction,
-    after the refused one rolled back) so the operator sees it and the sweeper stops retrying."""
+    after the refused one rolled back) so the operator sees it and the sweeper stops retrying. `account_id`, when
+    the caller read the effect already, makes the effect's lock single-shard on the scale-out path (D-241)."""
     try:
-        return _effect_finalize(effect_pk=effect_pk, owner_slot=owner_slot)
+        return _effect_finalize(effect_pk=effect_pk, owner_slot=owner_slot, account_id=account_id)
     except ReconcileRefused as exc:
         if exc.context.get("conflict"):
             with transaction.atomic():
@@ -400,13 +401,16 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
 
 
 @transaction.atomic
-def _effect_finalize(*, effect_pk: int, owner_slot: str = "") -> RemoteEffect:
+def _effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | None = None) -> RemoteEffect:
     """`remote_confirmed -> finalized` from attempt evidence, never calling the provider again (CV2-10-030,
     CV2-10-052). With an owner slot, links it to the proven remote identity; a conflicting active link fails
     closed (the effect stays `remote_confirmed` for an operator). The command's time and callout ride along in the
-    lock's statement (issue 21: the command -> finalized latency)."""
-    effect = (RemoteEffect.objects.select_for_update(of=("self",)).filter(pk=effect_pk)
-              .annotate(commanded_at=F("command__created_at"), callout=F("command__callout")).first())
+    lock's statement (issue 21: the command -> finalized latency); the lock filters on the account the caller read
+    (routable by account, docs/scale-out.md)."""
+    queryset = RemoteEffect.objects.select_for_update(of=("self",)).filter(pk=effect_pk)
+    if account_id is not None:
+        queryset = queryset.filter(account_id=account_id)
+    effect = queryset.annotate(commanded_at=F("command__created_at"), callout=F("command__callout")).first()
     if effect.state == EffectState.FINALIZED:
         return effect
     if effect.state != EffectState.REMOTE_CONFIRMED:

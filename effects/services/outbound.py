@@ -280,7 +280,9 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         credential_generation=credential_generation_id, request_digest=request_digest,
         provider_key=provider_key,
         predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None))
-    existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+    # The key is derived from the account key, so naming the account finds the same row; it makes the read
+    # single-shard on the scale-out path (D-241).
+    existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
     if existing is None:
         try:
             with transaction.atomic():
@@ -288,7 +290,7 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                 RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
                 return command
         except IntegrityError:
-            existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+            existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
             if existing is None:
                 raise
     if not hmac.compare_digest(bytes(existing.binding_digest), binding_digest):

@@ -89,7 +89,7 @@ def effect_finalize_from_evidence(effect_pk: int) -> RemoteEffect:
     slot = identity.effect_slot(effect)
     with _isolated(SweepStep.EFFECT_FINALIZE, effect_pk) as step:
         try:
-            return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot)
+            return dispatch.effect_finalize(effect_pk=effect_pk, owner_slot=slot, account_id=effect.account_id)
         except ConnectorError as exc:
             log.warning("finalization held for an operator", extra={"effect": effect_pk, "code": exc.code})
     return RemoteEffect.objects.get(pk=effect_pk) if step.failure != poison.TRANSIENT else effect

@@ -272,10 +272,10 @@ def test_an_execution_whose_claim_fails_is_quarantined_and_the_next_is_claimed(w
     bad, good = Execution.objects.order_by("pk")
     real = locks.execution_for_update
 
-    def lock(pk, *, skip_locked=False):
+    def lock(pk, *, skip_locked=False, **kwargs):
         if pk == bad.pk and skip_locked:
             raise KeyError("poison claim")
-        return real(pk, skip_locked=skip_locked)
+        return real(pk, skip_locked=skip_locked, **kwargs)
 
     monkeypatch.setattr(locks, "execution_for_update", lock)
     token = execution.execution_claim(holder="w-1")

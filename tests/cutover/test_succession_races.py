@@ -81,8 +81,8 @@ def test_handoff_seeing_nonterminal_work_fails_and_the_completion_then_commits(t
     locked, release = threading.Event(), threading.Event()
     real_lane_for_update = connector_locks.lane_for_update
 
-    def lane_for_update(pk):
-        lane = real_lane_for_update(pk)
+    def lane_for_update(pk, **kwargs):
+        lane = real_lane_for_update(pk, **kwargs)
         if threading.current_thread().name == "handoff":
             locked.set()
             assert release.wait(15)
@@ -118,8 +118,8 @@ def test_predecessor_resume_racing_the_first_handoff_serializes_on_the_gate(tx_w
     locked, release = threading.Event(), threading.Event()
     real_lane_for_update = connector_locks.lane_for_update
 
-    def lane_for_update(pk):
-        lane = real_lane_for_update(pk)
+    def lane_for_update(pk, **kwargs):
+        lane = real_lane_for_update(pk, **kwargs)
         if threading.current_thread().name == "handoff":
             locked.set()
             assert release.wait(15)

@@ -278,9 +278,9 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
     else:
         original = effect_locks.permit_for_update
 
-        def permit_for_update(pk):
+        def permit_for_update(pk, **kwargs):
             # Inside the adapter's swap transaction, after it locked the credential gate: pause once.
-            row = original(pk)
+            row = original(pk, **kwargs)
             if threading.current_thread().name == "sender" and not pause.reached.is_set():
                 pause.pause()
             return row

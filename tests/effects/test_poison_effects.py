@@ -62,10 +62,10 @@ def test_a_finalization_failure_holds_that_effect_and_the_sweep_finalizes_the_ot
     bad, good = RemoteEffect.objects.order_by("pk")
     real = dispatch.effect_finalize
 
-    def effect_finalize(*, effect_pk, owner_slot=""):
+    def effect_finalize(*, effect_pk, owner_slot="", **kwargs):
         if effect_pk == bad.pk:
             raise TypeError("poison finalize")
-        return real(effect_pk=effect_pk, owner_slot=owner_slot)
+        return real(effect_pk=effect_pk, owner_slot=owner_slot, **kwargs)
 
     monkeypatch.setattr(dispatch, "effect_finalize", effect_finalize)
     assert tasks.effects_sweep() == {"finalized": 1, "claimable": 0}

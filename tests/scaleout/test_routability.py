@@ -1,0 +1,196 @@
+"""Every hot statement stays on the Citus path (issue 23, docs/scale-out.md, D-240..D-243).
+
+The hot paths run once on a small world (the demo push world: admission over HTTP, materialization, lane advance,
+claim, run with completion and outbound authoring, the batched claim, effect claim, permit, egress marker with
+settlement, finalization); every statement PostgreSQL receives is captured and read by `tests/scaleout/routing.py`
+against the placement data of `connector.placement`. The bodies of the hot PL/pgSQL functions are read from
+pg_proc and checked the same way. A statement that Citus could not send to one shard fails the test unless it is
+listed, with what it would take, in `connector.placement.KNOWN_UNROUTABLE`; a listed entry that no longer occurs
+fails too, so the list only shrinks."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from celery.app.task import Task
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from connector import placement
+from tests.scaleout.routing import Finding, body_statements, check
+
+
+def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
+    from connector.models import Receipt
+    from connector.services import execution
+    from connector.services.materialize import receipt_materialize
+    from connector.services.signatures import sign
+    from effects import egress
+    from effects.services import dispatch
+    from tests.connector.test_api_admission import admit, body, event, signing_secret
+    from tests.crash.support import ready_execution
+
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": 2}
+    account = world.accounts[0]
+    client = Client()
+    steps: dict[str, list[str]] = defaultdict(list)
+
+    def capture(step, fn):
+        with CaptureQueriesContext(connection) as q:
+            out = fn()
+        steps[step] += [x["sql"] for x in q.captured_queries]
+        return out
+
+    for n in (1, 2):  # the first pass warms the process caches, as a running worker has them
+        if n == 2:
+            steps.clear()
+        payload = body(event(id=f"e-route-{n}", record_id=f"r-route-{n}"))
+        signature = sign(signing_secret(account.account_key), int(time.time()), payload)
+        response = capture("admission", lambda: admit(client, payload, f"k-route-{n}", account=account.account_key,
+                                                       signature=signature))
+        assert response.status_code == 201, response.content
+        receipt = Receipt.objects.get(pk=response.json()["receipt"])
+        out = capture("materialization", lambda: receipt_materialize(receipt_pk=receipt.pk))
+        for lane in out.lanes:
+            capture("lane advance", lambda: execution.lane_advance(lane_pk=lane))
+        token = capture("claim", lambda: execution.execution_claim(holder="route", account_id=account.pk))
+        done = capture("run, completion, authoring", lambda: execution.execution_run(token=token))
+        assert done.state == "completed", done.state
+        holder = dispatch.holder_register(holder_id="route-h")
+        claim = capture("effect claim", lambda: dispatch.effect_claim(holder=holder, account_id=account.pk))
+        assert claim is not None
+        permit = capture("permit", lambda: dispatch.permit_acquire(claim=claim))
+        effect = capture("egress marker, settlement", lambda: egress.send(
+            permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
+            credential_gate_fence=permit.credential_gate_fence))
+        final = capture("finalization", lambda: dispatch.effect_finalize(  # as the worker calls it
+            effect_pk=effect.pk, owner_slot=f"r-route-{n}", account_id=effect.account_id))
+        assert final.state == "finalized", final.state
+    for i in range(2):
+        ready_execution(account.account_key, f"rec-route-batch-{i}")
+    tokens = capture("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=2,
+                                                                            account_ids=[account.pk]))
+    assert len(tokens) == 2
+    return steps
+
+
+def _findings(steps: dict[str, list[str]]) -> tuple[set[tuple[str, str, str]], dict]:
+    found, examples = set(), {}
+    for step, statements in steps.items():
+        for sql in statements:
+            for f in check(sql).findings:
+                key = (step, f.table, f.problem)
+                found.add(key)
+                examples.setdefault(key, sql)
+    return found, examples
+
+
+@pytest.fixture
+def hot_world(transactional_db, monkeypatch):
+    from connector.demo import build_world
+
+    monkeypatch.setattr(Task, "apply_async", lambda self, *args, **kwargs: None)
+    return build_world("s-", push=True)
+
+
+def test_every_hot_statement_is_routable_by_account(hot_world, settings):
+    """Each hot statement touches distributed tables only with an equality on their distribution column (or a
+    join on it with a pinned co-located table), all on one account, and locks rows only when single-shard;
+    exactly the documented exceptions remain. Proves: CV2-14-001 (the hot path scales by account)."""
+    from tests.effects.receiver import Receiver
+
+    receiver = Receiver().start()
+    try:
+        steps = _run_hot_paths(hot_world, receiver.url, settings)
+    finally:
+        receiver.stop()
+    assert set(steps) == set(placement.HOT_STEPS), sorted(steps)
+    found, examples = _findings(steps)
+    known = set(placement.KNOWN_UNROUTABLE)
+    new = sorted(found - known)
+    assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
+    assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
+    locked = {t for sqls in steps.values() for sql in sqls for t in check(sql).reference_locks}
+    assert locked == placement.REFERENCE_ROW_LOCKS, locked
+    touched = {t for sqls in steps.values() for sql in sqls for t in check(sql).pinned_via_parent}
+    hot_children = {t for t, p in placement.distributed().items() if p.backfill and p.hot}
+    assert touched <= hot_children, touched - hot_children
+
+
+def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
+    """The statements inside connector_receipt_admit and connector_lock_serving (read from pg_proc, as installed)
+    are each pinned to the account argument; the one advisory lock is the gate's. Proves: CV2-14-001"""
+    with connection.cursor() as cursor:
+        for name, routine in placement.ROUTINES.items():
+            cursor.execute("SELECT prosrc, proargnames FROM pg_proc WHERE proname = %s", [name])
+            (source, args), = cursor.fetchall()
+            assert routine.distribution_arg in args, (name, args)
+            statements = body_statements(source, routine.account_names)
+            assert len(statements) >= 3, statements
+            for sql in statements:
+                verdict = check(sql)
+                assert verdict.routable, (name, sql, [str(f) for f in verdict.findings])
+
+
+@pytest.mark.parametrize("routine, pinned, unpinned", [
+    ("connector_receipt_admit", "k.account_id = account_pk", "k.channel = p_channel"),
+    ("connector_lock_serving", "FROM connector_accountservinggate g WHERE g.account_id = p_account FOR SHARE",
+     "FROM connector_accountservinggate g WHERE g.mode = 'v2_serving' FOR SHARE"),
+])
+def test_a_function_body_that_loses_its_account_filter_is_refused(db, routine, pinned, unpinned):
+    """The installed body with one account filter replaced (as a careless edit of the migration would) has a
+    finding: the body check reads what is installed, statement by statement."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [routine])
+        (source,), = cursor.fetchall()
+    assert pinned in source
+    broken = source.replace(pinned, unpinned, 1)
+    findings = [f for sql in body_statements(broken, placement.ROUTINES[routine].account_names)
+                for f in check(sql).findings]
+    assert any(f.problem in ("unpinned", "row lock not single-shard") for f in findings), findings
+
+
+@pytest.mark.parametrize("sql, problem", [
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE "connector_receipt"."id" = 5', "unpinned"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE ("connector_receipt"."account_id" = 1 '
+     'OR "connector_receipt"."id" = 5)', "unpinned"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE (("connector_receipt"."account_id" = 1 AND '
+     '"connector_receipt"."id" = 5) OR "connector_receipt"."id" = 6)', "unpinned"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE "connector_receipt"."account_id" IN (1, 2)',
+     "unpinned"),
+    ('SELECT "connector_execution"."id" FROM "connector_execution" WHERE "connector_execution"."state" = \'ready\' '
+     'LIMIT 1 FOR UPDATE SKIP LOCKED', "row lock not single-shard"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt" INNER JOIN "connector_event" ON '
+     '("connector_event"."receipt_id" = "connector_receipt"."id") WHERE "connector_receipt"."account_id" = 1',
+     "unpinned"),
+    ('SELECT "connector_event"."id" FROM "connector_event" INNER JOIN "connector_receipt" ON '
+     '("connector_event"."receipt_id" = "connector_receipt"."id") WHERE ("connector_event"."account_id" = 1 AND '
+     '"connector_receipt"."account_id" = 2)', "two distribution values"),
+    ('INSERT INTO "connector_event" ("account_id", "route") SELECT * FROM unnest(\'{1,2}\'::bigint[], '
+     '\'{a,b}\'::varchar[])', "two distribution values"),
+    ('SELECT * FROM "connector_brand_new_table" WHERE "connector_brand_new_table"."id" = 1', "no placement"),
+    ('SELECT "connector_receipt"."id" FROM "connector_receipt", "connector_event" WHERE '
+     '"connector_receipt"."account_id" = 1', "reference not recognised"),
+    ("SELECT s.* FROM unnest('{1,2}'::bigint[]) AS a(account_id) CROSS JOIN LATERAL "
+     "connector_lock_serving(a.account_id, 2) AS s", "routine called without one constant account"),
+])
+def test_the_checker_refuses_unscoped_statements(sql, problem):
+    """Crafted statements that Citus could not route to one shard are findings: no account filter, an account
+    filter under OR, several accounts, an unpinned row lock, an unpinned joined table, an unknown table, a table
+    the checker cannot read as a reference (fail closed) and the guard function over a set of accounts."""
+    assert problem in [f.problem for f in check(sql).findings], [str(f) for f in check(sql).findings]
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT "connector_receipt"."id" FROM "connector_receipt" WHERE ("connector_receipt"."account_id" = 1 AND '
+    '"connector_receipt"."id" = 5) FOR UPDATE OF "connector_receipt"',
+    'SELECT "connector_event"."id" FROM "connector_event" INNER JOIN "connector_receipt" ON '
+    '("connector_event"."account_id" = "connector_receipt"."account_id") WHERE "connector_receipt"."account_id" = 3',
+    'INSERT INTO "connector_receiptcomponent" ("receipt_id", "ordinal") VALUES (7, 0), (7, 1)',
+    "SELECT * FROM connector_lock_serving(1, 2)",
+])
+def test_the_checker_accepts_single_shard_statements(sql):
+    """The same shapes pinned to one account (or one parent row) are routable."""
+    assert check(sql).routable, [str(f) for f in check(sql).findings]
