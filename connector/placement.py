@@ -255,6 +255,14 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
     ("run, completion, authoring", "connector_execution", "unpinned"): _ENTRY + " (the claim token carries it)",
     ("run, completion, authoring", "connector_projection", "unpinned"):
         "the execution is read with its projection joined by id; add projection.account_id = execution.account_id",
+    # The same read carries the admission time for the admission -> result latency (issue 21, D-230): its event,
+    # receipt and window are joined by id; with the account carried, each join adds `x.account_id = ` it too.
+    ("run, completion, authoring", "connector_event", "unpinned"):
+        "result recording's execution read joins the event by id (admission time); pin with the account",
+    ("run, completion, authoring", "connector_receipt", "unpinned"):
+        "result recording's execution read joins the receipt by id (admission time); pin with the account",
+    ("run, completion, authoring", "connector_projectionwindow", "unpinned"):
+        "result recording's execution read joins the window by id (its opening time); pin with the account",
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
         "per-shard claimer runs it with its own account set (D-243)",

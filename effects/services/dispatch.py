@@ -408,8 +408,8 @@ def _effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | 
     lock's statement (issue 21: the command -> finalized latency); the lock filters on the account the caller read
     (routable by account, docs/scale-out.md)."""
     queryset = RemoteEffect.objects.select_for_update(of=("self",)).filter(pk=effect_pk)
-    if account_id is not None:
-        queryset = queryset.filter(account_id=account_id)
+    if account_id is not None:  # the joined command is the same account's: both pinned to its shard
+        queryset = queryset.filter(account_id=account_id, command__account_id=account_id)
     effect = queryset.annotate(commanded_at=F("command__created_at"), callout=F("command__callout")).first()
     if effect.state == EffectState.FINALIZED:
         return effect
