@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Q, Subquery, Value
-from django.db.models.functions import Coalesce, TruncMinute
+from django.db.models import Count, Q
+from django.db.models.functions import TruncMinute
 from django.urls import reverse
 from django.utils import timezone
 
@@ -256,25 +256,17 @@ def pipeline(now: datetime | None = None) -> dict:
     start = since.replace(second=0, microsecond=0)
     minutes = [start + timedelta(minutes=i) for i in range(61)]
 
-    def per_minute(queryset, field: str, *, inserted: bool = False) -> list[int]:
-        rows = queryset.filter(**{f"{field}__gte": since})
-        if inserted:
-            # `field` is set when the row is inserted, so it grows with the primary key: the rows of the last hour
-            # lie above the newest older row's key, found by walking the key index backwards over the last hour
-            # only. The count is then a key-range scan whatever the retained history (the BRIN index on `field`
-            # alone reads a summary per 8 pages of the whole table: 6 -> 52 buffers at 1M receipts).
-            older = (queryset.model.objects.filter(**{f"{field}__lt": since}).order_by("-pk")
-                     .values_list("pk", flat=True)[:1])
-            rows = rows.filter(pk__gt=Coalesce(Subquery(older), Value(0)))
-        found = dict(rows.annotate(m=TruncMinute(field)).values_list("m").annotate(n=Count("pk")).order_by())
+    def per_minute(queryset, field: str) -> list[int]:
+        found = dict(queryset.filter(**{f"{field}__gte": since}).annotate(m=TruncMinute(field))
+                     .values_list("m").annotate(n=Count("pk")).order_by())
         return [found.get(m, 0) for m in minutes]
 
     from connector.models import Projection
 
     throughput = {
-        "admitted": per_minute(Receipt.objects.all(), "created_at", inserted=True),
-        "materialized": per_minute(Projection.objects.all(), "created_at", inserted=True),
-        "completed": per_minute(ApplicationResult.objects.all(), "committed_at", inserted=True),
+        "admitted": per_minute(Receipt.objects.all(), "created_at"),
+        "materialized": per_minute(Projection.objects.all(), "created_at"),
+        "completed": per_minute(ApplicationResult.objects.all(), "committed_at"),
         "effects finalized": per_minute(RemoteEffect.objects.filter(state="finalized"), "changed_at"),
     }
     budgets = settings.CONNECTOR.get("STAGE_BUDGETS_SECONDS", {})
