@@ -66,7 +66,10 @@ run: venv services migrate demo
 test: venv services
 	scripts/ensure_chromium.sh
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
-	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; $(VPY) -m pytest $(PYTEST_ARGS)
+	@# The whole suite runs as two shards side by side (scripts/test_shards.py: own test databases and Redis
+	@# database each); a selection (PYTEST_ARGS=...) runs one plain pytest.
+	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; if [ -z "$(PYTEST_ARGS)" ]; then $(VPY) scripts/test_shards.py -q; \
+	  else $(VPY) -m pytest $(PYTEST_ARGS); fi
 
 # Benchmarks, each on its own throwaway databases (about 12 minutes): the hot-account mix with 1 and 2 clients
 # against bench/budgets.json (--check fails naming each broken budget figure), the retained-history latency

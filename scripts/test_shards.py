@@ -1,0 +1,73 @@
+"""`make test` on the machine's cores: the suite in two shards run side by side, each a whole pytest run on its own
+test databases (TEST_DB_SUFFIX) and its own Redis database, so nothing one shard writes is seen by the other.
+
+Shard 1 is the connector and effects suites plus the smaller folders (fast, many database-only tests); shard 2 is
+every other entry of tests/ (the process-heavy suites: cutover with pg_dump/pg_restore, hostile HTTP, the browser,
+crash and fault harnesses, the fresh-clone fallback proof). Shard 2 is computed as "everything not in shard 1", so
+a new folder or file is never left out. Each shard's output goes to .data/test-shard-N.log and is printed when it
+ends; the exit status is non-zero if either shard failed. `make test PYTEST_ARGS=...` (a selection) runs one
+plain pytest instead (see the Makefile).
+
+Measured on this 2-core machine (docs/benchmarks.md, "The test suite and the benches"): one run took 20:56; the
+two halves alone took 5:51 and 12:44."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARD_ONE = ("tests/connector", "tests/effects", "tests/governance", "tests/v1", "tests/conformance",
+             "tests/observability", "tests/scaleout", "tests/crash", "tests/test_harness.py", "tests/test_requirements_coverage.py")
+
+
+def shards() -> list[list[str]]:
+    tests = ROOT / "tests"
+    everything = sorted(p.relative_to(ROOT).as_posix() for p in tests.iterdir()
+                        if (p.is_dir() and p.name != "__pycache__" and any(p.rglob("test_*.py")))
+                        or (p.is_file() and p.name.startswith("test_") and p.suffix == ".py"))
+    one = [p for p in SHARD_ONE if (ROOT / p).exists()]
+    two = [p for p in everything if p not in one]
+    return [one, two]
+
+
+def _redis_db(url: str, offset: int) -> str:
+    match = re.match(r"^(redis://[^/]+)(?:/(\d+))?$", url)
+    if not match:
+        return url
+    return f"{match.group(1)}/{int(match.group(2) or 0) + offset}"
+
+
+def main(argv: list[str]) -> int:
+    extra = argv[1:]
+    logs = ROOT / ".data"
+    logs.mkdir(exist_ok=True)
+    base_suffix = os.environ.get("TEST_DB_SUFFIX", "")
+    redis = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    running = []
+    began = time.monotonic()
+    for n, paths in enumerate(shards(), start=1):
+        env = dict(os.environ, TEST_DB_SUFFIX=f"{base_suffix}_shard{n}", REDIS_URL=_redis_db(redis, n))
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        log = logs / f"test-shard-{n}.log"
+        handle = log.open("w")
+        command = [sys.executable, "-m", "pytest", *extra, *paths]
+        print(f"shard {n}: {' '.join(paths)} (log {log.relative_to(ROOT)})", flush=True)
+        running.append((n, subprocess.Popen(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT),
+                        handle, log))
+    status = 0
+    for n, process, handle, log in running:
+        code = process.wait()
+        handle.close()
+        print(f"\n===== shard {n} ({'passed' if code == 0 else f'FAILED, exit {code}'}) =====", flush=True)
+        print(log.read_text(), flush=True)
+        status = status or code
+    print(f"both shards done in {time.monotonic() - began:.0f} s: {'green' if status == 0 else 'RED'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
