@@ -245,6 +245,19 @@ def _bootstrap(setup: dict) -> None:
     _install_timers()
 
 
+def process_setup(egress_url: str) -> dict:
+    """What a spawned bench process needs from its parent (`_bootstrap`): the settings module, the databases the
+    parent's connections point at, the secret directory and the egress URL of the loopback receiver."""
+    from django.conf import settings
+    from django.db import connections
+
+    return {"settings_module": os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE,
+            "names": {alias: connections[alias].settings_dict["NAME"] for alias in ("default", "journal")},
+            "connector": {"EGRESS_BASE_URL": egress_url,
+                          "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
+                          "EGRESS_TIMEOUT_SECONDS": settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)}}
+
+
 def _process_main(index: int, setup: dict, inbox, outbox) -> None:
     """A bench process: bootstrap once, then run each command from `inbox` and put its result on `outbox`."""
     try:
@@ -973,11 +986,7 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
     receiver = Receiver().start()
     saved_connector = settings.CONNECTOR
     settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url}
-    setup = {"settings_module": os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE,
-             "names": {"default": default["NAME"], "journal": journal["NAME"]},
-             "connector": {"EGRESS_BASE_URL": receiver.url,
-                           "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
-                           "EGRESS_TIMEOUT_SECONDS": settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)}}
+    setup = process_setup(receiver.url)
     report = {"bench": "hot-account", "account_key": account_key, "database": default["NAME"],
               "clients": clients, "seconds": seconds, "raw_seconds": raw_seconds, "machine": machine_facts(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": []}

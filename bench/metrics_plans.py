@@ -47,39 +47,39 @@ def recent_work(account, n: int = 5) -> None:
                       body=RECENT_BODY % (i, i), actor=Actor.system("metrics-plans"))
 
 
-def scrape_statements() -> list[str]:
-    """The distinct SELECTs of one `/metrics` scrape alone."""
+def _selects(*readers: Callable[[], object]) -> list[str]:
+    """The distinct SELECTs `readers` run, in the order they ran."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        for reader in readers:
+            reader()
+    return list(dict.fromkeys(q["sql"] for q in captured.captured_queries
+                              if q["sql"].lstrip().upper().startswith("SELECT")))
+
+
+def _scrape() -> None:
     from prometheus_client import generate_latest
 
     from observability.metrics import _registry
 
-    with CaptureQueriesContext(connection) as captured:
-        generate_latest(_registry())
-    return list(dict.fromkeys(q["sql"] for q in captured.captured_queries
-                              if q["sql"].lstrip().upper().startswith("SELECT")))
+    generate_latest(_registry())  # what the /metrics view answers
+
+
+def scrape_statements() -> list[str]:
+    """The distinct SELECTs of one `/metrics` scrape alone."""
+    return _selects(_scrape)
 
 
 def capture_statements(budgets: dict) -> list[str]:
     """The distinct SELECTs of one `/metrics` scrape, one stage-sample recording, the stuck-work reading and the
     overview's pipeline pictures, in the order they ran."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-    from prometheus_client import generate_latest
-
     from governance import selectors
     from observability import readings
-    from observability.metrics import _registry
     from observability.services import stage_samples_record
 
-    with CaptureQueriesContext(connection) as captured:
-        generate_latest(_registry())  # what the /metrics view answers
-        stage_samples_record()
-        readings.stuck(budgets)
-        selectors.pipeline()
-    return list(dict.fromkeys(q["sql"] for q in captured.captured_queries
-                              if q["sql"].lstrip().upper().startswith("SELECT")))
+    return _selects(_scrape, stage_samples_record, lambda: readings.stuck(budgets), selectors.pipeline)
 
 
 def _walk(node: dict):

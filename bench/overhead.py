@@ -33,25 +33,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
 Progress = Callable[[str], None]
 DEFAULT_DATABASE = "connector_bench_overhead"
 
 
 # -- in the bench processes -----------------------------------------------------------------------------------------
 
-class _Drop:
+class DropExporter(SpanExporter):
     """A span exporter that drops every batch: the SDK's and the trace rows' cost without serialization."""
 
     def export(self, spans):
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
         return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        pass
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
 
 
 _DROP_PROVIDER = None
@@ -73,7 +67,7 @@ def _switch(on: bool, endpoint: str, exporter: str = "otlp") -> None:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             _DROP_PROVIDER = TracerProvider()
-            _DROP_PROVIDER.add_span_processor(BatchSpanProcessor(_Drop()))
+            _DROP_PROVIDER.add_span_processor(BatchSpanProcessor(DropExporter()))
         tracing.enable(_DROP_PROVIDER)
         return
     if sdk._PROVIDER is None or sdk._CONFIGURED_PID != os.getpid():
@@ -178,13 +172,12 @@ def histogram_observe_us(samples: int = 200_000) -> float:
 def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, interval: float,
                  say: Progress, exporter: str = "otlp", sample_ratio: float = 1.0) -> dict:
     from django.conf import settings
-    from django.db import connections
 
-    from bench.hot_account import Pool, _state_check, _world_facts, machine_facts, summarize_classes
+    from bench.hot_account import (Pool, _state_check, _world_facts, machine_facts, process_setup,
+                                    summarize_classes)
     from tests.effects.receiver import Receiver
 
     facts = _world_facts(account_key)
-    default, journal = connections["default"].settings_dict, connections["journal"].settings_dict
     receiver, sink = Receiver().start(), Sink().start()
     saved = settings.CONNECTOR
     settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url}
@@ -195,11 +188,7 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
                        # the SDK's standard sampler variables, as a deployment sets them (D-236)
                        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                        "OTEL_TRACES_SAMPLER_ARG": repr(float(sample_ratio))})
-    setup = {"settings_module": os.environ.get("DJANGO_SETTINGS_MODULE") or settings.SETTINGS_MODULE,
-             "names": {"default": default["NAME"], "journal": journal["NAME"]},
-             "connector": {"EGRESS_BASE_URL": receiver.url,
-                           "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
-                           "EGRESS_TIMEOUT_SECONDS": settings.CONNECTOR.get("EGRESS_TIMEOUT_SECONDS", 5)}}
+    setup = process_setup(receiver.url)
     report = {"bench": "overhead", "account_key": account_key, "clients": clients, "seconds": seconds,
               "pairs": pairs, "scrape_interval": interval, "exporter": exporter,
               "sample_ratio": sample_ratio, "machine": machine_facts(),

@@ -7,11 +7,8 @@ import time
 import pytest
 from celery.app.task import Task
 from django.test import Client
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from connector import tasks, tracing
+from connector import tasks
 from connector.models import ExecutionTrace, Projection, Receipt
 from connector.services.execution import execution_claim_and_run
 from connector.services.signatures import sign
@@ -20,6 +17,7 @@ from effects.services.worker import effect_dispatch_once
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 from tests.crash.support import DB, assert_killed
 from tests.crash.test_outbound_crashes import child_env, receiver  # noqa: F401 - receiver URL in the child
+from tests.observability.conftest import spans  # noqa: F401 - the in-memory tracing fixture
 
 pytestmark = pytest.mark.django_db(**DB)
 
@@ -37,17 +35,6 @@ from connector.services.execution import execution_claim_and_run
 execution_claim_and_run(holder="trace-crash-child", lease_seconds=ARGS["lease_seconds"])
 emit(survived=True)
 """
-
-
-@pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    yield exporter
-    tracing.disable()
-    provider.shutdown()
 
 
 def _ids(traceparent: str) -> tuple[str, str]:

@@ -1,5 +1,7 @@
 """`web_server`: the real web process as `make run` serves it (gunicorn with config/gunicorn.py), bound to this
 run's test databases, started once for the module that asks for it."""
+from contextlib import contextmanager
+
 import pytest
 
 from tests.faults.servers import (
@@ -33,3 +35,31 @@ def web_server(django_db_setup, tmp_path_factory):
         yield port
     finally:
         web.stop()
+
+
+@contextmanager
+def in_memory_tracing(sampler=None):
+    """Tracing on for the block, into an in-memory exporter (yielded); `sampler` as the SDK takes it (default:
+    every span sampled)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from connector import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.disable()
+        provider.shutdown()
+
+
+@pytest.fixture
+def spans():
+    """Tracing on, into an in-memory exporter, for the test only."""
+    with in_memory_tracing() as exporter:
+        yield exporter

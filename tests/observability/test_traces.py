@@ -11,9 +11,6 @@ import pytest
 from celery.app.task import Task
 from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.test import Client
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from connector import logcontext, tasks, tracing
@@ -25,6 +22,7 @@ from effects.services import worker
 from observability.logs import ContextFilter
 from tests import dbroles
 from tests.connector.test_api_admission import admit, body, event, signing_secret
+from tests.observability.conftest import in_memory_tracing
 from tests.effects.conftest import receiver  # noqa: F401 - the real HTTP receiver fixture
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -32,18 +30,6 @@ CALLER_SPAN = "00f067aa0ba902b7"
 CALLER = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 STAGES = ["receipt_admit", "receipt_materialize", "lane_advance", "execution_run", "runtime_command_apply",
           "outbound_command_author", "egress_send"]
-
-
-@pytest.fixture
-def spans():
-    """Tracing on, into an in-memory exporter, for the test only."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    yield exporter
-    tracing.disable()
-    provider.shutdown()
 
 
 @pytest.fixture
@@ -140,11 +126,7 @@ def test_an_unsampled_trace_leaves_no_row_and_later_stages_start_no_stray_trace(
     Proves: issue 21 (D-236: sampling is what keeps tracing's cost bounded in production)."""
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0)))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
+    with in_memory_tracing(ParentBased(TraceIdRatioBased(1.0))) as exporter:
         _run_pipeline(pipeline, 7, HTTP_TRACEPARENT=f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
         for model in (ReceiptTrace, ProjectionTrace, ExecutionTrace, CommandTrace):
             assert model.objects.count() == 0, model.__name__
@@ -153,9 +135,6 @@ def test_an_unsampled_trace_leaves_no_row_and_later_stages_start_no_stray_trace(
         _run_pipeline(pipeline, 8, HTTP_TRACEPARENT=CALLER)
         assert set(STAGES) <= {s.name for s in exporter.get_finished_spans()}
         assert {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()} == {CALLER_TRACE}
-    finally:
-        tracing.disable()
-        provider.shutdown()
 
 
 def test_trace_rows_are_immutable_and_well_formed(pipeline, spans):

@@ -11,8 +11,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from bench.overhead import DropExporter
 from connector import tasks, tracing
 from connector.models import Projection, Receipt
 from connector.services import execution
@@ -27,13 +28,6 @@ STAGES = ("admission", "materialize", "lane_advance", "claim_run", "dispatch")
 # that and writes the Execution's; the claim reads it and Runtime writes the OutboundCommand's; egress reads it.
 # Admission: the one statement writes the Receipt's context itself (D-235), so it costs no statement more.
 EXTRA_ON = {"admission": 0, "materialize": 2, "lane_advance": 2, "claim_run": 2, "dispatch": 1}
-
-
-class _Drop(SpanExporter):
-    """An exporter that accepts and drops every batch: the SDK's own cost without a collector's."""
-
-    def export(self, spans):
-        return SpanExportResult.SUCCESS
 
 
 @pytest.fixture
@@ -77,7 +71,7 @@ def test_tracing_overhead_off_and_on(pipeline, capsys):
     nothing; the cost when on is known)."""
     client = Client()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(_Drop()))
+    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
     n = 0
     for _ in range(2):  # warm the caches of immutable facts, as a running worker has them
         n += 1
