@@ -524,7 +524,9 @@ def _cmd_mix(index: int, command: dict) -> dict:
 
 
 def _cmd_control(index: int, command: dict) -> dict:
-    """Credential revocation + re-enablement at 25% of the run, a halt cycle at 55%; each held for `hold`."""
+    """Credential revocation + re-enablement at 25% of the run, a halt cycle at 55%; each held for `hold`. With
+    `drills` = k > 1 the run is cut into k equal periods and each period gets both drills at 25% and 55% of it,
+    so the control transitions' p99 under the mix (issue 18, goal 6) rests on k samples each."""
     from connector.actors import Actor
     from connector.errors import TransitionRefused
     from connector.services.gates import credential_gate_transition, gate_transition
@@ -547,43 +549,49 @@ def _cmd_control(index: int, command: dict) -> dict:
         problems.append(f"{cls} did not succeed after {tries} tries")
         return None
 
-    _sleep_until(start + 0.25 * seconds)
-    opened = time.time()
-    transition("credential_revoke", lambda: credential_gate_transition(
-        generation_id=generation, action="revoke", expected_fence=None, actor=actor,
-        reason="bench hot-account: revocation drill"))
-    time.sleep(hold)
-    transition("credential_reenable", lambda: credential_gate_transition(
-        generation_id=generation, action="reenable", expected_fence=None, actor=actor,
-        reason="bench hot-account: explicit re-enablement after the drill"))
-    windows.append(["credential", opened, time.time()])
+    drills = int(command.get("drills", 1))
+    period = seconds / drills
+    for k in range(drills):
+        cycle = start + k * period
+        _sleep_until(cycle + 0.25 * period)
+        opened = time.time()
+        transition("credential_revoke", lambda: credential_gate_transition(
+            generation_id=generation, action="revoke", expected_fence=None, actor=actor,
+            reason="bench hot-account: revocation drill"))
+        time.sleep(hold)
+        transition("credential_reenable", lambda: credential_gate_transition(
+            generation_id=generation, action="reenable", expected_fence=None, actor=actor,
+            reason="bench hot-account: explicit re-enablement after the drill"))
+        windows.append(["credential", opened, time.time()])
 
-    _sleep_until(start + 0.55 * seconds)
-    opened = time.time()
-    halted = transition("halt_v2", lambda: gate_transition(
-        account_id=account_id, action="halt_v2", expected_fence=None, actor=actor,
-        reason="bench hot-account: halt drill"))
-    if halted is not None:
-        halt_committed = time.time()
-        give_up = command["deadline"] + 30
-        while True:
-            result["confirm_attempts"] += 1
-            outcome, _ = RECORDER.op("confirm_halted", lambda: gate_transition(
-                account_id=account_id, action="confirm_halted", expected_fence=None, actor=actor,
-                reason="bench hot-account: open-permit set is empty"), expected=(TransitionRefused,))
-            if outcome == "ok":
-                result["drain_ms"] = (time.time() - halt_committed) * 1000
-                break
-            if time.time() > give_up:
-                problems.append(f"confirm_halted still refused after {result['confirm_attempts']} attempts")
-                break
-            time.sleep(0.01)
-        if result["drain_ms"] is not None:
-            time.sleep(hold)
-            transition("resume_predecessor", lambda: gate_transition(
-                account_id=account_id, action="resume_predecessor", expected_fence=None, actor=actor,
-                reason="bench hot-account: resume after the drill"))
-    windows.append(["halt", opened, time.time()])
+        _sleep_until(cycle + 0.55 * period)
+        opened = time.time()
+        halted = transition("halt_v2", lambda: gate_transition(
+            account_id=account_id, action="halt_v2", expected_fence=None, actor=actor,
+            reason="bench hot-account: halt drill"))
+        drain = None
+        if halted is not None:
+            halt_committed = time.time()
+            give_up = command["deadline"] + 30
+            while True:
+                result["confirm_attempts"] += 1
+                outcome, _ = RECORDER.op("confirm_halted", lambda: gate_transition(
+                    account_id=account_id, action="confirm_halted", expected_fence=None, actor=actor,
+                    reason="bench hot-account: open-permit set is empty"), expected=(TransitionRefused,))
+                if outcome == "ok":
+                    drain = (time.time() - halt_committed) * 1000
+                    result["drain_ms"] = max(result["drain_ms"] or 0.0, drain)  # the longest drain of the run
+                    break
+                if time.time() > give_up:
+                    problems.append(f"confirm_halted still refused after {result['confirm_attempts']} attempts")
+                    break
+                time.sleep(0.01)
+            if drain is not None:
+                time.sleep(hold)
+                transition("resume_predecessor", lambda: gate_transition(
+                    account_id=account_id, action="resume_predecessor", expected_fence=None, actor=actor,
+                    reason="bench hot-account: resume after the drill"))
+        windows.append(["halt", opened, time.time()])
     records, RECORDER.records = RECORDER.records, []
     result["records"] = records
     return result
@@ -966,7 +974,7 @@ def machine_facts() -> dict:
 def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float, raw_seconds: float,
                     peer: bool = True, shared_counter: bool = False, progress: Progress | None = None,
                     warm_rounds: int = 2, drop_raw: bool = False, replay_every: int = REPLAY_EVERY,
-                    batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None) -> dict:
+                    batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None, drills: int = 1) -> dict:
     """Run the bench on the current `default` database (which must hold the push demo world with `account_key`
     v2_serving). Returns the report dict. The loopback receiver runs in this process."""
     from django.conf import settings
@@ -1012,7 +1020,7 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
                      timeout=120 + 10 * warm_rounds, what="warm-up")
         for n in clients:
             run = _run_clients(pool, n, control, base, facts, seconds, raw_seconds, conninfo, f"{run_tag}-n{n}",
-                               peer and not peer_reason, peer_reason, shared_counter, say)
+                               peer and not peer_reason, peer_reason, shared_counter, say, drills=drills)
             run["state_problems"] = _state_check(account_key)
             report["runs"].append(run)
         if batch_events:
@@ -1031,15 +1039,17 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
 
 
 def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seconds: float, raw_seconds: float,
-                 conninfo: str, tag: str, peer: bool, peer_reason: str, shared_counter: bool, say: Progress) -> dict:
+                 conninfo: str, tag: str, peer: bool, peer_reason: str, shared_counter: bool, say: Progress,
+                 drills: int = 1) -> dict:
     lead = 0.3  # seconds for the commands to reach the processes before the common start time
     start = time.time() + lead
     deadline = start + seconds
-    hold = max(0.2, 0.05 * seconds)
-    say(f"{n} client(s): complete mix for {seconds:g} s (control: revocation at 25%, halt at 55%, hold {hold:g} s)")
+    hold = max(0.2, 0.05 * seconds) if drills == 1 else max(0.05, min(0.05 * seconds, 0.1 * seconds / drills))
+    say(f"{n} client(s): complete mix for {seconds:g} s (control: revocation at 25%, halt at 55%"
+        + (f" of each of {drills} periods" if drills > 1 else "") + f", hold {hold:g} s)")
     commands = {i: {**base, "kind": "mix", "tag": tag, "start_at": start, "deadline": deadline} for i in range(n)}
     commands[control] = {**base, "kind": "control", "start_at": start, "deadline": deadline, "seconds": seconds,
-                         "hold": hold, "credential_generation": facts["credential_generation"]}
+                         "hold": hold, "credential_generation": facts["credential_generation"], "drills": drills}
     cpu_before = cpu_sample()
     results = pool.run(commands, timeout=seconds + lead + 120, what=f"mix with {n} clients")
     cpu_after = cpu_sample()  # includes the clients' untimed drain (a few ms to a few s)
@@ -1058,7 +1068,7 @@ def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seco
         "control": {"windows": [[w[0], _r(w[1] - start, 3), _r(w[2] - start, 3)] for w in ctrl["windows"]],
                     "confirm_halted_attempts": ctrl["confirm_attempts"],
                     "halt_drain_ms": _r(ctrl["drain_ms"]) if ctrl["drain_ms"] is not None else None,
-                    "problems": ctrl["problems"], "hold_seconds": hold},
+                    "problems": ctrl["problems"], "hold_seconds": hold, "drills": drills},
         "totals": {
             "deadlocks": sum(c["deadlocks"] for c in classes.values()),
             "retries": sum(c["retries"] for c in classes.values()),
@@ -1386,6 +1396,15 @@ class HotAccount:
         parser.add_argument("--database-name", default=DEFAULT_DATABASE,
                             help=f"throwaway database (default {DEFAULT_DATABASE}; <name>_journal too)")
         parser.add_argument("--keep", action="store_true", help="keep the throwaway databases afterwards")
+        parser.add_argument("--drills", type=int, default=1,
+                            help="control drills per mix run: the run is cut into this many periods, each with a "
+                                 "credential revocation and a halt cycle, so the control transitions' p99 rests on "
+                                 "as many samples (default 1)")
+        parser.add_argument("--chart", metavar="FILE",
+                            help="draw the report's chart (throughput, ratios and control p99 by client count) to "
+                                 "FILE (.svg or .png), from the report's JSON alone (bench/chart.py)")
+        parser.add_argument("--table", action="store_true",
+                            help="print the scaling table (Markdown, one row per client count) after the report")
 
     def handle(self, command, options: dict) -> None:
         from django.core.management.base import CommandError
@@ -1400,6 +1419,17 @@ class HotAccount:
             Path(options["json"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             say(f"report written to {options['json']}")
         command.stdout.write(format_report(report))
+        if options["table"]:
+            from bench.chart import scaling_table
+
+            command.stdout.write(scaling_table(report))
+        if options["chart"]:
+            from bench.chart import draw
+
+            try:
+                say(f"chart written to {draw(report, Path(options['chart']))}")
+            except ValueError as exc:
+                raise CommandError(f"--chart: {exc}") from exc
         if options["write_budgets"]:
             write_budget_section(Path(options["budgets"]), budgets_from_reports(reports))
             say(f"hot_account budgets written to {options['budgets']}")
@@ -1430,6 +1460,8 @@ class HotAccount:
         raw_seconds = options["raw_seconds"] or (3.0 if options["quick"] else min(10.0, max(2.0, seconds / 2)))
         if seconds < 1 or raw_seconds < 0.5:
             raise CommandError("--seconds must be at least 1 and --raw-seconds at least 0.5")
+        if options["drills"] < 1 or seconds / options["drills"] < 1:
+            raise CommandError("--drills must be at least 1 and leave each drill period at least 1 s of --seconds")
         name = options["database_name"]
         if not NAME_RE.match(name) or not NAME_RE.match(f"{name}_journal"):
             raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
@@ -1448,7 +1480,7 @@ class HotAccount:
                                          raw_seconds=raw_seconds, peer=not (options["no_peer"] or options["batch_only"]),
                                          shared_counter=options["shared_counter"], progress=say,
                                          batch_events=options["batch_events"],
-                                         batch_seconds=options["batch_seconds"])
+                                         batch_seconds=options["batch_seconds"], drills=options["drills"])
         finally:
             connector_log.setLevel(saved_level)
         flags = ["--quick"] if options["quick"] else [
@@ -1458,5 +1490,7 @@ class HotAccount:
             flags.append(f"--batch-events {options['batch_events']}")
         if options["batch_seconds"]:
             flags.append(f"--batch-seconds {options['batch_seconds']:g}")
+        if options["drills"] != 1:
+            flags.append(f"--drills {options['drills']}")
         report["command"] = "manage.py bench hot-account " + " ".join(flags)
         return report

@@ -38,7 +38,7 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     world = build_world("hot-", push=True)
     account = world.accounts[0]
     report = run_hot_account(account_key=account.account_key, clients=[1], seconds=3.0, raw_seconds=1.0,
-                             peer=False, warm_rounds=1, drop_raw=True, replay_every=2)
+                             peer=False, warm_rounds=1, drop_raw=True, replay_every=2, drills=2)
 
     (run,) = report["runs"]
     assert run["clients"] == 1 and run["rounds"] > 0
@@ -57,7 +57,10 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     assert totals["deadlocks"] == 0
     assert totals["unaccounted_rejections"] == 0, totals["unaccounted_samples"]
     assert totals["starvation_ms"] > 0 and totals["starvation_class"] in ALL_CLASSES
-    assert [w[0] for w in run["control"]["windows"]] == ["credential", "halt"]
+    # two drill periods (--drills 2): each control transition measured twice (issue 18, goal 6's samples)
+    assert [w[0] for w in run["control"]["windows"]] == ["credential", "halt", "credential", "halt"]
+    for cls in ("credential_revoke", "credential_reenable", "halt_v2", "confirm_halted", "resume_predecessor"):
+        assert run["classes"][cls]["count"] == 2, (cls, run["classes"][cls])
     assert run["control"]["halt_drain_ms"] is not None and not run["control"]["problems"]
     assert not run["state_problems"]
     assert AccountServingGate.objects.get(account=account).mode == "v2_serving"
@@ -83,6 +86,18 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     lenient.write_text(json.dumps(derived))
     call_command("bench", "hot-account", "--from-json", str(saved), "--check", "--budgets", str(lenient))
     assert "check passed" in capsys.readouterr().out
+
+    # the chart and the scaling table are drawn from the saved JSON alone (issue 18: "draws a chart generated
+    # from its JSON"; goal 9's table)
+    chart = tmp_path / "hot.svg"
+    call_command("bench", "hot-account", "--from-json", str(saved), "--chart", str(chart), "--table")
+    out = capsys.readouterr().out
+    svg = chart.read_text(encoding="utf-8")
+    assert svg.startswith("<?xml") and "<svg" in svg and "admission only" in svg and "goal 6 (100 ms)" in svg
+    row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[4]) == pytest.approx(run["ratios"]["admission_only_over_raw"], abs=0.001)
+    assert "Batch receipts (100 events each, 1 client)" in out
 
     strict = tmp_path / "strict.json"
     strict.write_text(json.dumps({"hot_account": {"clients": {"1": {
