@@ -108,9 +108,9 @@ def effects_sweep() -> dict[str, int]:
     from django.utils import timezone
 
     finalized = 0
-    for pk in RemoteEffect.objects.filter(state=EffectState.REMOTE_CONFIRMED, quarantine_reason="") \
-            .values_list("pk", flat=True)[:200]:
-        if effect_finalize_from_evidence(pk).state == EffectState.FINALIZED:
+    for pk, account_pk in RemoteEffect.objects.filter(state=EffectState.REMOTE_CONFIRMED, quarantine_reason="") \
+            .values_list("pk", "account_id")[:200]:  # each item is then its account's single-shard step
+        if effect_finalize_from_evidence(pk, account_id=account_pk).state == EffectState.FINALIZED:
             finalized += 1
     now = timezone.now()
     claimable = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
