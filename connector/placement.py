@@ -239,53 +239,22 @@ HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, comp
              "permit", "egress marker, settlement", "finalization", "batch claim")
 
 #: Hot statements that Citus could not send to one shard today, keyed by (step, table, problem), with what it takes.
-#: The routability test fails on any other finding and on any entry here that no longer occurs.
-_ENTRY = ("the step's first read finds its row by primary key alone: the caller (task message, sweeper row, "
-          "HTTP path) must carry the account id too, then the read names it")
-_EFFECT_PK = ("the outbound steps pass effect/permit pks between transactions; carrying the account id with the "
-              "EffectClaim and the permit (both already know it) pins every read, lock and CAS by account")
+#: The routability test fails on any other finding and on any entry here that no longer occurs. Issue 23's last
+#: slice (D-244, D-245) emptied it of everything but the batched claim: entry points carry the account with the key
+#: (task messages, claim tokens, effect claims, egress arguments), joins by id name the account of both sides, saves
+#: name their shard, and the admission hint reads the gate by the account pk the process resolved from the key. The
+#: batched claim stays listed by design (D-243, D-246): on Citus each claimer batches one account per statement.
+_BATCH = ("the batched claim serves any set of accounts in one statement (D-204/D-205: fairness across accounts in "
+          "one round trip); on Citus a per-shard claimer batches one account per statement (D-243, D-246)")
 KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
-    ("admission", "connector_accountservinggate", "unpinned"):
-        "the admission hint reads account + gate by account key (a reference-table lookup) joined to the gate by "
-        "account id: the join key is the reference row's id, not a constant; on Citus split into the reference "
-        "lookup then the gate read by account_id (or cache the account pk per key: it never changes)",
-    ("materialization", "connector_receipt", "unpinned"): _ENTRY,
-    ("materialization", "connector_replayrequest", "unpinned"): _ENTRY + " (the replay request is joined by id)",
-    ("lane advance", "connector_orderinglane", "unpinned"): _ENTRY,
-    ("run, completion, authoring", "connector_execution", "unpinned"): _ENTRY + " (the claim token carries it)",
-    ("run, completion, authoring", "connector_projection", "unpinned"):
-        "the execution is read with its projection joined by id; add projection.account_id = execution.account_id",
-    # The same read carries the admission time for the admission -> result latency (issue 21, D-230): its event,
-    # receipt and window are joined by id; with the account carried, each join adds `x.account_id = ` it too.
-    ("run, completion, authoring", "connector_event", "unpinned"):
-        "result recording's execution read joins the event by id (admission time); pin with the account",
-    ("run, completion, authoring", "connector_receipt", "unpinned"):
-        "result recording's execution read joins the receipt by id (admission time); pin with the account",
-    ("run, completion, authoring", "connector_projectionwindow", "unpinned"):
-        "result recording's execution read joins the window by id (its opening time); pin with the account",
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
-        "per-shard claimer runs it with its own account set (D-243)",
+        "per-shard claimer runs it with its own account set (D-243). " + _BATCH,
     ("batch claim", "connector_execution,connector_executionattempt", "row lock not single-shard"):
         "the lease CAS locks candidates of the batch in one statement; on Citus a claimer batches one account per "
-        "statement (the candidate array then carries one account; add e.account_id = %(account)s)",
+        "statement (the candidate array then carries one account; add e.account_id = %(account)s). " + _BATCH,
     ("batch claim", "connector_executionattempt", "unpinned"):
-        "the Attempts of the batch are inserted from the CAS; one account per statement as above",
+        "the Attempts of the batch are inserted from the CAS; one account per statement as above. " + _BATCH,
     ("batch claim", "connector_lock_serving", "routine called without one constant account"):
-        "the batch guards every account of the batch in one statement; one account per batch on Citus",
-    ("effect claim", "effects_destinationlimiter", "unpinned"):
-        "the candidate read joins the command and its limiter by id; add account_id equalities to both joins",
-    ("effect claim", "effects_outboundcommand", "unpinned"):
-        "as above: the join of command to effect is by command id; join on account_id too",
-    ("permit", "effects_outboundcommand", "unpinned"): _EFFECT_PK,
-    ("permit", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
-    ("egress marker, settlement", "connector_credentialgenerationdispatchgate", "unpinned"):
-        "egress reads the permit with its credential gate joined by id; the gate gets account_id (backfill) "
-        "and the join names it",
-    ("egress marker, settlement", "effects_dispatchpermit", "unpinned"): _EFFECT_PK,
-    ("egress marker, settlement", "effects_outboundcommand", "unpinned"): _EFFECT_PK,
-    ("egress marker, settlement", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
-    ("egress marker, settlement", "effects_remoteeffectattempt", "unpinned"):
-        "settlement's Attempt CAS is by attempt pk; after the backfill add the effect's account_id",
-    ("finalization", "effects_remoteeffect", "unpinned"): _EFFECT_PK,
+        "the batch guards every account of the batch in one statement; one account per batch on Citus. " + _BATCH,
 }

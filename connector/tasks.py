@@ -36,27 +36,30 @@ def inbound_sweep() -> dict[str, int]:
 
 @shared_task(name="connector.tasks.receipt_materialize", acks_late=True, ignore_result=True)
 @tracing.entry("receipt_materialize", ReceiptTrace, arg="receipt_pk", lookup="receipt_id", log="receipt_id")
-def receipt_materialize(receipt_pk: int) -> None:
+def receipt_materialize(receipt_pk: int, account_id: int | None = None) -> None:
+    """`account_id` travels with the pk (the first read names it, docs/scale-out.md); a message from before it was
+    carried has none and the service looks the receipt up by its pk once."""
     out = None
     with poison.isolated(step=SweepStep.RECEIPT_MATERIALIZE, item=f"receipt {receipt_pk}", refusals_quarantine=True,
                          quarantine=partial(poison.receipt_hold, receipt_pk=receipt_pk,
                                             step=SweepStep.RECEIPT_MATERIALIZE)):
-        out = materialize.receipt_materialize(receipt_pk=receipt_pk)
+        out = materialize.receipt_materialize(receipt_pk=receipt_pk, account_id=account_id)
     if out is None:
         return  # transient: the sweeper retries from MaterializationDue; failed: the receipt is held
     for lane_pk in out.lanes:
-        lane_advance.delay(lane_pk)
+        lane_advance.delay(lane_pk, out.account_id)
     if out.executions:  # one wake-up per batch, not per item (D-206)
         for _ in range(-(-len(out.executions) // _batch())):
             execution_claim_and_run.delay()
 
 
 @shared_task(name="connector.tasks.lane_advance", acks_late=True, ignore_result=True)
-def lane_advance(lane_pk: int) -> None:
+def lane_advance(lane_pk: int, account_id: int | None = None) -> None:
+    """`account_id` travels with the lane's pk, as for materialization; None (an older message) reads by pk."""
     minted = None
     with poison.isolated(step=SweepStep.LANE_ADVANCE, item=f"lane {lane_pk}",
                          quarantine=partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE)):
-        minted = execution.lane_advance(lane_pk=lane_pk)
+        minted = execution.lane_advance(lane_pk=lane_pk, account_id=account_id)
     if minted is not None:  # the wake-up stays outside the isolated step: a broker error is not the lane's fault
         execution_claim_and_run.delay()
 
@@ -78,6 +81,6 @@ def execution_claim_and_run(limit: int = 20) -> int:
             break
         for result in ran:
             if result.lane_id:
-                lane_advance.delay(result.lane_id)
+                lane_advance.delay(result.lane_id, result.account_id)
         done += len(ran)
     return done

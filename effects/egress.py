@@ -31,7 +31,7 @@ from connector.secrets import secret_backend
 from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import EgressRefused
-from effects.models import CommandTrace, DispatchPermit
+from effects.models import CommandTrace, DispatchPermit, RemoteEffect
 from effects.services.dispatch import permit_settle
 from effects.services.outbound import frozen_path_template
 
@@ -113,11 +113,19 @@ def _tls_client(ca_file: str | None, client_pem: str | None) -> httpx.Client:
     return client
 
 
-def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int) -> DispatchPermit:
-    permit = DispatchPermit.objects.select_related("credential_gate").get(pk=permit_pk)
+def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
+                 effect_pk: int | None = None, credential_generation_pk: int | None = None) -> DispatchPermit:
+    """`effect_pk` and `credential_generation_pk` (the worker knows both from the permit it was granted): the
+    credential gate and the permit are locked by them at once (each names its shard, docs/scale-out.md); without
+    them the permit is read once by its pk to find them. Either way the locked permit must name that gate."""
+    if effect_pk is None or credential_generation_pk is None:
+        effect_pk, credential_generation_pk = DispatchPermit.objects.filter(pk=permit_pk).values_list(
+            "effect_id", "credential_gate__credential_generation_id").get()
     with transaction.atomic():
-        credential_gate = connector_locks.credential_gate_for_share(permit.credential_gate.credential_generation_id)
-        permit = locks.permit_for_update(permit_pk, effect_id=permit.effect_id)
+        credential_gate = connector_locks.credential_gate_for_share(credential_generation_pk)
+        permit = locks.permit_for_update(permit_pk, effect_id=effect_pk)
+        if permit.credential_gate_id != credential_gate.pk:
+            raise EgressRefused("the permit names another credential dispatch gate")
         holder = locks.holder_for_share(permit.holder_id)
         if permit.state != PermitState.GRANTED:
             raise EgressRefused(f"permit is {permit.state}; only the one caller that wins granted -> sending sends")
@@ -168,13 +176,21 @@ def _classify(response: httpx.Response) -> SendResult:
 @tracing.entry("egress_send", CommandTrace, arg="permit_pk", lookup="command__effect__permits",
                kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
 def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
-         base_url: str | None = None):
+         base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
+         credential_generation_pk: int | None = None):
     """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
-    the ambiguity. Returns the settled RemoteEffect."""
+    the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
+    credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
+    up once by the permit's pk."""
     permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
-                          credential_gate_fence=credential_gate_fence)
+                          credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
+                          credential_generation_pk=credential_generation_pk)
     fault_point("egress.after_sending")
-    command = permit.effect.command
+    effects = RemoteEffect.objects.select_related("command", "command__credential_generation")
+    if account_id is not None:
+        effects = effects.filter(account_id=account_id, command__account_id=account_id)
+    effect = effects.get(pk=permit.effect_id)
+    command, settle = effect.command, {"effect_pk": effect.pk, "account_id": effect.account_id}
     refusal = _path_refusal(command)
     if refusal is not None:
         # The frozen path is outside its callout's template (a row written before D-170, or a changed rule): no
@@ -182,13 +198,13 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
         evidence, final = refusal
         log.warning("egress refused to send", extra={"permit": permit.pk, "reason": evidence})
         return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
-                             response_digest=None, remote_id="", final=final, evidence=evidence[:1000])
+                             response_digest=None, remote_id="", final=final, evidence=evidence[:1000], **settle)
     try:
         secret = secret_backend().read(command.credential_generation.secret_version_ref).decode()
     except Exception as exc:  # noqa: BLE001 - no byte was sent: the request never left
         return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
                              response_digest=None, remote_id="",
-                             evidence=f"frozen secret version unreadable, nothing sent: {exc}")
+                             evidence=f"frozen secret version unreadable, nothing sent: {exc}", **settle)
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
     if command.provider_idempotency_key:
         headers["Idempotency-Key"] = command.provider_idempotency_key
@@ -215,7 +231,7 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
     effect = permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
                            response_digest=digest, remote_id=result.remote_id, evidence=result.evidence,
-                           defer_seconds=result.defer_seconds)
+                           defer_seconds=result.defer_seconds, **settle)
     # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
     stage_metrics.egress_observe(callout=command.callout, status_label=answered, seconds=seconds)
     return effect

@@ -112,12 +112,12 @@ def _raw_body(request) -> bytes:
         raise BodyTooLarge() from exc
 
 
-def _materialization_enqueue(receipt_pk: int) -> None:
+def _materialization_enqueue(receipt_pk: int, account_id: int | None = None) -> None:
     """Wake a worker to materialize the receipt. Redis only wakes workers: when the broker is unreachable the
     sweeper still materializes from the MaterializationDue row written with the receipt (decision D-106), so a
     failed enqueue is logged and never fails the request that already committed."""
     try:
-        tasks.receipt_materialize.delay(receipt_pk)
+        tasks.receipt_materialize.delay(receipt_pk, account_id)
     except (KombuOperationalError, RedisError, OSError) as exc:
         log.warning("materialization enqueue failed; the sweeper will materialize the receipt",
                     extra={"receipt": receipt_pk, "error": f"{type(exc).__name__}: {exc}"})
@@ -132,8 +132,8 @@ def _claims_wake() -> None:
                     extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _schedule_materialization(receipt_pk: int) -> None:
-    transaction.on_commit(partial(_materialization_enqueue, receipt_pk), robust=True)
+def _schedule_materialization(receipt_pk: int, account_id: int) -> None:
+    transaction.on_commit(partial(_materialization_enqueue, receipt_pk, account_id), robust=True)
 
 
 def _epoch_ref(receipt: Receipt) -> dict:
@@ -238,7 +238,7 @@ class ReceiptAdmitApi(APIView):
                                   transport_key=idempotency_key_from(request.META), body=body,
                                   actor=TRANSPORT, hint=hint)
         if admission.outcome == "created":
-            _schedule_materialization(admission.receipt.pk)
+            _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)
         data = self.OutputSerializer(_admission_data(admission)).data
         return Response(data, status=status.HTTP_201_CREATED if admission.outcome == "created" else status.HTTP_200_OK)
 
@@ -334,7 +334,7 @@ class ReplayRequestAdmitApi(APIView):
             if replay_request_settle(request_pk=admission.request.pk):
                 _claims_wake()
             else:
-                _schedule_materialization(admission.receipt.pk)  # the gate moved meanwhile: a worker retries
+                _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)  # the gate moved meanwhile: a worker retries
         out = self.OutputSerializer(_replay_data(admission.request, admission=admission.outcome))
         return Response(out.data, status=status.HTTP_201_CREATED if admission.outcome == "created"
                         else status.HTTP_200_OK)

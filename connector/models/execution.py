@@ -9,6 +9,7 @@ from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 from connector.choices import DependencyState, ExecutionState, ResultOutcome, WindowState
 from connector.models.ingress import Event
 from connector.models.ordering import OrderingLane
+from connector.models.routing import RoutedSaveMixin
 from connector.models.owners import ConnectorAccount
 from connector.models.serving import ServingEpoch
 
@@ -110,7 +111,7 @@ class Projection(models.Model):
         return f"projection #{self.pk} {self.route}"
 
 
-class Execution(ConcurrentTransitionMixin, models.Model):
+class Execution(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     """One immutable execution generation of a Projection. Retry reuses its identity (new Attempt, same
     command); completion only from the Runtime result receipt. Invariants: one active generation per
     projection; one per (projection, generation); the lease is ownership, not state."""

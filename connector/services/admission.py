@@ -28,8 +28,8 @@ from connector.choices import EpochState, ReceiptKind
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.locks import ServingLock
-from connector.models import (ConnectorAccount, MaterializationDue, Receipt, ReceiptAdmissionKey, ReceiptTrace,
-                              ServingEpoch)
+from connector.models import (AccountServingGate, ConnectorAccount, MaterializationDue, Receipt,
+                              ReceiptAdmissionKey, ReceiptTrace, ServingEpoch)
 from connector.selectors.routes import route_for
 from connector.services import storable
 from connector.services.guard import lock_serving, serving_check
@@ -110,17 +110,34 @@ class AdmissionHint:
 _HINTS: dict[str, AdmissionHint] = {}
 
 
+# Per process: the account pk of an account key. An account's key and pk never change (accounts are not renamed and
+# their rows are referenced by PROTECT foreign keys); a pk whose gate row is gone (a deleted test world) is
+# forgotten and resolved again. Split out of the gate read so that read names its account (docs/scale-out.md,
+# D-245): the key lookup is the reference table's, the gate read is the account's shard's.
+_ACCOUNT_PKS: dict[str, int] = {}
+
+
 def admission_hint_get(account_key: str) -> AdmissionHint | None:
-    """The account's pk and its gate's current epoch, read in one statement without locking (ACCOUNT_NOT_FOUND when
-    no account has that key; None when its gate names no epoch). The epoch's preimage is never read."""
-    row = (ConnectorAccount.objects.filter(account_key=account_key)
-           .values_list("pk", "serving_gate__epoch_id", "serving_gate__epoch_digest").first())
-    if row is None:
-        _HINTS.pop(account_key, None)
-        raise AccountNotFound(f"no account {account_key!r}")
-    if row[1] is None or row[2] is None:
+    """The account's pk and its gate's current epoch, read without locking: the gate by the account's pk (known to
+    the process after the first admission of the key), else first the account by its key (ACCOUNT_NOT_FOUND when no
+    account has that key). None when the gate names no epoch. The epoch's preimage is never read."""
+    pk = _ACCOUNT_PKS.get(account_key)
+    row = None
+    if pk is not None:
+        row = AccountServingGate.objects.filter(account_id=pk).values_list("epoch_id", "epoch_digest").first()
+        if row is None:
+            _ACCOUNT_PKS.pop(account_key, None)
+            pk = None
+    if pk is None:
+        pk = ConnectorAccount.objects.filter(account_key=account_key).values_list("pk", flat=True).first()
+        if pk is None:
+            _HINTS.pop(account_key, None)
+            raise AccountNotFound(f"no account {account_key!r}")
+        row = AccountServingGate.objects.filter(account_id=pk).values_list("epoch_id", "epoch_digest").first()
+        _ACCOUNT_PKS[account_key] = pk
+    if row is None or row[0] is None or row[1] is None:
         return None
-    hint = AdmissionHint(row[0], row[1], bytes(row[2]))
+    hint = AdmissionHint(pk, row[0], bytes(row[1]))
     _HINTS[account_key] = hint
     return hint
 

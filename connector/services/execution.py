@@ -15,7 +15,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, FilteredRelation, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -53,6 +53,7 @@ class ClaimToken:
     execution_pk: int
     lease_fence: int
     holder: str
+    account_id: int | None = None  # the execution's account: the run's reads name it (docs/scale-out.md)
 
 
 def _lane_row(lane: OrderingLane):
@@ -69,13 +70,16 @@ def _supersede(lane: OrderingLane, projection: Projection, reason: str, selected
                               lane_status="pending").update(lane_status="superseded")
 
 
-def lane_advance(*, lane_pk: int) -> Execution | None:
+def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | None:
     """One fenced step of a lane: for `latest_source_position`, supersede everything but the greatest pending
     position above the high-water and mint its Execution; for `strict_source_sequence`, supersede positions
     at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
     lease is held while it waits). Nothing happens while the lane has an active Execution or is halted, except
-    that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`)."""
-    lane = OrderingLane.objects.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
+    that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`).
+    `account_id`: the lane's account as the caller knows it (task message, sweeper row), named by the first read
+    (docs/scale-out.md); None reads the lane by its pk alone."""
+    lanes_of = OrderingLane.objects if account_id is None else OrderingLane.objects.filter(account_id=account_id)
+    lane = lanes_of.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
@@ -205,7 +209,7 @@ def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | N
                                                 lease_expires_at=expires)
                 Execution.objects.filter(pk=pk, account_id=acct).update(
                     attempt_count=ordinal, lease_fence=fence, lease_holder=holder, lease_expires_at=expires)
-                token = ClaimToken(pk, fence, holder)
+                token = ClaimToken(pk, fence, holder, acct)
         if token is None:
             continue
         fault_point("claim.after_commit")
@@ -307,7 +311,8 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
     if not leased:
         return []
     fault_point("claim.after_commit")
-    return [ClaimToken(pk, fence, holder) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
+    accounts = {pk: acct for pk, acct, _ in candidates}
+    return [ClaimToken(pk, fence, holder, accounts[pk]) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
 
 
 def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 60,
@@ -350,8 +355,12 @@ def execution_run(*, token: ClaimToken) -> Execution:
 
     The token's lease fence is compared twice: before Runtime (a holder whose lease was already taken over does
     not call Runtime) and under the Execution's row lock at completion (`execution_record_result(lease_fence=)`):
-    a stale fence never completes the Execution (FENCE_STALE, retryable; the newer holder completes it)."""
-    execution = Execution.objects.select_related("projection").get(pk=token.execution_pk)
+    a stale fence never completes the Execution (FENCE_STALE, retryable; the newer holder completes it). The
+    token's account (when it carries one) is named by the read, its projection's too (docs/scale-out.md)."""
+    executions = Execution.objects.select_related("projection")
+    if token.account_id is not None:
+        executions = executions.filter(account_id=token.account_id, projection__account_id=token.account_id)
+    execution = executions.get(pk=token.execution_pk)
     logcontext.note(account_id=execution.account_id)
     if execution.state == ExecutionState.READY and execution.lease_fence != token.lease_fence:
         raise FenceStale(f"execution {execution.pk} lease fence is {execution.lease_fence}, the claim holds "
@@ -362,7 +371,8 @@ def execution_run(*, token: ClaimToken) -> Execution:
                                             execution_id=execution.pk)
     fault_point("runtime.after_commit")
     return execution_record_result(execution_pk=execution.pk, command_id=receipt.command_id,
-                                   execution_ref_digest=receipt.execution_ref_digest, lease_fence=token.lease_fence)
+                                   execution_ref_digest=receipt.execution_ref_digest, lease_fence=token.lease_fence,
+                                   account_id=execution.account_id)
 
 
 def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Execution | None:
@@ -382,21 +392,40 @@ def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Executio
     return Execution.objects.get(pk=token.execution_pk)
 
 
+def _execution_for_result(execution_pk: int, account_id: int | None) -> Execution:
+    """The Execution with its epoch and projection, and the admission time (its event's receipt, or its window's
+    opening) in the same statement (issue 21: the admission -> result latency). With the account, every joined
+    table names it (the joins of event, receipt and window carry `account_id = ` it), so the read is routed to the
+    account's shard (docs/scale-out.md); without it, the Execution is read by its pk alone."""
+    executions = Execution.objects.select_related("epoch", "projection").defer("epoch__preimage")
+    if account_id is None:
+        return (executions.annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
+                                                         F("projection__window__opened_at")))
+                .get(pk=execution_pk))
+    return (executions.filter(account_id=account_id, projection__account_id=account_id)
+            .annotate(routed_event=FilteredRelation("projection__event",
+                                                    condition=Q(projection__event__account_id=account_id)),
+                      routed_receipt=FilteredRelation("routed_event__receipt",
+                                                      condition=Q(routed_event__receipt__account_id=account_id)),
+                      routed_window=FilteredRelation("projection__window",
+                                                     condition=Q(projection__window__account_id=account_id)))
+            .annotate(admitted_at=Coalesce(F("routed_receipt__created_at"), F("routed_window__opened_at")))
+            .get(pk=execution_pk))
+
+
 def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes,
-                            lease_fence: int | None = None) -> Execution:
+                            lease_fence: int | None = None, account_id: int | None = None) -> Execution:
     """Close an Execution from the Runtime result receipt (read back from Runtime, never from the caller's
     word), and under the route's frozen terminal-disposition policy either complete it and advance the lane
     high-water, or quarantine it and halt the partition, in one fenced transaction. Idempotent.
 
     `lease_fence` (a claim holder's token): the Execution's current lease fence must equal it under the row lock
     (lease compare-and-swap, CV2-07-018), else FenceStale and nothing is written. Without it (recovery from a
-    stored Runtime result receipt, which is not a re-execution) no lease is compared."""
-    # The admission time rides along in the same statement (issue 21: the admission -> result latency).
-    execution = (Execution.objects.select_related("epoch", "projection").defer("epoch__preimage")
-                 .annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
-                                                F("projection__window__opened_at")))
-                 .get(pk=execution_pk))
-    admitted_at, windowed = execution.admitted_at, execution.projection.window_id is not None
+    stored Runtime result receipt, which is not a re-execution) no lease is compared. `account_id`: the
+    Execution's account as the caller read it; every read and lock then names it (docs/scale-out.md)."""
+    execution = _execution_for_result(execution_pk, account_id)
+    projection = execution.projection  # immutable: the locked row below names the same one
+    admitted_at, windowed = execution.admitted_at, projection.window_id is not None
     if execution.command_id != command_id:
         raise TransitionRefused("the result names another command")
     result = runtime.runtime_result_get(command_id=command_id, execution_ref_digest=execution_ref_digest)
@@ -408,6 +437,8 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
         account = execution.account_id
         lane = locks.lane_for_update(execution.lane_id, account_id=account) if execution.lane_id else None
         execution = locks.execution_for_update(execution_pk, account_id=account)
+        if execution.projection_id == projection.pk:
+            execution.projection = projection  # no second read of it
         if execution.state in (ExecutionState.COMPLETED, ExecutionState.QUARANTINED):
             return execution
         if execution.state != ExecutionState.READY:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import FilteredRelation, Q
 from django.utils import timezone
 
 from connector import locks, logcontext, tracing
@@ -29,6 +30,7 @@ from connector.models import (
     ProjectionWindow,
     Receipt,
     ReceiptComponent,
+    ReplayRequest,
     WindowMember,
 )
 from connector.receipts import canonical_json, rec
@@ -42,6 +44,7 @@ class Materialized:
     events: list[int] = field(default_factory=list)
     lanes: set[int] = field(default_factory=set)
     executions: list[int] = field(default_factory=list)
+    account_id: int | None = None  # the receipt's account: the lanes' wake-ups carry it (docs/scale-out.md)
 
 
 def _constraint(exc: IntegrityError) -> str:
@@ -378,7 +381,24 @@ def _immediate_batch(items: list[_Item], route: RouteProgram, ctx: ServingContex
     out.executions.extend(minted)
 
 
-def receipt_materialize(*, receipt_pk: int) -> Materialized:
+def _receipt_read(receipt_pk: int, account_id: int | None) -> tuple[Receipt, ReplayRequest | None]:
+    """The Receipt with its epoch and its replay request, in one statement. With the account (every product caller
+    passes it), every table of the read names it, so it is routed to the account's shard; without it (a task
+    message from before the account was carried) the Receipt is looked up once by its pk."""
+    receipts = Receipt.objects.select_related("epoch").defer("epoch__preimage")
+    if account_id is None:
+        receipt = receipts.select_related("replay_request").get(pk=receipt_pk)
+        return receipt, receipt.replay_request
+    receipt = (receipts.annotate(routed_replay=FilteredRelation(
+        "replay_request", condition=Q(replay_request__account_id=account_id)))
+        .select_related("routed_replay").get(pk=receipt_pk, account_id=account_id))
+    replay = getattr(receipt, "routed_replay", None)  # absent when the receipt has no replay request
+    if replay is None and receipt.replay_request_id is not None:
+        replay = receipt.replay_request  # never for a consistent row (a request is its receipt's account's)
+    return receipt, replay
+
+
+def receipt_materialize(*, receipt_pk: int, account_id: int | None = None) -> Materialized:
     """Materialize the missing children of one Receipt in one guarded transaction (gate `v2_serving` on the
     Receipt's exact epoch). Locks: epoch, gate (FOR SHARE), then the Receipt row (FOR UPDATE) so concurrent
     materializers serialize; only ordinals without a Component are derived (CV2-05-016/017: the sweeper's
@@ -389,22 +409,23 @@ def receipt_materialize(*, receipt_pk: int) -> Materialized:
     key order, lanes opened in partition order, projections inserted in lane order (no deadlock between two
     materializers). Windowed routes add their members one window at a time, in grouping-key order; routes with
     declared dependencies mint per event. Fault point `materialize.after_components` fires once the Components
-    are written, before any projection."""
-    out = Materialized()
-    receipt = Receipt.objects.select_related("epoch", "replay_request").defer("epoch__preimage").get(pk=receipt_pk)
+    are written, before any projection. `account_id`: the receipt's account, as the caller knows it (the first
+    read names it, docs/scale-out.md); None looks the receipt up by its pk alone."""
+    receipt, replay_request = _receipt_read(receipt_pk, account_id)
+    out = Materialized(account_id=receipt.account_id)
     logcontext.note(account_id=receipt.account_id)
     with transaction.atomic():
         ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
                            epoch_digest=bytes(receipt.epoch_digest))
         locks.receipt_for_update(receipt.pk, account_id=receipt.account_id)
-        done = set(ReceiptComponent.objects.filter(receipt=receipt).values_list("ordinal", flat=True))
+        done = set(ReceiptComponent.objects.filter(receipt=receipt).order_by().values_list("ordinal", flat=True))
         if len(done) == receipt.component_count:
             MaterializationDue.objects.filter(receipt=receipt).delete()
             return out
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=receipt.account_id,
                           channel=receipt.channel)
         profile_id = receipt.epoch.profile_id
-        replay = receipt.replay_request if receipt.kind == ReceiptKind.REPLAY else None
+        replay = replay_request if receipt.kind == ReceiptKind.REPLAY else None
         if replay is not None:
             normalized = [route.normalize(json.loads(bytes(receipt.payload)))]
         else:

@@ -138,16 +138,17 @@ def replay_request_settle(*, request_pk: int) -> bool:
     Receipt is materialized."""
     from connector.services import execution, materialize
 
-    receipt_pk = Receipt.objects.filter(replay_request_id=request_pk).values_list("pk", flat=True).first()
-    if receipt_pk is None:
+    row = Receipt.objects.filter(replay_request_id=request_pk).values_list("pk", "account_id").first()
+    if row is None:
         return False
+    receipt_pk, account_pk = row
     try:
-        out = materialize.receipt_materialize(receipt_pk=receipt_pk)
+        out = materialize.receipt_materialize(receipt_pk=receipt_pk, account_id=account_pk)
     except ConnectorError:
         return False
     for lane_pk in sorted(out.lanes):
         try:
-            execution.lane_advance(lane_pk=lane_pk)
+            execution.lane_advance(lane_pk=lane_pk, account_id=account_pk)
         except ConnectorError:
             pass  # the sweeper steps the lane later
     return True

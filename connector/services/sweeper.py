@@ -92,18 +92,18 @@ def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200) -> InboundSweep:
         report.quarantined += item.failure == poison.FAILED
 
     due = (MaterializationDue.objects.filter(due_at__lt=now - timedelta(seconds=grace_seconds), held_reason="")
-           .order_by("due_at").values_list("receipt_id", flat=True)[:limit])
-    for receipt_pk in due:
+           .order_by("due_at").values_list("receipt_id", "receipt__account_id")[:limit])
+    for receipt_pk, account_pk in due:  # each item is then its account's single-shard transaction
         with run(SweepStep.RECEIPT_MATERIALIZE, f"receipt {receipt_pk}", poison.receipt_hold,
                  receipt_pk=receipt_pk) as item:
-            materialize.receipt_materialize(receipt_pk=receipt_pk)
+            materialize.receipt_materialize(receipt_pk=receipt_pk, account_id=account_pk)
             report.materialized += 1
         count(item)
     lanes = set(Projection.objects.filter(lane_status="pending", lane__state="open")
-                .values_list("lane_id", flat=True).distinct()[:limit])
-    for lane_pk in lanes:
+                .values_list("lane_id", "account_id").distinct()[:limit])
+    for lane_pk, account_pk in lanes:
         with run(SweepStep.LANE_ADVANCE, f"lane {lane_pk}", poison.lane_halt, lane_pk=lane_pk) as item:
-            if execution.lane_advance(lane_pk=lane_pk) is not None:
+            if execution.lane_advance(lane_pk=lane_pk, account_id=account_pk) is not None:
                 report.lanes_advanced += 1
         count(item)
     for lane_pk in OrderingLane.objects.filter(gap_since__isnull=False, state="open").values_list("pk", flat=True):

@@ -15,6 +15,7 @@ from connector.models import (
     ServiceConfigurationGeneration,
     ServingEpoch,
 )
+from connector.models.routing import RoutedSaveMixin
 from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
@@ -98,7 +99,7 @@ class OutboundCommand(models.Model):
         return f"{self.effect_root_id}/{self.effect_slot_id}/{self.effect_generation_id}"
 
 
-class RemoteEffect(ConcurrentTransitionMixin, models.Model):
+class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     """The sole lifecycle authority of one logical external side effect. Invariants: exactly one per
     OutboundCommand (non-null unique FK) repeating its logical-effect digest; at most one open permit."""
 
@@ -190,10 +191,12 @@ class RemoteEffectAttempt(models.Model):
         return f"attempt {self.ordinal} of effect #{self.effect_id} ({self.outcome or 'open'})"
 
 
-class DispatchPermit(ConcurrentTransitionMixin, models.Model):
+class DispatchPermit(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     """One-shot authorization for the sole egress adapter to cross the provider-I/O boundary for one attempt.
     Invariants: at most one per attempt and one open per effect; open permits (granted, sending) form the gate's
     open-permit set; a permit never closes because time passed."""
+
+    ROUTE_FIELDS = ("effect_id",)  # a permit's shard is its effect's (filled from it on Citus, D-244)
 
     attempt = models.OneToOneField(RemoteEffectAttempt, on_delete=models.PROTECT, related_name="permit")
     effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="permits")

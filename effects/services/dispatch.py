@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, FilteredRelation, Q
 from django.utils import timezone
 
 from connector import locks as connector_locks
@@ -27,7 +27,15 @@ from connector.services.guard import lock_serving
 from effects import locks
 from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
 from effects.errors import AbandonRefused, DestinationDeferred, PermitRefused, ReconcileRefused
-from effects.models import DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
+from effects.models import (
+    DestinationLimiter,
+    DispatchPermit,
+    OutboundCommand,
+    ProcessGeneration,
+    RemoteEffect,
+    RemoteEffectAttempt,
+    RemoteLink,
+)
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,7 @@ class EffectClaim:
     attempt_pk: int
     lease_fence: int
     holder_pk: int
+    account_id: int | None = None  # the effect's account: the permit's reads name it (docs/scale-out.md)
 
 
 # A limited destination's time gate and in-flight count in one round trip (the count through the
@@ -110,9 +119,13 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
     now = timezone.now()
     base = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
                                        state=EffectState.PREPARED)
-    if account_id is not None:
-        base = base.filter(account_id=account_id)
-    base = base.exclude(command__limiter__not_before__gt=now)
+    if account_id is None:
+        base = base.exclude(command__limiter__not_before__gt=now)
+    else:  # the joined command and limiter name the account too: the read is the account's shard's
+        base = (base.filter(account_id=account_id, command__account_id=account_id)
+                .annotate(routed_limiter=FilteredRelation("command__limiter",
+                                                          condition=Q(command__limiter__account_id=account_id)))
+                .exclude(routed_limiter__not_before__gt=now))
     closed: set[int] = set()
     for _round in range(CLAIM_ROUNDS):
         qs = base.exclude(command__limiter_id__in=closed) if closed else base
@@ -145,7 +158,8 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
             if (effect is None or effect.state != EffectState.PREPARED
                     or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
                 return None
-            command = effect.command
+            command = OutboundCommand.objects.select_related("credential_generation").get(
+                pk=effect.command_id, account_id=acct)
             if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
                 effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
                 effect.save()
@@ -162,7 +176,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                 provider_idempotency_key=command.provider_idempotency_key, lease_expires_at=expires)
             RemoteEffect.objects.filter(pk=pk, account_id=acct).update(attempt_count=ordinal, lease_fence=fence,
                                                       lease_holder=holder.holder_id, lease_expires_at=expires)
-            claim = EffectClaim(pk, attempt.pk, fence, holder.pk)
+            claim = EffectClaim(pk, attempt.pk, fence, holder.pk, acct)
     return claim
 
 
@@ -204,7 +218,10 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
     closed `no_effect` ("deferred by the destination limiter, nothing sent"; it never counts against the
     policy's attempts), the limiter records the refusal and, for a time-bound refusal, `not_before`; then
     DestinationDeferred is raised after the commit. The effect stays `prepared` and claimable."""
-    effect = RemoteEffect.objects.select_related("command").get(pk=claim.effect_pk)
+    effects = RemoteEffect.objects.select_related("command")
+    if claim.account_id is not None:  # the claim carries the account: both tables of the read name it
+        effects = effects.filter(account_id=claim.account_id, command__account_id=claim.account_id)
+    effect = effects.get(pk=claim.effect_pk)
     command = effect.command
     deferred = None
     with transaction.atomic():
@@ -291,7 +308,8 @@ def _after_no_effect(effect: RemoteEffect) -> None:
 
 def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, response_digest: bytes | None,
                   remote_id: str, evidence: str, final: bool = False,
-                  defer_seconds: float | None = None) -> RemoteEffect:
+                  defer_seconds: float | None = None, effect_pk: int | None = None,
+                  account_id: int | None = None) -> RemoteEffect:
     """Settle a `sending` permit with the provider's answer or the ambiguity: append the attempt's outcome, move
     the effect (`remote_confirmed`, `uncertain`, or after proven no effect `prepared`/`no_effect`), and record
     `returned`, leaving the open-permit set. Uses the permit and holder fences, not the gate's (CV2-03-018).
@@ -299,18 +317,27 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
     path is outside its template), so the effect becomes terminal `no_effect` instead of being retried.
     `defer_seconds` (a receiver's `429` or `Retry-After`, already capped): a destination that declares a limit gets
     no further permit before now + defer_seconds; its limiter is locked after the effect, before the permit
-    (D-223). Other destinations are untouched."""
-    permit = DispatchPermit.objects.annotate(effect_account_id=F("effect__account_id")).get(pk=permit_pk)
+    (D-223). Other destinations are untouched.
+    `effect_pk` and `account_id` (the egress caller knows both): the effect is locked by them at once, with no
+    read of the permit before; without them, the permit is read once by its pk to find its effect."""
+    if effect_pk is None or account_id is None:
+        effect_pk, account_id = DispatchPermit.objects.filter(pk=permit_pk).values_list(
+            "effect_id", "effect__account_id").get()
     with transaction.atomic():
-        effect = locks.effect_for_update(permit.effect_id, account_id=permit.effect_account_id)
-        if defer_seconds is not None and permit.limiter_id is not None:
-            _destination_defer(limiter=locks.limiter_for_update(permit.limiter_id), seconds=defer_seconds,
-                               status=response_status)
+        effect = locks.effect_for_update(effect_pk, account_id=account_id)
+        if effect is None:
+            raise PermitRefused(f"permit #{permit_pk} does not belong to effect #{effect_pk} of that account")
+        if defer_seconds is not None:  # the limiter (an immutable column of the permit) is locked before the permit
+            limiter_pk = DispatchPermit.objects.filter(pk=permit_pk, effect_id=effect.pk).values_list(
+                "limiter_id", flat=True).first()
+            if limiter_pk is not None:
+                _destination_defer(limiter=locks.limiter_for_update(limiter_pk), seconds=defer_seconds,
+                                   status=response_status)
         permit = locks.permit_for_update(permit_pk, effect_id=effect.pk)
         if permit.state != PermitState.SENDING:
             raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
         now = timezone.now()
-        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, outcome="").update(
+        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, effect_id=effect.pk, outcome="").update(
             outcome=outcome, response_status=response_status, response_digest=response_digest, evidence=evidence,
             settled_at=now)
         permit.settle(at=now)

@@ -75,17 +75,23 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
     effect = None
     with _isolated(SweepStep.EFFECT_SEND, claim.effect_pk):
         effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-                             credential_gate_fence=permit.credential_gate_fence)
+                             credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
+                             account_id=claim.account_id,
+                             credential_generation_pk=permit.credential_gate.credential_generation_id)
     if effect is None:
         return RemoteEffect.objects.get(pk=claim.effect_pk)
     if effect.state == EffectState.REMOTE_CONFIRMED:
         fault_point("dispatch.after_confirmed")
-        effect = effect_finalize_from_evidence(effect.pk)
+        effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
     return effect
 
 
-def effect_finalize_from_evidence(effect_pk: int) -> RemoteEffect:
-    effect = RemoteEffect.objects.select_related("command").get(pk=effect_pk)
+def effect_finalize_from_evidence(effect_pk: int, *, account_id: int | None = None) -> RemoteEffect:
+    """`account_id` (the worker's, from the effect it settled) names the effect's shard in the first read too."""
+    effects = RemoteEffect.objects.select_related("command")
+    if account_id is not None:
+        effects = effects.filter(account_id=account_id, command__account_id=account_id)
+    effect = effects.get(pk=effect_pk)
     slot = identity.effect_slot(effect)
     with _isolated(SweepStep.EFFECT_FINALIZE, effect_pk) as step:
         try:
@@ -102,9 +108,9 @@ def effects_sweep() -> dict[str, int]:
     from django.utils import timezone
 
     finalized = 0
-    for pk in RemoteEffect.objects.filter(state=EffectState.REMOTE_CONFIRMED, quarantine_reason="") \
-            .values_list("pk", flat=True)[:200]:
-        if effect_finalize_from_evidence(pk).state == EffectState.FINALIZED:
+    for pk, account_pk in RemoteEffect.objects.filter(state=EffectState.REMOTE_CONFIRMED, quarantine_reason="") \
+            .values_list("pk", "account_id")[:200]:  # each item is then its account's single-shard step
+        if effect_finalize_from_evidence(pk, account_id=account_pk).state == EffectState.FINALIZED:
             finalized += 1
     now = timezone.now()
     claimable = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),

@@ -96,7 +96,7 @@ def gate_halt(account_key: str = ACCOUNT) -> AccountServingGate:
 def enqueued(monkeypatch):
     """Materialization enqueues are recorded instead of reaching the broker; tests materialize explicitly."""
     calls: list[int] = []
-    monkeypatch.setattr(tasks.receipt_materialize, "delay", lambda receipt_pk: calls.append(receipt_pk))
+    monkeypatch.setattr(tasks.receipt_materialize, "delay", lambda receipt_pk, account_id=None: calls.append(receipt_pk))
     return calls
 
 
@@ -339,7 +339,7 @@ def test_broker_outage_never_fails_an_admitted_delivery(world, client, monkeypat
                                                         django_capture_on_commit_callbacks):
     """When the broker is unreachable the enqueue failure is logged, the answer is still 201, and the
     MaterializationDue row lets the sweeper materialize the receipt later. Proves: CV2-05-017"""
-    def broker_down(receipt_pk):
+    def broker_down(receipt_pk, account_id=None):
         raise KombuOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     monkeypatch.setattr(tasks.receipt_materialize, "delay", broker_down)

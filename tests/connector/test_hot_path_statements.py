@@ -14,6 +14,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | the same after issue 18 goal 1 (D-201..D-203): one hint read + `connector_receipt_admit` | 13 | 2 |
 | `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
+| the same after issue 23 (D-244: result recording reuses the projection it read before the lock) | 26 | 25 |
 | one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.connector.test_api_admission import admit, body, event, signing_secre
 
 HTTP_ADMISSION = 2
 MATERIALIZATION = 12
-EXECUTION = 26
+EXECUTION = 25
 
 
 @pytest.fixture

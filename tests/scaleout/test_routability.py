@@ -52,9 +52,11 @@ def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
                                                        signature=signature))
         assert response.status_code == 201, response.content
         receipt = Receipt.objects.get(pk=response.json()["receipt"])
-        out = capture("materialization", lambda: receipt_materialize(receipt_pk=receipt.pk))
+        # Each entry point is called as the product calls it: with the account its message or token carries.
+        out = capture("materialization", lambda: receipt_materialize(receipt_pk=receipt.pk,
+                                                                     account_id=receipt.account_id))
         for lane in out.lanes:
-            capture("lane advance", lambda: execution.lane_advance(lane_pk=lane))
+            capture("lane advance", lambda: execution.lane_advance(lane_pk=lane, account_id=out.account_id))
         token = capture("claim", lambda: execution.execution_claim(holder="route", account_id=account.pk))
         done = capture("run, completion, authoring", lambda: execution.execution_run(token=token))
         assert done.state == "completed", done.state
@@ -64,7 +66,8 @@ def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
         permit = capture("permit", lambda: dispatch.permit_acquire(claim=claim))
         effect = capture("egress marker, settlement", lambda: egress.send(
             permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-            credential_gate_fence=permit.credential_gate_fence))
+            credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
+            account_id=claim.account_id, credential_generation_pk=permit.credential_gate.credential_generation_id))
         final = capture("finalization", lambda: dispatch.effect_finalize(  # as the worker calls it
             effect_pk=effect.pk, owner_slot=f"r-route-{n}", account_id=effect.account_id))
         assert final.state == "finalized", final.state
