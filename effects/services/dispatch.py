@@ -15,12 +15,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from connector import locks as connector_locks
+from connector.selectors import locks as connector_locks
 from connector import stage_metrics
 from connector.actors import Actor
 from connector.choices import SweepStep
 from connector.errors import ConnectorError, PermissionRefused, StateTokenInvalid
-from connector.secrets import secret_backend
+from connector.services.secrets import secret_version_exists
 from connector.services import poison
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
@@ -146,7 +146,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                     or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
                 return None
             command = effect.command
-            if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
+            if not secret_version_exists(command.credential_generation.secret_version_ref):
                 effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
                 effect.save()
                 audit_record(actor=DISPATCHER, entity=effect, action="effect_quarantine",

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from connector.actors import Actor
-from connector.locks import _share_one
+from connector.selectors.locks import share_one as _share_one
 from connector.services.audit import audit_record
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, DeliveryRequestInvalid
