@@ -25,13 +25,13 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from connector import locks as connector_locks
+from connector.selectors import locks as connector_locks
 from connector.actors import Actor
 from connector.canonical.encoding import Record, encode
 from connector.choices import EpochState, GateMode
 from connector.errors import PermissionRefused
 from connector.faults import fault_point
-from connector.models import (
+from connector.selectors.rows import (
     AccountServingGate,
     ConnectorAccount,
     Receipt,
