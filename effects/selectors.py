@@ -10,7 +10,7 @@ from effects.models import (
     ReceiverCertification,
     RemoteEffect,
 )
-from effects.models.delivery import RECONCILIATION_WAITING
+from effects.models.delivery.operations import RECONCILIATION_WAITING
 
 # The effects model classes (and the one queryset filter) other apps may name, as types and as the subject of
 # their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);

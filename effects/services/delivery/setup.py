@@ -27,7 +27,7 @@ from effects.models import (
     ReceiverSecretVersion,
     RemoteJobSemaphore,
 )
-from effects.models.delivery import CertificationState
+from effects.choices import CertificationState
 
 
 def canonical_json(value) -> str:
