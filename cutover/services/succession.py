@@ -16,11 +16,11 @@ import json
 
 from django.db import IntegrityError, transaction
 
-from connector.selectors import locks as connector_locks
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
 from connector.faults import fault_point
+from connector.selectors import locks as connector_locks
 from connector.selectors.rows import (
     AccountServingGate,
     Execution,
