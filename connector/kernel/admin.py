@@ -29,7 +29,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from connector.actors import Actor
-from connector.canonical.encoding import CanonicalEncodingError, Record, decode
+from connector.canonical.decoding import decode
+from connector.canonical.encoding import CanonicalEncodingError, Record
 from connector.errors import ConnectorError, FenceStale, PermissionRefused
 
 EMPTY = "-"  # the admin's own empty_value_display
