@@ -203,7 +203,8 @@ def _evidence_admin(model, description: str, columns: tuple[str, ...]):
     """A read-only page of one append-only cutover evidence model; binary columns shown as hex."""
     binary = [f.name for f in model._meta.fields if f.get_internal_type() == "BinaryField"]
     attrs = {"fact_description": description, "list_display": columns,
-             "fields": [f.name for f in model._meta.fields if f.name not in binary] + [f"{name}_hex" for name in binary]}
+             "fields": [f.name for f in model._meta.fields if f.name not in binary]
+             + [f"{name}_hex" for name in binary]}
     for name in binary:
         attrs[f"{name}_hex"] = admin.display(description=name.replace("_", " "))(
             lambda self, obj, _field=name: bytes(getattr(obj, _field) or b"").hex()[:128])
