@@ -51,7 +51,7 @@ class ScopedGeneration(models.Model):
         return (self.generation_end, self.correction_revision)
 
 
-def _one_scope(prefix: str) -> models.CheckConstraint:
+def one_scope(prefix: str) -> models.CheckConstraint:
     return models.CheckConstraint(condition=Q(scope_date__isnull=True, scope_ts__isnull=False)
                                   | Q(scope_date__isnull=False, scope_ts__isnull=True), name=f"{prefix}_one_scope")
 
@@ -65,7 +65,7 @@ class DeliveryWatermark(ScopedGeneration):
     class Meta:
         ordering = ["domain", "pk"]
         constraints = [
-            _one_scope("delivery_watermark"),
+            one_scope("delivery_watermark"),
             ExclusionConstraint(name="delivery_watermark_ts_disjoint", index_type="gist",
                                 expressions=[("domain", RangeOperators.EQUAL),
                                              ("scope_ts", RangeOperators.OVERLAPS)]),

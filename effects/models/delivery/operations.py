@@ -15,7 +15,7 @@ from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 from connector.choices import StepFailureReason
 from effects.choices import ParentState
 from effects.delivery.contract import AXES, contract
-from effects.models.delivery.domains import EffectDomainLock, ScopedGeneration, _one_scope
+from effects.models.delivery.domains import EffectDomainLock, ScopedGeneration, one_scope
 from effects.models.delivery.profiles import DeliveryProfile
 from effects.models.delivery.receivers import ReceiverBinding
 
@@ -62,7 +62,7 @@ class DeliveryParent(ConcurrentTransitionMixin, ScopedGeneration):
         ordering = ["pk"]
         constraints = [
             models.UniqueConstraint(fields=["namespace", "parent_key"], name="delivery_parent_key"),
-            _one_scope("delivery_parent"),
+            one_scope("delivery_parent"),
             models.CheckConstraint(condition=Q(state="PLANNING") | Q(parent_plan_digest__isnull=False,
                                                                      snapshot_closed_at__isnull=False),
                                    name="delivery_parent_admitted_whole"),
@@ -161,7 +161,7 @@ class DeliveryOperation(DeliveryTransitions, ConcurrentTransitionMixin, ScopedGe
             models.UniqueConstraint(fields=["namespace", "delivery_key"], name="delivery_unique_admission_key"),
             models.UniqueConstraint(fields=["parent", "ordinal"], name="delivery_child_ordinal"),
             models.CheckConstraint(condition=Q(state__in=list(_C.tuples)), name="delivery_state_is_legal_tuple"),
-            _one_scope("delivery_operation"),
+            one_scope("delivery_operation"),
         ]
         indexes = [
             GistIndex(fields=["scope_ts"], name="delivery_op_scope_ts_gist"),
