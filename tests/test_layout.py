@@ -26,6 +26,7 @@ BOUNDARY_CONTRACTS = (
     "other apps reach connector only through its services, selectors and the shared kernel",
     "other apps reach effects only through its services and selectors",
     "other apps reach cutover only through its services, selectors and ports",
+    "the shared kernel sits below every app's interfaces",
     "no import cycles",
 )
 
