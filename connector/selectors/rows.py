@@ -14,7 +14,6 @@ from connector.models import (
     ApprovalKind,
     AuditRecord,
     ConnectorAccount,
-    CredentialGeneration,
     CredentialGenerationDispatchGate,
     DualApprovalRequest,
     Event,
@@ -41,7 +40,7 @@ from connector.models.approvals import APPROVAL_LIVE
 
 __all__ = [
     "APPROVAL_LIVE", "AccountServingGate", "ApplicationResult", "ApprovalKind", "AuditRecord", "ConnectorAccount",
-    "CredentialGeneration", "CredentialGenerationDispatchGate", "DualApprovalRequest", "Event", "Execution",
+    "CredentialGenerationDispatchGate", "DualApprovalRequest", "Event", "Execution",
     "GapDecision", "LaneResumption", "MaterializationDue", "OrderingLane", "Projection", "ProjectionWindow",
     "Receipt", "ReceiptComponent", "ReplayRequest", "ServiceConfigurationCredentialMapping",
     "ServiceConfigurationGeneration", "ServingEpoch", "ServingEpochBindingProof", "ServingEpochCredentialProof",
