@@ -4,14 +4,14 @@
 CutoverDecision lives in the `journal` database; the admin needs nothing special for it because its default
 manager reads through `config.routers.JournalRouter` (and the change view's transaction opens on the router's
 write database). The decision changes only through the cutover coordinators, so nothing is added, edited or
-deleted here (STYLE R15). This module deliberately does not import connector's admin (apps meet only through
-services and selectors); the shared look comes from the `admin/cv2/` templates.
+deleted here (STYLE R15). Every page is the shared kernel's read-only `FactAdmin` (connector.kernel.admin, D-258):
+the connector's own admin stays private to it, and this module no longer re-implements the base.
 """
 from __future__ import annotations
 
 from django.contrib import admin
-from django.utils.html import format_html, format_html_join
 
+from connector.kernel.admin import FactAdmin, badge, hex_digest, register_tones, state_diagram
 from cutover.choices import (
     BARRIER_SET_TRANSITIONS, DECISION_TRANSITIONS, RESTORE_ATTEMPT_TRANSITIONS, BarrierSetState, DecisionState,
 )
@@ -21,27 +21,20 @@ from cutover.models import (
     ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate,
 )
 
-_TONES = {
-    DecisionState.ROLLBACK_OPEN: "info",
-    DecisionState.ACTIVATING_V2: "warn",
-    DecisionState.V2_COMMITTED: "ok",
-    DecisionState.RESTORING_V1: "warn",
-    DecisionState.V1_RESTORED: "idle",
-}
-
-
-def _badge(value: str):
-    return format_html('<span class="cv2-badge cv2-tone-{}">{}</span>', _TONES.get(value, "idle"), value)
+register_tones({
+    DecisionState.ROLLBACK_OPEN: "info", DecisionState.ACTIVATING_V2: "warn", DecisionState.V2_COMMITTED: "ok",
+    DecisionState.RESTORING_V1: "warn", DecisionState.V1_RESTORED: "idle",
+    BarrierSetState.ACQUIRING: "info", BarrierSetState.HELD: "warn", BarrierSetState.ACTIVATION_COMMITTED: "ok",
+    BarrierSetState.RELEASED: "idle",
+})
 
 
 @admin.register(CutoverDecision)
-class CutoverDecisionAdmin(admin.ModelAdmin):
+class CutoverDecisionAdmin(FactAdmin):
     fact_description = ("The sole activation-versus-restore decision of one service cutover attempt, kept in the "
                         "journal database so it survives the restore it arbitrates. Owned by the cutover "
                         "coordinators; the branch never changes because time passed (CV2-12-062) and the fence "
                         "advances on every transition.")
-    change_list_template = "admin/cv2/fact_change_list.html"
-    change_form_template = "admin/cv2/fact_change_form.html"
     list_display = ("attempt_key", "state_badge", "fence", "changed_at", "created_at")
     list_filter = ("state",)
     search_fields = ("attempt_key",)
@@ -50,28 +43,10 @@ class CutoverDecisionAdmin(admin.ModelAdmin):
         (None, {"fields": ("attempt_key", "state_badge", "fence", "changed_at", "created_at")}),
         ("Transitions", {"fields": ("available_transitions", "diagram")}),
     )
-    readonly_fields = ("attempt_key", "state_badge", "fence", "changed_at", "created_at", "available_transitions",
-                       "diagram")
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"fact_description": self.fact_description, **(extra_context or {})})
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        return super().change_view(request, object_id, form_url,
-                                   {"fact_description": self.fact_description, **(extra_context or {})})
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
-        return _badge(obj.state)
+        return badge(obj.state)
 
     @admin.display(description="next transitions (coordinators only)")
     def available_transitions(self, obj):
@@ -79,42 +54,11 @@ class CutoverDecisionAdmin(admin.ModelAdmin):
 
     @admin.display(description="state machine")
     def diagram(self, obj):
-        rows = format_html_join("", '<tr class="{}"><td>{}</td><td>→</td><td>{}</td></tr>', (
-            ("cv2-current" if source == obj.state else "", _badge(source), _badge(target))
-            for source, target in DECISION_TRANSITIONS))
-        return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
-
-
-class _ReadOnlyFactAdmin(admin.ModelAdmin):
-    """A fact owned by the succession services: browsable, never added, edited or deleted here (STYLE R15)."""
-
-    fact_description = ""
-    change_list_template = "admin/cv2/fact_change_list.html"
-    change_form_template = "admin/cv2/fact_change_form.html"
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"fact_description": self.fact_description, **(extra_context or {})})
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        return super().change_view(request, object_id, form_url,
-                                   {"fact_description": self.fact_description, **(extra_context or {})})
-
-
-_BARRIER_TONES = {BarrierSetState.ACQUIRING: "info", BarrierSetState.HELD: "warn",
-                  BarrierSetState.ACTIVATION_COMMITTED: "ok", BarrierSetState.RELEASED: "idle"}
+        return state_diagram(obj.state, DECISION_TRANSITIONS)
 
 
 @admin.register(ServingPublicationBarrierSet)
-class ServingPublicationBarrierSetAdmin(_ReadOnlyFactAdmin):
+class ServingPublicationBarrierSetAdmin(FactAdmin):
     fact_description = ("Activation evidence of one V2 -> V2 successor attempt (requires_drain): the exact "
                         "predecessor and successor epochs and the successor's owner receipts, frozen while held. "
                         "Owned by `manage.py succession`; released only explicitly, by the holder's fence, never "
@@ -126,46 +70,37 @@ class ServingPublicationBarrierSetAdmin(_ReadOnlyFactAdmin):
     fields = ("predecessor_epoch", "successor_epoch", "successor_key", "successor_class", "holder", "state_badge",
               "fence", "successor_digest_hex", "owner_receipts_hex", "release_reason", "created_at", "changed_at",
               "diagram")
-    readonly_fields = fields
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
-        return format_html('<span class="cv2-badge cv2-tone-{}">{}</span>', _BARRIER_TONES.get(obj.state, "idle"),
-                           obj.state)
+        return badge(obj.state)
 
     @admin.display(description="successor digest")
     def successor_digest_hex(self, obj):
-        return bytes(obj.successor_digest).hex()
+        return hex_digest(obj.successor_digest)
 
     @admin.display(description="owner receipts digest")
     def owner_receipts_hex(self, obj):
-        return bytes(obj.owner_receipts_digest).hex() if obj.owner_receipts_digest else "-"
+        return hex_digest(obj.owner_receipts_digest)
 
     @admin.display(description="state machine")
     def diagram(self, obj):
-        rows = format_html_join("", '<tr class="{}"><td>{}</td><td>→</td><td>{}</td></tr>', (
-            ("cv2-current" if source == obj.state else "", source, target)
-            for source, target in BARRIER_SET_TRANSITIONS))
-        return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
+        return state_diagram(obj.state, BARRIER_SET_TRANSITIONS)
 
 
 @admin.register(OrderingHandoff)
-class OrderingHandoffAdmin(_ReadOnlyFactAdmin):
+class OrderingHandoffAdmin(FactAdmin):
     fact_description = ("The frozen end of one predecessor ordering lane and the baseline of its successor lane "
                         "(immutable). After the first handoff the predecessor can no longer be resumed (CV2-11-020).")
     list_display = ("pk", "route", "partition", "high_water", "predecessor_epoch", "successor_epoch", "created_at")
     search_fields = ("route", "partition")
     list_select_related = ("predecessor_epoch", "successor_epoch")
-    readonly_fields = [f.name for f in OrderingHandoff._meta.fields]
+    fields = [f.name for f in OrderingHandoff._meta.fields]
 
 
 # -- V1 restore point, rehearsal and restore attempt (journal database) ------------------------------------------
 
-def _hex(value) -> str:
-    return bytes(value).hex() if value is not None else "-"
-
-
-class _JournalFactAdmin(_ReadOnlyFactAdmin):
+class _JournalFactAdmin(FactAdmin):
     """A journal-database fact: every binary field is shown as lowercase hex."""
 
     hex_fields: tuple[str, ...] = ()
@@ -179,12 +114,11 @@ class _JournalFactAdmin(_ReadOnlyFactAdmin):
         return self.get_readonly_fields(request, obj)
 
 
-
 def _with_hex(cls):
     """Give the admin one `<field>_hex` display per binary field it names."""
     for name in cls.hex_fields:
         def show(self, obj, _field=name):
-            return _hex(getattr(obj, _field))
+            return hex_digest(getattr(obj, _field))
         setattr(cls, f"{name}_hex", admin.display(description=name.replace("_", " "))(show))
     return cls
 
@@ -232,20 +166,17 @@ class RestoreAttemptAdmin(_JournalFactAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
-        return _badge(obj.state)
+        return badge(obj.state)
 
     @admin.display(description="state machine")
     def diagram(self, obj):
-        rows = format_html_join("", '<tr class="{}"><td>{}</td><td>→</td><td>{}</td></tr>', (
-            ("cv2-current" if source == obj.state else "", source, target)
-            for source, target in RESTORE_ATTEMPT_TRANSITIONS))
-        return format_html('<table class="cv2-table"><tbody>{}</tbody></table>', rows)
+        return state_diagram(obj.state, RESTORE_ATTEMPT_TRANSITIONS)
 
 
 # -- the cutover spine (registered here so every cutover fact has a page; the integrator keeps one copy) --------
 
 @admin.register(ServiceCutoverAttempt)
-class ServiceCutoverAttemptAdmin(_ReadOnlyFactAdmin):
+class ServiceCutoverAttemptAdmin(FactAdmin):
     fact_description = ("One planned whole-service V1 -> V2 maintenance: the configuration generation, candidate "
                         "epoch, frozen V1 release and generation and account set it binds; only its outcome is "
                         "written, once (cold_aborted, v1_restored, v2_committed, aborted).")
@@ -253,17 +184,17 @@ class ServiceCutoverAttemptAdmin(_ReadOnlyFactAdmin):
     list_filter = ("outcome",)
     search_fields = ("attempt_key",)
     list_select_related = ("configuration", "candidate_epoch")
-    readonly_fields = [f.name for f in ServiceCutoverAttempt._meta.fields]
+    fields = [f.name for f in ServiceCutoverAttempt._meta.fields]
 
 
 @admin.register(V1ShutdownCertificate)
-class V1ShutdownCertificateAdmin(_ReadOnlyFactAdmin):
+class V1ShutdownCertificateAdmin(FactAdmin):
     fact_description = ("The durable proof that V1 is stopped and drained for one attempt (seed step 5); "
                         "immutable, one per attempt; a restore point freezes its digest.")
     list_display = ("attempt", "v1_release_id", "created_at")
     search_fields = ("attempt__attempt_key",)
     list_select_related = ("attempt",)
-    readonly_fields = [f.name for f in V1ShutdownCertificate._meta.fields]
+    fields = [f.name for f in V1ShutdownCertificate._meta.fields]
 
 
 # -- V1 shutdown evidence (default database) ---------------------------------------------------------------------
@@ -272,12 +203,12 @@ def _evidence_admin(model, description: str, columns: tuple[str, ...]):
     """A read-only page of one append-only cutover evidence model; binary columns shown as hex."""
     binary = [f.name for f in model._meta.fields if f.get_internal_type() == "BinaryField"]
     attrs = {"fact_description": description, "list_display": columns,
-             "readonly_fields": [f.name for f in model._meta.fields if f.name not in binary]
+             "fields": [f.name for f in model._meta.fields if f.name not in binary]
              + [f"{name}_hex" for name in binary]}
     for name in binary:
         attrs[f"{name}_hex"] = admin.display(description=name.replace("_", " "))(
             lambda self, obj, _field=name: bytes(getattr(obj, _field) or b"").hex()[:128])
-    admin.site.register(model, type(f"{model.__name__}Admin", (_ReadOnlyFactAdmin,), attrs))
+    admin.site.register(model, type(f"{model.__name__}Admin", (FactAdmin,), attrs))
 
 
 _evidence_admin(CutoverReadinessCertificate, "The immutable readiness certificate of one service cutover attempt: "

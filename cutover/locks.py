@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connector.locks import _share_one
-from connector.models import AccountServingGate, OrderingLane
+from connector.selectors.locks import share_one
+from connector.selectors.rows import AccountServingGate, OrderingLane
 from cutover.models import ServingPublicationBarrierSet
 
 
@@ -15,7 +15,7 @@ def barrier_set_for_update(barrier_set_pk: int) -> ServingPublicationBarrierSet:
 
 
 def barrier_set_for_share(barrier_set_pk: int) -> ServingPublicationBarrierSet:
-    return _share_one(ServingPublicationBarrierSet.objects.filter(pk=barrier_set_pk))
+    return share_one(ServingPublicationBarrierSet.objects.filter(pk=barrier_set_pk))
 
 
 def gates_for_share(account_ids: Iterable[int]) -> list[AccountServingGate]:

@@ -3,9 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from connector.models import AccountServingGate, OrderingLane, ServingEpoch
+from connector.selectors.rows import AccountServingGate, OrderingLane, ServingEpoch
 from cutover.choices import BARRIER_SET_OPEN
-from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
+from cutover.models import (
+    CutoverDecision,
+    OrderingHandoff,
+    ServiceCutoverAttempt,
+    ServingPublicationBarrierSet,
+    V1GenerationReceipt,
+)
+
+# The cutover model classes other apps may name, as types and as the subject of their own read queries (D-259).
+# `cutover.models` is private to this app (an import-linter contract holds it); every write is a cutover service.
+__all__ = ["CutoverDecision", "OrderingHandoff", "ServiceCutoverAttempt", "ServingPublicationBarrierSet",
+           "SuccessionStatus", "V1GenerationReceipt", "barrier_set_open_for", "predecessor_resume_blockers",
+           "succession_status"]
 
 
 def predecessor_resume_blockers(gate) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.contrib import admin
 
 from connector import statetokens
-from connector.admin.base import EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col
-from connector.admin.poison import step_failures_col
+from connector.kernel.admin import (EMPTY, FactAdmin, FactInline, admin_link, badge, digest_col, json_col,
+                                    step_failures_col)
 from effects.models import (
     DestinationLimiter,
     CommandTrace,

@@ -8,8 +8,7 @@ import json
 
 from django.utils.html import format_html
 
-from connector.admin.base import FactAdmin, FactInline, admin_link, badge, digest_col
-from connector.admin.poison import step_failures_col
+from connector.kernel.admin import FactAdmin, FactInline, admin_link, badge, digest_col, step_failures_col
 from effects.delivery.contract import contract
 from effects.models import (
     DeliveryAttempt,

@@ -1,4 +1,5 @@
-"""Closed vocabularies of the outbound chain. Each state's comment names the transition that enters it."""
+"""Closed vocabularies of the outbound chain (each state's comment names the transition that enters it) and of REST
+bulk delivery (its operation states are the contract's tuples, effects.models.delivery.operations)."""
 from __future__ import annotations
 
 from django.db import models
@@ -66,3 +67,37 @@ class AttemptOutcome(models.TextChoices):
     REMOTE_CONFIRMED = "remote_confirmed"
     UNCERTAIN = "uncertain"
     NO_EFFECT = "no_effect"
+
+
+# -- REST bulk delivery ---------------------------------------------------------------------------------------
+
+
+class AuthenticationMode(models.TextChoices):
+    BEARER = "bearer"
+    API_KEY_HEADER = "api_key_header"
+    HTTP_BASIC = "http_basic"
+    OAUTH2_CLIENT_CREDENTIALS = "oauth2_client_credentials"
+    MTLS = "mtls"
+    API_KEY_QUERY = "api_key_query"  # refused unless every exception requirement is recorded
+
+
+class CertificationState(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval"  # platform_attested, waiting for two distinct approvers
+    CERTIFIED = "certified"
+    EXPIRED = "expired"  # valid_until passed: periodic recertification due
+
+
+class ParentState(models.TextChoices):
+    PLANNING = "PLANNING"
+    ADMITTED = "ADMITTED"
+
+
+class CapacityState(models.TextChoices):
+    RESERVED = "reserved"
+    RELEASED = "released"
+    TRANSFERRED = "transferred"  # audited incident capacity transfer
+
+
+class GateState(models.TextChoices):
+    ENABLED = "ENABLED"
+    BLOCKED = "BLOCKED"

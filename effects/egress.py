@@ -21,13 +21,13 @@ from django.db import transaction
 from django.utils import timezone
 from opentelemetry.trace import SpanKind
 
-from connector import locks as connector_locks
+from connector.selectors import locks as connector_locks
 from connector import stage_metrics
 from connector import tracing
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.interpreters import callout as callout_paths
-from connector.secrets import secret_backend
+from connector.services.secrets import read_secret
 from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import EgressRefused
@@ -200,7 +200,7 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
         return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
                              response_digest=None, remote_id="", final=final, evidence=evidence[:1000], **settle)
     try:
-        secret = secret_backend().read(command.credential_generation.secret_version_ref).decode()
+        secret = read_secret(command.credential_generation.secret_version_ref).decode()
     except Exception as exc:  # noqa: BLE001 - no byte was sent: the request never left
         return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
                              response_digest=None, remote_id="",
@@ -304,7 +304,7 @@ def delivery_send(*, attempt_pk: int):
     semantics = profile.operation_semantics
     url = binding.base_url.rstrip("/") + semantics["authority_relative_path_semantics"]
     try:
-        secret = secret_backend().read(current_secret_ref(binding)).decode()
+        secret = read_secret(current_secret_ref(binding)).decode()
         with _delivery_client(binding, secret, headers, params) as (client, auth):
             try:
                 response = client.request(semantics["method_semantics"], url, content=bytes(op.payload),
@@ -341,7 +341,7 @@ def delivery_poll(*, operation_pk: int):
     poll_path = op.profile.operation_semantics["acknowledgement_contract"]["poll_path"]
     url = op.binding.base_url.rstrip("/") + poll_path.rstrip("/") + "/" + op.remote_receipt_id
     try:
-        secret = secret_backend().read(current_secret_ref(op.binding)).decode()
+        secret = read_secret(current_secret_ref(op.binding)).decode()
         with _delivery_client(op.binding, secret, headers, params) as (client, auth):
             response = client.get(url, headers=headers, params=params or None, auth=auth,
                                   timeout=_delivery_timeout(op.profile))

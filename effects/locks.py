@@ -2,6 +2,7 @@
 order: entity rows come last, effect before destination limiter before permit before holder."""
 from __future__ import annotations
 
+from connector.selectors.locks import share_one
 from effects.models import DeliveryOperation, DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect
 
 
@@ -28,9 +29,7 @@ def permit_for_update(permit_pk: int, *, effect_id: int | None = None) -> Dispat
 
 
 def holder_for_share(holder_pk: int) -> ProcessGeneration:
-    from connector.locks import _share_one
-
-    return _share_one(ProcessGeneration.objects.filter(pk=holder_pk))
+    return share_one(ProcessGeneration.objects.filter(pk=holder_pk))
 
 
 def holder_for_update(holder_id: str) -> ProcessGeneration | None:

@@ -2,7 +2,21 @@
 from __future__ import annotations
 
 from effects.choices import EFFECT_TERMINAL
-from effects.models import RemoteEffect
+from effects.models import (
+    DeliveryOperation,
+    DispatchPermit,
+    MutationGate,
+    OutboundCommand,
+    ReceiverCertification,
+    RemoteEffect,
+)
+from effects.models.delivery.operations import RECONCILIATION_WAITING
+
+# The effects model classes (and the one queryset filter) other apps may name, as types and as the subject of
+# their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);
+# every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
+__all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
+           "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "nonterminal_effects_of_epoch"]
 
 
 def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]:
@@ -25,8 +39,6 @@ def destination_limiter_overview(limiter) -> dict:
     from datetime import timedelta
 
     from django.utils import timezone
-
-    from effects.models import DispatchPermit, OutboundCommand
 
     limit = (OutboundCommand.objects.filter(limiter_id=limiter.pk).order_by("-pk")
              .values_list("rate_requests_per_second", "rate_max_in_flight", "rate_burst").first())

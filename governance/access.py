@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
 
-from connector.models import AuditRecord
+from connector.selectors.rows import AuditRecord
 
 from .forms import FormRefused
 

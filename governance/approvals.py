@@ -10,7 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import DualApprovalRequest
+from connector.selectors.rows import DualApprovalRequest
 from connector.services import approvals
 
 from .forms import ApprovalRequestForm, DigestApprovalForm, parse

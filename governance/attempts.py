@@ -18,8 +18,8 @@ from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate
-from cutover.models import ServiceCutoverAttempt
+from connector.selectors.rows import AccountServingGate
+from cutover.selectors import ServiceCutoverAttempt
 from cutover.ports import v1_owner
 from cutover.services import cutover_phases
 from cutover.services import decision as decisions

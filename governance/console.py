@@ -18,12 +18,12 @@ from connector import hooks
 from connector.actors import Actor
 from connector.choices import EpochState, GateMode
 from connector.errors import ConnectorError
-from connector.models import (AccountServingGate, ApprovalKind, DualApprovalRequest, OrderingLane,
+from connector.selectors.rows import (AccountServingGate, ApprovalKind, DualApprovalRequest, OrderingLane,
                               ServingEpoch)
-from connector.models.approvals import APPROVAL_LIVE
+from connector.selectors.rows import APPROVAL_LIVE
 from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
-from cutover.models import CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet
+from cutover.selectors import CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet
 from cutover.services import succession, succession_phases
 
 from .forms import SuccessionActionForm, parse

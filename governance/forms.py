@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 
 from connector import statetokens
 from connector.errors import ConnectorError, FormInvalid, StateTokenInvalid
-from connector.models import ApprovalKind
+from connector.selectors.rows import ApprovalKind
 from effects.services.dispatch import RECONCILE_DECISIONS
 
 

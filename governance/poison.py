@@ -7,8 +7,8 @@ from __future__ import annotations
 from django.db.models import Max
 from django.urls import reverse
 
-from connector.models import MaterializationDue, ProjectionWindow, ServingEpoch, StepFailure
-from effects.models import DeliveryOperation
+from connector.selectors.rows import MaterializationDue, ProjectionWindow, ServingEpoch, StepFailure
+from effects.selectors import DeliveryOperation
 
 from .items import Item
 

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import (
+from connector.selectors.rows import (
     DualApprovalRequest,
     Execution,
     GapDecision,
@@ -32,7 +32,7 @@ from connector.selectors.lanes import (
 from connector.selectors.replay import remediation_request_id, replay_dispositions
 from connector.services import execution as execution_services
 from connector.services import lanes, replay
-from effects.models import RemoteEffect
+from effects.selectors import RemoteEffect
 from effects.services import identity
 
 from .reasons import reason

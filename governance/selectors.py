@@ -13,7 +13,7 @@ from django.db.models.functions import TruncMinute
 from django.urls import reverse
 from django.utils import timezone
 
-from connector.models import (
+from connector.selectors.rows import (
     AccountServingGate,
     ApplicationResult,
     ConnectorAccount,
@@ -23,7 +23,7 @@ from connector.models import (
     Receipt,
     ReceiptComponent,
 )
-from effects.models import DeliveryOperation, DispatchPermit, MutationGate, ReceiverCertification, RemoteEffect
+from effects.selectors import DeliveryOperation, DispatchPermit, MutationGate, ReceiverCertification, RemoteEffect
 from effects.services.delivery.setup import certification_subject_digest
 
 from .items import Item
@@ -129,7 +129,7 @@ def waiting_deliveries() -> list[Item]:
 def v1_reconciliations() -> list[Item]:
     """V1 effect rows of an open service cutover in `v1_stopped` whose provider call may have started: each needs
     a fenced reconciliation with the provider's evidence before the shutdown certificate (CV2-12-040)."""
-    from cutover.models import ServiceCutoverAttempt, V1GenerationReceipt
+    from cutover.selectors import ServiceCutoverAttempt, V1GenerationReceipt
 
     from .attempts import in_flight
 
@@ -196,7 +196,7 @@ def attestations() -> list[Attestation]:
 
 def cutover_approvals(*, recent: int = 20) -> list:
     """Dual-approval requests of cutover subjects: every pending one, then the most recent decided ones."""
-    from connector.models import DualApprovalRequest
+    from connector.selectors.rows import DualApprovalRequest
 
     rows = DualApprovalRequest.objects.select_related("requested_by").prefetch_related("approvals__approver")
     return list(rows.filter(state="pending").order_by("pk")) + list(rows.exclude(state="pending")
@@ -261,7 +261,7 @@ def pipeline(now: datetime | None = None) -> dict:
                      .values_list("m").annotate(n=Count("pk")).order_by())
         return [found.get(m, 0) for m in minutes]
 
-    from connector.models import Projection
+    from connector.selectors.rows import Projection
 
     throughput = {
         "admitted": per_minute(Receipt.objects.all(), "created_at"),
@@ -286,7 +286,7 @@ def receipt_status(receipt: Receipt, *, now: datetime | None = None) -> ReceiptS
     """Why a receipt has (not yet) materialized, from its work-queue row, its account's gate and its stage budget."""
     from django.conf import settings
 
-    from connector.models import MaterializationDue
+    from connector.selectors.rows import MaterializationDue
 
     now = now or timezone.now()
     due = MaterializationDue.objects.filter(receipt=receipt).first()

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods
 from connector.actors import Actor
 from connector.errors import ConnectorError
 from effects.delivery.contract import contract
-from effects.models import DeliveryOperation, ReceiverCertification, RemoteEffect
+from effects.selectors import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
 from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
@@ -90,7 +90,7 @@ def overview(request):
 @screen
 def receipt(request, pk: int):
     """One receipt: what was admitted, under which epoch and fence, and why it has (not yet) materialized."""
-    from connector.models import Receipt
+    from connector.selectors.rows import Receipt
 
     receipt_ = get_object_or_404(Receipt.objects.select_related("account", "epoch").defer("epoch__preimage",
                                                                                           "payload"), pk=pk)
@@ -147,7 +147,7 @@ def execution(request, pk: int):
     """Evidence and the owner's remediation for a quarantined execution. There is no transition to take here: a
     quarantined execution stays immutable; remediation is a replay (offered here, with whether it would run), a
     successor or a corrected generation made by its owner (the seed's "Operational liveness")."""
-    from connector.models import ApplicationResult, Execution
+    from connector.selectors.rows import ApplicationResult, Execution
 
     from .remediation import execution_context
 

@@ -49,7 +49,7 @@ def _migrations() -> str:
 
 
 def _serving() -> str:
-    from connector.models import AccountServingGate
+    from connector.selectors.rows import AccountServingGate
 
     return f"{AccountServingGate.objects.count()} gates"
 

@@ -11,7 +11,7 @@ from django.db.models import Count, Exists, Min, OuterRef, QuerySet
 from django.utils import timezone
 
 from connector.choices import EpochState, GateMode
-from connector.models import (
+from connector.selectors.rows import (
     AccountServingGate,
     Execution,
     LaneResumption,
@@ -22,8 +22,7 @@ from connector.models import (
     ReplayRequest,
     ServingEpoch,
 )
-from effects.models import DeliveryOperation, DispatchPermit, RemoteEffect
-from effects.models.delivery import RECONCILIATION_WAITING
+from effects.selectors import RECONCILIATION_WAITING, DeliveryOperation, DispatchPermit, RemoteEffect
 
 
 @dataclass(frozen=True)

@@ -25,23 +25,29 @@ from drf_spectacular.utils import (
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from rest_framework import serializers, status
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound
-from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import BaseParser
-from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from connector import tasks, tracing
 from connector.actors import Actor
-from connector.api.exceptions import RETRY_AFTER_SECONDS, BodyTooLarge
+from connector.api.common import (
+    ACCOUNT_PARAM,
+    COMMON_ERRORS,
+    OPERATOR_AUTHENTICATION,
+    OPERATOR_ERRORS,
+    RETRY_AFTER,
+    JsonRegardlessOfAccept,
+    RawBodyParser,
+    error_response,
+    model_permission,
+)
+from connector.api.exceptions import BodyTooLarge
 from connector.api.parsers import BoundedJSONParser
-from connector.api.lockout import LockoutAwareBasicAuthentication
 from connector.api.serializers import (
     EpochRefSerializer,
-    ErrorSerializer,
     ExactTextField,
     HexDigestField,
     ReceiptComponentSerializer,
@@ -65,45 +71,6 @@ TRANSPORT = Actor.system("transport-admission")
 
 
 # -- shared helpers ------------------------------------------------------------------------------------------------
-
-class RawBodyParser(BaseParser):
-    """Any content type, handed over as the exact bytes. Admission never parses through DRF: the route's frozen
-    definition parses the body inside the service, and the signature covers the bytes as received."""
-
-    media_type = "*/*"
-
-    def parse(self, stream, media_type=None, parser_context=None) -> bytes:
-        return stream.read() if stream is not None else b""
-
-
-def _model_permission(perm: str) -> type[BasePermission]:
-    """A DRF permission class requiring one Django model permission (global, not per account)."""
-
-    class HasModelPermission(BasePermission):
-        message = f"This endpoint requires the permission {perm}."
-
-        def has_permission(self, request, view) -> bool:
-            user = request.user
-            return bool(user and user.is_authenticated and user.has_perm(perm))
-
-    HasModelPermission.__name__ = HasModelPermission.__qualname__ = f"Has_{perm.replace('.', '_')}"
-    return HasModelPermission
-
-
-# Basic first: 401 + WWW-Authenticate; a locked-out user/address pair gets 429 + Retry-After (connector.api.lockout)
-OPERATOR_AUTHENTICATION = [LockoutAwareBasicAuthentication, SessionAuthentication]
-
-
-class JsonRegardlessOfAccept(BaseContentNegotiation):
-    """Admission answers JSON whatever the sender's `Accept` header says: a delivery is never refused (406) for
-    how the sender would like to read the acknowledgement."""
-
-    def select_parser(self, request, parsers):
-        return parsers[0]
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
-
 
 def _raw_body(request) -> bytes:
     try:
@@ -138,29 +105,6 @@ def _schedule_materialization(receipt_pk: int, account_id: int) -> None:
 
 def _epoch_ref(receipt: Receipt) -> dict:
     return {"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
-
-
-COMMON_ERRORS = {
-    405: _error("`METHOD_NOT_ALLOWED`."),
-    500: _error("`INTERNAL_ERROR`: unexpected, logged."),
-}
-OPERATOR_ERRORS = {
-    401: _error("`NOT_AUTHENTICATED`: no valid HTTP Basic credentials or session."),
-    403: _error("`PERMISSION_DENIED`: the user lacks the required model permission (or a session POST lacks "
-                "its CSRF token)."),
-    406: _error("`NOT_ACCEPTABLE`: the endpoint renders JSON only."),
-    429: _error("`TOO_MANY_ATTEMPTS`: too many failed HTTP Basic sign-ins for this user from this address; "
-                "retry after `Retry-After` seconds (docs/security.md)."),
-}
-RETRY_AFTER = OpenApiParameter(
-    "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[503],
-    description=f"Seconds to wait before retrying ({RETRY_AFTER_SECONDS}).")
-ACCOUNT_PARAM = OpenApiParameter("account", OpenApiTypes.STR, OpenApiParameter.PATH,
-                                 description="The exact connector account key.")
 
 
 # -- transport admission -------------------------------------------------------------------------------------------
@@ -212,14 +156,14 @@ class ReceiptAdmitApi(APIView):
             200: OpenApiResponse(OutputSerializer, description=(
                 "`admission: duplicate` (the original Receipt and epoch) or `v1_accepted` (a V1 tombstone "
                 "holds the key; no Receipt, `receipt` is null).")),
-            400: _error("`NONCANONICAL_KEY`, `BODY_UNPARSEABLE`, `OWNER_FACT_INVALID`."),
-            401: _error("`SIGNATURE_INVALID`."),
-            404: _error("`ACCOUNT_NOT_FOUND`, `CHANNEL_NOT_FOUND`, `NOT_FOUND`."),
-            409: _error("`RECEIPT_DIGEST_MISMATCH`."),
-            413: _error("`BODY_TOO_LARGE`."),
-            503: _error("`GATE_NOT_SERVING`, `OWNER_UNAVAILABLE`; retry after `Retry-After` seconds."),
+            400: error_response("`NONCANONICAL_KEY`, `BODY_UNPARSEABLE`, `OWNER_FACT_INVALID`."),
+            401: error_response("`SIGNATURE_INVALID`."),
+            404: error_response("`ACCOUNT_NOT_FOUND`, `CHANNEL_NOT_FOUND`, `NOT_FOUND`."),
+            409: error_response("`RECEIPT_DIGEST_MISMATCH`."),
+            413: error_response("`BODY_TOO_LARGE`."),
+            503: error_response("`GATE_NOT_SERVING`, `OWNER_UNAVAILABLE`; retry after `Retry-After` seconds."),
             **COMMON_ERRORS,
-            500: _error("`INTERNAL_ERROR` (unexpected, logged) or `ROUTE_DEFINITION_INVALID` (an operator must "
+            500: error_response("`INTERNAL_ERROR` (unexpected, logged) or `ROUTE_DEFINITION_INVALID` (an operator must "
                         "install a corrected pack generation)."),
         },
         examples=[OpenApiExample("created", response_only=True, status_codes=["201"], value={
@@ -270,7 +214,7 @@ class ReplayRequestAdmitApi(APIView):
 
     authentication_classes = OPERATOR_AUTHENTICATION
     renderer_classes = [JSONRenderer]
-    permission_classes = [_model_permission("connector.add_replayrequest")]
+    permission_classes = [model_permission("connector.add_replayrequest")]
     parser_classes = [BoundedJSONParser]
 
     @extend_schema_serializer(component_name="ReplayRequestAdmitInput")
@@ -308,14 +252,14 @@ class ReplayRequestAdmitApi(APIView):
         responses={
             201: OpenApiResponse(OutputSerializer, description="A new ReplayRequest and replay Receipt."),
             200: OpenApiResponse(OutputSerializer, description="`duplicate`: the existing request and receipt."),
-            400: _error("`REQUEST_INVALID`, `IDENTITY_INVALID`, `REPLAY_MODE_REFUSED`."),
+            400: error_response("`REQUEST_INVALID`, `IDENTITY_INVALID`, `REPLAY_MODE_REFUSED`."),
             **OPERATOR_ERRORS,
-            404: _error("`ACCOUNT_NOT_FOUND`, `NOT_FOUND`."),
-            409: _error("`REPLAY_MISMATCH`."),
-            413: _error("`BODY_TOO_LARGE`."),
-            415: _error("`UNSUPPORTED_MEDIA_TYPE`: send `application/json`."),
-            422: _error("`REPLAY_PREDECESSOR_INVALID`."),
-            503: _error("`GATE_NOT_SERVING` (also when `target_epoch` is not the gate's exact active epoch)."),
+            404: error_response("`ACCOUNT_NOT_FOUND`, `NOT_FOUND`."),
+            409: error_response("`REPLAY_MISMATCH`."),
+            413: error_response("`BODY_TOO_LARGE`."),
+            415: error_response("`UNSUPPORTED_MEDIA_TYPE`: send `application/json`."),
+            422: error_response("`REPLAY_PREDECESSOR_INVALID`."),
+            503: error_response("`GATE_NOT_SERVING` (also when `target_epoch` is not the gate's exact active epoch)."),
             **COMMON_ERRORS,
         },
         tags=["replay"],
@@ -352,7 +296,7 @@ class ReplayRequestDetailApi(APIView):
 
     authentication_classes = OPERATOR_AUTHENTICATION
     renderer_classes = [JSONRenderer]
-    permission_classes = [_model_permission("connector.view_replayrequest")]
+    permission_classes = [model_permission("connector.view_replayrequest")]
 
     @extend_schema_serializer(component_name="ReplayRequestDetail")
     class OutputSerializer(serializers.Serializer):
@@ -368,7 +312,7 @@ class ReplayRequestDetailApi(APIView):
         description="Requires the permission `connector.view_replayrequest`.",
         parameters=[ACCOUNT_PARAM],
         responses={200: OutputSerializer, **OPERATOR_ERRORS,
-                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such replay request in this account)."),
+                   404: error_response("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such replay request in this account)."),
                    **COMMON_ERRORS},
         tags=["replay"],
     )
@@ -412,7 +356,7 @@ class ReceiptDetailApi(APIView):
 
     authentication_classes = OPERATOR_AUTHENTICATION
     renderer_classes = [JSONRenderer]
-    permission_classes = [_model_permission("connector.view_receipt")]
+    permission_classes = [model_permission("connector.view_receipt")]
 
     @extend_schema_serializer(component_name="ReceiptDetail")
     class OutputSerializer(serializers.Serializer):
@@ -449,7 +393,7 @@ class ReceiptDetailApi(APIView):
         description="Requires the permission `connector.view_receipt`. Payload bytes are never returned.",
         parameters=[ACCOUNT_PARAM],
         responses={200: OutputSerializer, **OPERATOR_ERRORS,
-                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
+                   404: error_response("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
                    **COMMON_ERRORS},
         tags=["reads"],
     )
@@ -469,7 +413,7 @@ class ReceiptEventListApi(APIView):
 
     authentication_classes = OPERATOR_AUTHENTICATION
     renderer_classes = [JSONRenderer]
-    permission_classes = [_model_permission("connector.view_receipt")]
+    permission_classes = [model_permission("connector.view_receipt")]
 
     @extend_schema_serializer(component_name="ReceiptEvents")
     class OutputSerializer(serializers.Serializer):
@@ -483,7 +427,7 @@ class ReceiptEventListApi(APIView):
                      "(`duplicate_event`) an Event, in ordinal order. Requires `connector.view_receipt`."),
         parameters=[ACCOUNT_PARAM],
         responses={200: OutputSerializer, **OPERATOR_ERRORS,
-                   404: _error("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
+                   404: error_response("`ACCOUNT_NOT_FOUND`, or `NOT_FOUND` (no such receipt in this account)."),
                    **COMMON_ERRORS},
         tags=["reads"],
     )

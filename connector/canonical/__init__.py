@@ -3,11 +3,13 @@
 Pure Python (no Django imports): every app validates identities and authors or
 reads digests through this package. See ``docs/digest-profiles.md``.
 
-* :mod:`.encoding`  -- ``canonical_typed_length_delimited_v1`` encode/decode/digest.
+* :mod:`.encoding`  -- ``canonical_typed_length_delimited_v1`` encode/digest.
+* :mod:`.decoding`  -- its strict decoder.
 * :mod:`.identity`  -- identity validation before persistence (reject, never repair).
 * :mod:`.profiles`  -- the closed ``ConnectorDigestProfile`` registry and ``DigestRef``.
 """
 
+from .decoding import decode
 from .encoding import (
     ENCODING_ID,
     I64_MAX,
@@ -17,7 +19,6 @@ from .encoding import (
     CanonicalEncodingError,
     Record,
     canonical_value,
-    decode,
     digest,
     encode,
     i64,

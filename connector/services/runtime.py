@@ -12,7 +12,8 @@ from datetime import datetime
 
 from django.db import IntegrityError, transaction
 
-from connector.canonical.encoding import decode, encode
+from connector.canonical.decoding import decode
+from connector.canonical.encoding import encode
 from connector import hooks, tracing
 from connector.errors import ApplicationItemRejected, ConnectorError
 from connector.interpreters.inbound import BodyUnparseable, resolve_pointer

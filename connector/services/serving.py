@@ -12,7 +12,7 @@ from django_fsm import can_proceed
 
 from connector import locks
 from connector.actors import Actor
-from connector.canonical.encoding import decode
+from connector.canonical.decoding import decode
 from connector.canonical.profiles import (
     EPOCH_AUTHORING_PROFILE_ID,
     DigestProfileError,

@@ -16,7 +16,6 @@ from django.db.models import Q
 from django.db.models.functions import Length
 from django.db.models.lookups import Exact
 
-from connector.models import ServiceConfigurationGeneration, ServingEpoch
 
 __all__ = ["AttemptOutcome", "ServiceCutoverAttempt", "V1ShutdownCertificate"]
 
@@ -42,8 +41,9 @@ class ServiceCutoverAttempt(models.Model):
 
     service = models.CharField(max_length=64, default=SERVICE)
     attempt_key = models.CharField(max_length=255, unique=True)
-    configuration = models.ForeignKey(ServiceConfigurationGeneration, on_delete=models.PROTECT, related_name="+")
-    candidate_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    configuration = models.ForeignKey("connector.ServiceConfigurationGeneration", on_delete=models.PROTECT,
+                                      related_name="+")
+    candidate_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
     candidate_epoch_digest = models.BinaryField(max_length=32)
     v1_release_id = models.CharField(max_length=255)
     v1_generation_id = models.CharField(max_length=255)

@@ -9,7 +9,6 @@ from django.db.models import Q
 from django.db.models.functions import Length
 from django.db.models.lookups import Exact
 
-from connector.models import ConnectorAccount
 from cutover.models.attempt import ServiceCutoverAttempt
 
 __all__ = ["OrderingDisposition", "CutoverReadinessCertificate", "MaintenanceBarrierReceipt",
@@ -125,7 +124,7 @@ class OrderingBaseline(models.Model):
     the first V2 lane continues after it. Evidence only: no lease, command or executable state."""
 
     attempt = models.ForeignKey(ServiceCutoverAttempt, on_delete=models.PROTECT, related_name="baselines")
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="+")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT, related_name="+")
     route_key = models.CharField(max_length=255)
     partition = models.CharField(max_length=255)
     high_water = models.DecimalField(max_digits=38, decimal_places=0)

@@ -12,7 +12,6 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from connector.models import ConnectorAccount, OrderingLane, ServingEpoch
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, SuccessorClass
 
 __all__ = ["ServingPublicationBarrierSet", "OrderingHandoff"]
@@ -29,11 +28,11 @@ class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
     never expires into release (there is no time column that decides anything)."""
 
     # Null for a first activation (V1 -> V2), which names its service cutover attempt instead.
-    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+", null=True,
-                                          blank=True)
+    predecessor_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+",
+                                          null=True, blank=True)
     predecessor_digest = models.BinaryField(max_length=32, null=True, blank=True)
     attempt_key = models.CharField(max_length=255, blank=True, default="")
-    successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    successor_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
     successor_key = models.CharField(max_length=255)  # the successor's exact epoch ID
     successor_digest = models.BinaryField(max_length=32)
     scope_digest = models.BinaryField(max_length=32)
@@ -102,12 +101,12 @@ class OrderingHandoff(models.Model):
     a replacement successor copies the frozen high-water and fence of the handoff it `derived_from`."""
 
     barrier_set = models.ForeignKey(ServingPublicationBarrierSet, on_delete=models.PROTECT, related_name="handoffs")
-    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
-    successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="+")
-    predecessor_lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, related_name="+")
+    predecessor_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
+    successor_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT, related_name="+")
+    predecessor_lane = models.ForeignKey("connector.OrderingLane", on_delete=models.PROTECT, related_name="+")
     predecessor_lane_fence = models.BigIntegerField()
-    successor_lane = models.OneToOneField(OrderingLane, on_delete=models.PROTECT, related_name="+")
+    successor_lane = models.OneToOneField("connector.OrderingLane", on_delete=models.PROTECT, related_name="+")
     route = models.CharField(max_length=255)
     predecessor_route_version = models.PositiveIntegerField()
     successor_route_version = models.PositiveIntegerField()

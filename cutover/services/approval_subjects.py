@@ -14,7 +14,7 @@ from __future__ import annotations
 from connector.canonical.encoding import Record
 from connector.canonical.encoding import digest as canonical_digest
 from connector.errors import EpochNotFound, TransitionRefused
-from connector.models import AccountServingGate, ServingEpoch
+from connector.selectors.rows import AccountServingGate, ServingEpoch
 
 DOMAIN = "nexuscrm.cutover.approval-subject.v1"
 

@@ -15,7 +15,7 @@ from config.routers import JOURNAL_DB
 from connector.actors import Actor
 from connector.choices import GateMode
 from connector.errors import PermissionRefused
-from connector.models import AccountServingGate, V1AcceptanceTombstone
+from connector.selectors.rows import AccountServingGate, V1AcceptanceTombstone
 from cutover.choices import BarrierSetState, DecisionState
 from cutover.models import (
     AttemptOutcome,

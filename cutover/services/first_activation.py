@@ -27,12 +27,12 @@ import hmac
 from django.db import transaction
 from django.utils import timezone
 
-from connector import locks as connector_locks
 from connector.actors import Actor
 from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
-from connector.models import AccountServingGate, ServingEpoch
+from connector.selectors import locks as connector_locks
+from connector.selectors.rows import AccountServingGate, ServingEpoch
 from connector.services import approvals, serving
 from connector.services.audit import audit_record
 from cutover import locks

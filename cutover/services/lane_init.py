@@ -10,7 +10,7 @@ same baseline is kept; a different one refuses."""
 from __future__ import annotations
 
 from connector.errors import ConnectorError
-from connector.models import OrderingLane
+from connector.selectors.rows import OrderingLane
 from connector.selectors.routes import route_for
 from cutover.errors import CutoverPhaseRefused
 from cutover.models import OrderingBaseline, ServiceCutoverAttempt

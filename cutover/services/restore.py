@@ -15,12 +15,12 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from config.routers import JOURNAL_DB
-from connector import locks
 from connector.actors import Actor
 from connector.choices import GateMode
 from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
-from connector.models import AccountServingGate
+from connector.selectors import locks
+from connector.selectors.rows import AccountServingGate
 from connector.services.gates import gate_transition
 from cutover.choices import DecisionState, RestoreAttemptState
 from cutover.errors import ColdAbortRefused, RestorePointInvalid, RestoreRefused

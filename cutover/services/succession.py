@@ -16,12 +16,12 @@ import json
 
 from django.db import IntegrityError, transaction
 
-from connector import locks as connector_locks
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
 from connector.faults import fault_point
-from connector.models import (
+from connector.selectors import locks as connector_locks
+from connector.selectors.rows import (
     AccountServingGate,
     Execution,
     OrderingLane,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from connector.actors import Actor
 from connector.choices import GateMode
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate, OrderingLane, ServingEpoch
+from connector.selectors.rows import AccountServingGate, OrderingLane, ServingEpoch
 from connector.services import gates as gate_services
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import succession

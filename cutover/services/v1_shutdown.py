@@ -2,7 +2,8 @@
 
 Phases, each an idempotent service (rerunning a finished phase changes nothing):
 
-1. `cutover_open` + `cutover_certify`: the attempt and its immutable CutoverReadinessCertificate (preflight).
+1. `cutover_open` + `cutover_certify`: the attempt and its immutable CutoverReadinessCertificate (preflight;
+   cutover.services.preflight, re-exported here).
 2. `maintenance_close`: owner barriers closed (receipts), then one transaction locks and byte-compares the
    certificate, requires the exhaustive one-to-one gate set and moves every gate `v1_serving -> halting_v1`.
 3. `maintenance_remeasure`: the workload against the certificate; a breach takes `cutover_abort` (fenced
@@ -25,25 +26,13 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from connector import locks as connector_locks
 from connector.actors import Actor
-from connector.canonical.encoding import Record, encode
 from connector.choices import EpochState, GateMode
-from connector.errors import PermissionRefused
 from connector.faults import fault_point
-from connector.models import (
-    AccountServingGate,
-    ConnectorAccount,
-    Receipt,
-    ServiceConfigurationGeneration,
-    ServingEpoch,
-    V1AcceptanceTombstone,
-)
-from connector.services import serving
+from connector.selectors.rows import AccountServingGate, ConnectorAccount, Receipt, ServingEpoch, V1AcceptanceTombstone
 from connector.services.audit import audit_record
-from connector.services.gates import fsm_edge, gates_advance
 from connector.services.tombstones import tombstones_import
-from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, DrainBlocked
+from cutover.errors import CutoverPhaseRefused, DrainBlocked
 from cutover.models import (
     AttemptOutcome,
     CutoverReadinessCertificate,
@@ -56,239 +45,29 @@ from cutover.models import (
     V1ShutdownCertificate,
 )
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
-from cutover.reasons import CUTOVER_REASONS
 from cutover.services import approval_subjects
-
-PERMISSION = "cutover.coordinate_cutover"
-DOMAIN = "nexuscrm.cutover.evidence.v1"
-# Barrier order: authoring first (no account appears or leaves meanwhile), then ingress, then new roots.
-BARRIER_ORDER = (BarrierKind.AUTHORING, BarrierKind.INGRESS, BarrierKind.ROOT_OUTBOUND)
-BUDGET_PHASES = ("barrier_closure", "drain", "baseline_capture", "recovery_point_capture", "restore_rehearsal",
-                 "offline_validation", "activation_readback", "full_restore")
-# Conservative throughput figures the projections use (measured on this product: docs/cutover.md).
-SECONDS_PER_BACKLOG_ITEM = 0.05
-DUMP_BYTES_PER_SECOND = 25_000_000
-SAFETY_FACTOR = 2
-IN_FLIGHT = "io_may_have_started"
-
-
-# -- helpers --------------------------------------------------------------------------------------------------
-
-def canon(value):
-    """JSON-shaped values as canonical-encoder values (dicts as key-sorted Records, floats as text)."""
-    if isinstance(value, dict):
-        return Record([(str(k), canon(value[k])) for k in sorted(value)])
-    if isinstance(value, (list, tuple)):
-        return [canon(v) for v in value]
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, str):
-        return str(value)
-    return value
-
-
-def evidence_digest(kind: str, value) -> tuple[bytes, bytes]:
-    payload = encode(DOMAIN, Record([("kind", kind), ("value", canon(value))]))
-    return payload, hashlib.sha256(payload).digest()
-
-
-def _require(actor: Actor) -> None:
-    if actor.user is not None and not actor.user.has_perm(PERMISSION):
-        raise PermissionRefused(f"{actor} lacks the {PERMISSION} permission")
-
-
-def attempt_get(attempt_key: str, *, lock: bool = False) -> ServiceCutoverAttempt:
-    rows = ServiceCutoverAttempt.objects.select_related("configuration", "candidate_epoch")
-    attempt = (rows.select_for_update(of=("self",)) if lock else rows).filter(attempt_key=attempt_key).first()
-    if attempt is None:
-        raise CutoverPhaseRefused(f"no service cutover attempt {attempt_key!r}")
-    return attempt
-
-
-def _open(attempt: ServiceCutoverAttempt) -> None:
-    if attempt.outcome != AttemptOutcome.OPEN:
-        raise CutoverPhaseRefused(f"attempt {attempt.attempt_key} is closed ({attempt.outcome})")
-
-
-def account_set(configuration: ServiceConfigurationGeneration) -> list[tuple[int, str]]:
-    """The configuration's exhaustive account set: (account id, account key), ascending id."""
-    return sorted(configuration.accounts.values_list("account_id", "account__account_key"))
-
-
-def account_set_digest(configuration: ServiceConfigurationGeneration) -> bytes:
-    return evidence_digest("account_set", [[i, k] for i, k in account_set(configuration)])[1]
-
-
-def _keys(attempt: ServiceCutoverAttempt) -> list[str]:
-    return [k for _, k in account_set(attempt.configuration)]
-
-
-def frozen_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
-    """Lock every gate of the frozen account set (ascending account id) after rereading the configuration and
-    the gate repository: exactly one gate per account, the set unchanged, and no current account outside it
-    (CV2-12-029/031/046/090)."""
-    accounts = account_set(attempt.configuration)
-    if not hmac.compare_digest(account_set_digest(attempt.configuration), bytes(attempt.account_set_digest)):
-        raise CutoverPhaseRefused("the configuration's account set differs from the attempt's frozen set")
-    outside = ConnectorAccount.objects.exclude(pk__in=[i for i, _ in accounts]).values_list("account_key", flat=True)
-    if outside.exists():
-        raise CutoverPhaseRefused("accounts outside the frozen set exist: " + ", ".join(list(outside[:10])))
-    gates = connector_locks.gates_for_update([i for i, _ in accounts])
-    if [g.account_id for g in gates] != [i for i, _ in accounts]:
-        raise CutoverPhaseRefused("the gate set is not one-to-one with the frozen account set")
-    return gates
-
-
-def _move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor, attempt: ServiceCutoverAttempt,
-          evidence: bytes | None) -> int:
-    """Every frozen gate still in `source` takes `action`, set-based (one UPDATE, one audit INSERT;
-    connector gates_advance, D-208); the edge is the django-fsm declaration's, which must start at `source`."""
-    if fsm_edge(getattr(AccountServingGate, action))[0] != source:
-        raise CutoverPhaseRefused(f"{action} does not start at {source}")
-    return len(gates_advance(gates=gates, action=action, actor=actor, evidence_digest=evidence,
-                             reason=f"service cutover {attempt.attempt_key}"))
-
-
-def _modes(gates) -> set[str]:
-    return {g.mode for g in gates}
-
-
-def _verify_receipt(receipt: OwnerReceipt, attempt: ServiceCutoverAttempt, kind: str, subject: str) -> None:
-    if (receipt.attempt_key != attempt.attempt_key or receipt.kind != kind or receipt.subject != subject
-            or not hmac.compare_digest(hashlib.sha256(receipt.payload).digest(), receipt.digest)):
-        raise CutoverPhaseRefused(f"owner receipt {receipt.kind}/{receipt.subject} does not name attempt "
-                                  f"{attempt.attempt_key} and {kind}/{subject} exactly (CV2-12-028)")
-
-
-# -- 1. preflight ----------------------------------------------------------------------------------------------
-
-def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidate_epoch_id: str,
-                 actor: Actor) -> ServiceCutoverAttempt:
-    """Open the attempt: the exact configuration, the verified candidate epoch, the running V1 generation and the
-    exhaustive account set. Idempotent for the same inputs; another open attempt refuses."""
-    _require(actor)
-    existing = ServiceCutoverAttempt.objects.filter(attempt_key=attempt_key).first()
-    if existing is not None:
-        return existing
-    configuration = ServiceConfigurationGeneration.objects.filter(generation_id=configuration_generation_id).first()
-    epoch = ServingEpoch.objects.filter(epoch_id=candidate_epoch_id).first()
-    if configuration is None or epoch is None:
-        raise CutoverPreflightRefused("the configuration generation or candidate epoch does not exist")
-    if epoch.state != EpochState.VERIFIED or epoch.configuration_id != configuration.pk:
-        raise CutoverPreflightRefused(f"epoch {epoch.epoch_id} must be verified (offline) for exactly this "
-                                      f"configuration; it is {epoch.state}")
-    generation = v1_owner().current_generation()
-    if generation is None or generation.state != "running":
-        raise CutoverPreflightRefused("no running V1 process generation to freeze")
-    accounts = account_set(configuration)
-    # Refused at preflight, before any V1 barrier closes: the activation would refuse this account set (D-210).
-    serving.activation_cardinality_check(accounts=len(accounts))
-    with transaction.atomic():
-        if ServiceCutoverAttempt.objects.filter(outcome=AttemptOutcome.OPEN).exists():
-            raise CutoverPreflightRefused("another service cutover attempt is open")
-        attempt = ServiceCutoverAttempt.objects.create(
-            attempt_key=attempt_key, configuration=configuration, candidate_epoch=epoch,
-            candidate_epoch_digest=bytes(epoch.digest), v1_release_id=generation.release_id,
-            v1_generation_id=generation.generation_id, account_set_digest=account_set_digest(configuration),
-            account_count=len(accounts), opened_by=str(actor))
-        audit_record(actor=actor, entity=attempt, action="cutover_open", to_state=AttemptOutcome.OPEN,
-                     evidence_digest=bytes(attempt.account_set_digest))
-    return attempt
-
-
-def project(workload, budgets: dict) -> dict[str, float]:
-    """Conservative projections (seconds) of each budgeted phase from the measured workload."""
-    dump_s = workload.database_bytes / DUMP_BYTES_PER_SECOND
-    return {
-        "barrier_closure": 1.0 * SAFETY_FACTOR,
-        "drain": workload.accepted_backlog * SECONDS_PER_BACKLOG_ITEM * SAFETY_FACTOR,
-        "baseline_capture": (workload.open_partitions + 1) * 0.01 * SAFETY_FACTOR,
-        "recovery_point_capture": dump_s * SAFETY_FACTOR,
-        "restore_rehearsal": dump_s * 2 * SAFETY_FACTOR,
-        "offline_validation": 5.0 * SAFETY_FACTOR,
-        "activation_readback": 1.0 * SAFETY_FACTOR,
-        "full_restore": dump_s * 2 * SAFETY_FACTOR,
-    }
-
-
-def _workload_dict(workload) -> dict:
-    return {"accepted_backlog": workload.accepted_backlog, "open_partitions": workload.open_partitions,
-            "live_leases": workload.live_leases, "ambiguous_effects": workload.ambiguous_effects,
-            "database_bytes": workload.database_bytes}
-
-
-def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor) -> CutoverReadinessCertificate:
-    """Preflight and the immutable CutoverReadinessCertificate (CV2-12-012..017, CV2-12-087/088). Refuses an
-    `unsupported` route, a route without a lossless halt contract or remediation owner, an unsupported egress
-    manifest, a missing or non-positive budget, and any projection over its budget."""
-    _require(actor)
-    attempt = attempt_get(attempt_key)
-    _open(attempt)
-    existing = CutoverReadinessCertificate.objects.filter(attempt=attempt).first()
-    if existing is not None:
-        return existing
-    owner = v1_owner()
-    problems: list[str] = []
-    routes = owner.route_contracts()
-    for route in routes:
-        if route.ordering_disposition not in OrderingDisposition.values or \
-                route.ordering_disposition == OrderingDisposition.UNSUPPORTED:
-            problems.append(f"route {route.route_key}: ordering disposition {route.ordering_disposition}")
-        if not route.lossless_halt:
-            problems.append(f"route {route.route_key}: no lossless root halt contract")
-        if not route.remediation_owner:
-            problems.append(f"route {route.route_key}: no remediation owner")
-    if not routes:
-        problems.append("no route dispositions")
-    manifest = owner.egress_manifest()
-    if not manifest.supported:
-        problems.append("egress manifest unsupported: untracked " + ", ".join(manifest.untracked or ("-",)))
-    missing = [p for p in BUDGET_PHASES if not isinstance(budgets.get(p), (int, float)) or budgets[p] <= 0]
-    if missing:
-        problems.append("budgets missing or not positive: " + ", ".join(missing))
-    workload = owner.measure(_keys(attempt))
-    projections = project(workload, budgets)
-    if not missing:
-        problems += [f"projection {p} {projections[p]:.1f}s over budget {budgets[p]}s" for p in BUDGET_PHASES
-                     if projections[p] > budgets[p]]
-    if problems:
-        raise CutoverPreflightRefused("; ".join(problems))
-    release = owner.release()
-    value = {
-        "attempt": attempt.attempt_key, "epoch_id": attempt.candidate_epoch.epoch_id,
-        "epoch_digest": bytes(attempt.candidate_epoch_digest).hex(),
-        "configuration": attempt.configuration.generation_id,
-        "account_set_digest": bytes(attempt.account_set_digest).hex(),
-        "v1_release": [release.release_id, release.binary_digest.hex(), release.schema_digest.hex(),
-                       release.configuration_digest.hex()],
-        "v1_generation": attempt.v1_generation_id, "egress_manifest": manifest.digest.hex(),
-        "routes": [{"route": r.route_key, "disposition": r.ordering_disposition, "lossless_halt": r.lossless_halt,
-                    "proof": r.disposition_proof_digest.hex(), "owner": r.remediation_owner} for r in routes],
-        "budgets": {p: float(budgets[p]) for p in BUDGET_PHASES}, "measurements": _workload_dict(workload),
-        "projections": projections, "reason_map": CUTOVER_REASONS,
-    }
-    payload, digest = evidence_digest("readiness_certificate", value)
-    with transaction.atomic():
-        certificate = CutoverReadinessCertificate.objects.create(
-            attempt=attempt, epoch_id=value["epoch_id"], epoch_digest=bytes(attempt.candidate_epoch_digest),
-            configuration_generation_id=value["configuration"], v1_release_id=release.release_id,
-            egress_manifest_digest=manifest.digest, routes=value["routes"], budgets=value["budgets"],
-            measurements=value["measurements"], projections=projections, reason_map=CUTOVER_REASONS,
-            payload=payload, digest=digest)
-        audit_record(actor=actor, entity=attempt, action="cutover_certify", evidence_digest=digest)
-    return certificate
-
-
-def certificate_locked(attempt: ServiceCutoverAttempt) -> CutoverReadinessCertificate:
-    """Lock the certificate and byte-compare it with its digest (CV2-12-031)."""
-    certificate = CutoverReadinessCertificate.objects.select_for_update().filter(attempt=attempt).first()
-    if certificate is None:
-        raise CutoverPhaseRefused(f"attempt {attempt.attempt_key} has no readiness certificate")
-    if not hmac.compare_digest(hashlib.sha256(bytes(certificate.payload)).digest(), bytes(certificate.digest)):
-        raise CutoverPhaseRefused("the readiness certificate's bytes do not match its digest")
-    return certificate
+from cutover.services.preflight import (  # noqa: F401  (phase 1 and the shared helpers, re-exported)
+    BARRIER_ORDER,
+    BUDGET_PHASES,
+    IN_FLIGHT,
+    PERMISSION,
+    SAFETY_FACTOR,
+    SECONDS_PER_BACKLOG_ITEM,
+    _keys,
+    _modes,
+    _move,
+    _open,
+    _require,
+    _verify_receipt,
+    account_set,
+    attempt_get,
+    certificate_locked,
+    cutover_certify,
+    cutover_open,
+    evidence_digest,
+    frozen_gates,
+    project,
+)
 
 
 # -- 2./3. barriers, halt, remeasure, abort -------------------------------------------------------------------

@@ -6,11 +6,11 @@ permits = provider I/O), or the candidate epoch (or any epoch of the configurati
 `v2_rows_sql` runs on a raw cursor so the restore point checks the very snapshot it dumps."""
 from __future__ import annotations
 
-from connector.models import (
+from connector.selectors.rows import (
     AccountServingGate, Event, Execution, OrderingLane, Projection, ProjectionWindow, Receipt, ServingEpoch,
 )
 from cutover.models import ServiceCutoverAttempt
-from effects.models import DispatchPermit, OutboundCommand, RemoteEffect
+from effects.selectors import DispatchPermit, OutboundCommand, RemoteEffect
 
 __all__ = ["attempt_account_ids", "v2_rows", "active_epochs", "gate_rows"]
 

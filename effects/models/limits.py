@@ -4,7 +4,6 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 
-from connector.models import ConnectorAccount
 
 __all__ = ["DestinationLimiter"]
 
@@ -18,7 +17,8 @@ class DestinationLimiter(models.Model):
     `effects_permit_limiter_open` index under this lock. Invariants: one per (account, callout); tokens never
     negative; counters never negative; `deferred_until` never after `not_before`."""
 
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="destination_limiters")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT,
+                                related_name="destination_limiters")
     callout = models.CharField(max_length=255)
     # Tokens left at `refilled_at` (null: never used, the bucket is full).
     tokens = models.FloatField(default=0)

@@ -5,17 +5,7 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from connector.models import (
-    AccountServingGate,
-    ConnectorAccount,
-    CredentialGeneration,
-    CredentialGenerationDispatchGate,
-    Execution,
-    PackGeneration,
-    ServiceConfigurationGeneration,
-    ServingEpoch,
-)
-from connector.models.routing import RoutedSaveMixin
+from connector.selectors.rows import RoutedSaveMixin
 from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
@@ -28,27 +18,29 @@ class OutboundCommand(models.Model):
     its complete FrozenDispatchBinding. Invariants: one per (account, application scope, EffectRoot, EffectSlot,
     EffectGeneration); `idempotency_key` (the canonical tuple digest) unique; never updated; no secret bytes."""
 
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="outbound_commands")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT,
+                                related_name="outbound_commands")
     application_scope = models.CharField(max_length=255)
     effect_root_id = models.CharField(max_length=255)
     effect_slot_id = models.CharField(max_length=255)
     effect_generation_id = models.CharField(max_length=255)
     idempotency_key = models.BinaryField(max_length=32, unique=True)
-    source_execution = models.ForeignKey(Execution, on_delete=models.PROTECT, null=True, blank=True,
+    source_execution = models.ForeignKey("connector.Execution", on_delete=models.PROTECT, null=True, blank=True,
                                          related_name="outbound_commands")
     # FrozenDispatchBinding
-    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="outbound_commands")
+    epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="outbound_commands")
     epoch_digest = models.BinaryField(max_length=32)
     gate_fence = models.BigIntegerField()
     profile_id = models.CharField(max_length=255)
-    pack_generation = models.ForeignKey(PackGeneration, on_delete=models.PROTECT, related_name="+")
+    pack_generation = models.ForeignKey("connector.PackGeneration", on_delete=models.PROTECT, related_name="+")
     pack_payload_digest = models.BinaryField(max_length=32)
     effect_definition = models.CharField(max_length=255)
     effect_version = models.PositiveIntegerField()
     callout = models.CharField(max_length=255)
     route_policy_digest = models.BinaryField(max_length=32)
-    configuration = models.ForeignKey(ServiceConfigurationGeneration, on_delete=models.PROTECT, related_name="+")
-    credential_generation = models.ForeignKey(CredentialGeneration, on_delete=models.PROTECT,
+    configuration = models.ForeignKey("connector.ServiceConfigurationGeneration", on_delete=models.PROTECT,
+                                      related_name="+")
+    credential_generation = models.ForeignKey("connector.CredentialGeneration", on_delete=models.PROTECT,
                                               related_name="outbound_commands")
     method = models.CharField(max_length=8)
     path = models.CharField(max_length=1024)
@@ -105,7 +97,7 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
 
     command = models.OneToOneField(OutboundCommand, on_delete=models.PROTECT, related_name="effect")
     logical_effect_digest = models.BinaryField(max_length=32)
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="remote_effects")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT, related_name="remote_effects")
     state = FSMField(default=EffectState.PREPARED, choices=EffectState.choices, protected=True)
     lease_holder = models.CharField(max_length=255, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -171,8 +163,9 @@ class RemoteEffectAttempt(models.Model):
     ordinal = models.PositiveIntegerField()
     holder = models.ForeignKey(ProcessGeneration, on_delete=models.PROTECT, related_name="attempts")
     lease_fence = models.BigIntegerField()
-    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
-    credential_generation = models.ForeignKey(CredentialGeneration, on_delete=models.PROTECT, related_name="+")
+    epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
+    credential_generation = models.ForeignKey("connector.CredentialGeneration", on_delete=models.PROTECT,
+                                              related_name="+")
     request_digest = models.BinaryField(max_length=32)
     provider_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     claimed_at = models.DateTimeField(auto_now_add=True)
@@ -200,9 +193,9 @@ class DispatchPermit(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
 
     attempt = models.OneToOneField(RemoteEffectAttempt, on_delete=models.PROTECT, related_name="permit")
     effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="permits")
-    gate = models.ForeignKey(AccountServingGate, on_delete=models.PROTECT, related_name="permits")
+    gate = models.ForeignKey("connector.AccountServingGate", on_delete=models.PROTECT, related_name="permits")
     gate_fence = models.BigIntegerField()
-    credential_gate = models.ForeignKey(CredentialGenerationDispatchGate, on_delete=models.PROTECT,
+    credential_gate = models.ForeignKey("connector.CredentialGenerationDispatchGate", on_delete=models.PROTECT,
                                         related_name="permits")
     credential_gate_fence = models.BigIntegerField()
     holder = models.ForeignKey(ProcessGeneration, on_delete=models.PROTECT, related_name="permits")
@@ -255,7 +248,7 @@ class RemoteLink(ConcurrentTransitionMixin, models.Model):
     """Links a local owner slot to a proven remote identity, scoped to the account. Invariants: one active link per
     (account, remote identity) and per (account, owner slot); conflicts fail closed."""
 
-    account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="remote_links")
+    account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT, related_name="remote_links")
     owner_slot = models.CharField(max_length=255)
     remote_identity = models.CharField(max_length=255)
     effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="links")

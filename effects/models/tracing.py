@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from connector.models import TraceCarrier
+from connector.selectors.rows import TraceCarrier
 from effects.models.outbound import OutboundCommand
 
 __all__ = ["CommandTrace"]

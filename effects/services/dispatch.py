@@ -15,12 +15,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, FilteredRelation, Q
 from django.utils import timezone
 
-from connector import locks as connector_locks
+from connector.selectors import locks as connector_locks
 from connector import stage_metrics
 from connector.actors import Actor
 from connector.choices import SweepStep
 from connector.errors import ConnectorError, PermissionRefused, StateTokenInvalid
-from connector.secrets import secret_backend
+from connector.services.secrets import secret_version_exists
 from connector.services import poison
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
@@ -37,40 +37,10 @@ from effects.models import (
     RemoteLink,
 )
 from effects.services.poison import effect_quarantine
+from effects.services.holders import holder_heartbeat, holder_register, holder_terminate  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 DISPATCHER = Actor.system("dispatcher")
-
-
-# -- holders ---------------------------------------------------------------------------------------------------
-
-def holder_register(*, holder_id: str) -> ProcessGeneration:
-    holder, _ = ProcessGeneration.objects.get_or_create(holder_id=holder_id)
-    if holder.state != HolderState.RUNNING:
-        raise PermitRefused(f"holder generation {holder_id} is terminated and can never run again")
-    return holder
-
-
-def holder_heartbeat(*, holder_id: str) -> None:
-    ProcessGeneration.objects.filter(holder_id=holder_id, state=HolderState.RUNNING).update(
-        heartbeat_at=timezone.now())
-
-
-@transaction.atomic
-def holder_terminate(*, holder_id: str, evidence: str, actor: Actor) -> ProcessGeneration:
-    """Durably record that a worker process generation is terminated and its egress capability revoked. From
-    this commit on the egress adapter refuses every send from it, so its open permits may be abandoned."""
-    holder = locks.holder_for_update(holder_id)
-    if holder is None:
-        raise AbandonRefused(f"no holder generation {holder_id}")
-    if holder.state == HolderState.RUNNING:
-        if not evidence.strip():
-            raise AbandonRefused("termination needs evidence (supervisor receipt, process exit, egress revocation)")
-        holder.terminate(at=timezone.now(), by=str(actor), evidence=evidence)
-        holder.save()
-        audit_record(actor=actor, entity=holder, action="holder_terminate", from_state=HolderState.RUNNING,
-                     to_state=holder.state, reason=evidence)
-    return holder
 
 
 # -- claim and permit --------------------------------------------------------------------------------------------
@@ -160,7 +130,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                 return None
             command = OutboundCommand.objects.select_related("credential_generation").get(
                 pk=effect.command_id, account_id=acct)
-            if not secret_backend().version_exists(command.credential_generation.secret_version_ref):
+            if not secret_version_exists(command.credential_generation.secret_version_ref):
                 effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
                 effect.save()
                 audit_record(actor=DISPATCHER, entity=effect, action="effect_quarantine",

@@ -23,7 +23,7 @@ from django.utils import timezone
 from connector import stage_metrics
 from connector.actors import Actor
 from connector.errors import PermissionRefused, TransitionRefused
-from connector.models import ApprovalKind, DualApprovalRequest
+from connector.selectors.rows import ApprovalKind, DualApprovalRequest
 from connector.receipts import canonical_json
 from connector.services import approvals
 from connector.services.audit import audit_record

@@ -12,9 +12,9 @@ from django.db import IntegrityError, transaction
 from django.db.backends.signals import connection_created
 
 from connector.canonical.profiles import profile_for
-from connector.models import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
 from connector.receipts import canonical_json, rec
 from connector.selectors.owners import binding_definition_read
+from connector.selectors.rows import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
 from connector.services.guard import ServingContext, lock_serving
 from connector.interpreters import callout as callout_paths
 from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused, RateLimitInvalid

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 from django.db import IntegrityError, transaction
 
-from connector.canonical.encoding import decode
+from connector.canonical.decoding import decode
 from connector.choices import ExecutionState, ReplayMode
 from connector.errors import GateNotServing
 from connector.models import (

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import AccountServingGate
+from connector.selectors.rows import AccountServingGate
 from cutover.services import restore, restore_point
 from cutover.services.decision import decision_read
 from cutover.services.v2_scope import attempt_account_ids

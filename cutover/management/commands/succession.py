@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.models import ServingEpoch
+from connector.selectors.rows import ServingEpoch
 from cutover.selectors import barrier_set_open_for, succession_status
 from cutover.services import succession, succession_phases
 

@@ -28,7 +28,7 @@ from effects.models import (
     MayAttemptMarker,
     RemoteJobSemaphore,
 )
-from effects.models.delivery import CapacityState, ParentState
+from effects.choices import CapacityState, ParentState
 
 from . import finalization, journal
 from .planning import check_generation_fence, domain_lock_for_update, unresolved_states

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from effects.delivery import watermark as intervals
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent, DeliveryWatermark
-from effects.models.delivery import CapacityState
+from effects.choices import CapacityState
 
 from .transitions import move
 

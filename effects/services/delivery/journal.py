@@ -15,12 +15,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from connector.actors import Actor
-from connector.locks import _share_one
+from connector.selectors.locks import share_one as _share_one
 from connector.services.audit import audit_record
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, DeliveryRequestInvalid
 from effects.models import JournalEpochAttestation, MayAttemptMarker, MutationGate, ReconciliationCampaign
-from effects.models.delivery import GateState
+from effects.choices import GateState
 
 log = logging.getLogger(__name__)
 BLOCK_REASONS = tuple(contract().raw["mutation_gate"]["blocked_after"])

@@ -30,7 +30,8 @@ from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError, DeliveryRequestInvalid
 from effects.delivery.watermark import highest_over
 from effects.models import DeliveryOperation, DeliveryParent, DeliveryProfile, EffectDomainLock, ReceiverBinding
-from effects.models.delivery import DeliveryWatermark, ParentState
+from effects.choices import ParentState
+from effects.models import DeliveryWatermark
 
 from .setup import canonical_json, current_secret_ref
 

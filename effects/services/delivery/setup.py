@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from connector.actors import Actor
 from connector.errors import StateTokenInvalid
-from connector.secrets import secret_backend
+from connector.services.secrets import put_secret
 from connector.services.audit import audit_record
 from connector.services.identity import approver_require_independent
 from effects.delivery import identity
@@ -27,7 +27,7 @@ from effects.models import (
     ReceiverSecretVersion,
     RemoteJobSemaphore,
 )
-from effects.models.delivery import CertificationState
+from effects.choices import CertificationState
 
 
 def canonical_json(value) -> str:
@@ -101,7 +101,7 @@ def binding_create(*, actor: Actor, name: str, base_url: str, authentication_mod
                     api_key_query_exception=api_key_query_exception, semantics_digest=digest, **fields)
         except IntegrityError as exc:
             raise DeliveryRequestInvalid(f"a binding named {name!r} or with these semantics exists") from exc
-        ref = secret_backend().put(f"delivery-{name}", secret)
+        ref = put_secret(f"delivery-{name}", secret)
         ReceiverSecretVersion.objects.create(binding=binding, version=1, secret_version_ref=ref)
         audit_record(actor=actor, entity=binding, action="delivery_binding_create", evidence_digest=digest)
     return binding
@@ -112,7 +112,7 @@ def secret_rotate(*, actor: Actor, binding: ReceiverBinding, secret: bytes) -> R
     with transaction.atomic():
         ReceiverBinding.objects.select_for_update().get(pk=binding.pk)
         latest = binding.secret_versions.aggregate(m=Max("version"))["m"] or 0
-        ref = secret_backend().put(f"delivery-{binding.name}", secret)
+        ref = put_secret(f"delivery-{binding.name}", secret)
         version = ReceiverSecretVersion.objects.create(binding=binding, version=latest + 1, secret_version_ref=ref)
         audit_record(actor=actor, entity=binding, action="delivery_secret_rotate", reason=f"v{latest + 1}")
     return version

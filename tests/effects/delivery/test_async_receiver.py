@@ -7,7 +7,7 @@ import pytest
 
 from connector.actors import Actor
 from effects.models import DeliveryAttempt, DeliveryOperation
-from effects.models.delivery import CapacityState
+from effects.choices import CapacityState
 from effects.services.delivery import execution, runner
 from effects.services.delivery.reconciliation import reconcile_open, reconcile_resolve
 from tests.effects.delivery.world import build

@@ -30,7 +30,7 @@ from effects.models import (
     DeliveryReconciliation,
     MayAttemptMarker,
 )
-from effects.models.delivery import CapacityState
+from effects.choices import CapacityState
 from effects.services.delivery import execution, runner
 from effects.services.delivery.reconciliation import reconcile_open, reconcile_resolve
 from tests.effects.delivery.world import NAMESPACE, T0, build, operator

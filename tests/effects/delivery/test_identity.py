@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector.canonical.encoding import decode, encode
+from connector.canonical.decoding import decode
+from connector.canonical.encoding import encode
 from effects.delivery import identity
 from effects.delivery.contract import contract
 

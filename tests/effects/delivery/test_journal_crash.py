@@ -19,7 +19,7 @@ from django.db import connection, connections
 from connector.actors import Actor
 from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, DeliveryRequestInvalid
 from effects.models import DeliveryAttempt, DeliveryOperation, MayAttemptMarker, MutationGate
-from effects.models.delivery import CapacityState
+from effects.choices import CapacityState
 from effects.services.delivery import execution, journal, runner
 from tests import dbroles
 from tests.crash.conftest import PRELUDE, ROOT, _url

@@ -11,7 +11,7 @@ from django.db import connection
 from connector.actors import Actor
 from effects.delivery.errors import DeliveryError
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent, MayAttemptMarker
-from effects.models.delivery import CapacityState
+from effects.choices import CapacityState
 from effects.services.delivery import execution, reconciliation, runner, setup
 from tests.concurrency import run_concurrently
 from tests.effects.delivery.world import NAMESPACE, T0, build
