@@ -31,7 +31,8 @@ def gate_list() -> QuerySet[AccountServingGate]:
 
 
 def gate_get(*, account_id: int) -> AccountServingGate:
-    return AccountServingGate.objects.select_related("account", "epoch").get(account_id=account_id)
+    return AccountServingGate.objects.select_related("account", "epoch").defer("epoch__preimage").get(
+        account_id=account_id)
 
 
 def credential_gate_get(*, generation_id: str) -> CredentialGenerationDispatchGate:
