@@ -27,7 +27,7 @@ def prepared_epoch_pks() -> list[int]:
 
 
 def gate_list() -> QuerySet[AccountServingGate]:
-    return AccountServingGate.objects.select_related("account", "epoch")
+    return AccountServingGate.objects.select_related("account", "epoch").defer("epoch__preimage")
 
 
 def gate_get(*, account_id: int) -> AccountServingGate:
