@@ -1,4 +1,5 @@
-"""The inbound hot path never loads a ServingEpoch's preimage (issue 18 goal 7, D-251).
+"""Account flatness of the inbound hot path (issue 18 goal 7): it never loads a ServingEpoch's preimage (D-251),
+and a worker serving many accounts compiles each route once per epoch, not once per account (D-252).
 
 The preimage grows with the service (about 1.2 KB per account: 12 MB at 10,000 accounts, 60 MB at 50,000), so
 one statement that selects it makes every event's cost grow with the number of accounts, the defect CV2-14-011
@@ -104,3 +105,37 @@ def test_inbound_chain_never_loads_the_epoch_preimage(push_world):
     with _Statements() as control:
         ServingEpoch.objects.filter(pk=push_world.active_epoch.pk).first()
     assert len(control.loading_preimage()) == 1
+
+
+def test_a_compiled_route_serves_every_account_of_the_epoch(push_world):
+    """The compiled route program is cached by the exact epoch (digest and pk) and channel, not per account: a
+    second account's first route lookup costs one statement (which routes it enables), never another definition
+    reread and compile, so a worker serving many accounts does not rebuild the program per account (D-252).
+    A channel the account does not enable still finds nothing; another digest is another cache entry.
+    Proves: CV2-14-011 (hot-path work independent of the size of the service), CV2-02-026 (exact route through
+    the frozen epoch only)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from connector.selectors import routes
+    from connector.selectors.routes import ChannelNotFound, route_for
+
+    epoch = push_world.active_epoch
+    first, second = push_world.accounts[:2]
+    routes.clear_caches()
+    program = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=first.pk,
+                        channel="records.webhook")
+    with CaptureQueriesContext(connection) as queries:
+        other = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=second.pk,
+                          channel="records.webhook")
+    assert other is program
+    assert [("serviceconfigurationaccount" in q["sql"]) for q in queries.captured_queries] == [True]
+    with CaptureQueriesContext(connection) as queries:
+        route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=second.pk,
+                  channel="records.webhook")
+    assert queries.captured_queries == []
+    with pytest.raises(ChannelNotFound):
+        route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=second.pk, channel="not.enabled")
+    with CaptureQueriesContext(connection) as queries:  # another digest is another key: never served from this one
+        route_for(epoch_pk=epoch.pk, epoch_digest=b"\x00" * 32, account_id=second.pk, channel="records.webhook")
+    assert queries.captured_queries
