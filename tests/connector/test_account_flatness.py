@@ -139,3 +139,20 @@ def test_a_compiled_route_serves_every_account_of_the_epoch(push_world):
     with CaptureQueriesContext(connection) as queries:  # another digest is another key: never served from this one
         route_for(epoch_pk=epoch.pk, epoch_digest=b"\x00" * 32, account_id=second.pk, channel="records.webhook")
     assert queries.captured_queries
+
+
+def test_bench_accounts_check_reads_its_budget(tmp_path):
+    """`bench accounts --check` takes its limit from bench/budgets.json's "accounts" section, which holds the
+    goal itself (1.2: the measured figure meets it, D-253); without the section the goal is the default.
+    Proves: CV2-14-011 (the flatness bound is declared and checked)."""
+    import json
+
+    from bench import accounts_ratio_limit, load_budgets
+
+    assert load_budgets()["accounts"]["max_p50_ratio"] == pytest.approx(1.2)
+    assert accounts_ratio_limit(default=9.0) == pytest.approx(1.2)
+    path = tmp_path / "budgets.json"
+    path.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.2}}))
+    assert accounts_ratio_limit(default=1.5, path=path) == 1.5
+    path.write_text(json.dumps({"accounts": {"max_p50_ratio": 1.1}}))
+    assert accounts_ratio_limit(default=1.5, path=path) == pytest.approx(1.1)
