@@ -28,3 +28,11 @@ def history_ratio_limit(*, default: float, path: str | Path | None = None) -> fl
     section = load_budgets(path).get("history") or {}
     value = section.get("max_p50_admission_ratio")
     return float(value) if value is not None else default
+
+
+def accounts_ratio_limit(*, default: float, path: str | Path | None = None) -> float:
+    """The `bench accounts --check` limit: the largest allowed p50 ratio of one event's whole inbound chain between
+    the largest and the smallest service size (`accounts.max_p50_ratio`), or `default` if the file has none."""
+    section = load_budgets(path).get("accounts") or {}
+    value = section.get("max_p50_ratio")
+    return float(value) if value is not None else default

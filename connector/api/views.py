@@ -322,7 +322,7 @@ class ReplayRequestDetailApi(APIView):
             canonical = ident(request_id, "request_id")
         except ConnectorError:
             canonical = None
-        replay = (ReplayRequest.objects.select_related("receipt", "target_epoch")
+        replay = (ReplayRequest.objects.select_related("receipt", "target_epoch").defer("target_epoch__preimage")
                   .filter(account=owner, request_id=canonical).first()) if canonical == request_id else None
         if replay is None:
             raise NotFound(f"no replay request {request_id!r} in account {account!r}")
@@ -439,7 +439,7 @@ class ReceiptEventListApi(APIView):
             .filter(receipt=receipt, event__isnull=False, event__account_id=receipt.account_id)
             .select_related("event__epoch", "event__replay_request", *_SOLE_PROJECTION,
                             *(f"{p}__superseded" for p in _SOLE_PROJECTION))
-            .defer("event__payload", *(f"{p}__input" for p in _SOLE_PROJECTION))
+            .defer("event__payload", "event__epoch__preimage", *(f"{p}__input" for p in _SOLE_PROJECTION))
             .prefetch_related(*(Prefetch(f"{p}__executions", executions.defer("execution_ref", "runtime_receipt"))
                                 for p in _SOLE_PROJECTION))
             .order_by("ordinal"))

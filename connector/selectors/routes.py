@@ -34,12 +34,20 @@ def _definition(epoch_pk: int, kind: str, business_key: str):
                                       definition_version=b.definition_version)
 
 
-@lru_cache(maxsize=1024)
-def _route(epoch_digest: bytes, epoch_pk: int, account_id: int, channel: str) -> RouteProgram | None:
+# The compiled program of a route depends on the epoch and the channel only (the epoch's binding proof names the
+# exact definition), so one entry serves every account of the epoch; which routes an account enables is the only
+# per-account fact, read once per account and epoch. Keyed per account, the compiled program was rebuilt (pack
+# payload read and verified, definition reread and compiled) for every account beyond the cache's 1,024th: a
+# cost that grew with the number of accounts sending (D-252).
+@lru_cache(maxsize=1 << 16)
+def _enabled(epoch_digest: bytes, epoch_pk: int, account_id: int) -> frozenset[str]:
     enabled = (ServiceConfigurationAccount.objects.filter(generation__epochs__pk=epoch_pk, account_id=account_id)
                .values_list("enabled_routes", flat=True).first())
-    if not enabled or channel not in enabled:
-        return None
+    return frozenset(enabled or ())
+
+
+@lru_cache(maxsize=1024)
+def _program(epoch_digest: bytes, epoch_pk: int, channel: str) -> RouteProgram | None:
     found = _definition(epoch_pk, BindingKind.INBOUND_ROUTE.value, channel)
     if found is None:
         return None
@@ -47,6 +55,12 @@ def _route(epoch_digest: bytes, epoch_pk: int, account_id: int, channel: str) ->
     return compile_route(business_key=binding.business_key, version=binding.definition_version,
                          definition_bytes=proof.definition, definition_digest=proof.canonical_definition_digest,
                          pack_generation_id=proof.pack_generation_id)
+
+
+def _route(epoch_digest: bytes, epoch_pk: int, account_id: int, channel: str) -> RouteProgram | None:
+    if channel not in _enabled(epoch_digest, epoch_pk, account_id):
+        return None
+    return _program(epoch_digest, epoch_pk, channel)
 
 
 def route_for(*, epoch_pk: int, epoch_digest: bytes, account_id: int, channel: str) -> RouteProgram:
@@ -74,7 +88,8 @@ def mapping_for(*, epoch_pk: int, epoch_digest: bytes, business_key: str) -> tup
 def clear_caches(**_signal) -> None:
     """Forget the compiled routes and mappings. Runs whenever this process opens a database session: a restore of
     the database terminates every application session and may bring back primary keys seen before (D-220)."""
-    _route.cache_clear()
+    _enabled.cache_clear()
+    _program.cache_clear()
     _mapping.cache_clear()
 
 

@@ -27,11 +27,12 @@ def prepared_epoch_pks() -> list[int]:
 
 
 def gate_list() -> QuerySet[AccountServingGate]:
-    return AccountServingGate.objects.select_related("account", "epoch")
+    return AccountServingGate.objects.select_related("account", "epoch").defer("epoch__preimage")
 
 
 def gate_get(*, account_id: int) -> AccountServingGate:
-    return AccountServingGate.objects.select_related("account", "epoch").get(account_id=account_id)
+    return AccountServingGate.objects.select_related("account", "epoch").defer("epoch__preimage").get(
+        account_id=account_id)
 
 
 def credential_gate_get(*, generation_id: str) -> CredentialGenerationDispatchGate:

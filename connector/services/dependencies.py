@@ -25,7 +25,8 @@ def dependency_resolve(*, dependency_pk: int, reject_evidence: str = "") -> str:
     """Resolve one waiting dependency: satisfied if its requirement is met, expired once its deadline passed,
     rejected on explicit evidence; the Execution becomes ready when all its dependencies are satisfied, and is
     quarantined (DEPENDENCY_EXPIRED / DEPENDENCY_REJECTED) otherwise. Returns the dependency's state."""
-    dependency = ExecutionDependency.objects.select_related("execution__epoch").get(pk=dependency_pk)
+    dependency = (ExecutionDependency.objects.select_related("execution__epoch")
+                  .defer("execution__epoch__preimage").get(pk=dependency_pk))
     execution = dependency.execution
     with transaction.atomic():
         lock_serving(account_id=execution.account_id, epoch_id=execution.epoch.epoch_id,

@@ -80,6 +80,7 @@ def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | 
     (docs/scale-out.md); None reads the lane by its pk alone."""
     lanes_of = OrderingLane.objects if account_id is None else OrderingLane.objects.filter(account_id=account_id)
     lane = lanes_of.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
+    profile_id = lane.epoch.profile_id  # read here: the relocked lane's `.epoch` would load the preimage (D-251)
     with transaction.atomic():
         ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
                            epoch_digest=bytes(lane.epoch.digest))
@@ -93,7 +94,7 @@ def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | 
             replayed = lanes.replay_resumption(lane, ctx)
             if replayed is None:
                 return None
-            return _mint_on_lane(lane, replayed, route, ctx)
+            return _mint_on_lane(lane, replayed, route, ctx, profile_id)
         pending = list(Projection.objects.filter(lane=lane, account_id=lane.account_id, lane_status="pending")
                        .order_by("position", "tie_breaker", "pk"))
         if not pending:
@@ -133,12 +134,11 @@ def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | 
         if chosen is None:
             _lane_row(lane).update(fence=lane.fence + 1)
             return None
-        return _mint_on_lane(lane, chosen, route, ctx)
+        return _mint_on_lane(lane, chosen, route, ctx, profile_id)
 
 
-def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx) -> Execution:
-    execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=lane.epoch.profile_id,
-                               lane=lane)
+def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx, profile_id: str) -> Execution:
+    execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id, lane=lane)
     _lane_row(lane).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
     return execution
 
@@ -479,6 +479,7 @@ def window_seal_due(*, window_pk: int) -> Execution | None:
     """Seal a window whose max age passed (the sweeper's close policy). Races new input on the window row lock:
     whichever commits first decides the membership; later input opens a successor window."""
     window = ProjectionWindow.objects.select_related("epoch").defer("epoch__preimage").get(pk=window_pk)
+    profile_id = window.epoch.profile_id  # the relocked window's `.epoch` would load the preimage (D-251)
     with transaction.atomic():
         ctx = lock_serving(account_id=window.account_id, epoch_id=window.epoch.epoch_id,
                            epoch_digest=bytes(window.epoch.digest))
@@ -487,4 +488,4 @@ def window_seal_due(*, window_pk: int) -> Execution | None:
             return None
         route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=window.account_id,
                           channel=window.route)
-        return window_seal(window, route, ctx, window.epoch.profile_id)
+        return window_seal(window, route, ctx, profile_id)

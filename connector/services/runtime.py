@@ -94,7 +94,9 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
         return found
     _, ref = decode(bytes(execution_ref))
     fields = dict(ref)
-    epoch = ServingEpoch.objects.filter(digest=fields["epoch_digest"]).first()
+    # Only the columns the guard compares (and the FSM state, which django-fsm reads on load): the preimage grows
+    # with the service and stays on disk (D-251).
+    epoch = ServingEpoch.objects.filter(digest=fields["epoch_digest"]).only("id", "epoch_id", "digest", "state").first()
     if epoch is None:
         raise RuntimeResultMismatch("the ExecutionRef names no exact epoch")
     route = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=account_id,
