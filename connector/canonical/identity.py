@@ -158,6 +158,13 @@ def canonical_identity(value: object, *, field: str, max_length: int = DEFAULT_I
     if len(text) > max_length:
         raise IdentityRejected(IDENTITY_TOO_LONG, field, f"{len(text)} code points exceeds max_length {max_length}")
 
+    # Printable ASCII with no edge space passes every remaining check, decided in C: an ASCII character is
+    # non-printable exactly when it is category Cc (U+0000..U+001F, U+007F; ASCII holds no Cf, Zl or Zp), the only
+    # ASCII edge characters to refuse are `isspace()` ones, and ASCII text is always NFC. Any other value takes
+    # the character-by-character checks below, which decide its code in the documented order (D-262).
+    if text.isascii() and text.isprintable() and not text[0].isspace() and not text[-1].isspace():
+        return text
+
     if _is_edge_space(text[0]):
         raise IdentityRejected(IDENTITY_WHITESPACE, field, f"leading whitespace {_codepoint(text[0])}")
     if _is_edge_space(text[-1]):

@@ -22,7 +22,10 @@ A pointer is an RFC 6901 JSON pointer into the component. Everything a pointer y
 identity text where it becomes identity (keys, partitions, locators)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -219,14 +222,67 @@ class RouteProgram:
 
     def parse(self, body: bytes) -> list[NormalizedEvent]:
         """Whole-body parse: every component must normalize, or the receipt is refused as a whole (the detail
-        names the first component that did not)."""
+        names the first component that did not).
+
+        A parse is a pure function of the route and the body bytes, so the last successful parses are kept in
+        this process (`_PARSED`, D-262) and handed back when the same route parses the very same bytes again:
+        materialization in the process that admitted the receipt reuses admission's parse instead of redoing it.
+        An entry is served only when the route is equal to the one that parsed it (every field, the definition
+        included) and the body is byte-for-byte the stored one; the digest only finds the entry."""
+        body = bytes(body)
+        key = (self.business_key, self.version, self.definition_digest, hashlib.sha256(body).digest())
+        held = _parsed_get(key)
+        if held is not None and held[0] == self and held[1] == body:
+            return list(held[2])
         events = []
         for ordinal, component in enumerate(self.extract_components(body)):
             try:
                 events.append(self.normalize(component))
             except BodyUnparseable as exc:
                 raise BodyUnparseable(f"component {ordinal}: {exc.detail}") from exc
+        _parsed_put(key, (self, body, tuple(events)))
         return events
+
+
+#: The last successful parses (D-262): (business key, version, definition digest, body sha256) -> (route, body,
+#: events). Bounded by entries and by bytes (each entry is counted as three times its body: the body, and the
+#: components and payloads its events hold); a body larger than the byte bound is never kept. NormalizedEvent is
+#: frozen and its fields immutable, and each hit returns a new list, so no caller can change an entry.
+_PARSED: OrderedDict[tuple, tuple[RouteProgram, bytes, tuple[NormalizedEvent, ...]]] = OrderedDict()
+PARSED_MAX_ENTRIES = 64
+PARSED_MAX_BYTES = 16 * 1024 * 1024
+_parsed_lock = threading.Lock()
+_parsed_size = [0]
+
+
+def _parsed_get(key: tuple):
+    with _parsed_lock:
+        held = _PARSED.get(key)
+        if held is not None:
+            _PARSED.move_to_end(key)
+        return held
+
+
+def _parsed_put(key: tuple, entry: tuple) -> None:
+    size = 3 * len(entry[1])
+    if size > PARSED_MAX_BYTES:
+        return
+    with _parsed_lock:
+        old = _PARSED.pop(key, None)
+        if old is not None:
+            _parsed_size[0] -= 3 * len(old[1])
+        _PARSED[key] = entry
+        _parsed_size[0] += size
+        while len(_PARSED) > PARSED_MAX_ENTRIES or _parsed_size[0] > PARSED_MAX_BYTES:
+            _, dropped = _PARSED.popitem(last=False)
+            _parsed_size[0] -= 3 * len(dropped[1])
+
+
+def parsed_clear() -> None:
+    """Forget every kept parse (tests)."""
+    with _parsed_lock:
+        _PARSED.clear()
+        _parsed_size[0] = 0
 
 
 def compile_route(*, business_key: str, version: int, definition_bytes: bytes, definition_digest: bytes,

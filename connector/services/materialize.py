@@ -196,25 +196,49 @@ def _windowed(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: Servin
 _INSERT_SQL: dict[tuple, tuple[str, tuple]] = {}
 
 
-def _insert_statement(model, returning: tuple[str, ...], conflict_nothing: bool) -> tuple[str, tuple]:
-    """One fixed statement per (table, returning, conflict rule): `INSERT INTO t (cols) SELECT * FROM
-    unnest(%s::type[], ...) [ON CONFLICT DO NOTHING] RETURNING ...`. Built from the model's own columns and
-    types, so it never drifts from the schema; values are parameters only (never SQL built from input)."""
-    key = (model, returning, conflict_nothing)
+def _insert_statement(model, returning: tuple[str, ...], conflict_nothing: bool,
+                      shared: tuple[bool, ...]) -> tuple[str, tuple]:
+    """One fixed statement per (table, returning, conflict rule, which columns hold one value for every row):
+    `INSERT INTO t (cols) SELECT %b::type | u.cN, ... [FROM unnest(%b::type[], ...) AS u(...)] [ON CONFLICT DO
+    NOTHING] RETURNING ...`. A column whose value is the same in every row (the receipt's account, epoch, route,
+    the defaults) is bound once as a scalar instead of an array of copies (D-263); the others are arrays
+    unnested together, in row order. Built from the model's own columns and types, so it never drifts from the
+    schema; values are parameters only (never SQL built from input)."""
+    key = (model, returning, conflict_nothing, shared)
     if key not in _INSERT_SQL:
         from django.db import connection
 
-        fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+        if len(_INSERT_SQL) >= 256:  # bounded: the shapes are few in practice, never data-sized
+            _INSERT_SQL.clear()
+        fields = _fields(model)
         table = connection.ops.quote_name(model._meta.db_table)
         columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-        # Arrays of the bare type (varchar, not varchar(64)): an explicit cast to a length would silently truncate
+        # Casts to the bare type (varchar, not varchar(64)): an explicit cast to a length would silently truncate
         # a value the column must refuse; assignment to the column enforces the length as a single insert does.
-        arrays = ", ".join(f"%s::{re.sub(r'[(][^)]*[)]', '', f.db_type(connection))}[]" for f in fields)
-        sql = (f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays})"
+        bare = [re.sub(r"[(][^)]*[)]", "", f.db_type(connection)) for f in fields]
+        select = ", ".join(f"%b::{t}" if one else f"u.c{i}" for i, (t, one) in enumerate(zip(bare, shared)))
+        arrays = [(i, t) for i, (t, one) in enumerate(zip(bare, shared)) if not one]
+        source = (" FROM unnest(" + ", ".join(f"%b::{t}[]" for _, t in arrays) + ") AS u("
+                  + ", ".join(f"c{i}" for i, _ in arrays) + ")") if arrays else ""
+        sql = (f"INSERT INTO {table} ({columns}) SELECT {select}{source}"
                + (" ON CONFLICT DO NOTHING" if conflict_nothing else "")
                + " RETURNING " + ", ".join(connection.ops.quote_name(c) for c in returning))
         _INSERT_SQL[key] = (sql, fields)
     return _INSERT_SQL[key]
+
+
+_FIELDS: dict = {}
+
+
+def _fields(model) -> tuple:
+    if model not in _FIELDS:
+        _FIELDS[model] = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+    return _FIELDS[model]
+
+
+def _one_value(values: list) -> bool:
+    first = values[0]
+    return all(v is first or (type(v) is type(first) and v == first) for v in values)
 
 
 def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",),
@@ -225,7 +249,7 @@ def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",
     assert transaction.get_connection().in_atomic_block
     if not rows:
         return []
-    sql, fields = _insert_statement(model, returning, conflict_nothing)
+    fields = _fields(model)
     now = timezone.now()
     columns = []
     for f in fields:
@@ -235,9 +259,29 @@ def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",
         default = f.get_default() if f.attname not in rows[0] else None
         columns.append([bytes(v) if isinstance(v, memoryview) else v
                         for v in (row.get(f.attname, default) for row in rows)])
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(sql, columns)
+    shared = tuple(_one_value(values) for values in columns)
+    sql, _ = _insert_statement(model, returning, conflict_nothing, shared)
+    params = ([values[0] for values, one in zip(columns, shared) if one]
+              + [values for values, one in zip(columns, shared) if not one])
+    with _server_binding_cursor(transaction.get_connection()) as cursor:
+        cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def _server_binding_cursor(connection):
+    """A cursor on the connection's open session and transaction that binds its parameters on the server (psycopg's
+    `Cursor`, as Django's `OPTIONS["server_side_binding"]` would give every query; D-261), wrapped by Django as
+    any cursor is (statement logging and counting, error translation, execute wrappers). Django's default
+    `ClientCursor` quotes every element of the insert's arrays into the SQL text in Python (about half of a
+    100-event receipt's materialization CPU); server-side the arrays travel as binary parameters, dumped per
+    element by psycopg's C dumpers. Only these set-based statements use it: their SQL casts every parameter to
+    its column type, so the parameter types are explicit."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
 # -- events --------------------------------------------------------------------------------------------------------

@@ -749,6 +749,31 @@ def test_identity_never_folds_case():
     assert upper != lower
 
 
+def _identity_code(value: str) -> str | None:
+    try:
+        canonical_identity(value, field="f")
+    except IdentityRejected as exc:
+        return exc.code
+    return None
+
+
+@pytest.mark.parametrize("code_point", range(128))
+def test_identity_ascii_fast_path_decides_as_the_documented_checks(code_point):
+    """Every ASCII character, alone, inside, leading and trailing a value, gets the code the documented checks give
+    (computed here from `unicodedata`, not from the implementation): the printable-ASCII shortcut of
+    `canonical_identity` (D-262) accepts nothing the character checks refuse. Proves: CV2-01-003, CV2-01-004"""
+    import unicodedata
+
+    ch = chr(code_point)
+    control = unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp"}
+    edge = IDENTITY_WHITESPACE if ch.isspace() else (IDENTITY_CONTROL_CHAR if control else None)
+    assert _identity_code(f"a{ch}b") == (IDENTITY_CONTROL_CHAR if control else None)
+    assert _identity_code(f"{ch}ab") == edge
+    assert _identity_code(f"ab{ch}") == edge
+    assert _identity_code(ch) == edge
+    assert _identity_code("a" * 254 + ch) == edge and _identity_code("a" * 255 + ch) == IDENTITY_TOO_LONG
+
+
 def test_identity_max_length_counts_code_points():
     """Proves: CV2-01-004, CV2-01-029"""
     assert canonical_identity("ëëë", field="f", max_length=3) == "ëëë"  # 6 UTF-8 bytes, 3 code points

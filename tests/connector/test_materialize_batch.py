@@ -88,3 +88,30 @@ def test_overlapping_batches_materialized_at_once_never_deadlock():
         assert ReceiptComponent.objects.filter(receipt__in=[one, two], disposition="event").count() == 60
         assert OrderingLane.objects.filter(partition__startswith=f"rec-{round_}-").count() == 60
         assert Projection.objects.filter(event__in=live).count() == 60
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("sequences", [[7, 7, 7, 7], [1, 2, 3, 4], [5]], ids=["shared", "varying", "single"])
+def test_every_row_gets_its_own_values_whether_a_column_is_shared_or_varies(sequences):
+    """The set-based inserts bind a column whose value is the same in every row once, as a scalar, and the others
+    as arrays (D-263): a receipt whose events share their position, one whose positions all differ, and a
+    one-event receipt (no array at all) store each event's own key, record, position and payload on its own
+    Event, Projection and lane. Proves: CV2-05-011 (children derived from the receipt), CV2-06-001"""
+    account = build_world("ms-").accounts[0].account_key
+    tag = "-".join(map(str, sequences))
+    events = [_event(f"ev-{tag}-{i}", f"rec-{tag}-{i}", sequence=s, name=f"N{i}") for i, s in enumerate(sequences)]
+    receipt = _admit(account, f"k-{tag}", events)
+    out = receipt_materialize(receipt_pk=receipt.pk)
+    assert out.components == len(events) and len(out.events) == len(events)
+    stored = {e.source_event_key: e for e in Event.objects.filter(receipt=receipt)}
+    for i, sent in enumerate(events):
+        event = stored[sent["id"]]
+        assert (event.partition, int(event.position), event.occurred_at) == (sent["record_id"], sent["sequence"],
+                                                                              sent["occurred_at"])
+        assert json.loads(bytes(event.payload))["name"] == f"N{i}"
+        projection = Projection.objects.select_related("lane").get(event=event)
+        assert (projection.lane.partition, int(projection.position)) == (sent["record_id"], sent["sequence"])
+        assert json.loads(bytes(projection.input))["data"]["name"] == f"N{i}"
+    components = list(ReceiptComponent.objects.filter(receipt=receipt).order_by("ordinal")
+                      .values_list("ordinal", "event__source_event_key", "disposition"))
+    assert components == [(i, e["id"], "event") for i, e in enumerate(events)]
