@@ -151,6 +151,16 @@ def _insert_values(sql: str, table: str, column: str) -> list[str] | None:
         if len(arrays) != len(columns):
             return []
         return [v.strip('"') for v in arrays[index].strip("{}").split(",")]
+    scalar = re.match(r"SELECT\s+(?!\*)(.*?)(?:\s+FROM\s+unnest\((.*)\)\s+AS\s+u\(([^)]*)\))?"
+                      r"(?:\s+ON\s+CONFLICT\b.*?)?(?:\s+RETURNING\b.*)?$", rest, re.I | re.S)
+    if scalar:  # set-based insert with one-value columns bound once (D-263): SELECT $1::t, u.c1 FROM unnest(...)
+        items = [i.strip() for i in _split_top(scalar.group(1))]
+        if len(items) != len(columns):
+            return []
+        item = items[index]
+        if re.fullmatch(r"(\$\d+|%s|'[^']*'|-?\d+)(::\w+)?", item):  # one value for every row of the statement
+            return [re.sub(r"::\w+$", "", item).strip("'")]
+        return []  # a per-row value from the unnested arrays: not provably one shard (fail closed)
     if re.match(r"VALUES\b", rest, re.I):
         rows = []
         body = re.split(r"\bRETURNING\b", rest[6:], flags=re.I)[0]

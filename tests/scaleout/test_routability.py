@@ -173,6 +173,8 @@ def test_a_function_body_that_loses_its_account_filter_is_refused(db, routine, p
      '"connector_receipt"."account_id" = 2)', "two distribution values"),
     ('INSERT INTO "connector_event" ("account_id", "route") SELECT * FROM unnest(\'{1,2}\'::bigint[], '
      '\'{a,b}\'::varchar[])', "two distribution values"),
+    ('INSERT INTO "connector_event" ("account_id", "route") SELECT u.c0, $1::varchar FROM unnest($2::bigint[]) '
+     'AS u(c0) RETURNING "id"', "unpinned"),
     ('SELECT * FROM "connector_brand_new_table" WHERE "connector_brand_new_table"."id" = 1', "no placement"),
     ('SELECT "connector_receipt"."id" FROM "connector_receipt", "connector_event" WHERE '
      '"connector_receipt"."account_id" = 1', "reference not recognised"),
@@ -192,6 +194,8 @@ def test_the_checker_refuses_unscoped_statements(sql, problem):
     'SELECT "connector_event"."id" FROM "connector_event" INNER JOIN "connector_receipt" ON '
     '("connector_event"."account_id" = "connector_receipt"."account_id") WHERE "connector_receipt"."account_id" = 3',
     'INSERT INTO "connector_receiptcomponent" ("receipt_id", "ordinal") VALUES (7, 0), (7, 1)',
+    'INSERT INTO "connector_event" ("account_id", "route") SELECT $1::bigint, u.c1 FROM unnest($2::varchar[]) '
+    'AS u(c1) RETURNING "id"',
     "SELECT * FROM connector_lock_serving(1, 2)",
 ])
 def test_the_checker_accepts_single_shard_statements(sql):
