@@ -521,7 +521,7 @@ def execution_record_results(*, items: list[ResultToRecord]) -> dict[int, Execut
         executions = list(
             Execution.objects.filter(pk__in=sorted(by_pk)).select_related("epoch", "projection")
             .only("id", "account_id", "epoch_id", "lane_id", "projection_id", "command_id", "execution_ref_digest",
-                  "state", "lease_fence", "epoch__epoch_id", "epoch__digest", "projection__route",
+                  "state", "lease_fence", "epoch__epoch_id", "epoch__digest", "epoch__state", "projection__route",
                   "projection__position", "projection__tie_breaker", "projection__window_id")
             .annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
                                            F("projection__window__opened_at"))))

@@ -276,7 +276,7 @@ def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, Resul
             _, ref = decode(bytes(c.execution_ref))
             digests.add(bytes(dict(ref)["epoch_digest"]))
         epochs = {bytes(e.digest): e for e in ServingEpoch.objects.filter(digest__in=list(digests))
-                  .only("pk", "epoch_id", "digest")}
+                  .only("pk", "epoch_id", "digest", "state")}
         planned, keys = [], set()
         for c in commands:
             try:
