@@ -496,11 +496,25 @@ WITH d AS (
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM audit), (SELECT count(*) FROM lanes)"""
 
 
-def execution_record_results(*, items: list[ResultToRecord]) -> dict[int, Execution]:
+def _batch_executions(pks, *, with_input: bool = False):
+    """The Executions of a batch in one read: the columns the batch run and the batch recording compare (never the
+    epoch's preimage), the projection's input if asked, and the admission time (issue 21: the stage latency)."""
+    columns = ["id", "account_id", "epoch_id", "lane_id", "projection_id", "command_id", "execution_ref_digest",
+               "state", "lease_fence", "epoch__epoch_id", "epoch__digest", "epoch__state", "projection__route",
+               "projection__position", "projection__tie_breaker", "projection__window_id"]
+    if with_input:
+        columns += ["execution_ref", "projection__input"]
+    return {e.pk: e for e in Execution.objects.filter(pk__in=sorted(set(pks))).select_related("epoch", "projection")
+            .only(*columns).annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
+                                                          F("projection__window__opened_at")))}
+
+
+def execution_record_results(*, items: list[ResultToRecord], executions: dict | None = None) -> dict[int, Execution]:
     """`execution_record_result` for a batch, in one fenced transaction (D-255): the same checks and the same
     writes, in a constant number of statements for the batch.
 
-    Before the transaction: the Executions (one read, preimage never loaded) and their Runtime result receipts
+    Before the transaction: the Executions (one read, preimage never loaded; `executions`, the batch run's own
+    read of the same rows, saves it: only their immutable columns are used before the row lock) and their Runtime result receipts
     (read back from Runtime: `runtime.runtime_results_get`, one read). In the transaction: every account's epoch
     and gate FOR SHARE in ascending account id (`lock_serving_accounts(settling=True)`, one round trip), each
     Execution's exact epoch (pk, ID and digest) checked against what its account's guard locked; the lanes
@@ -518,16 +532,13 @@ def execution_record_results(*, items: list[ResultToRecord]) -> dict[int, Execut
         return {}
     by_pk = {i.execution_pk: i for i in items}
     try:
-        executions = list(
-            Execution.objects.filter(pk__in=sorted(by_pk)).select_related("epoch", "projection")
-            .only("id", "account_id", "epoch_id", "lane_id", "projection_id", "command_id", "execution_ref_digest",
-                  "state", "lease_fence", "epoch__epoch_id", "epoch__digest", "epoch__state", "projection__route",
-                  "projection__position", "projection__tie_breaker", "projection__window_id")
-            .annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
-                                           F("projection__window__opened_at"))))
+        known = executions or {}
+        rows = [known[pk] for pk in sorted(by_pk) if pk in known]
+        if len(rows) != len(by_pk):
+            rows = list(_batch_executions(by_pk).values())
         results = runtime.runtime_results_get(command_ids=[i.command_id for i in items])
         candidates, lanes_seen = [], set()
-        for ex in executions:
+        for ex in rows:
             item = by_pk[ex.pk]
             result = results.get(item.command_id)
             if (ex.command_id != item.command_id or result is None
@@ -654,9 +665,7 @@ def execution_run_batch(*, tokens: list[ClaimToken]) -> list[Execution]:
     committed)."""
     if not tokens:
         return []
-    rows = {e.pk: e for e in Execution.objects.filter(pk__in=[t.execution_pk for t in tokens])
-            .select_related("projection").only("id", "account_id", "state", "lease_fence", "command_id",
-                                               "execution_ref", "projection_id", "projection__input")}
+    rows = _batch_executions([t.execution_pk for t in tokens], with_input=True)
     mine = [t for t in tokens if (e := rows.get(t.execution_pk)) is not None and e.state == ExecutionState.READY
             and e.lease_fence == t.lease_fence]
     receipts = runtime.runtime_commands_apply(commands=[
@@ -668,7 +677,7 @@ def execution_run_batch(*, tokens: list[ClaimToken]) -> list[Execution]:
     fault_point("runtime.batch_after_commit")
     applied = [ResultToRecord(t.execution_pk, r.command_id, r.execution_ref_digest, t.lease_fence)
                for t in mine if (r := receipts.get(rows[t.execution_pk].command_id)) is not None]
-    settled = execution_record_results(items=applied)
+    settled = execution_record_results(items=applied, executions=rows)
     return [settled[t.execution_pk] if t.execution_pk in settled else _run_one(t) for t in tokens]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from connector.canonical.encoding import decode, encode
@@ -217,11 +218,31 @@ WITH upd AS (
 SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM ins), (SELECT count(*) FROM res)"""
 
 
-def _plan(command: RuntimeCommand, epochs: dict[bytes, ServingEpoch]) -> _Planned | None:
+# Which epoch row an exact digest names (pk, ID, digest): immutable facts, cached in-process by the exact digest
+# (a digest can never name another epoch's content). Cleared whenever this process opens a database session,
+# like the route cache: a restore may bring back primary keys seen before (D-220).
+_EPOCHS: dict[bytes, ServingEpoch] = {}
+
+
+def _epochs_by_digest(digests) -> dict[bytes, ServingEpoch]:
+    missing = [d for d in digests if d not in _EPOCHS]
+    if missing:
+        for e in ServingEpoch.objects.filter(digest__in=missing).only("pk", "epoch_id", "digest", "state"):
+            _EPOCHS[bytes(e.digest)] = e
+    return {d: _EPOCHS[d] for d in digests if d in _EPOCHS}
+
+
+def _forget_epochs(**_signal) -> None:
+    _EPOCHS.clear()
+
+
+connection_created.connect(_forget_epochs, weak=False, dispatch_uid="connector.services.runtime._forget_epochs")
+
+
+def _plan(command: RuntimeCommand, fields: dict, epochs: dict[bytes, ServingEpoch]) -> _Planned | None:
     """The command's one CRM change if it is the common case the batch path applies (a single item, a route that
-    does not push, a mapping that resolves, a record key), else None: the command takes the per-command path."""
-    _, ref = decode(bytes(command.execution_ref))
-    fields = dict(ref)
+    does not push, a mapping that resolves, a record key), else None: the command takes the per-command path.
+    `fields`: the command's decoded ExecutionRef."""
     epoch = epochs.get(bytes(fields["epoch_digest"]))
     if epoch is None:
         return None  # the per-command path raises RuntimeResultMismatch
@@ -271,16 +292,19 @@ def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, Resul
     if not commands:
         return out
     try:
-        digests = set()
-        for c in commands:
-            _, ref = decode(bytes(c.execution_ref))
-            digests.add(bytes(dict(ref)["epoch_digest"]))
-        epochs = {bytes(e.digest): e for e in ServingEpoch.objects.filter(digest__in=list(digests))
-                  .only("pk", "epoch_id", "digest", "state")}
-        planned, keys = [], set()
+        refs = {}
         for c in commands:
             try:
-                p = _plan(c, epochs)
+                refs[c.command_id] = dict(decode(bytes(c.execution_ref))[1])
+            except Exception:  # noqa: BLE001 - an unreadable ExecutionRef: the per-command path fails it
+                continue
+        epochs = _epochs_by_digest({bytes(f["epoch_digest"]) for f in refs.values() if "epoch_digest" in f})
+        planned, keys = [], set()
+        for c in commands:
+            if c.command_id not in refs:
+                continue
+            try:
+                p = _plan(c, refs[c.command_id], epochs)
             except Exception:  # noqa: BLE001 - an unusual input: the per-command path decides (and isolates it)
                 p = None
             if p is None or (c.account_id, p.record_key) in keys:

@@ -144,12 +144,12 @@ def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, dja
 
 
 #: Statements of one `execution_claim_batch_and_run` step of n Executions on the batch path (D-254..D-256), BEGIN and
-#: COMMIT included, for n = 1 and n = 10 alike: the claim (5), the claimed Executions (1), Runtime's batch (epochs 1,
-#: BEGIN, stored results, CrmRecords FOR UPDATE, changes + ApplicationResults, COMMIT: 6), the completion batch
-#: (Executions 1, result receipts 1, BEGIN, every account's guard, lanes FOR UPDATE, Executions FOR UPDATE,
-#: completions + audit + lanes, COMMIT: 8). Before (main at 8953204, same test): 5 + 21 per Execution (26 for n = 1,
-#: 215 for n = 10).
-BATCH_RUN = 20
+#: COMMIT included, for n = 1 and n = 10 alike: the claim (5), the claimed Executions (1, shared by both batches),
+#: Runtime's batch (BEGIN, stored results, CrmRecords FOR UPDATE, changes + ApplicationResults, COMMIT: 5; the
+#: epochs named are cached by exact digest), the completion batch (result receipts read back 1, BEGIN, every
+#: account's guard, lanes FOR UPDATE, Executions FOR UPDATE, completions + audit + lanes, COMMIT: 7). Before (main
+#: at 8953204, same test): 5 + 21 per Execution (26 for n = 1, 215 for n = 10).
+BATCH_RUN = 18
 
 
 def test_batch_run_statement_count_does_not_grow_with_the_batch(hot_world, django_assert_max_num_queries):
