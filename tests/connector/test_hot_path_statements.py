@@ -15,6 +15,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 | one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
+| one `execution_claim_batch_and_run` worker step of n Executions: claim, Runtime, completion (D-254..D-256) | 5 + 19n (24 for n = 1, 195 for n = 10) | 18 for any n |
 """
 from __future__ import annotations
 
@@ -147,8 +148,8 @@ def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, dja
 #: COMMIT included, for n = 1 and n = 10 alike: the claim (5), the claimed Executions (1, shared by both batches),
 #: Runtime's batch (BEGIN, stored results, CrmRecords FOR UPDATE, changes + ApplicationResults, COMMIT: 5; the
 #: epochs named are cached by exact digest), the completion batch (result receipts read back 1, BEGIN, every
-#: account's guard, lanes FOR UPDATE, Executions FOR UPDATE, completions + audit + lanes, COMMIT: 7). Before (main
-#: at 8953204, same test): 5 + 21 per Execution (26 for n = 1, 215 for n = 10).
+#: account's guard, lanes FOR UPDATE, Executions FOR UPDATE, completions + audit + lanes, COMMIT: 7). Before (the
+#: one-by-one run, `RUN_BATCH` 0, as on main at 8953204): 5 + 19 per Execution (24 for n = 1, 195 for n = 10).
 BATCH_RUN = 18
 
 
