@@ -12,6 +12,9 @@ POINTS = (
     "claim.after_commit",  # Execution claimed, Runtime not called
     "runtime.after_commit",  # Runtime committed the result, connector has not recorded it
     "result.before_commit",  # connector recording the result, not yet committed
+    "runtime.batch_before_commit",  # Runtime's batch transaction wrote CRM changes and results, not committed
+    "runtime.batch_after_commit",  # Runtime's batch committed its results, none recorded by the connector
+    "result.batch_before_commit",  # the batch's completions written, not committed
     "egress.after_sending",  # granted -> sending committed, no byte sent yet
     "egress.after_request",  # the provider answered (or not), settlement not committed
     "dispatch.after_confirmed",  # remote success recorded, local finalization not committed

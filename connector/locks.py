@@ -194,6 +194,30 @@ def execution_for_update(execution_pk: int, *, skip_locked: bool = False, accoun
             .filter(pk=execution_pk).first())
 
 
+def lanes_for_update(lane_pks: Iterable[int], *, account_ids: Iterable[int]) -> dict:
+    """Several OrderingLanes FOR UPDATE in ascending pk, in one statement that names their accounts (the batched
+    result recording, D-255: lanes before entity rows). Returns {pk: lane}; a pk of another account is absent."""
+    from connector.models import OrderingLane
+
+    ordered = sorted(set(lane_pks))
+    if not ordered:
+        return {}
+    return {lane.pk: lane for lane in OrderingLane.objects.select_for_update(of=("self",))
+            .filter(pk__in=ordered, account_id__in=sorted(set(account_ids))).order_by("pk")}
+
+
+def executions_for_update(execution_pks: Iterable[int], *, account_ids: Iterable[int]) -> dict:
+    """Several Executions FOR UPDATE in ascending pk (entity rows, after the guard and the lanes), in one statement
+    that names their accounts (D-255). Returns {pk: execution}; a pk of another account is absent."""
+    from connector.models import Execution
+
+    ordered = sorted(set(execution_pks))
+    if not ordered:
+        return {}
+    return {e.pk: e for e in Execution.objects.select_for_update(of=("self",))
+            .filter(pk__in=ordered, account_id__in=sorted(set(account_ids))).order_by("pk")}
+
+
 def dependency_for_update(dependency_pk: int):
     from connector.models import ExecutionDependency
 

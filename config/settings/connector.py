@@ -12,6 +12,9 @@ CONNECTOR = {
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
     # Executions one worker step claims in one transaction (D-204); the lease above must cover running them all.
     "CLAIM_BATCH": env_int("CONNECTOR_CLAIM_BATCH", 10),
+    # 1: a claimed batch runs through one Runtime transaction and one completion transaction (D-254..D-256), the
+    # per-item path taking what the batch path leaves; 0: every claimed Execution runs alone (before D-254).
+    "RUN_BATCH": env_int("CONNECTOR_RUN_BATCH", 1),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
     # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before

@@ -8,12 +8,14 @@
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass
 from functools import partial
 from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, FilteredRelation, Q
 from django.db.models.functions import Coalesce
@@ -22,7 +24,7 @@ from django.utils import timezone
 from connector import locks, logcontext, stage_metrics, tracing
 from connector.actors import Actor
 from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
-from connector.errors import FenceStale, TransitionRefused
+from connector.errors import ConnectorError, FenceStale, TransitionRefused
 from connector.faults import fault_point
 from connector.models import (
     Execution,
@@ -317,8 +319,10 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
 
 def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 60,
                                   account_ids: list[int] | None = None) -> list[Execution]:
-    """One worker step over a batch: claim up to `n` Executions (`execution_claim_batch`), then run them one by
-    one, each in Runtime's own transaction and each completion in its own fenced transaction, exactly as
+    """One worker step over a batch: claim up to `n` Executions (`execution_claim_batch`), then run them: with
+    `CONNECTOR["RUN_BATCH"]` (default) through `execution_run_batch` (one Runtime transaction and one completion
+    transaction for the batch's common case, D-254..D-256), otherwise (and for whatever the batch path leaves) one
+    by one, each in Runtime's own transaction and each completion in its own fenced transaction, exactly as
     `execution_claim_and_run` runs one. A deterministic failure of one run quarantines that Execution only
     (EXECUTION_STEP_FAILED) and the loop goes on; a transient one leaves it leased. A crash loses only what was
     not committed: the leases of the batch's unrun Executions expire and they are claimed again with a new fence.
@@ -339,15 +343,9 @@ def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 6
                 break
             out.append(one)
         return out
-    done = []
-    for token in tokens:
-        ran = None
-        with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
-                             quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
-                                                step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
-            ran = execution_run(token=token)
-        done.append(ran if ran is not None else Execution.objects.get(pk=token.execution_pk))
-    return done
+    if int(settings.CONNECTOR.get("RUN_BATCH", 1)):
+        return execution_run_batch(tokens=tokens)  # D-254..D-256: the batch path, the per-item one for the rest
+    return [_run_one(token) for token in tokens]
 
 
 def execution_run(*, token: ClaimToken) -> Execution:
@@ -473,6 +471,245 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
                                                                fence=lane.fence + 1)
         fault_point("result.before_commit")
         return execution
+
+
+# -- the batch run (issue 18 goal 3, D-254..D-256) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResultToRecord:
+    """What `execution_record_result` takes for one Execution: its command, the ExecutionRef digest of the
+    Runtime result receipt and the claim holder's lease fence."""
+
+    execution_pk: int
+    command_id: str
+    execution_ref_digest: bytes
+    lease_fence: int | None
+
+
+# The batch's completions in one statement (D-255): every Execution moves from `ready` (compared again in the
+# UPDATE: a second line of defence, as django-fsm's ConcurrentTransitionMixin adds it), one audit row each, in
+# the batch's order, and each lane closes (high-water, tie, no active Execution, fence + 1; or halted). The row
+# triggers (transition table, immutable columns, a high-water that never decreases) fire per row.
+_RECORD_RESULTS_SQL = """
+WITH d AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(accounts)s::bigint[], %(states)s::text[], %(outcomes)s::text[],
+                         %(digests)s::bytea[], %(receipts)s::bytea[], %(reasons)s::text[])
+        WITH ORDINALITY AS d(id, account_id, state, outcome, result_digest, receipt, reason, ord)
+), done AS (
+    UPDATE connector_execution e
+       SET state = d.state, result_outcome = d.outcome, result_digest = d.result_digest, runtime_receipt = d.receipt,
+           quarantine_reason = CASE WHEN d.state = 'quarantined' THEN d.reason ELSE e.quarantine_reason END,
+           lease_holder = '', lease_expires_at = NULL, changed_at = %(now)s
+      FROM d
+     WHERE e.id = d.id AND e.account_id = d.account_id AND e.state = 'ready'
+ RETURNING e.id
+), audit AS (
+    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state,
+                                       to_state, fence, evidence_digest, reason)
+    SELECT %(now)s, %(actor)s, NULL, %(entity_type)s, d.id::text, 'execution_record_result', 'ready', d.state, NULL,
+           d.result_digest, d.outcome
+      FROM d ORDER BY d.ord
+ RETURNING id
+), lanes AS (
+    UPDATE connector_orderinglane l
+       SET high_water = CASE WHEN u.halted THEN l.high_water ELSE u.high_water END,
+           high_water_tie = CASE WHEN u.halted THEN l.high_water_tie ELSE u.tie END,
+           active_execution_id = NULL,
+           state = CASE WHEN u.halted THEN %(halted)s ELSE l.state END,
+           halt_reason = CASE WHEN u.halted THEN u.halt_reason ELSE l.halt_reason END,
+           fence = l.fence + 1
+      FROM unnest(%(lane_ids)s::bigint[], %(lane_accounts)s::bigint[], %(lane_halted)s::boolean[],
+                  %(lane_high)s::numeric[], %(lane_ties)s::bytea[], %(lane_reasons)s::text[])
+           AS u(id, account_id, halted, high_water, tie, halt_reason)
+     WHERE l.id = u.id AND l.account_id = u.account_id
+ RETURNING l.id
+)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM audit), (SELECT count(*) FROM lanes)"""
+
+
+def _batch_executions(pks, *, with_input: bool = False):
+    """The Executions of a batch in one read: the columns the batch run and the batch recording compare (never the
+    epoch's preimage), the projection's input if asked, and the admission time (issue 21: the stage latency)."""
+    columns = ["id", "account_id", "epoch_id", "lane_id", "projection_id", "command_id", "execution_ref_digest",
+               "state", "lease_fence", "epoch__epoch_id", "epoch__digest", "epoch__state", "projection__route",
+               "projection__position", "projection__tie_breaker", "projection__window_id"]
+    if with_input:
+        columns += ["execution_ref", "projection__input"]
+    return {e.pk: e for e in Execution.objects.filter(pk__in=sorted(set(pks))).select_related("epoch", "projection")
+            .only(*columns).annotate(admitted_at=Coalesce(F("projection__event__receipt__created_at"),
+                                                          F("projection__window__opened_at")))}
+
+
+def execution_record_results(*, items: list[ResultToRecord], executions: dict | None = None) -> dict[int, Execution]:
+    """`execution_record_result` for a batch, in one fenced transaction (D-255): the same checks and the same
+    writes, in a constant number of statements for the batch.
+
+    Before the transaction: the Executions (one read, preimage never loaded; `executions`, the batch run's own
+    read of the same rows, saves it: only their immutable columns are used before the row lock) and their Runtime result receipts
+    (read back from Runtime: `runtime.runtime_results_get`, one read). In the transaction: every account's epoch
+    and gate FOR SHARE in ascending account id (`lock_serving_accounts(settling=True)`, one round trip), each
+    Execution's exact epoch (pk, ID and digest) checked against what its account's guard locked; the lanes
+    FOR UPDATE (ascending pk), then the Executions FOR UPDATE (ascending pk) (docs/locking.md); under the lock each
+    Execution's lease fence is compared with its holder's; then every completion or quarantine (the route's frozen
+    terminal disposition), its audit row and its lane's high-water or halt in one statement.
+
+    Returns the Executions this call settled (completed or quarantined now, or already closed before: idempotent),
+    by pk. Every other item is left untouched for the per-item `execution_record_result`, which decides it exactly
+    as before: a stale lease fence (FENCE_STALE: the newer holder completes it), a refused guard or another epoch,
+    a missing or mismatched result receipt, a state other than ready, two items of one lane. If the transaction
+    fails for any reason it rolls back and returns {} (every item takes the per-item path).
+    `fault_point("result.batch_before_commit")` fires before the COMMIT."""
+    if not items:
+        return {}
+    by_pk = {i.execution_pk: i for i in items}
+    try:
+        known = executions or {}
+        rows = [known[pk] for pk in sorted(by_pk) if pk in known]
+        if len(rows) != len(by_pk):
+            rows = list(_batch_executions(by_pk).values())
+        results = runtime.runtime_results_get(command_ids=[i.command_id for i in items])
+        candidates, lanes_seen = [], set()
+        for ex in rows:
+            item = by_pk[ex.pk]
+            result = results.get(item.command_id)
+            if (ex.command_id != item.command_id or result is None
+                    or not hmac.compare_digest(bytes(result.execution_ref_digest), bytes(item.execution_ref_digest))
+                    or not hmac.compare_digest(bytes(ex.execution_ref_digest), bytes(item.execution_ref_digest))):
+                continue  # the per-item path refuses it (TransitionRefused / RuntimeResultMismatch)
+            if ex.lane_id is not None:
+                if ex.lane_id in lanes_seen:
+                    continue
+                lanes_seen.add(ex.lane_id)
+            candidates.append((ex, item, result))
+        if not candidates:
+            return {}
+        return _record_batch(candidates)
+    except Exception:  # noqa: BLE001 - rolled back as a whole; every item takes the per-item path
+        log.exception("execution_record_results: batch of %d rolled back; per-item path", len(items))
+        return {}
+
+
+def _record_batch(candidates: list) -> dict[int, Execution]:
+    settled: dict[int, Execution] = {}
+    accounts = sorted({ex.account_id for ex, _, _ in candidates})
+    with transaction.atomic(durable=True):
+        guarded = lock_serving_accounts(account_ids=accounts, settling=True)
+        served = []
+        for ex, item, result in candidates:
+            if not isinstance(guarded[ex.account_id], ServingContext):
+                continue
+            try:  # the memoized rows: no round trip; the exact epoch ID and digest of this Execution
+                ctx = lock_serving(account_id=ex.account_id, epoch_id=ex.epoch.epoch_id,
+                                   epoch_digest=bytes(ex.epoch.digest), settling=True)
+            except ConnectorError:
+                continue
+            if ctx.epoch_pk != ex.epoch_id:
+                continue
+            served.append((ex, item, result, ctx))
+        if not served:
+            return {}
+        lanes = locks.lanes_for_update([ex.lane_id for ex, *_ in served if ex.lane_id is not None],
+                                       account_ids=accounts)
+        locked = locks.executions_for_update([ex.pk for ex, *_ in served], account_ids=accounts)
+        now = timezone.now()
+        rows, lane_rows, metrics = [], [], []
+        for ex, item, result, ctx in served:
+            current = locked.get(ex.pk)
+            if current is None:
+                continue
+            if current.state in (ExecutionState.COMPLETED, ExecutionState.QUARANTINED):
+                settled[ex.pk] = current  # recorded before: idempotent
+                continue
+            if current.state != ExecutionState.READY:
+                continue
+            if item.lease_fence is not None and current.lease_fence != item.lease_fence:
+                continue  # stale holder: never completes it (CV2-07-018); the per-item path raises FENCE_STALE
+            lane = lanes.get(ex.lane_id) if ex.lane_id is not None else None
+            if ex.lane_id is not None and lane is None:
+                continue
+            route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=ex.account_id,
+                              channel=ex.projection.route)
+            if route.terminal_disposition(result.outcome) == "advance":
+                current.complete(outcome=result.outcome, result_digest=result.result_digest,
+                                 runtime_receipt=result.receipt)
+            else:
+                current.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
+                                   result_digest=result.result_digest, runtime_receipt=result.receipt)
+            current.changed_at = now
+            rows.append(current)
+            metrics.append((ex.admitted_at, result.committed_at, ex.projection.window_id is not None,
+                            result.outcome))
+            if lane is not None:
+                position = ex.projection.position
+                if current.state == ExecutionState.COMPLETED:
+                    high = position if lane.high_water is None or position > lane.high_water else lane.high_water
+                    lane_rows.append((lane.pk, lane.account_id, False, high, ex.projection.tie_breaker, ""))
+                else:
+                    lane_rows.append((lane.pk, lane.account_id, True, None, None, current.quarantine_reason))
+        if rows:
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute(_RECORD_RESULTS_SQL, {
+                    "now": now, "actor": str(CLAIMANT), "entity_type": Execution._meta.label,
+                    "halted": LaneState.HALTED,
+                    "ids": [e.pk for e in rows], "accounts": [e.account_id for e in rows],
+                    "states": [e.state for e in rows], "outcomes": [e.result_outcome for e in rows],
+                    "digests": [bytes(e.result_digest) for e in rows],
+                    "receipts": [bytes(e.runtime_receipt) for e in rows],
+                    "reasons": [e.quarantine_reason for e in rows],
+                    "lane_ids": [r[0] for r in lane_rows], "lane_accounts": [r[1] for r in lane_rows],
+                    "lane_halted": [r[2] for r in lane_rows], "lane_high": [r[3] for r in lane_rows],
+                    "lane_ties": [None if r[4] is None else bytes(r[4]) for r in lane_rows],
+                    "lane_reasons": [r[5] for r in lane_rows]})
+                counts = tuple(int(x) for x in cursor.fetchone())
+            if counts != (len(rows), len(rows), len(lane_rows)):
+                raise AssertionError(f"batch completion wrote {counts}, expected "
+                                     f"{(len(rows), len(rows), len(lane_rows))}")
+            for admitted_at, committed_at, windowed, outcome in metrics:
+                stage_metrics.result_recorded(admitted_at=admitted_at, committed_at=committed_at, window=windowed,
+                                              outcome=outcome)
+            settled.update({e.pk: e for e in rows})
+        fault_point("result.batch_before_commit")
+    return settled
+
+
+def _run_one(token: ClaimToken) -> Execution:
+    """The per-item step, exactly as `execution_claim_batch_and_run` ran each claimed Execution before D-254."""
+    ran = None
+    with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
+                         quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
+                                            step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
+        ran = execution_run(token=token)
+    return ran if ran is not None else Execution.objects.get(pk=token.execution_pk)
+
+
+def execution_run_batch(*, tokens: list[ClaimToken]) -> list[Execution]:
+    """Run a claimed batch (D-254..D-256): one read of the claimed Executions; one Runtime transaction applying
+    every common-case command and committing its ApplicationResult with it (`runtime.runtime_commands_apply`);
+    one fenced transaction completing them from the read-back result receipts (`execution_record_results`).
+    Whatever the batch path leaves (a stale lease fence, a windowed or pushing route, an unusual input, a refused
+    guard, any failure of either batch transaction, which then rolled back) runs through the per-item step
+    (`execution_run` under poison isolation), which is the one semantics. Returns the Executions in token order.
+
+    Crash points: `runtime.batch_before_commit` (Runtime's batch not committed: nothing of it stands),
+    `runtime.batch_after_commit` (ApplicationResults and CRM changes committed, nothing recorded: the stored
+    results close them later without a second application), `result.batch_before_commit` (completions not
+    committed)."""
+    if not tokens:
+        return []
+    rows = _batch_executions([t.execution_pk for t in tokens], with_input=True)
+    mine = [t for t in tokens if (e := rows.get(t.execution_pk)) is not None and e.state == ExecutionState.READY
+            and e.lease_fence == t.lease_fence]
+    receipts = runtime.runtime_commands_apply(commands=[
+        runtime.RuntimeCommand(command_id=rows[t.execution_pk].command_id,
+                               execution_ref=bytes(rows[t.execution_pk].execution_ref),
+                               input=bytes(rows[t.execution_pk].projection.input),
+                               account_id=rows[t.execution_pk].account_id, execution_id=t.execution_pk)
+        for t in mine]) if mine else {}
+    fault_point("runtime.batch_after_commit")
+    applied = [ResultToRecord(t.execution_pk, r.command_id, r.execution_ref_digest, t.lease_fence)
+               for t in mine if (r := receipts.get(rows[t.execution_pk].command_id)) is not None]
+    settled = execution_record_results(items=applied, executions=rows)
+    return [settled[t.execution_pk] if t.execution_pk in settled else _run_one(t) for t in tokens]
 
 
 def window_seal_due(*, window_pk: int) -> Execution | None:

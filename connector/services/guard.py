@@ -82,7 +82,7 @@ def lock_serving(*, account_id: int, epoch_id: str | None = None, epoch_digest: 
                          expected_fence=expected_fence, settling=settling)
 
 
-def lock_serving_accounts(*, account_ids) -> dict[int, ServingContext | ConnectorError]:
+def lock_serving_accounts(*, account_ids, settling: bool = False) -> dict[int, ServingContext | ConnectorError]:
     """`lock_serving` for several accounts of one transaction (a batched claim), in ascending account id.
 
     One round trip for every account not yet guarded in this transaction (`locks.servings_for_share`: per
@@ -90,7 +90,9 @@ def lock_serving_accounts(*, account_ids) -> dict[int, ServingContext | Connecto
     the locked rows join the transaction's memo, so a later `lock_serving` of one of
     these accounts in the same transaction needs no round trip. Returns, per account, its ServingContext or the
     GateNotServing / FenceStale the single guard would have raised: the caller skips refused accounts and writes
-    nothing for them (their share locks, if taken, are harmless and end with the transaction)."""
+    nothing for them (their share locks, if taken, are harmless and end with the transaction). `settling=True`
+    (recording results of already-claimed work, `execution_record_results`) accepts what `lock_serving(settling=
+    True)` accepts."""
     connection = transaction.get_connection()
     assert connection.in_atomic_block, "lock_serving_accounts runs inside the write's transaction"
     ordered = sorted(set(int(a) for a in account_ids))
@@ -104,7 +106,7 @@ def lock_serving_accounts(*, account_ids) -> dict[int, ServingContext | Connecto
         if row.outcome == "locked":
             memo[account_id] = row
         try:
-            out[account_id] = serving_check(row, account_id=account_id)
+            out[account_id] = serving_check(row, account_id=account_id, settling=settling)
         except ConnectorError as exc:
             out[account_id] = exc
     return out

@@ -6,15 +6,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
+from django.db.backends.signals import connection_created
+from django.utils import timezone
 
 from connector.canonical.decoding import decode
 from connector.canonical.encoding import encode
 from connector import hooks, tracing
+from connector.faults import fault_point
 from connector.errors import ApplicationItemRejected, ConnectorError
 from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
 from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
@@ -150,3 +154,236 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
         if found is None:
             raise
         return found
+
+
+# -- the batch path (issue 18 goal 3, D-254) -------------------------------------------------------------------
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeCommand:
+    """One claimed command as `runtime_command_apply` takes it."""
+
+    command_id: str
+    execution_ref: bytes
+    input: bytes
+    account_id: int
+    execution_id: int | None = None
+
+
+@dataclass
+class _Planned:
+    command: RuntimeCommand
+    ref_digest: bytes
+    record_key: str
+    values: dict
+
+
+# The CrmRecords of a batch, locked FOR UPDATE in one statement in the canonical order of the table's unique key
+# (account id, then record key), so two batches that share records meet them in the same order.
+_CRM_LOCK_SQL = """
+SELECT r.id, r.account_id, r.record_key, r.fields::text, r.version
+  FROM connector_crmrecord r
+  JOIN unnest(%(accounts)s::bigint[], %(keys)s::text[]) AS k(account_id, record_key)
+    ON r.account_id = k.account_id AND r.record_key = k.record_key
+ ORDER BY r.account_id, r.record_key
+   FOR UPDATE OF r"""
+
+# The batch's application writes in one statement: changed records updated, new records inserted (ascending key),
+# one ApplicationResult per command (a command applied concurrently elsewhere violates the unique command ID, and
+# the whole statement, hence the transaction, fails: the caller falls back to the per-command path).
+_APPLY_SQL = """
+WITH upd AS (
+    UPDATE connector_crmrecord r
+       SET fields = u.fields::jsonb, version = r.version + 1, last_command_id = u.command_id, updated_at = %(now)s
+      FROM unnest(%(u_ids)s::bigint[], %(u_accounts)s::bigint[], %(u_fields)s::text[], %(u_commands)s::text[])
+           AS u(id, account_id, fields, command_id)
+     WHERE r.id = u.id AND r.account_id = u.account_id
+ RETURNING r.id
+), ins AS (
+    INSERT INTO connector_crmrecord (account_id, record_key, fields, version, last_command_id, updated_at)
+    SELECT i.account_id, i.record_key, i.fields::jsonb, 1, i.command_id, %(now)s
+      FROM unnest(%(i_accounts)s::bigint[], %(i_keys)s::text[], %(i_fields)s::text[], %(i_commands)s::text[])
+           AS i(account_id, record_key, fields, command_id)
+     ORDER BY i.account_id, i.record_key
+ RETURNING id
+), res AS (
+    INSERT INTO connector_applicationresult (command_id, execution_ref_digest, outcome, result_digest, receipt,
+                                             detail, committed_at)
+    SELECT a.command_id, a.ref_digest, a.outcome, a.result_digest, a.receipt, a.outcome, %(now)s
+      FROM unnest(%(r_commands)s::text[], %(r_refs)s::bytea[], %(r_outcomes)s::text[], %(r_digests)s::bytea[],
+                  %(r_receipts)s::bytea[]) WITH ORDINALITY AS a(command_id, ref_digest, outcome, result_digest,
+                                                               receipt, ord)
+     ORDER BY a.ord
+ RETURNING command_id
+)
+SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM ins), (SELECT count(*) FROM res)"""
+
+
+# Which epoch row an exact digest names (pk, ID, digest): immutable facts, cached in-process by the exact digest
+# (a digest can never name another epoch's content). Cleared whenever this process opens a database session,
+# like the route cache: a restore may bring back primary keys seen before (D-220).
+_EPOCHS: dict[bytes, ServingEpoch] = {}
+
+
+def _epochs_by_digest(digests) -> dict[bytes, ServingEpoch]:
+    missing = [d for d in digests if d not in _EPOCHS]
+    if missing:
+        for e in ServingEpoch.objects.filter(digest__in=missing).only("pk", "epoch_id", "digest", "state"):
+            _EPOCHS[bytes(e.digest)] = e
+    return {d: _EPOCHS[d] for d in digests if d in _EPOCHS}
+
+
+def _forget_epochs(**_signal) -> None:
+    _EPOCHS.clear()
+
+
+connection_created.connect(_forget_epochs, weak=False, dispatch_uid="connector.services.runtime._forget_epochs")
+
+
+def _plan(command: RuntimeCommand, fields: dict, epochs: dict[bytes, ServingEpoch]) -> _Planned | None:
+    """The command's one CRM change if it is the common case the batch path applies (a single item, a route that
+    does not push, a mapping that resolves, a record key), else None: the command takes the per-command path.
+    `fields`: the command's decoded ExecutionRef."""
+    epoch = epochs.get(bytes(fields["epoch_digest"]))
+    if epoch is None:
+        return None  # the per-command path raises RuntimeResultMismatch
+    route = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=command.account_id,
+                      channel=fields["route"])
+    if bool(route.definition.get("push")) and not bool(fields.get("suppress_external_effects")):
+        return None  # authoring needs the guard and the author hook in the application transaction
+    mapping = mapping_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), business_key=route.mapping_key) \
+        if route.mapping_key else None
+    data = json.loads(bytes(command.input))
+    if not isinstance(data, dict) or "members" in data or not data.get("record_key"):
+        return None
+    try:
+        values = ({target: resolve_pointer(data["data"], source) for source, target in mapping}
+                  if mapping else dict(data["data"]))
+    except BodyUnparseable:
+        return None
+    return _Planned(command, hashlib.sha256(bytes(command.execution_ref)).digest(), str(data["record_key"]), values)
+
+
+def _result_of(command_id: str, ref_digest: bytes, outcome: str) -> tuple[bytes, bytes]:
+    """(result digest, receipt) exactly as `runtime_command_apply` computes them for a one-item command."""
+    result_digest = hashlib.sha256(encode(RESULT_RECEIPT_PROTOCOL + "/result", rec(
+        command_id=command_id, outcome=outcome, items=[outcome]))).digest()
+    receipt = encode(RESULT_RECEIPT_PROTOCOL, rec(command_id=command_id, execution_ref_digest=ref_digest,
+                                                  outcome=outcome, result_digest=result_digest))
+    return result_digest, receipt
+
+
+@tracing.traced("runtime_commands_apply")
+def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, ResultReceipt | None]:
+    """Apply a batch of commands exactly once, in one Runtime transaction (D-254): the same outcomes, results and
+    receipts as `runtime_command_apply` per command, in a constant number of statements for the batch.
+
+    Returns, per command ID, its ResultReceipt (stored earlier: returned as is, nothing applied again; or applied
+    and committed now together with its CRM change), or None: that command takes the per-command path
+    (`runtime_command_apply`), which is the only semantics; this is an optimization of its common case. None is
+    returned for a route that pushes outbound (authoring needs the guard and the author hook), a windowed (members)
+    input, an unresolvable mapping or record key, an ExecutionRef naming no epoch, a stored result bound to another
+    ExecutionRef digest, a second command of the batch on a record an earlier one changes, and for every command of
+    the batch when the batch transaction fails for any reason (it then rolled back: nothing of the batch stands).
+
+    Statements: the epochs named (one read), then BEGIN, the stored results (one read), the CrmRecords FOR UPDATE
+    (one statement, ascending (account, record key)), every change and every ApplicationResult (one statement),
+    COMMIT. `fault_point("runtime.batch_before_commit")` fires before the COMMIT."""
+    out: dict[str, ResultReceipt | None] = {c.command_id: None for c in commands}
+    if not commands:
+        return out
+    try:
+        refs = {}
+        for c in commands:
+            try:
+                refs[c.command_id] = dict(decode(bytes(c.execution_ref))[1])
+            except Exception:  # noqa: BLE001 - an unreadable ExecutionRef: the per-command path fails it
+                continue
+        epochs = _epochs_by_digest({bytes(f["epoch_digest"]) for f in refs.values() if "epoch_digest" in f})
+        planned, keys = [], set()
+        for c in commands:
+            if c.command_id not in refs:
+                continue
+            try:
+                p = _plan(c, refs[c.command_id], epochs)
+            except Exception:  # noqa: BLE001 - an unusual input: the per-command path decides (and isolates it)
+                p = None
+            if p is None or (c.account_id, p.record_key) in keys:
+                continue  # a record changed twice in one batch keeps its order: the later one runs alone after
+            keys.add((c.account_id, p.record_key))
+            planned.append(p)
+        if not planned:
+            return out
+        with transaction.atomic(durable=True):
+            stored = {r.command_id: r for r in ApplicationResult.objects.filter(
+                command_id__in=[p.command.command_id for p in planned])}
+            todo = []
+            for p in planned:
+                found = stored.get(p.command.command_id)
+                if found is None:
+                    todo.append(p)
+                elif hmac.compare_digest(bytes(found.execution_ref_digest), p.ref_digest):
+                    out[p.command.command_id] = _receipt(found)  # idempotent: applied before, nothing again
+            if todo:
+                _apply_planned(todo, out)
+            fault_point("runtime.batch_before_commit")
+    except Exception:  # noqa: BLE001 - rolled back as a whole; every command takes the per-command path
+        log.exception("runtime_commands_apply: batch of %d rolled back; per-command path", len(commands))
+        return {c.command_id: None for c in commands}
+    return out
+
+
+def _apply_planned(todo: list[_Planned], out: dict[str, ResultReceipt | None]) -> None:
+    """Inside the batch transaction: lock the records, decide each outcome like `_apply_record`, write."""
+    conn = transaction.get_connection()
+    ordered = sorted(todo, key=lambda p: (p.command.account_id, p.record_key))
+    with conn.cursor() as cursor:
+        cursor.execute(_CRM_LOCK_SQL, {"accounts": [p.command.account_id for p in ordered],
+                                       "keys": [p.record_key for p in ordered]})
+        records = {(int(a), k): (int(pk), json.loads(f), int(v)) for pk, a, k, f, v in cursor.fetchall()}
+    upd, ins, res = [], [], []
+    now = timezone.now()
+    for p in todo:
+        cid = p.command.command_id
+        if "email" in p.values and "@" not in str(p.values["email"]):
+            outcome = "rejected"
+        else:
+            record = records.get((p.command.account_id, p.record_key))
+            if record is None:
+                ins.append((p.command.account_id, p.record_key, json.dumps(p.values), cid))
+                outcome = "applied"
+            else:
+                merged = {**record[1], **p.values}
+                if merged == record[1]:
+                    outcome = "noop"
+                else:
+                    upd.append((record[0], p.command.account_id, json.dumps(merged), cid))
+                    outcome = "applied"
+        result_digest, receipt = _result_of(cid, p.ref_digest, outcome)
+        res.append((cid, p.ref_digest, outcome, result_digest, receipt))
+    with conn.cursor() as cursor:
+        cursor.execute(_APPLY_SQL, {
+            "now": now,
+            "u_ids": [u[0] for u in upd], "u_accounts": [u[1] for u in upd], "u_fields": [u[2] for u in upd],
+            "u_commands": [u[3] for u in upd],
+            "i_accounts": [i[0] for i in ins], "i_keys": [i[1] for i in ins], "i_fields": [i[2] for i in ins],
+            "i_commands": [i[3] for i in ins],
+            "r_commands": [r[0] for r in res], "r_refs": [r[1] for r in res], "r_outcomes": [r[2] for r in res],
+            "r_digests": [r[3] for r in res], "r_receipts": [r[4] for r in res]})
+        counts = tuple(int(x) for x in cursor.fetchone())
+    if counts != (len(upd), len(ins), len(res)):
+        raise AssertionError(f"batch apply wrote {counts}, expected {(len(upd), len(ins), len(res))}")
+    for cid, ref_digest, outcome, result_digest, receipt in res:
+        out[cid] = ResultReceipt(cid, ref_digest, outcome, result_digest, receipt, now)
+
+
+def runtime_results_get(*, command_ids: list[str]) -> dict[str, ResultReceipt]:
+    """The stored result receipts of several commands in one read (the batched result recording reads them back
+    from Runtime, never from the caller's word). Each carries its ExecutionRef digest: the caller compares it
+    with the one it holds, as `runtime_result_get` does (a mismatch takes the per-command path, which fails
+    closed)."""
+    if not command_ids:
+        return {}
+    return {r.command_id: _receipt(r) for r in ApplicationResult.objects.filter(command_id__in=list(command_ids))}

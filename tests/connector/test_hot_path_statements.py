@@ -16,6 +16,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 | the same after issue 23 (D-244: result recording reuses the projection it read before the lock) | 26 | 25 |
 | one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
+| one `execution_claim_batch_and_run` worker step of n Executions: claim, Runtime, completion (D-254..D-256) | 5 + 19n (24 for n = 1, 195 for n = 10) | 18 for any n |
 """
 from __future__ import annotations
 
@@ -145,4 +146,38 @@ def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, dja
     with django_assert_max_num_queries(BATCH_CLAIM), CaptureQueriesContext(connection) as large:
         tokens = execution.execution_claim_batch(holder="pin", n=8)
     assert len(tokens) == 6
+    assert len(large.captured_queries) == len(small.captured_queries)
+
+
+#: Statements of one `execution_claim_batch_and_run` step of n Executions on the batch path (D-254..D-256), BEGIN and
+#: COMMIT included, for n = 1 and n = 10 alike: the claim (5), the claimed Executions (1, shared by both batches),
+#: Runtime's batch (BEGIN, stored results, CrmRecords FOR UPDATE, changes + ApplicationResults, COMMIT: 5; the
+#: epochs named are cached by exact digest), the completion batch (result receipts read back 1, BEGIN, every
+#: account's guard, lanes FOR UPDATE, Executions FOR UPDATE, completions + audit + lanes, COMMIT: 7). Before (the
+#: one-by-one run, `RUN_BATCH` 0, as on main at 8953204): 5 + 19 per Execution (24 for n = 1, 195 for n = 10).
+BATCH_RUN = 18
+
+
+def test_batch_run_statement_count_does_not_grow_with_the_batch(hot_world, django_assert_max_num_queries):
+    """One worker step claiming and running 1 Execution and one claiming and running 10 (over two accounts) run
+    the same, pinned, number of statements: claim, Runtime and completion are each a constant number of
+    statements for the batch. Proves: CV2-14-001, CV2-14-010, STYLE R27, R31"""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.crash.support import ready_execution
+
+    first, second = hot_world.accounts[:2]
+    ready_execution(first.account_key, "rec-warm")
+    assert len(execution.execution_claim_batch_and_run(holder="pin", n=1)) == 1  # warms the route caches
+    ready_execution(first.account_key, "rec-one")
+    for i in range(5):
+        ready_execution(first.account_key, f"rec-d{i}")
+        ready_execution(second.account_key, f"rec-e{i}")
+    with CaptureQueriesContext(connection) as small:
+        done = execution.execution_claim_batch_and_run(holder="pin", n=1, account_ids=[first.pk])
+    assert [e.state for e in done] == ["completed"]
+    with django_assert_max_num_queries(BATCH_RUN), CaptureQueriesContext(connection) as large:
+        done = execution.execution_claim_batch_and_run(holder="pin", n=10)
+    assert len(done) == 10 and {e.state for e in done} == {"completed"}
     assert len(large.captured_queries) == len(small.captured_queries)

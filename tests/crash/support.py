@@ -69,3 +69,11 @@ from connector.services.execution import execution_claim_batch_and_run
 done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
 emit(executions=[e.pk for e in done])
 """
+
+CLAIM_BATCH_AND_RUN_PER_ITEM_SCRIPT = """
+from django.conf import settings
+settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 0}  # each claimed Execution runs alone (before D-254)
+from connector.services.execution import execution_claim_batch_and_run
+done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
+emit(executions=[e.pk for e in done])
+"""

@@ -23,7 +23,7 @@ from connector.services.execution import (
 )
 from tests.crash.support import (
     CLAIM_AND_RUN_SCRIPT,
-    CLAIM_BATCH_AND_RUN_SCRIPT,
+    CLAIM_BATCH_AND_RUN_PER_ITEM_SCRIPT,
     CLAIM_BATCH_SCRIPT,
     CLAIM_SCRIPT,
     DB,
@@ -186,13 +186,15 @@ def test_batch_claimed_before_runtime_accepts_retries_each_execution(run_child):
 
 @pytest.mark.django_db(**DB)
 def test_batch_run_crash_loses_only_uncommitted_work(run_child):
-    """A batch worker step is SIGKILLed after Runtime committed the first Execution's ApplicationResult
+    """A batch worker step running each Execution alone (`RUN_BATCH` 0; the batch run's own crash points are in
+    test_batch_run_crashes.py) is SIGKILLed after Runtime committed the first Execution's ApplicationResult
     (`runtime.after_commit`), before the result was recorded and before the batch's other three ran. Nothing
     committed is lost or repeated: after lease expiry the next batch step re-claims all four with a new fence,
     the first completes from Runtime's same stored ApplicationResult (applied once), the other three run once.
     Proves: CV2-07-020, CV2-08-010, CV2-08-012, CV2-07-021, CV2-02-007"""
     _, ready = _batch_world()
-    run = run_child(CLAIM_BATCH_AND_RUN_SCRIPT, "runtime.after_commit", n=10, lease_seconds=LEASE_SECONDS)
+    run = run_child(CLAIM_BATCH_AND_RUN_PER_ITEM_SCRIPT, "runtime.after_commit", n=10,
+                    lease_seconds=LEASE_SECONDS)
     assert_killed(run)
     assert set(Execution.objects.filter(pk__in=[e.pk for e in ready]).values_list("state", flat=True)) == {"ready"}
     applied = [e for e in ready if ApplicationResult.objects.filter(command_id=e.command_id).exists()]

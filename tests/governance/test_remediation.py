@@ -198,7 +198,10 @@ def _step_failed(request):
     drain()
     _send(world, 2)
     advance_lanes()
-    with mock.patch.object(runtime, "_apply_record", side_effect=RuntimeError("bug in 1.2.3")):
+    # The bug is in Runtime's apply, on both of its paths: the worker's batch (D-254) rolls back and falls back to
+    # the per-command path, which raises it again; poison isolation quarantines the Execution.
+    with mock.patch.object(runtime, "_apply_record", side_effect=RuntimeError("bug in 1.2.3")), \
+            mock.patch.object(runtime, "_apply_planned", side_effect=RuntimeError("bug in 1.2.3")):
         tasks.execution_claim_and_run()
     _send(world, 3)
     drain()
