@@ -1,7 +1,6 @@
-"""Lanes, claims and results: the claimant's write paths.
+"""Runs and results: the claimant's write paths after the claim (the lane and window steps are in
+`services.advance`, the claims in `services.claims`; both are re-exported here).
 
-- `lane_advance` applies the lane's ordering contract and mints at most one active Execution per lane.
-- `execution_claim` takes a ready Execution with `FOR UPDATE SKIP LOCKED`, appends an Attempt and a fenced lease.
 - `execution_run` submits the command with its ExecutionRef to Runtime and records the result.
 - `execution_record_result` closes the Execution from the Runtime result receipt only, and advances the lane
   high-water in the same fenced transaction (CV2-06-014, CV2-07, CV2-08).
@@ -12,8 +11,6 @@ import hmac
 import logging
 from dataclasses import dataclass
 from functools import partial
-from datetime import timedelta
-from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -22,299 +19,35 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from connector import locks, logcontext, stage_metrics, tracing
-from connector.actors import Actor
-from connector.choices import ExecutionState, LaneState, OrderingContract, SweepStep
+from connector.choices import ExecutionState, LaneState, SweepStep
 from connector.errors import ConnectorError, FenceStale, TransitionRefused
 from connector.faults import fault_point
-from connector.models import (
-    Execution,
-    ExecutionAttempt,
-    ExecutionTrace,
-    GapDecision,
-    OrderingLane,
-    Projection,
-    ProjectionWindow,
-    SupersededDecision,
-)
+from connector.models import Execution, ExecutionTrace
 from connector.selectors.routes import route_for
-from connector.services import lanes, poison, runtime
+from connector.services import poison, runtime
 from connector.services.audit import audit_record
 from connector.services.guard import ServingContext, lock_serving, lock_serving_accounts
-from connector.services.materialize import mint_execution, window_seal
 
 log = logging.getLogger(__name__)
-CLAIMANT = Actor.system("claimant")
-# Frozen route defaults (docs/ordering.md): no settle window, and a strict gap waits 5 minutes before its frozen
-# disposition applies.
-DEFAULT_SETTLE_SECONDS = 0
-DEFAULT_GAP_DEADLINE_SECONDS = 300
 
-
-@dataclass(frozen=True)
-class ClaimToken:
-    execution_pk: int
-    lease_fence: int
-    holder: str
-    account_id: int | None = None  # the execution's account: the run's reads name it (docs/scale-out.md)
-
-
-def _lane_row(lane: OrderingLane):
-    """The locked lane's row for a compare-and-set, named with its account too (single-shard on the scale-out path,
-    D-241)."""
-    return OrderingLane.objects.filter(pk=lane.pk, account_id=lane.account_id)
-
-
-def _supersede(lane: OrderingLane, projection: Projection, reason: str, selected: Decimal | None) -> None:
-    SupersededDecision.objects.create(lane=lane, projection=projection, position=projection.position,
-                                      high_water_at_decision=lane.high_water, selected_position=selected,
-                                      reason=reason)
-    Projection.objects.filter(pk=projection.pk, account_id=projection.account_id,
-                              lane_status="pending").update(lane_status="superseded")
-
-
-def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | None:
-    """One fenced step of a lane: for `latest_source_position`, supersede everything but the greatest pending
-    position above the high-water and mint its Execution; for `strict_source_sequence`, supersede positions
-    at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
-    lease is held while it waits). Nothing happens while the lane has an active Execution or is halted, except
-    that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`).
-    `account_id`: the lane's account as the caller knows it (task message, sweeper row), named by the first read
-    (docs/scale-out.md); None reads the lane by its pk alone."""
-    lanes_of = OrderingLane.objects if account_id is None else OrderingLane.objects.filter(account_id=account_id)
-    lane = lanes_of.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
-    profile_id = lane.epoch.profile_id  # read here: the relocked lane's `.epoch` would load the preimage (D-251)
-    with transaction.atomic():
-        ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
-                           epoch_digest=bytes(lane.epoch.digest))
-        lane = locks.lane_for_update(lane_pk, account_id=lane.account_id)
-        if lane.active_execution_id is not None:
-            return None
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
-                          channel=lane.route)
-        if lane.state != LaneState.OPEN:
-            # Only an authorized fact reopens a halted lane: here, a replay of the execution that halted it.
-            replayed = lanes.replay_resumption(lane, ctx)
-            if replayed is None:
-                return None
-            return _mint_on_lane(lane, replayed, route, ctx, profile_id)
-        pending = list(Projection.objects.filter(lane=lane, account_id=lane.account_id, lane_status="pending")
-                       .order_by("position", "tie_breaker", "pk"))
-        if not pending:
-            return None
-        chosen = None
-        hw = lane.high_water
-        if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
-            settle = int(route.ordering.get("settle_seconds", DEFAULT_SETTLE_SECONDS))
-            if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
-                return None  # the settle window is still open
-            top = pending[-1]
-            for p in pending:
-                if hw is not None and p.position <= hw:
-                    _supersede(lane, p, "at_or_below_high_water", None)
-                elif p is not top:
-                    _supersede(lane, p, "lower_than_selected", top.position)
-            if hw is None or top.position > hw:
-                chosen = top
-        else:  # strict_source_sequence
-            expected = (hw + 1) if hw is not None else Decimal(route.ordering.get("first_position", 1))
-            waiting = False
-            for p in pending:
-                if p.position < expected:
-                    _supersede(lane, p, "at_or_below_high_water", None)
-                elif p.position == expected and chosen is None:
-                    chosen = p
-                elif p.position > expected:
-                    waiting = True
-            if chosen is None:
-                # A gap exists only while a later position waits for the missing one; stale duplicates alone
-                # never open (or keep open) a gap.
-                if waiting and lane.gap_since is None:
-                    _lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
-                elif not waiting and lane.gap_since is not None:
-                    _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
-                return None
-        if chosen is None:
-            _lane_row(lane).update(fence=lane.fence + 1)
-            return None
-        return _mint_on_lane(lane, chosen, route, ctx, profile_id)
-
-
-def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx, profile_id: str) -> Execution:
-    execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id, lane=lane)
-    _lane_row(lane).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
-    return execution
-
-
-def lane_gap_deadline(*, lane_pk: int) -> str | None:
-    """Apply the frozen gap disposition once a strict lane's gap outlived its deadline: `quarantine_partition`
-    halts the lane with a reason code; `skip_with_evidence` appends a GapDecision and moves past the gap."""
-    lane = OrderingLane.objects.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
-    with transaction.atomic():
-        ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
-                           epoch_digest=bytes(lane.epoch.digest))
-        lane = locks.lane_for_update(lane_pk)
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
-                          channel=lane.route)
-        deadline = int(route.ordering.get("gap_deadline_seconds", DEFAULT_GAP_DEADLINE_SECONDS))
-        if (lane.contract != OrderingContract.STRICT_SOURCE_SEQUENCE or lane.gap_since is None
-                or lane.active_execution_id or lane.state != LaneState.OPEN
-                or lane.gap_since > timezone.now() - timedelta(seconds=deadline)):
-            return None
-        expected = (lane.high_water + 1) if lane.high_water is not None else Decimal(
-            route.ordering.get("first_position", 1))
-        nxt = (Projection.objects.filter(lane=lane, lane_status="pending", position__gt=expected)
-               .order_by("position").values_list("position", flat=True).first())
-        if nxt is None:  # nothing waits beyond the gap any more: there is no gap to decide
-            _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
-            return None
-        disposition = route.ordering.get("gap_disposition", "quarantine_partition")
-        GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
-        audit_record(actor=CLAIMANT, entity=lane, action="lane_gap_deadline", fence=lane.fence + 1,
-                     reason=f"{disposition}: expected {expected}, next available {nxt}")
-        if disposition == "skip_with_evidence" and nxt is not None:
-            _lane_row(lane).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
-        else:
-            _lane_row(lane).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
-                                                           fence=lane.fence + 1)
-        return disposition
-
-
-def execution_claim(*, holder: str, lease_seconds: int = 60, account_id: int | None = None) -> ClaimToken | None:
-    """Claim one ready Execution whose lease is free or expired: lock gate and epoch (guard), then the Execution
-    `FOR UPDATE SKIP LOCKED`, append an Attempt and a new lease fence. An expired lease is reacquired with the
-    same Execution identity and command (CV2-07)."""
-    now = timezone.now()
-    candidates = Execution.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
-                                          state=ExecutionState.READY)
-    if account_id is not None:
-        candidates = candidates.filter(account_id=account_id)
-    for pk, acct, epoch_pk in candidates.order_by("pk").values_list("pk", "account_id", "epoch_id")[:20]:
-        token = None
-        # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
-        # (EXECUTION_STEP_FAILED) so the next claim does not meet it again (decision D-168).
-        with poison.isolated(step=SweepStep.EXECUTION_CLAIM, item=f"execution {pk}",
-                             quarantine=partial(poison.execution_quarantine, execution_pk=pk,
-                                                step=SweepStep.EXECUTION_CLAIM)):
-            with transaction.atomic():
-                ctx = lock_serving(account_id=acct)
-                if ctx.epoch_pk != epoch_pk:
-                    continue
-                execution = locks.execution_for_update(pk, skip_locked=True, account_id=acct)
-                now = timezone.now()
-                if (execution is None or execution.state != ExecutionState.READY
-                        or (execution.lease_expires_at is not None and execution.lease_expires_at >= now)):
-                    continue
-                ordinal = execution.attempt_count + 1
-                fence = execution.lease_fence + 1
-                expires = now + timedelta(seconds=lease_seconds)
-                ExecutionAttempt.objects.create(execution=execution, ordinal=ordinal, holder=holder, lease_fence=fence,
-                                                lease_expires_at=expires)
-                Execution.objects.filter(pk=pk, account_id=acct).update(
-                    attempt_count=ordinal, lease_fence=fence, lease_holder=holder, lease_expires_at=expires)
-                token = ClaimToken(pk, fence, holder, acct)
-        if token is None:
-            continue
-        fault_point("claim.after_commit")
-        return token
-    return None
-
-
-# The batched claim's candidates (D-204/D-205), read without a lock: the accounts with ready work, found by a
-# loose index scan of the ready-queue index in rotation order (from the process's cursor up, then wrapping
-# around), at most `accounts` of them; then, per account (a LATERAL subquery naming its account, so it runs on
-# the account's shard), its oldest claimable executions; then ranks interleaved round-robin: every account's
-# first, then every account's second, ... An account's backlog therefore never delays another account's first.
-# `group` (optional) restricts the claim to one account group (the scale-out path: one claimer per shard).
-_CLAIM_CANDIDATES = """
-WITH RECURSIVE upper_accounts(account_id, n) AS (
-    (SELECT e.account_id, 1 FROM connector_execution e
-     WHERE e.state = 'ready' AND e.account_id >= %(start)s
-       AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
-     ORDER BY e.account_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT e.account_id FROM connector_execution e
-            WHERE e.state = 'ready' AND e.account_id > u.account_id
-              AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
-            ORDER BY e.account_id LIMIT 1), u.n + 1
-    FROM upper_accounts u WHERE u.account_id IS NOT NULL AND u.n < %(accounts)s
-), lower_accounts(account_id, n) AS (
-    (SELECT e.account_id, 1 FROM connector_execution e
-     WHERE e.state = 'ready' AND e.account_id < %(start)s
-       AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
-     ORDER BY e.account_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT e.account_id FROM connector_execution e
-            WHERE e.state = 'ready' AND e.account_id > l.account_id AND e.account_id < %(start)s
-              AND (%(group)s::bigint[] IS NULL OR e.account_id = ANY(%(group)s::bigint[]))
-            ORDER BY e.account_id LIMIT 1), l.n + 1
-    FROM lower_accounts l WHERE l.account_id IS NOT NULL AND l.n < %(accounts)s
-), rotation AS (
-    SELECT account_id, wrap FROM (
-        SELECT account_id, 0 AS wrap FROM upper_accounts WHERE account_id IS NOT NULL
-        UNION ALL
-        SELECT account_id, 1 AS wrap FROM lower_accounts WHERE account_id IS NOT NULL) a
-    ORDER BY wrap, account_id LIMIT %(accounts)s
+# Re-exported: the lane and window steps and the claims moved to their own modules (D-260); callers and tests
+# keep using `execution.<name>`.
+from connector.services.advance import (  # noqa: E402,F401
+    DEFAULT_GAP_DEADLINE_SECONDS,
+    DEFAULT_SETTLE_SECONDS,
+    _lane_row,
+    lane_advance,
+    lane_gap_deadline,
+    window_seal_due,
 )
-SELECT c.id, c.account_id, c.epoch_id
-FROM rotation r CROSS JOIN LATERAL (
-    SELECT e.id, e.account_id, e.epoch_id, row_number() OVER (ORDER BY e.id) AS rank
-    FROM connector_execution e
-    WHERE e.account_id = r.account_id AND e.state = 'ready'
-      AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-    ORDER BY e.id LIMIT %(n)s) c
-ORDER BY c.rank, r.wrap, r.account_id
-LIMIT %(n)s"""
-
-# Where this process's next batch starts its rotation over accounts (round-robin across batches too).
-_ROTATION = {"start": 0}
-
-
-def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
-                          account_ids: list[int] | None = None) -> list[ClaimToken]:
-    """Claim up to `n` ready Executions whose lease is free or expired, fairly across accounts, in one
-    transaction (D-204, D-205, CV2-07-016/017/018).
-
-    1. Candidates (one statement, no lock): up to `n` claimable executions interleaved round-robin over the
-       accounts that have ready work, starting from this process's rotation cursor (`_CLAIM_CANDIDATES`);
-       `account_ids` restricts the claim to one account group.
-    2. The serving guard of every account involved, in ascending account id, in one round trip
-       (`guard.lock_serving_accounts`: per account its epoch, then its gate, FOR SHARE). An account whose gate
-       does not serve is skipped; a candidate bound to another epoch than its account's guarded one is skipped.
-    3. The remaining candidates locked `FOR UPDATE SKIP LOCKED` in ascending pk, re-checked (still ready, lease
-       still free or expired, same epoch), leased with a new fence and Attempt ordinal, and their Attempts
-       appended, in one statement (`locks.executions_lease`).
-
-    An expired lease is reacquired under the same Execution identity and command with a higher fence (CV2-07-017).
-    Returns the tokens in claim order (round-robin over accounts); `fault_point("claim.after_commit")` fires
-    once after the commit. Nothing is written for a skipped candidate; a refused guard never raises."""
-    if n <= 0:
-        return []
-    now = timezone.now()
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(_CLAIM_CANDIDATES, {"start": _ROTATION["start"], "accounts": 2 * n, "n": n, "now": now,
-                                           "group": sorted(account_ids) if account_ids is not None else None})
-        candidates = cursor.fetchall()
-    if not candidates:
-        return []
-    order = {pk: i for i, (pk, _, _) in enumerate(candidates)}
-    first_rank, seen = [], set()
-    for _, acct, _ in candidates:
-        if acct not in seen:
-            seen.add(acct)
-            first_rank.append(acct)
-    _ROTATION["start"] = first_rank[-1] + 1
-    with transaction.atomic(durable=True):
-        guarded = lock_serving_accounts(account_ids=seen)
-        chosen = [(pk, epoch_pk, acct) for pk, acct, epoch_pk in candidates
-                  if isinstance(guarded[acct], ServingContext) and guarded[acct].epoch_pk == epoch_pk]
-        now = timezone.now()
-        leased = locks.executions_lease(candidates=chosen, holder=holder, now=now,
-                                        expires=now + timedelta(seconds=lease_seconds))
-    if not leased:
-        return []
-    fault_point("claim.after_commit")
-    accounts = {pk: acct for pk, acct, _ in candidates}
-    return [ClaimToken(pk, fence, holder, accounts[pk]) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
+from connector.services.claims import (  # noqa: E402,F401
+    _CLAIM_CANDIDATES,
+    _ROTATION,
+    CLAIMANT,
+    ClaimToken,
+    execution_claim,
+    execution_claim_batch,
+)
 
 
 def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 60,
@@ -710,19 +443,3 @@ def execution_run_batch(*, tokens: list[ClaimToken]) -> list[Execution]:
                for t in mine if (r := receipts.get(rows[t.execution_pk].command_id)) is not None]
     settled = execution_record_results(items=applied, executions=rows)
     return [settled[t.execution_pk] if t.execution_pk in settled else _run_one(t) for t in tokens]
-
-
-def window_seal_due(*, window_pk: int) -> Execution | None:
-    """Seal a window whose max age passed (the sweeper's close policy). Races new input on the window row lock:
-    whichever commits first decides the membership; later input opens a successor window."""
-    window = ProjectionWindow.objects.select_related("epoch").defer("epoch__preimage").get(pk=window_pk)
-    profile_id = window.epoch.profile_id  # the relocked window's `.epoch` would load the preimage (D-251)
-    with transaction.atomic():
-        ctx = lock_serving(account_id=window.account_id, epoch_id=window.epoch.epoch_id,
-                           epoch_digest=bytes(window.epoch.digest))
-        window = locks.window_for_update(window_pk)
-        if window.state != "open" or window.closes_at > timezone.now() or window.member_count == 0:
-            return None
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=window.account_id,
-                          channel=window.route)
-        return window_seal(window, route, ctx, profile_id)
