@@ -61,8 +61,6 @@ BARRIER_ALLOWED = {
     "tests/effects/test_permits_and_revocation.py": "one of three orderings of one race; the other two start the "
                                                     "same two workers in turn (tests.concurrency.start, a Gate), and "
                                                     "the assertions read both workers' error and result",
-    "tests/effects/test_rate_limits.py": "each worker registers its own holder on its own connection before the "
-                                         "barrier, then claims with it",
 }
 
 
