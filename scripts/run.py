@@ -83,7 +83,7 @@ def children(port: int, dev: bool = False) -> list[tuple[str, list[str]]]:
         *worker_children(),
         ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
                   "--schedule", ".data/celerybeat-schedule"]),
-        ("receiver", [py, "manage.py", "demo_receiver", "--port", os.environ.get("DEMO_RECEIVER_PORT", "8900")]),
+        ("receiver", [py, "-m", "demo.receiver", "--port", os.environ.get("DEMO_RECEIVER_PORT", "8900")]),
     ]
 
 

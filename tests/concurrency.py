@@ -51,14 +51,21 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return False
 
 
-def run_concurrently(jobs: list) -> list:
-    """Run each job on its own thread (its own PostgreSQL connection), released together by a barrier. Returns
-    each job's value or the exception it raised; every thread closes its connection."""
+def run_concurrently(jobs: list, expect: type[BaseException] | tuple[type[BaseException], ...] = BaseException,
+                     before: Callable[[], Any] | None = None) -> list:
+    """Run each job on its own thread (its own PostgreSQL connection), released together by a barrier; `before`,
+    if given, runs on each thread ahead of the barrier (e.g. `lambda: connection.ensure_connection()`, so the
+    jobs really overlap instead of racing through connection setup). Returns
+    each job's value or the exception it raised; every thread closes its connection. An exception that is not an
+    instance of `expect` (the refusals the test allows) is raised again here, after every thread has ended, so an
+    unexpected error fails the test instead of becoming a result."""
     barrier = threading.Barrier(len(jobs))
     results: list = [None] * len(jobs)
 
     def run(i: int, job) -> None:
         try:
+            if before is not None:
+                before()
             barrier.wait(timeout=30)
             results[i] = job()
         except BaseException as exc:  # noqa: BLE001 - reported to the test
@@ -72,4 +79,12 @@ def run_concurrently(jobs: list) -> list:
     for t in threads:
         t.join(120)
         assert not t.is_alive(), "a thread hung (lock wait without end?)"
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, expect):
+            raise result
     return results
+
+
+def raised(results: list) -> list[BaseException]:
+    """The exceptions among `run_concurrently`'s results."""
+    return [r for r in results if isinstance(r, BaseException)]

@@ -1,8 +1,10 @@
-"""The layout shows the architecture (issue 22, D-259, D-260): app boundaries are held by import-linter, and no
-product module grows past what one reader can hold. Neither test needs the database."""
+"""The layout shows the architecture (issue 22, D-259, D-260, D-266): app boundaries are held by import-linter, no
+product module grows past what one reader can hold, one package of a name per layer, no test or demo server in
+the product packages, and one thread-race helper for the tests. No test here needs the database."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -28,7 +30,38 @@ BOUNDARY_CONTRACTS = (
     "other apps reach cutover only through its services, selectors and ports",
     "the shared kernel sits below every app's interfaces",
     "no import cycles",
+    "the delivery contract layer is pure: it imports no effects layer above it",
+    "no product package imports the demo",
+    "the demo imports no product package (it stands alone, without Django)",
 )
+
+# The Django apps whose layers are checked for one package of a name per layer, and the layer directories inside
+# an app; a package directly under the app (effects/delivery/) is the app's own pure layer (D-266).
+APPS = ("connector", "effects", "cutover", "governance", "observability", "v1")
+LAYERS = ("models", "services", "selectors", "admin", "api", "management", "interpreters", "kernel", "canonical")
+# Every package named `delivery`, with its layer: the test fails on another one, so a new layer's delivery
+# code is a reviewed change.
+DELIVERY_PACKAGES = {
+    "effects/delivery": "the delivery contract layer (pure)",
+    "effects/models/delivery": "models",
+    "effects/services/delivery": "services",
+}
+# The product packages may not serve HTTP themselves: a test receiver lives in tests/, the demo's in demo/.
+# (bench is the measuring harness, outside the product as tests are: its OTLP sink stays in it.)
+PRODUCT_APPS_AND_CONFIG = (*APPS, "config")
+SERVER = re.compile(r"\b(http\.server|socketserver|HTTPServer|serve_forever)\b")
+# Thread-race helpers: `tests/concurrency.py` is the one place a test releases threads together. The files below
+# still build their own barrier, each for the reason given; the test fails when one of them no longer does, so
+# the list only shrinks.
+BARRIER = re.compile(r"\bthreading\.Barrier\(|\bBarrier\(")
+BARRIER_ALLOWED = {
+    "tests/concurrency.py": "the shared helper itself (run_concurrently)",
+    "tests/connector/test_claim_batch.py": "being rewritten by the batched-claim work in parallel (route2): convert "
+                                           "to run_concurrently after it lands",
+    "tests/effects/test_permits_and_revocation.py": "one of three orderings of one race; the other two start the "
+                                                    "same two workers in turn (tests.concurrency.start, a Gate), and "
+                                                    "the assertions read both workers' error and result",
+}
 
 
 def _product_modules() -> dict[str, int]:
@@ -66,3 +99,65 @@ def test_the_boundary_contracts_are_declared_and_hold():
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     for name in BOUNDARY_CONTRACTS:
         assert f"{name} KEPT" in " ".join(result.stdout.split()), name
+
+
+def _packages(root: Path) -> list[str]:
+    return sorted(p.parent.relative_to(ROOT).as_posix() for p in root.rglob("__init__.py")
+                  if "/migrations" not in p.parent.relative_to(ROOT).as_posix())
+
+
+def _layer(package: str) -> str:
+    """The app and layer a package belongs to: `effects/services/delivery` -> ("effects", "services")."""
+    parts = package.split("/")
+    return f"{parts[0]}/{parts[1]}" if len(parts) > 2 and parts[1] in LAYERS else f"{parts[0]}/"
+
+
+def test_one_package_of_a_name_per_layer():
+    """Inside an app, no two packages share a name within one layer (a second `delivery` under services/ or beside
+    the contract layer is refused), and the `delivery` packages are exactly the listed ones, one per layer (issue
+    22, "one delivery package per layer at most"; D-266)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    delivery = []
+    for app in APPS:
+        for package in _packages(ROOT / app):
+            name = package.rsplit("/", 1)[-1]
+            if package == app:
+                continue
+            seen.setdefault((_layer(package), name), []).append(package)
+            if name == "delivery":
+                delivery.append(package)
+    twice = {key: found for key, found in seen.items() if len(found) > 1}
+    assert not twice, f"one package of a name per layer: {twice}"
+    assert sorted(delivery) == sorted(DELIVERY_PACKAGES), (
+        f"the delivery packages are {sorted(delivery)}; one per layer, listed in DELIVERY_PACKAGES")
+    assert len({_layer(p) for p in DELIVERY_PACKAGES}) == len(DELIVERY_PACKAGES)
+
+
+def test_no_test_or_demo_receiver_in_the_product_packages():
+    """No product module serves HTTP itself: the loopback receivers the tests use live in tests/ and the demo's
+    (`make run`) in the top-level demo/ package, which no product package imports (import-linter, D-266). The
+    demo receiver still runs as `python -m demo.receiver`, the command scripts/run.py starts."""
+    servers = []
+    for package in PRODUCT_APPS_AND_CONFIG:
+        for path in (ROOT / package).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            if "/migrations/" not in relative and SERVER.search(path.read_text(encoding="utf-8")):
+                servers.append(relative)
+    assert servers == [], f"a server in the product packages (move it to tests/ or demo/): {servers}"
+    assert (ROOT / "demo" / "crm.py").exists() and (ROOT / "demo" / "receiver.py").exists()
+    from scripts import run
+    assert dict(run.children(0))["receiver"][1:3] == ["-m", "demo.receiver"]
+
+
+def test_one_concurrency_helper_for_the_tests():
+    """Tests release racing threads through tests/concurrency.py (`run_concurrently`); a barrier written again in a
+    test file fails here unless it is listed with its reason, and a listed file that no longer needs its own
+    barrier must leave the list (issue 22, "one concurrency helper for tests"; D-266)."""
+    found = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        if BARRIER.search(path.read_text(encoding="utf-8")):
+            found.add(path.relative_to(ROOT).as_posix())
+    extra = found - set(BARRIER_ALLOWED)
+    assert not extra, f"use tests.concurrency.run_concurrently instead of a barrier of your own: {sorted(extra)}"
+    stale = set(BARRIER_ALLOWED) - found
+    assert not stale, f"remove these from BARRIER_ALLOWED, they no longer build a barrier: {sorted(stale)}"

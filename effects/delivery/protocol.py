@@ -1,6 +1,7 @@
 """What the egress adapter reports of one receiver answer, and how the receiver contract reads it (pure).
 
-The receiver contract (both receiver kinds, served by `manage.py delivery_receiver` for tests and demos):
+The receiver contract (both receiver kinds; served for the tests by tests/effects/delivery/receiver.py and for
+`make run` by the demo receiver, demo/crm.py):
 - sync_batch: `POST <path>` with the sealed body and `Idempotency-Key: <receiver mutation key>`. 200
   `{"status": "succeeded", "applied": n, "payload_sha256": hex}` or `{"status": "failed", "applied": k|null,
   "rolled_back": bool}`. 400/409/422: refused before any change (a failed acknowledgement, rolled back).

@@ -6,7 +6,6 @@ import hashlib
 import io
 import json
 import logging
-import threading
 import time
 
 import pytest
@@ -33,7 +32,7 @@ from connector.secrets import secret_backend
 from connector.services import gates as gate_services
 from connector.services.materialize import receipt_materialize
 from connector.services.signatures import sign
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 
 ACCOUNT = "w-acme-eu"
 OTHER = "w-globex-us"
@@ -501,25 +500,17 @@ def test_missing_tombstone_file_is_a_command_error(world, tmp_path):
 def _race(payloads: list[bytes], key: str, account: str) -> list[tuple[int, dict, bytes]]:
     """Submit each payload from its own thread (own Client, own database connection), released together."""
     secret = signing_secret(account)
-    barrier = threading.Barrier(len(payloads))
 
     def submit(payload: bytes):
         def run():
-            client = Client()
-            connection.ensure_connection()  # connect before the barrier so the submissions really overlap
-            barrier.wait(timeout=30)
-            response = admit(client, payload, key, account=account, secret=secret)
+            response = admit(Client(), payload, key, account=account, secret=secret)
             return response.status_code, response.json(), payload
         return run
 
-    workers = [start(submit(p), name=f"admit-{i}") for i, p in enumerate(payloads)]
-    for w in workers:
-        w.join(timeout=120)
-    assert all(not w.is_alive() for w in workers), "a submission hung (deadlock?)"
-    errors = [w.error for w in workers if w.error is not None]
-    assert errors == []
-    return [w.result for w in workers]
-
+    # connect before the barrier so the submissions really overlap
+    results = run_concurrently([submit(p) for p in payloads], before=lambda: connection.ensure_connection())
+    assert raised(results) == []
+    return results
 
 @pytest.mark.django_db(transaction=True)
 def test_32_concurrent_submissions_of_one_key_create_exactly_one_receipt(enqueued):

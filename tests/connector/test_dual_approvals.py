@@ -4,17 +4,17 @@ approved request of exactly its digest. Rules hold in the service and, where the
 from __future__ import annotations
 
 import itertools
-import threading
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.db import IntegrityError, ProgrammingError, close_old_connections, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django_fsm import TransitionNotAllowed
 
 from connector.actors import Actor
 from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused
 from connector.models import ApprovalState, DualApproval, DualApprovalRequest
 from connector.services import approvals, serving
+from tests.concurrency import run_concurrently
 from tests.cutover.succession_helpers import ACTOR, build_succession_world
 from tests import dbroles
 
@@ -172,22 +172,10 @@ def test_concurrent_approvals_by_the_same_person_count_once():
     d = bytes(row.subject_digest)
 
     def race(actors):
-        barrier, outcomes = threading.Barrier(len(actors)), []
-
-        def run(actor):
-            try:
-                barrier.wait()
-                outcomes.append(approvals.approval_give(request_pk=row.pk, digest_seen=d, actor=actor).state)
-            except ApprovalRefused as exc:
-                outcomes.append(exc.code)
-            finally:
-                close_old_connections()
-        threads = [threading.Thread(target=run, args=(a,)) for a in actors]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sorted(outcomes)
+        outcomes = run_concurrently(
+            [lambda actor=actor: approvals.approval_give(request_pk=row.pk, digest_seen=d, actor=actor).state
+             for actor in actors], expect=ApprovalRefused)
+        return sorted(r.code if isinstance(r, ApprovalRefused) else r for r in outcomes)
 
     assert race([a1, a1]) == ["APPROVAL_REFUSED", "pending"]
     assert DualApproval.objects.filter(request=row).count() == 1

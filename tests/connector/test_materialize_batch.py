@@ -3,7 +3,6 @@ guarantees as one insert per component, and two materializers of overlapping rec
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -12,7 +11,7 @@ from connector.demo import DEMO_CHANNEL, build_world
 from connector.models import Event, OrderingLane, Projection, ReceiptComponent
 from connector.services.admission import receipt_admit
 from connector.services.materialize import receipt_materialize
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 
 ACTOR = Actor.system("materialize-batch-test")
 
@@ -68,16 +67,8 @@ def test_overlapping_batches_materialized_at_once_never_deadlock():
         events = [_event(f"ev-{round_}-{i:02d}", f"rec-{round_}-{i:02d}") for i in range(60)]
         one = _admit(account, f"k-{round_}-a", events)
         two = _admit(account, f"k-{round_}-b", list(reversed(events)))
-        barrier = threading.Barrier(2)
-
-        def materialize(pk):
-            barrier.wait(10)
-            return receipt_materialize(receipt_pk=pk)
-
-        workers = [start(lambda pk=pk: materialize(pk), f"mat-{pk}") for pk in (one.pk, two.pk)]
-        for w in workers:
-            w.join(60)
-        assert [w.error for w in workers] == [None, None], [repr(w.error) for w in workers]
+        results = run_concurrently([lambda pk=pk: receipt_materialize(receipt_pk=pk) for pk in (one.pk, two.pk)])
+        assert raised(results) == [], [repr(e) for e in raised(results)]
         live = Event.objects.filter(source_event_key__startswith=f"ev-{round_}-")
         assert live.count() == 60
         for receipt in (one, two):

@@ -22,7 +22,7 @@ from connector.models import (
 )
 from connector.services import execution, runtime, sweeper
 from tests import dbroles
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 from tests.conformance.packs import PACK_A, PACK_B, variant
 from tests.connector.inbound_helpers import (
     BugReproduced,
@@ -371,23 +371,13 @@ def test_concurrent_lane_steps_mint_one_execution():
     """Six workers step one lane with four pending positions at the same moment (separate connections): exactly
     one Execution is minted (the greatest), the rest are superseded once each, with no error or deadlock.
     Proves: CV2-06-009, CV2-06-010, CV2-06-029, CV2-15-013, CV2-15-024"""
-    import threading
-
     world = build_inbound_world("rl-", [PACK_A])
     for evt_id, position in (("evt-4", 4), ("evt-2", 2), ("evt-8", 8), ("evt-6", 6)):
         send_webhook(world, evt_id, position)
     pk = lane(WEBHOOK, "rec-1").pk
-    barrier = threading.Barrier(6)
-
-    def step():
-        barrier.wait(10)
-        return execution.lane_advance(lane_pk=pk)
-
-    workers = [start(step, f"lane-{i}") for i in range(6)]
-    for w in workers:
-        w.join(20)
-    assert [w.error for w in workers] == [None] * 6
-    minted = [w.result for w in workers if w.result is not None]
+    results = run_concurrently([lambda: execution.lane_advance(lane_pk=pk)] * 6)
+    assert raised(results) == []
+    minted = [r for r in results if r is not None]
     assert len(minted) == 1 and position_of(minted[0]) == 8
     assert Execution.objects.count() == 1
     assert superseded(WEBHOOK, "rec-1") == {2: "lower_than_selected", 4: "lower_than_selected",
@@ -400,24 +390,14 @@ def test_concurrent_result_recording_advances_the_high_water_once():
     """Two workers holding the same claim run and record one Execution at the same moment: Runtime applies
     once, one ApplicationResult exists, the Execution completes once and the lane high-water and fence advance
     in one fenced transaction. Proves: CV2-06-010, CV2-06-029, CV2-07-015, CV2-08-012, CV2-15-017"""
-    import threading
-
     world = build_inbound_world("rr-", [PACK_A])
     send_webhook(world, "evt-3", 3)
     advance_lanes()
     token = execution.execution_claim(holder="w")
     fence = lane(WEBHOOK, "rec-1").fence
-    barrier = threading.Barrier(2)
-
-    def run():
-        barrier.wait(10)
-        return execution.execution_run(token=token)
-
-    workers = [start(run, f"run-{i}") for i in range(2)]
-    for w in workers:
-        w.join(20)
-    assert [w.error for w in workers] == [None, None]
-    assert {w.result.state for w in workers} == {ExecutionState.COMPLETED}
+    results = run_concurrently([lambda: execution.execution_run(token=token)] * 2)
+    assert raised(results) == []
+    assert {r.state for r in results} == {ExecutionState.COMPLETED}
     assert ApplicationResult.objects.count() == 1
     assert CrmRecord.objects.get(record_key="rec-1").version == 1
     done = lane(WEBHOOK, "rec-1")

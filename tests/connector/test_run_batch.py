@@ -4,7 +4,6 @@ audit rows and lane high-waters of the per-item path, which keeps everything unu
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import pytest
 
@@ -21,7 +20,7 @@ from connector.models import (
 )
 from connector.receipts import rec
 from connector.services import execution, gates, runtime
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import ACTOR, advance_lanes, build_inbound_world, deliver, webhook_body, \
     webhook_event
@@ -270,22 +269,17 @@ def test_two_batch_workers_on_shared_records_apply_each_command_once(two_account
     Proves: CV2-07-016, CV2-08-010, CV2-15-024"""
     for account in two_accounts.accounts:
         _deliver(two_accounts, account, [webhook_event(f"c-{account.pk}-{i}", f"c{i}", 1) for i in range(12)])
-    barrier = threading.Barrier(2)
-
     def worker(name):
         def run():
-            barrier.wait(10)
             got = []
             while batch := execution.execution_claim_batch_and_run(holder=name, n=5, lease_seconds=60):
                 got += [e.pk for e in batch]
             return got
         return run
 
-    workers = [start(worker(f"w{i}"), f"w{i}") for i in range(2)]
-    for w in workers:
-        w.join(120)
-    assert [w.error for w in workers] == [None, None]
-    assert sorted(workers[0].result + workers[1].result) == sorted(Execution.objects.values_list("pk", flat=True))
+    results = run_concurrently([worker(f"w{i}") for i in range(2)])
+    assert raised(results) == []
+    assert sorted(results[0] + results[1]) == sorted(Execution.objects.values_list("pk", flat=True))
     assert set(Execution.objects.values_list("state", flat=True)) == {"completed"}
     assert ApplicationResult.objects.count() == 24
     assert set(CrmRecord.objects.values_list("version", flat=True)) == {1}

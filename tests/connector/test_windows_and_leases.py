@@ -25,7 +25,7 @@ from connector.models import (
     WindowMember,
 )
 from connector.services import execution, materialize, runtime, sweeper
-from tests.concurrency import start, wait_until
+from tests.concurrency import raised, run_concurrently, start, wait_until
 from tests.conformance.packs import PACK_A, PACK_B
 from tests.connector.inbound_helpers import (
     BugReproduced,
@@ -206,24 +206,11 @@ def test_free_running_window_traffic_loses_nothing():
     deliver(world, GROUPED, group_line(0))
     first_window = ProjectionWindow.objects.get().pk
     receipts = [admit(world, GROUPED, group_line(n)) for n in range(1, 9)]
-    barrier = threading.Barrier(len(receipts) + 2)
-
-    def add(pk):
-        def run():
-            barrier.wait(10)
-            return materialize.receipt_materialize(receipt_pk=pk)
-        return run
-
-    def close():
-        barrier.wait(10)
-        return execution.window_seal_due(window_pk=first_window)
-
+    jobs = [lambda pk=r.pk: materialize.receipt_materialize(receipt_pk=pk) for r in receipts]
+    jobs += [lambda: execution.window_seal_due(window_pk=first_window)] * 2
     with later(61):
-        workers = [start(add(r.pk), f"add-{r.pk}") for r in receipts] + [start(close, f"close-{i}")
-                                                                         for i in range(2)]
-        for w in workers:
-            w.join(30)
-    errors = [w.error for w in workers if w.error is not None]
+        results = run_concurrently(jobs)
+    errors = raised(results)
     assert all(isinstance(e, AttributeError) and "'pk'" in str(e) for e in errors), errors
     sweeper.inbound_sweep(grace_seconds=0)
     assert Event.objects.count() == WindowMember.objects.count() == 9
@@ -329,19 +316,10 @@ def test_eight_concurrent_claimers_take_each_ready_execution_once():
     world = build_inbound_world("cc-", [PACK_A])
     deliver(world, "records.webhook", webhook_body(*(webhook_event(f"evt-{n}", f"rec-{n}", 1) for n in (1, 2, 3))))
     assert len(advance_lanes()) == 3
-    barrier = threading.Barrier(8)
-
-    def claim(i):
-        def run():
-            barrier.wait(10)
-            return execution.execution_claim(holder=f"worker-{i}", lease_seconds=60)
-        return run
-
-    workers = [start(claim(i), f"claim-{i}") for i in range(8)]
-    for w in workers:
-        w.join(20)
-    assert [w.error for w in workers] == [None] * 8
-    tokens = [w.result for w in workers if w.result is not None]
+    results = run_concurrently([lambda i=i: execution.execution_claim(holder=f"worker-{i}", lease_seconds=60)
+                                for i in range(8)])
+    assert raised(results) == []
+    tokens = [r for r in results if r is not None]
     assert len(tokens) == 3 and len({t.execution_pk for t in tokens}) == 3
     assert ExecutionAttempt.objects.count() == 3
     assert set(Execution.objects.values_list("attempt_count", flat=True)) == {1}

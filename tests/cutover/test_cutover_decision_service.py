@@ -1,8 +1,7 @@
-import threading
 import pytest
-from django.db import connections
 from connector.errors import FenceStale, TransitionRefused
 from cutover.services import decision as d
+from tests.concurrency import run_concurrently
 
 pytestmark = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 
@@ -28,23 +27,11 @@ def test_decision_cas_and_fence():
 def test_activation_and_restore_race_pick_one_branch():
     """Threads on separate connections race for rollback_open: exactly one branch wins. Proves: CV2-12-085"""
     opened = d.decision_open("att-race")
-    barrier = threading.Barrier(2)
-    outcomes = {}
-
-    def run(name, fn):
-        barrier.wait()
-        try:
-            outcomes[name] = fn("att-race", expected_fence=opened.fence).state
-        except (FenceStale, TransitionRefused) as exc:
-            outcomes[name] = exc.code
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=("activate", d.decision_choose_activation)),
-               threading.Thread(target=run, args=("restore", d.decision_choose_restore))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    activate, restore = run_concurrently(
+        [lambda: d.decision_choose_activation("att-race", expected_fence=opened.fence).state,
+         lambda: d.decision_choose_restore("att-race", expected_fence=opened.fence).state],
+        expect=(FenceStale, TransitionRefused))
+    outcomes = {name: r.code if isinstance(r, BaseException) else r
+                for name, r in (("activate", activate), ("restore", restore))}
     assert sorted(outcomes.values()).count("FENCE_STALE") + sorted(outcomes.values()).count("TRANSITION_REFUSED") == 1
     assert d.decision_read("att-race").state in ("activating_v2", "restoring_v1")

@@ -3,8 +3,6 @@ the dual-approved activation decision, one activation transaction, crashes at ev
 SIGKILLed), the race with a RestoreAttempt, and the publication/revocation guards."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import connections
 
@@ -19,6 +17,7 @@ from cutover.models import AttemptOutcome, ServiceCutoverAttempt
 from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
+from tests.concurrency import run_concurrently
 from tests.cutover.v1_world import ACTOR, approve_activation, build_v1_world, to_validating
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
@@ -125,26 +124,11 @@ def test_activation_losing_the_race_to_restore_records_nothing_and_releases():
     world = held_world()
     approve_activation(world.epoch.epoch_id)
     opened = decisions.decision_read("att-1")
-    start = threading.Barrier(2)
-    results = {}
-
-    def run(name, call):
-        start.wait()
-        try:
-            results[name] = call()
-        except Exception as exc:  # noqa: BLE001
-            results[name] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=("activate", lambda: fa.first_activation_commit(
-        attempt_key="att-1", actor=ACTOR))),
-        threading.Thread(target=run, args=("restore", lambda: decisions.decision_choose_restore(
-            "att-1", expected_fence=opened.fence)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    activate, restore = run_concurrently(
+        [lambda: fa.first_activation_commit(attempt_key="att-1", actor=ACTOR),
+         lambda: decisions.decision_choose_restore("att-1", expected_fence=opened.fence)],
+        expect=Exception)
+    results = {"activate": activate, "restore": restore}
     state = all_or_nothing(world)
     decision = decisions.decision_read("att-1").state
     if decision == DecisionState.RESTORING_V1:

@@ -4,7 +4,6 @@ still restoring_v1) and a second `restore_run` resumes the SAME RestoreAttempt t
 activation-versus-restore race from the restore side (two threads, separate connections)."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from cutover.errors import RestoreRefused
 from cutover.models import RestoreAttempt
 from cutover.services.decision import decision_choose_activation, decision_read
 from cutover.services.restore import restore_run
+from tests.concurrency import run_concurrently
 from tests.crash.conftest import child_env, run_child  # noqa: F401 (fixtures)
 from tests.cutover.restore_fixtures import TX, restore_env, validating_world  # noqa: F401
 from tests.cutover.restore_helpers import ACTOR
@@ -74,36 +74,14 @@ def test_activation_and_restore_racing_pick_exactly_one_branch(activation_delay)
     """Proves: CV2-12-095, CV2-12-097 (from the restore side: a restore and an activation decision started
     together on separate connections; exactly one wins; the loser changes nothing)."""
     world = validating_world()
-    barrier = threading.Barrier(2)
-    results: dict[str, object] = {}
-
-    def activate():
-        barrier.wait()
-        time.sleep(activation_delay)
-        try:
-            results["activation"] = decision_choose_activation(world.key).state
-        except (TransitionRefused, FenceStale) as exc:
-            results["activation"] = exc
-        finally:
-            connections.close_all()
-
-    def restore():
-        barrier.wait()
-        try:
-            results["restore"] = restore_run(attempt_key=world.key, actor=ACTOR).state
-        except RestoreRefused as exc:
-            results["restore"] = exc
-        finally:
-            connections.close_all()
-
     # The test's own sessions (the suite connects as the administrator) are no product session the restore may
     # terminate: the owner role that restores cannot end a superuser's backend.
     connections.close_all()
-    threads = [threading.Thread(target=activate), threading.Thread(target=restore)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    activation, restore = run_concurrently(
+        [lambda: (time.sleep(activation_delay), decision_choose_activation(world.key).state)[1],
+         lambda: restore_run(attempt_key=world.key, actor=ACTOR).state],
+        expect=(TransitionRefused, FenceStale, RestoreRefused))
+    results: dict[str, object] = {"activation": activation, "restore": restore}
     connections.close_all()
     activation_won = results["activation"] == DecisionState.ACTIVATING_V2
     restore_won = results["restore"] == RestoreAttemptState.V1_SERVING

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import os
-import threading
-
-from django.db import connections
 
 from config.routers import JOURNAL_DB
 from connector.choices import GateMode
@@ -12,31 +9,11 @@ from connector.errors import ConnectorError
 from cutover.models import ServiceCutoverAttempt, V1RestorePoint
 from cutover.services.restore import cutover_begin_validation, cutover_cold_abort
 from cutover.services.restore_point import restore_point_capture, restore_point_rehearse
+from tests.concurrency import run_concurrently
 from tests.cutover.restore_fixtures import TX, restore_env  # noqa: F401
 from tests.cutover.approval_helpers import approve
 from tests.cutover.restore_helpers import ACTOR, drained_world
 from v1.models import GenerationState, V1ProcessGeneration
-
-
-def together(*fns):
-    barrier = threading.Barrier(len(fns))
-    results: list[object] = [None] * len(fns)
-
-    def run(i, fn):
-        barrier.wait()
-        try:
-            results[i] = fn()
-        except ConnectorError as exc:
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return results
 
 
 @TX
@@ -44,8 +21,9 @@ def test_two_concurrent_captures_record_one_restore_point_and_keep_one_dump():
     """Proves: CV2-12-050, CV2-12-093 (one restore point per attempt: the losing capture returns the winner's
     receipt and removes its own dump)."""
     world = drained_world("cc-")
-    a, b = together(lambda: restore_point_capture(attempt_key=world.key, actor="op-1"),
-                    lambda: restore_point_capture(attempt_key=world.key, actor="op-2"))
+    a, b = run_concurrently([lambda: restore_point_capture(attempt_key=world.key, actor="op-1"),
+                            lambda: restore_point_capture(attempt_key=world.key, actor="op-2")],
+                           expect=ConnectorError)
     assert isinstance(a, V1RestorePoint) and isinstance(b, V1RestorePoint) and a.pk == b.pk
     assert V1RestorePoint.objects.using(JOURNAL_DB).count() == 1
     assert os.listdir(os.path.dirname(a.dump_path)) == [os.path.basename(a.dump_path)]
@@ -59,8 +37,9 @@ def test_cold_abort_racing_begin_validation_lets_exactly_one_move_the_gates():
     restore_point_capture(attempt_key=world.key, actor="op")
     restore_point_rehearse(attempt_key=world.key, actor="op")
     approve("restore_point", world.key)
-    abort, validate = together(lambda: cutover_cold_abort(attempt_key=world.key, actor=ACTOR),
-                               lambda: cutover_begin_validation(attempt_key=world.key, actor=ACTOR))
+    abort, validate = run_concurrently([lambda: cutover_cold_abort(attempt_key=world.key, actor=ACTOR),
+                                        lambda: cutover_begin_validation(attempt_key=world.key, actor=ACTOR)],
+                                       expect=ConnectorError)
     aborted = isinstance(abort, str)
     validated = isinstance(validate, list)
     assert aborted != validated, (abort, validate)

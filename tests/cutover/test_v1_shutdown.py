@@ -3,10 +3,8 @@ barriers and halt, remeasurement and the fenced abort, stop with receipts, fence
 V1ShutdownCertificate."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from connector.choices import GateMode
 from connector.models import AuditRecord, ReceiptAdmissionKey
@@ -22,6 +20,7 @@ from cutover.models import (
 )
 from cutover.ports import RouteHaltContract
 from cutover.services import v1_shutdown as sd
+from tests.concurrency import run_concurrently
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world
 from v1 import runtime
@@ -262,27 +261,13 @@ def test_reconciliation_and_certification_serialize_on_the_same_gate_rows(provid
     sd.v1_stop(attempt_key="att-1", actor=ACTOR)
     sd.v1_export(attempt_key="att-1", actor=ACTOR)
     effect = V1OutboundEffect.objects.get(state=EffectState.DISPATCHING)
-    start = threading.Barrier(2)
-    outcome = {}
-
-    def run(name, call):
-        start.wait()
-        try:
-            outcome[name] = call()
-        except Exception as exc:  # noqa: BLE001
-            outcome[name] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=("reconcile", lambda: sd.v1_reconcile(
-        attempt_key="att-1", effect_row_id=str(effect.pk), outcome="remote_finalized", evidence=b"ledger",
-        reason="provider shows it", expected_fences_digest=None, actor=ACTOR))),
-        threading.Thread(target=run, args=("certify", lambda: sd.v1_certify_drained(attempt_key="att-1",
-                                                                                    actor=ACTOR)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    reconcile, certify = run_concurrently(
+        [lambda: sd.v1_reconcile(attempt_key="att-1", effect_row_id=str(effect.pk), outcome="remote_finalized",
+                                 evidence=b"ledger", reason="provider shows it", expected_fences_digest=None,
+                                 actor=ACTOR),
+         lambda: sd.v1_certify_drained(attempt_key="att-1", actor=ACTOR)],
+        expect=Exception)
+    outcome = {"reconcile": reconcile, "certify": certify}
     # The certificate needs the reconciliation (the row blocks it) and the export of the item's high-water; it
     # can only succeed after the reconciliation committed, and no reconciliation may commit after it.
     assert not isinstance(outcome["reconcile"], Exception) or isinstance(outcome["certify"], V1ShutdownCertificate)

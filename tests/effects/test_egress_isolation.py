@@ -3,14 +3,13 @@ permit, only for the holder and fences the permit names."""
 from __future__ import annotations
 
 import ast
-import threading
 from pathlib import Path
 
 import pytest
 
 from effects.errors import EgressRefused
 from effects.models import DispatchPermit
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 from tests.effects.helpers import acquire, author, build_push_world, send
 
 
@@ -95,13 +94,10 @@ def test_concurrent_sends_of_one_permit_make_one_request(tx_push_world, receiver
     Proves: CV2-10-038, CV2-10-039, CV2-15-024"""
     author(tx_push_world.accounts[0])
     ready = acquire("h-twice")
-    barrier = threading.Barrier(2)
-    workers = [start(lambda: (barrier.wait(5), send(ready))[1], f"sender-{i}") for i in range(2)]
-    for w in workers:
-        w.join(15)
-    errors = [w.error for w in workers if w.error is not None]
+    results = run_concurrently([lambda: send(ready)] * 2)
+    errors = raised(results)
     assert len(errors) == 1 and isinstance(errors[0], EgressRefused), errors
-    assert [w.result.state for w in workers if w.error is None] == ["remote_confirmed"]
+    assert [r.state for r in results if not isinstance(r, BaseException)] == ["remote_confirmed"]
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1
 
 

@@ -3,7 +3,6 @@ its complete FrozenDispatchBinding and exactly one RemoteEffect; retries converg
 conflicting intents write nothing; dispatch resolves only the frozen credential generation's exact secret."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 from django.db import IntegrityError, transaction
@@ -22,7 +21,7 @@ from effects.errors import OutboundConflict, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect, RemoteEffectAttempt
 from effects.services import worker
 from effects.services.outbound import idempotency_key, outbound_command_author
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently
 from tests.effects.helpers import (
     ACTOR,
     acquire,
@@ -130,21 +129,12 @@ def test_32_concurrent_authorings_converge_on_one_command_and_one_effect(tx_push
     deadlock, and exactly one OutboundCommand and one RemoteEffect exist. A later retry returns it again.
     Proves: CV2-10-004, CV2-10-015, CV2-10-047, CV2-10-053, CV2-15-018, CV2-15-019, CV2-15-024"""
     account = tx_push_world.accounts[0]
-    barrier = threading.Barrier(32)
-
-    def application_transaction():
-        barrier.wait(10)
-        return author(account, root="order-race").pk
-
-    workers = [start(application_transaction, f"author-{i}") for i in range(32)]
-    for w in workers:
-        w.join(30)
-    assert [w.error for w in workers if w.error is not None] == []
-    assert not any(w.is_alive() for w in workers)
-    assert len({w.result for w in workers}) == 1
+    results = run_concurrently([lambda: author(account, root="order-race").pk] * 32)
+    assert raised(results) == []
+    assert len(set(results)) == 1
     assert OutboundCommand.objects.count() == 1 and RemoteEffect.objects.count() == 1
     command = OutboundCommand.objects.get()
-    assert RemoteEffect.objects.get().command_id == command.pk == workers[0].result
+    assert RemoteEffect.objects.get().command_id == command.pk == results[0]
     assert author(account, root="order-race").pk == command.pk
     assert OutboundCommand.objects.count() == 1 and RemoteEffect.objects.count() == 1
 

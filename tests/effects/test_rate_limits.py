@@ -4,7 +4,6 @@ shared by every egress worker (threads on their own PostgreSQL connections here)
 `Retry-After` defers only its own destination. Exactly-once is measured at the real test receiver."""
 from __future__ import annotations
 
-import threading
 import time
 from datetime import timedelta
 from email.utils import format_datetime
@@ -22,7 +21,7 @@ from effects.errors import DestinationDeferred, RateLimitInvalid
 from effects.models import DestinationLimiter, DispatchPermit, OutboundCommand, RemoteEffect, RemoteEffectAttempt
 from effects.services import dispatch, worker
 from effects.services.outbound import declared_rate_limit
-from tests.concurrency import start
+from tests.concurrency import raised, run_concurrently, start
 from tests import dbroles
 from tests.effects.helpers import author, claim, refused_by
 
@@ -155,11 +154,9 @@ def test_concurrent_acquirers_never_exceed_max_in_flight(tx_limited):
     world = tx_limited(requests_per_second=1000, max_in_flight=2)
     acme = world.accounts[0]
     _author_many(acme, 8)
-    barrier = threading.Barrier(8)
+    holders = [dispatch.holder_register(holder_id=f"h-k{i}") for i in range(8)]
 
-    def one(i: int):
-        holder = dispatch.holder_register(holder_id=f"h-k{i}")
-        barrier.wait(10)
+    def one(holder):
         c = dispatch.effect_claim(holder=holder, account_id=acme.pk)
         if c is None:
             return None
@@ -168,18 +165,16 @@ def test_concurrent_acquirers_never_exceed_max_in_flight(tx_limited):
         except DestinationDeferred:
             return "deferred"
 
-    workers = [start(lambda i=i: one(i), f"acq-{i}") for i in range(8)]
-    for w in workers:
-        w.join(30)
-    assert [w.error for w in workers] == [None] * 8
-    granted = [w.result for w in workers if isinstance(w.result, int)]
+    results = run_concurrently([lambda holder=holder: one(holder) for holder in holders])
+    assert raised(results) == []
+    granted = [r for r in results if isinstance(r, int)]
     assert len(granted) == 2
     assert DispatchPermit.objects.filter(state="granted").count() == 2
     assert RemoteEffect.objects.filter(state="dispatching").count() == 2
     prepared = RemoteEffect.objects.filter(state="prepared")
     assert prepared.count() == 6 and not prepared.exclude(lease_expires_at=None).exists()
     deferred = RemoteEffectAttempt.objects.filter(evidence__startswith="deferred by the destination limiter")
-    assert deferred.count() == sum(1 for w in workers if w.result == "deferred")
+    assert deferred.count() == sum(1 for r in results if r == "deferred")
     assert set(deferred.values_list("outcome", flat=True)) <= {"no_effect"}
     assert not DispatchPermit.objects.filter(attempt__in=deferred).exists()
 

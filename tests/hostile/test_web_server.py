@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
@@ -18,6 +17,7 @@ import pytest
 
 from connector.models import ReceiptAdmissionKey
 from scripts import run as run_script
+from tests.concurrency import run_concurrently
 from tests.faults.servers import (
     ROOT,
     child_environment,
@@ -103,11 +103,8 @@ def test_64_concurrent_clients_are_all_answered_without_a_dropped_connection(web
     n = 64
     request = (b"POST " + ADMIT.format(account="nobody").encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                b"Connection: close\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}")
-    barrier = threading.Barrier(n)
-    results: list[tuple[str, float]] = [("not run", 0.0)] * n
 
-    def client(i: int) -> None:
-        barrier.wait(30)
+    def client() -> tuple[str, float]:
         began = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", web_server.port), timeout=60) as sock:
@@ -116,15 +113,11 @@ def test_64_concurrent_clients_are_all_answered_without_a_dropped_connection(web
                 answer = b""
                 while chunk := sock.recv(65536):
                     answer += chunk
-            results[i] = (f"{_status(answer)} {_code(answer) or repr(answer[:80])}", connected)
+            return (f"{_status(answer)} {_code(answer) or repr(answer[:80])}", connected)
         except OSError as exc:
-            results[i] = (f"{type(exc).__name__}: {exc}", time.monotonic() - began)
+            return (f"{type(exc).__name__}: {exc}", time.monotonic() - began)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    results = run_concurrently([client] * n)
     outcomes = Counter(outcome for outcome, _ in results)
     assert outcomes == {"404 ACCOUNT_NOT_FOUND": n}, outcomes
     slow = sorted(round(seconds, 2) for _, seconds in results if seconds >= 1.0)

@@ -1,5 +1,5 @@
 """Load the REST bulk delivery demo once (idempotent): the contract's approval receipt, a receiver binding to the
-demo receiver (`manage.py demo_receiver`, started by `make run`), its certification, a sync partition-replace
+demo receiver (`python -m demo.receiver`, started by `make run`), its certification, a sync partition-replace
 profile, and one planned parent whose children the Celery sweep delivers on its own."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A real loopback receiver for both receiver kinds of the delivery protocol (effects/delivery/protocol.py), for
-the tests (it lives outside the product packages; the demo's receiver is effects/demo_crm.py, run by
-`manage.py demo_receiver`). It records every request and counts, per receiver mutation key
+the tests (it lives outside the product packages; the demo's receiver is demo/crm.py, run by
+`python -m demo.receiver`). It records every request and counts, per receiver mutation key
 (the Idempotency-Key), how many times a mutation was applied: the figure "applied at most once" is measured
 against.
 

@@ -1,4 +1,4 @@
-"""The demo remote system of `make run` (`manage.py demo_receiver`): a small CRM on loopback that models create and
+"""The demo remote system of `make run` (`python -m demo.receiver`): a small CRM on loopback that models create and
 update the way a CRM does, so the README's walkthrough holds for every update of a record (D-190).
 
   POST  /v1/records/<external key>   create, or update the record that already has this external key (upsert by
