@@ -56,6 +56,14 @@ def credential_gate_get(*, generation_id: str) -> CredentialGenerationDispatchGa
         credential_generation__generation_id=generation_id)
 
 
+def unmaterialized_receipts_of_epoch(*, epoch_pk: int, limit: int = RETENTION_SHOWN) -> list[int]:
+    """The receipts admitted under the epoch (replay receipts included) that still await materialization, in pk
+    order. Only an `active` epoch on a `v2_serving` gate materializes them (the guard), so the succession refuses
+    its cutoff while any exists (D-268) and retirement refuses with RECEIPT_UNMATERIALIZED (D-267)."""
+    return list(MaterializationDue.objects.filter(receipt__epoch_id=epoch_pk).order_by("receipt_id")
+                .values_list("receipt_id", flat=True)[:limit])
+
+
 def _rows(label: str, pks: list[int]) -> str:
     return ", ".join(f"{label} #{pk}" for pk in pks)
 
@@ -74,8 +82,7 @@ def epoch_retention_blockers(epoch: ServingEpoch) -> list[tuple[str, str]]:
                  .values_list("account_id", "mode")[:n])
     if gates:
         found.append(("GATE_NAMES_EPOCH", ", ".join(f"gate of account {a} ({m})" for a, m in gates)))
-    receipts = list(MaterializationDue.objects.filter(receipt__epoch=epoch).order_by("receipt_id")
-                    .values_list("receipt_id", flat=True)[:n])
+    receipts = unmaterialized_receipts_of_epoch(epoch_pk=epoch.pk, limit=n)
     if receipts:
         found.append(("RECEIPT_UNMATERIALIZED", _rows("receipt", receipts) + " awaiting materialization"))
     executions = list(Execution.objects.filter(epoch=epoch, state__in=EXECUTION_ACTIVE).order_by("pk")

@@ -22,7 +22,8 @@ from connector.models import (
     ServingEpochBindingProof,
 )
 from connector.selectors.serving import RETENTION_CODES, epoch_retention_blockers
-from connector.services import execution, guard, serving, sweeper
+from connector.services import execution, guard, materialize, serving, sweeper
+from cutover.errors import HandoffRefused, SuccessorActivationRefused
 from cutover.models import OrderingHandoff
 from cutover.services import succession
 from effects.models import RemoteEffect
@@ -41,6 +42,7 @@ from tests.cutover.succession_helpers import (
     halt_all,
     handoff_all,
     held_barrier,
+    resume_all,
     send,
 )
 from tests.effects.helpers import author
@@ -135,21 +137,48 @@ def test_retire_after_succession_once_every_fact_is_terminal_and_deletes_nothing
 
 @pytest.mark.django_db
 def test_retire_refused_while_a_receipt_awaits_materialization():
-    """A receipt admitted under the predecessor and never materialized (admitted, then the gates halted) names
-    the epoch and is not terminal: RECEIPT_UNMATERIALIZED names it and the epoch stays `draining`.
-    Proves: CV2-11-026, CV2-02-033"""
+    """A receipt admitted under a draining epoch and never materialized names the epoch and is not terminal:
+    RECEIPT_UNMATERIALIZED names it and the epoch stays `draining`. Proves: CV2-11-026, CV2-02-033"""
     world = build_succession_world("ru-")
     receipt_pk = admit(world, WEBHOOK, webhook_body(webhook_event("evt-1", "rec-1", 1))).pk
     assert MaterializationDue.objects.filter(receipt_id=receipt_pk).exists()
-    barrier = _succeed(world)
-    succession.barrier_set_release(barrier_set_pk=barrier.pk, expected_fence=barrier.fence,
-                                   reason="readback verified", actor=ACTOR)
+    _force_draining(world.epoch)
     with pytest.raises(EpochRetentionUnmet) as refused:
         serving.epoch_retire(epoch_pk=world.epoch.pk, actor=ACTOR, reason="r")
-    assert refused.value.context["blockers"] == [
-        ("RECEIPT_UNMATERIALIZED", f"receipt #{receipt_pk} awaiting materialization")]
+    assert dict(refused.value.context["blockers"])["RECEIPT_UNMATERIALIZED"] == (
+        f"receipt #{receipt_pk} awaiting materialization")
     assert ServingEpoch.objects.get(pk=world.epoch.pk).state == EpochState.DRAINING
     assert not AuditRecord.objects.filter(action="epoch_retire").exists()
+
+
+@pytest.mark.django_db
+def test_an_unmaterialized_receipt_refuses_the_cutoff_until_the_predecessor_materializes_it():
+    """D-268: a receipt admitted before the halt and not yet materialized would be stranded by the cutoff (only an
+    active epoch on a serving gate materializes), and its epoch could never retire. The first handoff and the
+    activation refuse while it waits; the predecessor resumes (allowed before the cutoff), materializes and runs
+    it, halts again, and the succession then completes and the predecessor retires.
+    Proves: CV2-11-026, CV2-11-014, CV2-11-011"""
+    world = build_succession_world("rh-")
+    send(world, "evt-5", 5, record="rec-2")  # one lane, so one handoff to refuse
+    assert len(drain()) == 1
+    receipt_pk = admit(world, WEBHOOK, webhook_body(webhook_event("evt-1", "rec-1", 1))).pk
+    halt_all(world)
+    barrier = held_barrier(world)
+    with pytest.raises(HandoffRefused, match=f"receipt #{receipt_pk}"):
+        handoff_all(world, barrier)
+    with pytest.raises(SuccessorActivationRefused, match=f"receipt #{receipt_pk} awaiting materialization"):
+        succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    assert not OrderingHandoff.objects.exists()
+    resume_all(world)
+    materialize.receipt_materialize(receipt_pk=receipt_pk)
+    assert [e.state for e in drain()] == [ExecutionState.COMPLETED]
+    halt_all(world)
+    handoff_all(world, barrier)
+    succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, actor=ACTOR)
+    barrier.refresh_from_db()
+    succession.barrier_set_release(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, reason="readback",
+                                   actor=ACTOR)
+    assert serving.epoch_retire(epoch_pk=world.epoch.pk, actor=ACTOR, reason="terminal").state == EpochState.RETIRED
 
 
 @pytest.mark.django_db
