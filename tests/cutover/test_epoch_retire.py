@@ -250,3 +250,31 @@ def test_a_retired_epoch_authorizes_no_write():
     with pytest.raises(GateNotServing, match="retired"):
         execution.lane_advance(lane_pk=lane_pk)
     assert not Execution.objects.filter(epoch=epoch).exists()
+
+
+@pytest.mark.django_db
+def test_retire_through_the_admin_names_the_open_work_then_retires(client, django_user_model):
+    """The epoch page's `retire` button is enabled only on a draining epoch; it needs a reason, is refused with
+    EPOCH_RETENTION_UNMET naming the open barrier set, and after the release retires the epoch with an audit row by
+    the operator. Proves: CV2-02-033, CV2-11-026"""
+    from django.contrib import messages
+
+    from tests.connector.test_admin import buttons, flashed, post, url
+
+    client.force_login(django_user_model.objects.create_superuser("op", "op@example.com", "unused"))
+    world = build_succession_world("ra-")
+    assert buttons(client.get(url(world.epoch)).content.decode())["retire"] is False
+    barrier = _succeed(world)
+    assert buttons(client.get(url(world.epoch)).content.decode())["retire"] is True
+    response = post(client, url(world.epoch, "transition"), {"transition": "retire", "reason": ""})
+    assert flashed(response)[0][1].startswith("TRANSITION_REFUSED: a retirement needs a reason")
+    response = post(client, url(world.epoch, "transition"), {"transition": "retire", "reason": "done"})
+    assert flashed(response)[0] == (messages.ERROR, f"EPOCH_RETENTION_UNMET: epoch {world.epoch.epoch_id} still "
+                                                    f"has open facts: BARRIER_SET_OPEN: barrier set #{barrier.pk} "
+                                                    "is activation_committed")
+    succession.barrier_set_release(barrier_set_pk=barrier.pk, expected_fence=barrier.fence, reason="ok",
+                                   actor=ACTOR)
+    response = post(client, url(world.epoch, "transition"), {"transition": "retire", "reason": "done"})
+    assert flashed(response)[0][0] == messages.SUCCESS
+    assert ServingEpoch.objects.get(pk=world.epoch.pk).state == EpochState.RETIRED
+    assert AuditRecord.objects.filter(action="epoch_retire", actor="user:op", reason="done").exists()
