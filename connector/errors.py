@@ -108,6 +108,16 @@ class TransitionRefused(ConnectorError):
     operator_action = "Reload: the item is not in a state that allows this action."
 
 
+class EpochRetentionUnmet(ConnectorError):
+    """The draining epoch may not retire: facts that name it are not terminal yet (D-267). The detail lists each
+    blocker as `CODE: rows`; `context["blockers"]` holds the (code, detail) pairs. Nothing was written."""
+
+    code = "EPOCH_RETENTION_UNMET"
+    http_status = 409
+    operator_action = ("Finish or remediate the named work (each code's remedy is in docs/errors.md), then ask for "
+                       "the retirement again; time alone never retires an epoch.")
+
+
 class ActivationCardinalityExceeded(ConnectorError):
     """The activation names more accounts than the declared maximum (CONNECTOR["ACTIVATION_MAX_ACCOUNTS"]); it was
     refused before any barrier closed or anything was written."""
@@ -203,7 +213,8 @@ ERROR_CATALOG = MappingProxyType({
     cls.code: CatalogEntry(cls.code, cls.http_status, cls.retryable, cls.operator_action)
     for cls in (ConnectorError, IdentityInvalid, OwnerUnavailable, OwnerFactInvalid, CalloutTemplateInvalid,
                 ApplicationItemRejected, CredentialMappingInvalid,
-                EpochCandidateInvalid, EpochNotFound, TransitionRefused, ActivationCardinalityExceeded, FenceStale,
+                EpochCandidateInvalid, EpochNotFound, TransitionRefused, EpochRetentionUnmet,
+                ActivationCardinalityExceeded, FenceStale,
                 GateNotServing, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
                 StateTokenInvalid, FormInvalid, ApproverNotIndependent)
 })

@@ -129,3 +129,21 @@ def admission_problems(*, epoch_pk: int, epoch_digest: bytes, route_definition: 
     return [problem for fn in _ADMISSION_CHECKS
             for problem in fn(epoch_pk=epoch_pk, epoch_digest=epoch_digest, route_definition=route_definition,
                               record_key=record_key)]
+
+
+# -- epoch retention ---------------------------------------------------------------------------------------------------
+# `draining -> retired` needs every fact that names the epoch terminal (D-267). The connector checks its own facts;
+# `effects` registers its nonterminal RemoteEffects (and so open permits), `cutover` its unreleased barrier sets.
+# Each blocker returns (stable code, detail naming the rows) pairs; an empty list means clear.
+RetentionBlocker = Callable[[object], list[tuple[str, str]]]
+_RETENTION_BLOCKERS: list[RetentionBlocker] = []
+
+
+def register_retention_blocker(fn: RetentionBlocker) -> RetentionBlocker:
+    if fn not in _RETENTION_BLOCKERS:
+        _RETENTION_BLOCKERS.append(fn)
+    return fn
+
+
+def retention_blockers(epoch) -> list[tuple[str, str]]:
+    return [blocker for fn in _RETENTION_BLOCKERS for blocker in fn(epoch)]

@@ -12,6 +12,8 @@ class CutoverConfig(AppConfig):
 
         # v2_halted -> v2_serving on the predecessor is refused once any OrderingHandoff exists (CV2-11-020).
         hooks.register_resume_blocker(selectors.predecessor_resume_blockers)
+        # draining -> retired waits for the barrier sets naming the epoch to be released (D-267).
+        hooks.register_retention_blocker(selectors.barrier_set_retention_blockers)
 
         from cutover.services import first_activation, v1_shutdown
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db.models import Q
+
 from connector.selectors.rows import AccountServingGate, OrderingLane, ServingEpoch
 from cutover.choices import BARRIER_SET_OPEN
 from cutover.models import (
@@ -16,7 +18,8 @@ from cutover.models import (
 # The cutover model classes other apps may name, as types and as the subject of their own read queries (D-259).
 # `cutover.models` is private to this app (an import-linter contract holds it); every write is a cutover service.
 __all__ = ["CutoverDecision", "OrderingHandoff", "ServiceCutoverAttempt", "ServingPublicationBarrierSet",
-           "SuccessionStatus", "V1GenerationReceipt", "barrier_set_open_for", "predecessor_resume_blockers",
+           "SuccessionStatus", "V1GenerationReceipt", "barrier_set_open_for", "barrier_set_retention_blockers",
+           "predecessor_resume_blockers",
            "succession_status"]
 
 
@@ -33,6 +36,16 @@ def predecessor_resume_blockers(gate) -> list[str]:
         return []
     return [f"OrderingHandoff #{handoff.pk} to successor {handoff.successor_epoch.epoch_id} is committed: the "
             "predecessor is frozen and only the successor activation may resume this gate"]
+
+
+def barrier_set_retention_blockers(epoch) -> list[tuple[str, str]]:
+    """A draining epoch retires only once no publication barrier set naming it (as predecessor or successor) is
+    still open (D-267): the coordinator must release it after readback first. Registered as a connector retention
+    blocker; code BARRIER_SET_OPEN."""
+    rows = list(ServingPublicationBarrierSet.objects.filter(
+        Q(predecessor_epoch_id=epoch.pk) | Q(successor_epoch_id=epoch.pk), state__in=BARRIER_SET_OPEN)
+        .order_by("pk").values_list("pk", "state")[:10])
+    return [("BARRIER_SET_OPEN", ", ".join(f"barrier set #{pk} is {state}" for pk, state in rows))] if rows else []
 
 
 def barrier_set_open_for(*, predecessor_epoch_pk: int) -> ServingPublicationBarrierSet | None:
@@ -64,8 +77,10 @@ def succession_status(*, predecessor_epoch_id: str, successor_epoch_id: str | No
     lanes = OrderingLane.objects.filter(epoch=predecessor).count()
     handoffs = OrderingHandoff.objects.filter(successor_epoch=successor).count() if successor else 0
     status = SuccessionStatus(predecessor, successor, barrier_set, modes, lanes, handoffs)
-    if successor is not None and successor.state == "active":
-        status.next_phase = "release" if barrier_set is not None else "done"
+    if predecessor.state == "retired":
+        status.next_phase = "done"
+    elif successor is not None and successor.state == "active":
+        status.next_phase = "release" if barrier_set is not None else "retire"
     elif barrier_set is None:
         status.next_phase = "barriers"
     elif barrier_set.state == "acquiring":

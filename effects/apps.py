@@ -9,10 +9,13 @@ class EffectsConfig(AppConfig):
     def ready(self) -> None:
         from connector import hooks
         from connector.services import approvals
+        from effects import selectors
         from effects.services import dispatch, identity, runtime_bridge
 
         # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate).
         hooks.register_halt_blocker(dispatch.open_permit_reasons)
+        # draining -> retired requires every RemoteEffect authored under the epoch terminal (D-267).
+        hooks.register_retention_blocker(selectors.effect_retention_blockers)
         # Runtime authors outbound commands in its application transaction through this bridge.
         hooks.register_outbound_author(runtime_bridge.author_for_runtime)
         # A revocation lists the permits already sending under the generation (decision 4).

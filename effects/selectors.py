@@ -16,7 +16,8 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
-           "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "nonterminal_effects_of_epoch"]
+           "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "effect_retention_blockers",
+           "nonterminal_effects_of_epoch"]
 
 
 def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]:
@@ -27,6 +28,13 @@ def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]
     rows = (RemoteEffect.objects.filter(command__epoch_id=epoch_pk).exclude(state__in=EFFECT_TERMINAL)
             .order_by("pk").values_list("pk", "state")[:limit])
     return [f"effect #{pk} is {state}" for pk, state in rows]
+
+
+def effect_retention_blockers(epoch) -> list[tuple[str, str]]:
+    """A draining epoch retires only once every RemoteEffect authored under it is terminal (D-267): registered as
+    a connector retention blocker; code EFFECT_OPEN names the effects (an open permit's effect is `dispatching`)."""
+    open_effects = nonterminal_effects_of_epoch(epoch_pk=epoch.pk)
+    return [("EFFECT_OPEN", ", ".join(open_effects))] if open_effects else []
 
 
 RATE_WINDOW_SECONDS = 10

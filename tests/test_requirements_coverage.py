@@ -19,7 +19,7 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# the product does not show yet, each saying precisely what is missing (issue 22 triaged every ID: none is
+# (_R6 was closed by D-267) the product does not show yet, each saying precisely what is missing (issue 22 triaged every ID: none is
 # left unread). Remove an entry when a test proves the ID: the check fails on an entry that is also cited or
 # justified.
 _R1 = ("a held barrier set refuses a credential publication (tests/cutover/test_first_activation.py), but "
@@ -36,8 +36,6 @@ _R4 = ("no operator-authorized intentional new remote call that reconciles prede
 _R5 = ("the readiness certificate gives each route a disposition, but its conformance proof attachment, "
        "the v1_high_water evidence rules, the unsupported-route disabling generation and the "
        "revalidation at baseline capture are not proven per requirement")
-_R6 = ("there is no epoch_retire service: draining -> retired is declared but never taken, and the "
-       "retention rule it needs is undecided")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
 _R8 = ("a route's order_independent contract is accepted on the pack definition's word: no conformance proof "
@@ -105,8 +103,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 5
     "CV2-06-018": (_R5, 22), "CV2-06-019": (_R5, 22), "CV2-06-021": (_R5, 22), "CV2-06-022": (_R5, 22),
     "CV2-06-023": (_R5, 22), "CV2-06-024": (_R5, 22), "CV2-06-026": (_R5, 22), "CV2-06-028": (_R5, 22),
-    # reason 6
-    "CV2-11-026": (_R6, 22),
     # reason 7
     "CV2-10-046": (_R7, 22),
     # reason 8

@@ -80,9 +80,10 @@ PERM_GATE_OPERATE = "connector.operate_accountservinggate"
 PERM_EPOCH_VERIFY = "connector.verify_servingepoch"
 PERM_EPOCH_REJECT = "connector.reject_servingepoch"
 PERM_EPOCH_ACTIVATE = "connector.activate_servingepoch"
+PERM_EPOCH_RETIRE = "connector.retire_servingepoch"
 # ServingEpoch transitions an operator can trigger here (activate through epoch_activate_first); drain and retire
 # belong to successor activation and epoch_retire.
-EPOCH_OPERATOR_TRANSITIONS = ("verify", "activate", "reject")
+EPOCH_OPERATOR_TRANSITIONS = ("verify", "activate", "reject", "retire")
 
 register_tones({
     GateMode.V1_SERVING: "info", GateMode.HALTING_V1: "warn", GateMode.V1_STOPPED: "warn",

@@ -26,7 +26,8 @@ from connector.admin.base import _bytes, _transition_message  # noqa: F401
 @admin.register(ServingEpoch)
 class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
     fact_description = ("One exact serving generation, prepared from fresh owner reads and verified, activated or "
-                        "rejected only by connector.services.serving. Its preimage and digest and every proof row "
+                        "rejected, and retired, only by connector.services.serving. Its preimage and digest and every "
+                        "proof row "
                         "are immutable; only the state columns change.")
     list_display = ("epoch_id", "state_badge", "short_digest", "profile_id", "configuration", "catalog_view",
                     "rejection_code", "state_changed_at")
@@ -35,7 +36,7 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
     list_select_related = ("configuration", "catalog_view")
     date_hierarchy = "created_at"
     inlines = (ServingEpochBindingProofInline, ServingEpochCredentialProofInline)
-    actions = ("verify_epochs", "activate_epochs", "reject_epochs")
+    actions = ("verify_epochs", "activate_epochs", "reject_epochs", "retire_epochs")
     fieldsets = (
         (None, {"fields": ("epoch_id", "profile_id", "state_badge", "state_changed_at", "created_at")}),
         ("Rejection", {"fields": ("rejection_code", "rejection_detail")}),
@@ -99,6 +100,11 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
                                               actor=self.require(request, PERM_EPOCH_REJECT))
         return self._outcome(epoch.state, after, "reject")
 
+    def _retire(self, request, epoch, reason):
+        after = serving_services.epoch_retire(epoch_pk=epoch.pk, reason=reason, expected_digest=bytes(epoch.digest),
+                                              actor=self.require(request, PERM_EPOCH_RETIRE))
+        return self._outcome(epoch.state, after, "retire")
+
     @staticmethod
     def _outcome(before: str, after: ServingEpoch, action: str):
         """A verification or activation that ends in `rejected` succeeded as a call but is reported as a warning
@@ -126,6 +132,15 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
             reason_required=True, warning="A rejected epoch never serves; prepare a new candidate to retry.",
             apply=lambda req, epoch, fence, reason: self._reject(req, epoch, reason))
 
+    @admin.action(description="Retire (every fact terminal; reason required)")
+    def retire_epochs(self, request, queryset):
+        return self.confirm_or_apply(
+            request, queryset, action="retire_epochs", title="Retire draining serving epochs", state_attr="state",
+            label=lambda epoch: f"epoch {epoch.epoch_id}", reason_required=True,
+            warning="Refused (EPOCH_RETENTION_UNMET, naming the open work) until every fact naming the epoch is "
+                    "terminal; retiring deletes nothing.",
+            apply=lambda req, epoch, fence, reason: self._retire(req, epoch, reason))
+
     def transition_panel(self, request, obj):
         buttons = [
             {"name": "verify", "label": "Verify (fresh owner reads)", "enabled": obj.state == EpochState.PREPARED},
@@ -133,8 +148,10 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
              "enabled": obj.state == EpochState.VERIFIED},
             {"name": "reject", "label": "Reject (operator decision; reason required)",
              "enabled": obj.state in (EpochState.PREPARED, EpochState.VERIFIED), "danger": True},
+            {"name": "retire", "label": "Retire (every fact terminal; reason required)",
+             "enabled": obj.state == EpochState.DRAINING},
         ]
-        return self.panel(obj, buttons=buttons, fence=None, reason_hint="required to reject",
+        return self.panel(obj, buttons=buttons, fence=None, reason_hint="required to reject or retire",
                           notes=[f"Current state: {obj.state}."])
 
     def perform_transition(self, request, obj, name, data, reason):
@@ -144,6 +161,8 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
             return self._activate(request, obj)
         if name == "reject":
             return self._reject(request, obj, reason)
+        if name == "retire":
+            return self._retire(request, obj, reason)
         raise TransitionRefused(f"{name!r} is not an epoch operation")
 
 

@@ -67,6 +67,7 @@ class ServingEpoch(ConcurrentTransitionMixin, models.Model):
             ("verify_servingepoch", "Can verify a prepared ServingEpoch"),
             ("reject_servingepoch", "Can reject an abandoned verified ServingEpoch"),
             ("activate_servingepoch", "Can run the first activation of a verified ServingEpoch"),
+            ("retire_servingepoch", "Can retire a draining ServingEpoch whose facts are all terminal"),
         ]
 
     def __str__(self) -> str:

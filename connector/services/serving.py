@@ -24,6 +24,7 @@ from connector.errors import (
     ActivationCardinalityExceeded,
     EpochCandidateInvalid,
     EpochNotFound,
+    EpochRetentionUnmet,
     FenceStale,
     OwnerFactInvalid,
     OwnerUnavailable,
@@ -43,6 +44,7 @@ from connector.models import (
     ServingEpochCredentialProof,
 )
 from connector.selectors.epoch_candidate import EpochCandidate, candidate_from_owners, epoch_preimage
+from connector.selectors.serving import epoch_retention_blockers
 from connector.services.audit import audit_record
 from connector.services.gates import fsm_edge, gates_bind_epoch
 from connector.services.owners import ident
@@ -340,3 +342,36 @@ def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor:
     audit_record(actor=actor, entity=epoch, action="epoch_activate_first", from_state=EpochState.VERIFIED,
                  to_state=EpochState.ACTIVE, evidence_digest=observed)
     gates_bind_epoch(gates=gates, action="activate_first", epoch=epoch, actor=actor, evidence_digest=observed)
+
+
+# -- retirement -----------------------------------------------------------------------------------------------
+
+@transaction.atomic
+def epoch_retire(*, epoch_pk: int, actor: Actor, reason: str, expected_digest: bytes | None = None) -> ServingEpoch:
+    """`draining -> retired`, an explicit, audited operator decision taken only once every fact that names the
+    epoch is terminal (D-267; CV2-02-033, CV2-11-026).
+
+    One transaction: the epoch FOR UPDATE (canonical rank 2; nothing else is locked), then, under that lock, the
+    exact epoch (`expected_digest`, when given, else FENCE_STALE), state `draining` (else TRANSITION_REFUSED), a
+    reason and the retire permission, and the retention rule (`selectors.serving.epoch_retention_blockers`):
+    any blocker refuses with EPOCH_RETENTION_UNMET naming each code and its rows. Guarded writes need an `active`
+    epoch, so none can add work to a draining one; the facts that still move (effects, results) only move toward
+    terminal, so a clear read under the lock stays clear. Retiring deletes and rewrites nothing but the state
+    columns: every fact of the epoch stays readable (CV2-02-013). Nothing calls it on a timer (CV2-13-005)."""
+    epoch = locks.epoch_for_update(epoch_pk)
+    if expected_digest is not None and not _same(epoch.digest, expected_digest):
+        raise FenceStale(f"epoch {epoch.epoch_id} is not the exact epoch the caller read")
+    if not can_proceed(epoch.retire):
+        raise TransitionRefused(f"epoch {epoch.epoch_id} is {epoch.state}; only a draining epoch retires")
+    if not reason.strip():
+        raise TransitionRefused("a retirement needs a reason")
+    _require_perm(actor, "connector.retire_servingepoch")
+    blockers = epoch_retention_blockers(epoch)
+    if blockers:
+        raise EpochRetentionUnmet(f"epoch {epoch.epoch_id} still has open facts: "
+                                  + "; ".join(f"{code}: {detail}" for code, detail in blockers), blockers=blockers)
+    epoch.retire()
+    epoch.save(update_fields=EPOCH_STATE_FIELDS)
+    audit_record(actor=actor, entity=epoch, action="epoch_retire", from_state=EpochState.DRAINING,
+                 to_state=epoch.state, evidence_digest=bytes(epoch.digest), reason=reason)
+    return epoch

@@ -32,6 +32,7 @@ from connector.selectors.rows import (
     ServingEpochCredentialProof,
 )
 from connector.selectors.routes import route_for
+from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services import gates as gate_services
 from connector.services import serving
 from connector.services.audit import audit_record
@@ -247,7 +248,8 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
     One transaction: barrier set FOR SHARE (must be `held`), both epochs FOR SHARE (predecessor `active`,
     successor `verified`, the bound digests), every gate FOR SHARE (all `v2_halted` on the predecessor), then the
     lane FOR UPDATE. Refuses while the lane has an active or nonterminal execution or a pending projection, is
-    halted, or its comparator/partition contract differs in the successor. Then it advances the lane fence and
+    halted, or its comparator/partition contract differs in the successor, and while any predecessor receipt
+    awaits materialization (D-268). Then it advances the lane fence and
     freezes the lane (`halted`, ORDERING_HANDOFF), so no predecessor claim or result can move it again, creates
     the successor lane with baseline = high-water = the frozen high-water, and appends the immutable handoff.
     A predecessor result racing this either committed first (its high-water is frozen here) or finds no
@@ -289,6 +291,14 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
         if bad or len(gates) != len(accounts):
             raise HandoffRefused("every gate must be v2_halted on the predecessor before a handoff; not halted: "
                                  + ", ".join(f"{g.account_id}={g.mode}" for g in bad[:10]))
+        # A receipt not materialized now never will be once the predecessor is frozen (D-268): the guard
+        # materializes only under an active epoch on a v2_serving gate. Before the first handoff the predecessor
+        # may still resume, materialize it and halt again.
+        waiting = unmaterialized_receipts_of_epoch(epoch_pk=pred.pk)
+        if waiting:
+            raise HandoffRefused("predecessor receipts await materialization: "
+                                 + ", ".join(f"receipt #{pk}" for pk in waiting)
+                                 + "; resume the predecessor, let them materialize, then halt again")
         lane = connector_locks.lane_for_update(lane_pk)
         existing = OrderingHandoff.objects.filter(successor_epoch=succ, predecessor_lane=lane).first()
         if existing is not None:
@@ -395,6 +405,8 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         # The same for inbound work outside lanes (order-independent executions, open windows).
         open_inbound = [f"execution #{pk}" for pk in Execution.objects.filter(
             epoch=pred, state__in=EXECUTION_ACTIVE).order_by("pk").values_list("pk", flat=True)[:10]]
+        open_inbound += [f"receipt #{pk} awaiting materialization"
+                         for pk in unmaterialized_receipts_of_epoch(epoch_pk=pred.pk)]
         open_inbound += [f"window #{pk}" for pk in ProjectionWindow.objects.filter(
             epoch=pred, state="open").order_by("pk").values_list("pk", flat=True)[:10]]
         if open_inbound:

@@ -510,7 +510,7 @@ def test_epoch_verify_and_first_activation_through_the_admin(client, operator):
 
     walk_gates_to_validating(world, Actor.system("test"))
     page = client.get(url(epoch)).content.decode()
-    assert buttons(page) == {"verify": False, "activate_first": True, "reject": True}
+    assert buttons(page) == {"verify": False, "activate_first": True, "reject": True, "retire": False}
     response = post(client, url(epoch, "transition"), {"transition": "activate_first"})
     assert flashed(response) == [(messages.SUCCESS, "epoch adm-epoch-9: activate_first applied, verified → active")]
     epoch.refresh_from_db()

@@ -53,9 +53,14 @@ def test_command_runs_every_phase_idempotently_and_resumes_after_a_refusal():
     assert ServingEpoch.objects.get(epoch_id=succ).state == EpochState.ACTIVE
     assert ServingEpoch.objects.get(epoch_id=pred).state == EpochState.DRAINING
     assert gate_modes(world) == {GateMode.V2_SERVING}
-    assert "next phase  done" in run("status", "--predecessor", pred, "--successor", succ)
+    assert "next phase  retire" in run("status", "--predecessor", pred, "--successor", succ)
     with pytest.raises(CommandError, match="no open barrier set"):
         run("activate", "--predecessor", pred)
+    assert f"epoch {pred} retired" in run("retire", "--predecessor", pred, "--reason", "facts terminal")
+    assert ServingEpoch.objects.get(epoch_id=pred).state == EpochState.RETIRED
+    assert "next phase  done" in run("status", "--predecessor", pred, "--successor", succ)
+    with pytest.raises(CommandError, match="TRANSITION_REFUSED"):
+        run("retire", "--predecessor", pred, "--reason", "again")
 
 
 @pytest.mark.django_db

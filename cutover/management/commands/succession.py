@@ -8,8 +8,9 @@ durable state says, and `status` names the next phase.
   handoffs   one OrderingHandoff per predecessor lane (refused lanes are listed; rerun after draining them)
   activate   the one successor activation transaction, then readback and barrier release
   release    explicit fenced release (abort before any handoff; `--replacement` after the cutoff)
+  retire     the draining predecessor `draining -> retired`, once every fact naming it is terminal (D-267)
 
-All phases take `--predecessor EPOCH_ID`; `barriers` also `--successor EPOCH_ID`; the coordinator identity is
+All phases take `--predecessor EPOCH_ID`; `release` and `retire` also `--reason`; `barriers` also `--successor EPOCH_ID`; the coordinator identity is
 `--holder` (a set held by another holder is refused: a stale coordinator cannot act on it).
 """
 from __future__ import annotations
@@ -19,17 +20,18 @@ from django.core.management.base import BaseCommand, CommandError
 from connector.actors import Actor
 from connector.errors import ConnectorError
 from connector.selectors.rows import ServingEpoch
+from connector.services import serving
 from cutover.selectors import barrier_set_open_for, succession_status
 from cutover.services import succession, succession_phases
 
 
 class Command(BaseCommand):
     help = "Coordinate a V2 -> V2 successor activation (requires_drain): status | barriers | halt | handoffs | " \
-           "activate | release."
+           "activate | release | retire."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="phase", required=True)
-        for name in ("status", "barriers", "halt", "handoffs", "activate", "release"):
+        for name in ("status", "barriers", "halt", "handoffs", "activate", "release", "retire"):
             p = sub.add_parser(name)
             p.add_argument("--predecessor", required=True, help="the active predecessor epoch ID")
             p.add_argument("--holder", default="succession-coordinator", help="this coordinator's identity")
@@ -37,8 +39,9 @@ class Command(BaseCommand):
                 p.add_argument("--successor", required=(name == "barriers"), help="the verified successor epoch ID")
             if name == "barriers":
                 p.add_argument("--class", dest="successor_class", default="requires_drain")
-            if name == "release":
+            if name in ("release", "retire"):
                 p.add_argument("--reason", required=True)
+            if name == "release":
                 p.add_argument("--replacement", action="store_true",
                                help="after the first handoff: release only to replace the candidate")
 
@@ -117,3 +120,10 @@ class Command(BaseCommand):
         row = succession.barrier_set_release(barrier_set_pk=row.pk, expected_fence=row.fence, reason=reason,
                                              replacement=replacement, actor=self.actor)
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state}"))
+
+    def phase_retire(self, *, reason: str, **_):
+        """The predecessor's facts are all terminal (each refusal names its code and rows): retire it. Nothing
+        retires an epoch on a timer; this explicit, reasoned step is the only way (CV2-11-026, CV2-13-005)."""
+        epoch = serving.epoch_retire(epoch_pk=self.predecessor.pk, actor=self.actor, reason=reason,
+                                     expected_digest=bytes(self.predecessor.digest))
+        self.stdout.write(self.style.SUCCESS(f"epoch {epoch.epoch_id} {epoch.state}"))
