@@ -27,8 +27,16 @@ def later(seconds: int):
 
 @pytest.fixture(autouse=True)
 def _fresh_rotation():
-    """Each test starts the process's rotation cursor at the lowest account."""
-    execution._ROTATION["start"] = 0
+    """Each test starts the process's rotation cursors at the lowest account."""
+    execution._ROTATION.update(start=0, account=0)
+
+
+@pytest.fixture(params=["batch", "account"])
+def scope(request, settings):
+    """Each claim test runs in both claim scopes: "batch" (one statement over the batch's accounts, D-204/D-205)
+    and "account" (the Citus claimer: one account per statement and transaction, D-264)."""
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": request.param}
+    return request.param
 
 
 def _ready(world, account, count: int, tag: str) -> list[Execution]:
@@ -43,7 +51,7 @@ def three_accounts(transactional_db):
     return build_inbound_world("cb-", [PACK_A], account_keys=("acct-1", "acct-2", "acct-3"))
 
 
-def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_accounts):
+def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_accounts, scope):
     """Fairness: the hot account holds 10x the other accounts' ready Executions and its backlog is the oldest
     (lowest pks, first in FIFO order), yet one batch of 6 takes two from every account, round-robin, and
     successive batches keep rotating until each quiet account is drained before the hot one.
@@ -56,14 +64,18 @@ def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_
     claimed = Execution.objects.in_bulk([t.execution_pk for t in tokens])
     per_account = Counter(claimed[t.execution_pk].account_id for t in tokens)
     assert per_account == {hot.pk: 2, quiet_a.pk: 2, quiet_b.pk: 2}
-    assert [claimed[t.execution_pk].account_id for t in tokens[:3]] == sorted([hot.pk, quiet_a.pk, quiet_b.pk])
+    order = [claimed[t.execution_pk].account_id for t in tokens]
+    if scope == "batch":  # ranks interleaved in one statement: every account's first, then every account's second
+        assert order[:3] == sorted([hot.pk, quiet_a.pk, quiet_b.pk])
+    else:  # one account after another in rotation, each its share
+        assert order == sorted(order)
     # The next batch has only the hot account's work left: it takes it (no account is starved, none idles).
     second = execution.execution_claim_batch(holder="w1", n=6, lease_seconds=60)
     assert {Execution.objects.get(pk=t.execution_pk).account_id for t in second} == {hot.pk}
     assert len(second) == 6
 
 
-def test_rotation_moves_the_first_pick_across_batches(three_accounts):
+def test_rotation_moves_the_first_pick_across_batches(three_accounts, scope):
     """Batches of one rotate over the accounts (a hot account with the oldest work does not win every batch).
     Proves: CV2-14-003, CV2-14-008"""
     accounts = three_accounts.accounts
@@ -74,7 +86,7 @@ def test_rotation_moves_the_first_pick_across_batches(three_accounts):
     assert picks == [a.pk for a in accounts] * 2
 
 
-def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_accounts):
+def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_accounts, scope):
     """Two claimers, each on its own connection, claim batches at the same moment until nothing is left: every
     ready Execution is claimed exactly once, with exactly one Attempt (ordinal 1) whose fence is the
     Execution's, no error, no deadlock. Proves: CV2-07-016, CV2-07-018, CV2-15-024"""
@@ -108,7 +120,7 @@ def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_acco
     assert sorted(ExecutionAttempt.objects.values_list("execution_id", flat=True)) == sorted(ready)
 
 
-def test_a_stale_lease_fence_cannot_complete(three_accounts):
+def test_a_stale_lease_fence_cannot_complete(three_accounts, scope):
     """Claimant A's lease expires and B re-claims the same Execution with fence + 1. A's late run is refused
     before Runtime (FENCE_STALE, nothing written); A's completion after Runtime (the run raced past the first
     check) is refused under the row lock; B completes it with the one ApplicationResult.
@@ -137,7 +149,7 @@ def test_a_stale_lease_fence_cannot_complete(three_accounts):
     assert ApplicationResult.objects.filter(command_id=minted.command_id).count() == 1
 
 
-def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts):
+def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts, scope):
     """The guard runs per account in the batch: an account whose gate left v2_serving contributes nothing (no
     Attempt, no lease) while the other accounts are claimed in the same transaction.
     Proves: CV2-03-015, CV2-03-016, CV2-07-016"""
@@ -153,7 +165,7 @@ def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts):
     assert not ExecutionAttempt.objects.filter(execution__account=halted).exists()
 
 
-def test_batch_worker_step_runs_each_claimed_execution(three_accounts):
+def test_batch_worker_step_runs_each_claimed_execution(three_accounts, scope):
     """`execution_claim_batch_and_run` claims one batch across accounts and runs each Execution to completion
     with exactly one ApplicationResult each. Proves: CV2-07-022, CV2-08-005"""
     for account, tag in zip(three_accounts.accounts, ("w1", "w2", "w3")):
