@@ -284,10 +284,10 @@ WITH picked AS (
     ORDER BY e.id
     FOR UPDATE OF e SKIP LOCKED
 )
-UPDATE connector_execution e
+UPDATE connector_execution t
 SET attempt_count = p.ordinal, lease_fence = p.fence, lease_holder = %(holder)s, lease_expires_at = %(expires)s
-FROM picked p WHERE e.account_id = %(account)s AND e.id = p.id
-RETURNING e.id, e.attempt_count, e.lease_fence"""
+FROM picked p WHERE t.account_id = %(account)s AND t.id = p.id
+RETURNING t.id, t.attempt_count, t.lease_fence"""
 
 
 def account_executions_lease(*, account_id: int, epoch_pk: int, execution_pks: list[int], holder: str, now,
