@@ -174,3 +174,55 @@ def test_batch_worker_step_runs_each_claimed_execution(three_accounts, scope):
     assert len(done) == 6 and {e.state for e in done} == {"completed"}
     assert ApplicationResult.objects.count() == 6
     assert execution.execution_claim_batch_and_run(holder="w", n=10) == []
+
+
+def test_account_scope_serves_every_quiet_account_within_two_batches_of_a_hot_one(three_accounts, settings):
+    """The per-account claimer (CLAIM_SCOPE "account", D-264) with batches smaller than the number of accounts:
+    the hot account's 10x backlog (its Executions the oldest) never delays a quiet account by more than one batch;
+    the rotation cursor carries on where the last batch stopped, and after the quiet accounts are drained the
+    hot account fills whole batches. Proves: CV2-14-003, CV2-14-008, CV2-07-016"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    hot, quiet_a, quiet_b = three_accounts.accounts
+    _ready(three_accounts, hot, 20, "hh")
+    _ready(three_accounts, quiet_a, 2, "ha")
+    _ready(three_accounts, quiet_b, 2, "hb")
+    accounts = {e.pk: e.account_id for e in Execution.objects.all()}
+    batches = [[accounts[t.execution_pk] for t in execution.execution_claim_batch(holder="w", n=2)]
+               for _ in range(3)]
+    assert [len(b) for b in batches] == [2, 2, 2]
+    assert batches[0] == [hot.pk, quiet_a.pk] and batches[1] == [quiet_b.pk, hot.pk]
+    assert batches[2] == [quiet_a.pk, quiet_b.pk]  # both quiet accounts drained by the third batch of two
+    rest = execution.execution_claim_batch(holder="w", n=10)
+    assert [accounts[t.execution_pk] for t in rest] == [hot.pk] * 10
+
+
+def test_account_scope_claims_only_its_group(three_accounts, settings):
+    """A claimer given its shard group (`account_ids`) visits those accounts only: another account's ready work
+    stays unclaimed (another claimer's). Proves: CV2-14-001, CV2-07-016"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    first, second, third = three_accounts.accounts
+    for account, tag in ((first, "g1"), (second, "g2"), (third, "g3")):
+        _ready(three_accounts, account, 3, tag)
+    tokens = execution.execution_claim_batch(holder="w", n=10, account_ids=[second.pk, third.pk])
+    assert len(tokens) == 6 and {t.account_id for t in tokens} == {second.pk, third.pk}
+    assert {Execution.objects.get(pk=t.execution_pk).account_id for t in tokens} == {second.pk, third.pk}
+    assert Execution.objects.filter(account=first, attempt_count=0, lease_fence=0).count() == 3
+    assert not ExecutionAttempt.objects.filter(execution__account=first).exists()
+
+
+def test_account_scope_skips_a_candidate_bound_to_another_epoch(three_accounts, settings):
+    """The per-account claim leases only candidates bound to the epoch the account's guard locked (the check
+    before the CAS; the CAS repeats it under the row lock): a candidate read with another epoch is not leased (no
+    Attempt), the rest are.
+    Proves: CV2-03-017, CV2-07-018"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    account = three_accounts.accounts[0]
+    stale, fresh = _ready(three_accounts, account, 2, "ep")
+    with mock.patch("connector.services.claims._ACCOUNT_CANDIDATES",
+                    "SELECT e.id, CASE WHEN e.id = %(stale)s THEN -1 ELSE e.epoch_id END FROM connector_execution e "
+                    "WHERE e.account_id = %(account)s AND e.state = 'ready' "
+                    "AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) ORDER BY e.id LIMIT %(n)s"
+                    .replace("%(stale)s", str(stale.pk))):
+        tokens = execution.execution_claim_batch(holder="w", n=5, account_ids=[account.pk])
+    assert [t.execution_pk for t in tokens] == [fresh.pk]
+    assert not ExecutionAttempt.objects.filter(execution=stale).exists()
