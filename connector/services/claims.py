@@ -225,6 +225,8 @@ def _claim_by_account(*, holder: str, n: int, lease_seconds: int,
         for i, account in enumerate(pending):
             share = math.ceil((n - len(tokens)) / (len(pending) - i))
             got = _claim_account(account=account, holder=holder, n=share, lease_seconds=lease_seconds)
+            if got:
+                fault_point("claim.account_after_commit")
             tokens += got
             if first_pass:
                 _ROTATION["account"] = account + 1
