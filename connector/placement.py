@@ -250,7 +250,8 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {}
 #: several accounts in one statement by design (D-204/D-205, D-246): not routable on Citus, which therefore runs
 #: CLAIM_SCOPE = "account" (D-264). The routability test asserts that the batch scope yields exactly these.
 _BATCH = ("the batched claim serves any set of accounts in one statement (D-204/D-205: fairness across accounts in "
-          "one round trip); on Citus the claimer runs CLAIM_SCOPE \"account\": one account per statement (D-246, D-264)")
+          "one round trip); on Citus the claimer runs CLAIM_SCOPE \"account\": one account per statement "
+          "(D-246, D-264)")
 SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
