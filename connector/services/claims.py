@@ -224,7 +224,19 @@ def _claim_by_account(*, holder: str, n: int, lease_seconds: int,
         again = []
         for i, account in enumerate(pending):
             share = math.ceil((n - len(tokens)) / (len(pending) - i))
-            got = _claim_account(account=account, holder=holder, n=share, lease_seconds=lease_seconds)
+            try:
+                got = _claim_account(account=account, holder=holder, n=share, lease_seconds=lease_seconds)
+            except Exception:  # noqa: BLE001 - re-raised unless earlier accounts already leased something
+                # Earlier accounts' leases are committed: hand them to the run instead of leaving them leased until
+                # expiry. The cursor moves to this account, so the next batch meets it first and raises from there
+                # (the worker step then isolates it through the single claims, D-168).
+                if not tokens:
+                    raise
+                _ROTATION["account"] = account
+                log.exception("claim of account %s failed; running the %d Executions already leased", account,
+                              len(tokens))
+                again = []
+                break
             if got:
                 fault_point("claim.account_after_commit")
             tokens += got

@@ -226,3 +226,30 @@ def test_account_scope_skips_a_candidate_bound_to_another_epoch(three_accounts, 
         tokens = execution.execution_claim_batch(holder="w", n=5, account_ids=[account.pk])
     assert [t.execution_pk for t in tokens] == [fresh.pk]
     assert not ExecutionAttempt.objects.filter(execution=stale).exists()
+
+
+def test_account_scope_failure_after_a_committed_account_runs_what_was_leased(three_accounts, settings):
+    """A deterministic failure claiming the second account of a batch (its own transaction rolled back) does not
+    strand the first account's committed leases: the batch returns them; the next batch starts at the failing
+    account and raises from there (the worker step then falls back to the single claims, D-168). Proves:
+    CV2-07-016, CV2-07-017"""
+    from connector.services import claims
+
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    first, second, _ = three_accounts.accounts
+    _ready(three_accounts, first, 2, "fa")
+    _ready(three_accounts, second, 2, "fb")
+    real = claims._claim_account
+
+    def failing(*, account, **kwargs):
+        if account == second.pk:
+            raise RuntimeError("poison")
+        return real(account=account, **kwargs)
+
+    with mock.patch.object(claims, "_claim_account", failing):
+        tokens = execution.execution_claim_batch(holder="w", n=4)
+        assert {t.account_id for t in tokens} == {first.pk} and len(tokens) == 2
+        with pytest.raises(RuntimeError):
+            execution.execution_claim_batch(holder="w", n=4)
+    assert not ExecutionAttempt.objects.filter(execution__account=second).exists()
+    assert {t.account_id for t in execution.execution_claim_batch(holder="w", n=4)} == {second.pk}
