@@ -33,7 +33,8 @@ def _capture_into(steps: dict[str, list[str]]):
     return capture
 
 
-def _batch_claims(world, settings, tag: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def _batch_claims(world, settings, tag: str, *, strict: bool = True) -> tuple[dict[str, list[str]],
+                                                                           dict[str, list[str]]]:
     """The batched claim in both claim scopes, each over two accounts with ready work (and, in the account scope,
     with no claimer group: the accounts come from the ConnectorAccount reference table, an account with no ready
     work costs its candidate read). Returns (account-scope statements, batch-scope statements) by step."""
@@ -48,7 +49,7 @@ def _batch_claims(world, settings, tag: str) -> tuple[dict[str, list[str]], dict
             for i in range(2):
                 ready_execution(account.account_key, f"rec-{tag}-{scope}-{account.pk}-{i}")
         tokens = _capture_into(steps)("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=4))
-        assert len(tokens) == 4 and len({t.account_id for t in tokens}) == 2, tokens
+        assert not strict or (len(tokens) == 4 and len({t.account_id for t in tokens}) == 2), tokens
         out.append(steps)
     settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
     return out[0], out[1]
@@ -174,7 +175,7 @@ def test_the_per_account_claim_without_its_account_filter_is_refused(hot_world, 
     sql = getattr(target, name)
     assert pinned in sql
     monkeypatch.setattr(target, name, sql.replace(pinned, pinned.replace("e.account_id = %(account)s AND ", ""), 1))
-    by_account, _ = _batch_claims(hot_world, settings, "unpinned")
+    by_account, _ = _batch_claims(hot_world, settings, "unpinned", strict=False)  # what it claims is not the point
     found, _ = _findings(by_account)
     assert ("batch claim", "connector_execution", problem) in found, found
 
