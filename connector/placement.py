@@ -238,23 +238,31 @@ REFERENCE_ROW_LOCKS = frozenset({"effects_processgeneration"})
 HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, completion, authoring", "effect claim",
              "permit", "egress marker, settlement", "finalization", "batch claim")
 
-#: Hot statements that Citus could not send to one shard today, keyed by (step, table, problem), with what it takes.
-#: The routability test fails on any other finding and on any entry here that no longer occurs. Issue 23's last
-#: slice (D-244, D-245) emptied it of everything but the batched claim: entry points carry the account with the key
-#: (task messages, claim tokens, effect claims, egress arguments), joins by id name the account of both sides, saves
-#: name their shard, and the admission hint reads the gate by the account pk the process resolved from the key. The
-#: batched claim stays listed by design (D-243, D-246): on Citus each claimer batches one account per statement.
+#: Hot statements that Citus could not send to one shard in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
+#: "account"), keyed by (step, table, problem), with what it takes. The routability test fails on any other finding
+#: and on any entry here that no longer occurs. Issue 23's last slice (D-244, D-245) emptied it of everything but
+#: the batched claim: entry points carry the account with the key (task messages, claim tokens, effect claims,
+#: egress arguments), joins by id name the account of both sides, saves name their shard, and the admission hint
+#: reads the gate by the account pk the process resolved from the key. The per-account claimer (D-264) emptied it.
+KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {}
+
+#: The batched claim's statements in the single-node claim scope (`CLAIM_SCOPE` = "batch", the default), which serve
+#: several accounts in one statement by design (D-204/D-205, D-246): not routable on Citus, which therefore runs
+#: CLAIM_SCOPE = "account" (D-264). The routability test asserts that the batch scope yields exactly these.
 _BATCH = ("the batched claim serves any set of accounts in one statement (D-204/D-205: fairness across accounts in "
-          "one round trip); on Citus a per-shard claimer batches one account per statement (D-243, D-246)")
-KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {
+          "one round trip); on Citus the claimer runs CLAIM_SCOPE \"account\": one account per statement "
+          "(D-246, D-264)")
+SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
-        "per-shard claimer runs it with its own account set (D-243). " + _BATCH,
+        "per-account claimer reads one account's candidates per statement (D-243, D-264). " + _BATCH,
     ("batch claim", "connector_execution,connector_executionattempt", "row lock not single-shard"):
-        "the lease CAS locks candidates of the batch in one statement; on Citus a claimer batches one account per "
-        "statement (the candidate array then carries one account; add e.account_id = %(account)s). " + _BATCH,
+        "the lease CAS locks candidates of the batch in one statement; on Citus the claimer leases one account per "
+        "statement pinned e.account_id = %(account)s (locks.account_executions_lease, D-264). " + _BATCH,
     ("batch claim", "connector_executionattempt", "unpinned"):
-        "the Attempts of the batch are inserted from the CAS; one account per statement as above. " + _BATCH,
+        "the Attempts of the batch are inserted from the CAS; on Citus one insert per account, each row naming its "
+        "Execution (D-264). " + _BATCH,
     ("batch claim", "connector_lock_serving", "routine called without one constant account"):
-        "the batch guards every account of the batch in one statement; one account per batch on Citus. " + _BATCH,
+        "the batch guards every account of the batch in one statement; on Citus lock_serving guards one account "
+        "per transaction (D-264). " + _BATCH,
 }

@@ -59,10 +59,23 @@ def render() -> str:
     for name, r in sorted(pl.ROUTINES.items()):
         names = ", ".join(f"`{n}`" for n in r.account_names)
         lines.append(f"| `{name}` | `{r.distribution_arg}` | {names} | {_cell(r.why)} |")
-    lines += ["", f"#### Hot statements not routable today ({len(pl.KNOWN_UNROUTABLE)}), and what each takes", "",
-              "Asserted by `tests/scaleout/test_routability.py`: any other finding fails it, and so does an entry "
-              "that no longer occurs.", "", "| step | table | finding | what it takes |", "| --- | --- | --- | --- |"]
-    for (step, table, problem), why in sorted(pl.KNOWN_UNROUTABLE.items(),
+    lines += ["", f"#### Hot statements not routable in the Citus configuration ({len(pl.KNOWN_UNROUTABLE)})", "",
+              "The hot paths run with `CONNECTOR[\"CLAIM_SCOPE\"]` = \"account\" (D-264). Asserted by "
+              "`tests/scaleout/test_routability.py`: any finding fails it, and so does a listed entry that no longer "
+              "occurs."]
+    if pl.KNOWN_UNROUTABLE:
+        lines += ["", "| step | table | finding | what it takes |", "| --- | --- | --- | --- |"]
+        for (step, table, problem), why in sorted(pl.KNOWN_UNROUTABLE.items(),
+                                                  key=lambda kv: (pl.HOT_STEPS.index(kv[0][0]), kv[0][1:])):
+            lines.append(f"| {step} | `{table}` | {problem} | {_cell(why)} |")
+    else:
+        lines += ["", "None."]
+    lines += ["", f"#### Single-node-only statements: the batch claim scope ({len(pl.SINGLE_NODE_ONLY)})", "",
+              "`CLAIM_SCOPE` = \"batch\" (the default, single-node PostgreSQL) serves several accounts in one "
+              "statement (D-204/D-205, D-246); the routability test asserts it yields exactly these, and Citus runs "
+              "the \"account\" scope instead.", "", "| step | table | finding | why, and the account scope's shape |",
+              "| --- | --- | --- | --- |"]
+    for (step, table, problem), why in sorted(pl.SINGLE_NODE_ONLY.items(),
                                               key=lambda kv: (pl.HOT_STEPS.index(kv[0][0]), kv[0][1:])):
         lines.append(f"| {step} | `{table}` | {problem} | {_cell(why)} |")
     lines += ["", END]

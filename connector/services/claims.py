@@ -4,10 +4,12 @@ Split from connector.services.execution (module size, D-260), which re-exports t
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from functools import partial
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -15,8 +17,9 @@ from django.utils import timezone
 from connector import locks
 from connector.actors import Actor
 from connector.choices import ExecutionState, SweepStep
+from connector.errors import ConnectorError
 from connector.faults import fault_point
-from connector.models import Execution, ExecutionAttempt
+from connector.models import ConnectorAccount, Execution, ExecutionAttempt
 from connector.services import poison
 from connector.services.guard import ServingContext, lock_serving, lock_serving_accounts
 
@@ -119,8 +122,13 @@ FROM rotation r CROSS JOIN LATERAL (
 ORDER BY c.rank, r.wrap, r.account_id
 LIMIT %(n)s"""
 
-# Where this process's next batch starts its rotation over accounts (round-robin across batches too).
-_ROTATION = {"start": 0}
+# Where this process's next batch starts its rotation over accounts (round-robin across batches too): "start" for
+# the single-node batch claim, "account" for the per-account claimer (CLAIM_SCOPE "account", D-264).
+_ROTATION = {"start": 0, "account": 0}
+
+#: `CONNECTOR["CLAIM_SCOPE"]`: "batch" (single-node PostgreSQL: one statement serves every account of the batch,
+#: D-204/D-205) or "account" (the Citus deployment: one account per statement and per transaction, D-264).
+CLAIM_SCOPES = ("batch", "account")
 
 
 def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
@@ -140,9 +148,16 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
 
     An expired lease is reacquired under the same Execution identity and command with a higher fence (CV2-07-017).
     Returns the tokens in claim order (round-robin over accounts); `fault_point("claim.after_commit")` fires
-    once after the commit. Nothing is written for a skipped candidate; a refused guard never raises."""
+    once after the commit. Nothing is written for a skipped candidate; a refused guard never raises.
+
+    With `CONNECTOR["CLAIM_SCOPE"]` = "account" (the Citus deployment) the same claim runs one account at a time
+    (`_claim_by_account`, D-264): every statement then names one account."""
     if n <= 0:
         return []
+    scope = settings.CONNECTOR.get("CLAIM_SCOPE", "batch")
+    assert scope in CLAIM_SCOPES, scope
+    if scope == "account":
+        return _claim_by_account(holder=holder, n=n, lease_seconds=lease_seconds, account_ids=account_ids)
     now = timezone.now()
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(_CLAIM_CANDIDATES, {"start": _ROTATION["start"], "accounts": 2 * n, "n": n, "now": now,
@@ -169,3 +184,94 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
     fault_point("claim.after_commit")
     accounts = {pk: acct for pk, acct, _ in candidates}
     return [ClaimToken(pk, fence, holder, accounts[pk]) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
+
+
+# The per-account claimer's candidates (CLAIM_SCOPE "account", D-264): one account's oldest claimable Executions, no
+# lock; pinned `e.account_id = %(account)s`, so on Citus it reads one shard.
+_ACCOUNT_CANDIDATES = """
+SELECT e.id, e.epoch_id FROM connector_execution e
+WHERE e.account_id = %(account)s AND e.state = 'ready'
+  AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+ORDER BY e.id LIMIT %(n)s"""
+
+
+def _claim_by_account(*, holder: str, n: int, lease_seconds: int,
+                      account_ids: list[int] | None) -> list[ClaimToken]:
+    """`execution_claim_batch` for the Citus deployment (CLAIM_SCOPE "account", D-264, amending D-243/D-246):
+    up to `n` Executions taken one account at a time, each account in its own short single-shard transaction.
+
+    Accounts are visited in rotation from this process's cursor (`_ROTATION["account"]`): the claimer's group
+    `account_ids` when given (one claimer per shard group), otherwise every `ConnectorAccount` (a reference table:
+    one read on the coordinator's copy, no shard touched). Per account, its share of what is left
+    (`ceil(left / accounts still to visit in this pass)`): one candidate read pinned to the account (an empty one
+    ends the account's visit: 1 statement); then one transaction with the account's guard (`lock_serving`: epoch
+    then gate FOR SHARE, the canonical order; an account that does not serve is skipped), the lease CAS pinned to
+    the account (`locks.account_executions_lease`: FOR UPDATE SKIP LOCKED, same epoch as the guarded one) and
+    the Attempts of what it leased. Accounts that took their whole share are visited again (a later pass) while
+    the batch is not full, so a hot account fills what the others leave but never delays another account's share.
+    The next batch starts after the last account this one visited in its first pass. Statements: 1 (accounts,
+    when no group is given) + 1 per empty account + 5 per account claimed from (candidates, BEGIN, guard, lease
+    CAS, Attempts, COMMIT counted as the pins count them)."""
+    accounts = (sorted(set(account_ids)) if account_ids is not None
+                else list(ConnectorAccount.objects.order_by("pk").values_list("pk", flat=True)))
+    if not accounts:
+        return []
+    start = _ROTATION["account"]
+    pending = [a for a in accounts if a >= start] + [a for a in accounts if a < start]
+    tokens: list[ClaimToken] = []
+    first_pass = True
+    while pending and len(tokens) < n:
+        again = []
+        for i, account in enumerate(pending):
+            share = math.ceil((n - len(tokens)) / (len(pending) - i))
+            try:
+                got = _claim_account(account=account, holder=holder, n=share, lease_seconds=lease_seconds)
+            except Exception:  # noqa: BLE001 - re-raised unless earlier accounts already leased something
+                # Earlier accounts' leases are committed: hand them to the run instead of leaving them leased until
+                # expiry. The cursor moves to this account, so the next batch meets it first and raises from there
+                # (the worker step then isolates it through the single claims, D-168).
+                if not tokens:
+                    raise
+                _ROTATION["account"] = account
+                log.exception("claim of account %s failed; running the %d Executions already leased", account,
+                              len(tokens))
+                again = []
+                break
+            if got:
+                fault_point("claim.account_after_commit")
+            tokens += got
+            if first_pass:
+                _ROTATION["account"] = account + 1
+            if len(got) == share:
+                again.append(account)
+            if len(tokens) >= n:
+                break
+        pending, first_pass = again, False
+    if tokens:
+        fault_point("claim.after_commit")
+    return tokens
+
+
+def _claim_account(*, account: int, holder: str, n: int, lease_seconds: int) -> list[ClaimToken]:
+    """Up to `n` Executions of one account: candidates (no lock), then one transaction: guard, lease CAS,
+    Attempts. Nothing is written when the gate does not serve or no candidate is bound to the guarded epoch."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_ACCOUNT_CANDIDATES, {"account": account, "now": timezone.now(), "n": n})
+        candidates = cursor.fetchall()
+    if not candidates:
+        return []
+    with transaction.atomic(durable=True):
+        try:
+            ctx = lock_serving(account_id=account)
+        except ConnectorError:  # the gate does not serve (or kept moving): the account contributes nothing
+            return []
+        chosen = [pk for pk, epoch_pk in candidates if epoch_pk == ctx.epoch_pk]
+        now = timezone.now()
+        expires = now + timedelta(seconds=lease_seconds)
+        leased = locks.account_executions_lease(account_id=account, epoch_pk=ctx.epoch_pk, execution_pks=chosen,
+                                                holder=holder, now=now, expires=expires)
+        if leased:
+            ExecutionAttempt.objects.bulk_create([
+                ExecutionAttempt(execution_id=pk, ordinal=ordinal, holder=holder, lease_fence=fence,
+                                 lease_expires_at=expires) for pk, ordinal, fence in leased])
+    return [ClaimToken(pk, fence, holder, account) for pk, _, fence in leased]

@@ -64,6 +64,14 @@ tokens = execution_claim_batch(holder="crash-child", n=ARGS["n"], lease_seconds=
 emit(executions=[t.execution_pk for t in tokens])
 """
 
+CLAIM_BATCH_ACCOUNT_SCOPE_SCRIPT = """
+from django.conf import settings
+settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}  # the Citus claimer (D-264)
+from connector.services.execution import execution_claim_batch
+tokens = execution_claim_batch(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
+emit(executions=[t.execution_pk for t in tokens])
+"""
+
 CLAIM_BATCH_AND_RUN_SCRIPT = """
 from connector.services.execution import execution_claim_batch_and_run
 done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])

@@ -49,7 +49,7 @@ def test_placements_are_consistent_with_the_schema():
         assert has != bool(p.backfill), (table, p.column, p.backfill)
         if p.backfill and p.backfill[1] in placement.DEFAULT:
             assert p.backfill[0] in columns[table], (table, p.backfill)
-    for key, why in placement.KNOWN_UNROUTABLE.items():
+    for key, why in {**placement.KNOWN_UNROUTABLE, **placement.SINGLE_NODE_ONLY}.items():
         table = key[1].split(",")[0]
         assert key[0] in placement.HOT_STEPS and (table in placement.DEFAULT or table in placement.ROUTINES), key
         assert why, key

@@ -4,9 +4,11 @@ The hot paths run once on a small world (the demo push world: admission over HTT
 claim, run with completion and outbound authoring, the batched claim, effect claim, permit, egress marker with
 settlement, finalization); every statement PostgreSQL receives is captured and read by `tests/scaleout/routing.py`
 against the placement data of `connector.placement`. The bodies of the hot PL/pgSQL functions are read from
-pg_proc and checked the same way. A statement that Citus could not send to one shard fails the test unless it is
-listed, with what it would take, in `connector.placement.KNOWN_UNROUTABLE`; a listed entry that no longer occurs
-fails too, so the list only shrinks."""
+pg_proc and checked the same way. The hot paths run in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
+"account", D-264): a statement that Citus could not send to one shard fails the test unless it is listed, with what
+it would take, in `connector.placement.KNOWN_UNROUTABLE` (empty since D-264); a listed entry that no longer occurs
+fails too, so the list only shrinks. The batched claim runs once more in the single-node scope ("batch", the
+default), whose findings must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
 from __future__ import annotations
 
 import time
@@ -22,7 +24,38 @@ from connector import placement
 from tests.scaleout.routing import Finding, body_statements, check
 
 
-def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
+def _capture_into(steps: dict[str, list[str]]):
+    def capture(step, fn):
+        with CaptureQueriesContext(connection) as q:
+            out = fn()
+        steps[step] += [x["sql"] for x in q.captured_queries]
+        return out
+    return capture
+
+
+def _batch_claims(world, settings, tag: str, *, strict: bool = True) -> tuple[dict[str, list[str]],
+                                                                           dict[str, list[str]]]:
+    """The batched claim in both claim scopes, each over two accounts with ready work (and, in the account scope,
+    with no claimer group: the accounts come from the ConnectorAccount reference table, an account with no ready
+    work costs its candidate read). Returns (account-scope statements, batch-scope statements) by step."""
+    from connector.services import execution
+    from tests.crash.support import ready_execution
+
+    out = []
+    for scope in ("account", "batch"):
+        settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": scope}
+        steps: dict[str, list[str]] = defaultdict(list)
+        for account in world.accounts[:2]:
+            for i in range(2):
+                ready_execution(account.account_key, f"rec-{tag}-{scope}-{account.pk}-{i}")
+        tokens = _capture_into(steps)("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=4))
+        assert not strict or (len(tokens) == 4 and len({t.account_id for t in tokens}) == 2), tokens
+        out.append(steps)
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    return out[0], out[1]
+
+
+def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     from connector.models import Receipt
     from connector.services import execution
     from connector.services.materialize import receipt_materialize
@@ -32,16 +65,12 @@ def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
     from tests.connector.test_api_admission import admit, body, event, signing_secret
     from tests.crash.support import ready_execution
 
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": 2,
+                          "CLAIM_SCOPE": "account"}  # the Citus configuration (D-264)
     account = world.accounts[0]
     client = Client()
     steps: dict[str, list[str]] = defaultdict(list)
-
-    def capture(step, fn):
-        with CaptureQueriesContext(connection) as q:
-            out = fn()
-        steps[step] += [x["sql"] for x in q.captured_queries]
-        return out
+    capture = _capture_into(steps)
 
     for n in (1, 2):  # the first pass warms the process caches, as a running worker has them
         if n == 2:
@@ -71,12 +100,14 @@ def _run_hot_paths(world, receiver_url, settings) -> dict[str, list[str]]:
         final = capture("finalization", lambda: dispatch.effect_finalize(  # as the worker calls it
             effect_pk=effect.pk, owner_slot=f"r-route-{n}", account_id=effect.account_id))
         assert final.state == "finalized", final.state
-    for i in range(2):
+    for i in range(2):  # a claimer given its shard group (one account)
         ready_execution(account.account_key, f"rec-route-batch-{i}")
     tokens = capture("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=2,
                                                                             account_ids=[account.pk]))
     assert len(tokens) == 2
-    return steps
+    by_account, single_node = _batch_claims(world, settings, "route")
+    steps["batch claim"] += by_account["batch claim"]
+    return steps, single_node
 
 
 def _findings(steps: dict[str, list[str]]) -> tuple[set[tuple[str, str, str]], dict]:
@@ -106,20 +137,47 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
 
     receiver = Receiver().start()
     try:
-        steps = _run_hot_paths(hot_world, receiver.url, settings)
+        steps, single_node = _run_hot_paths(hot_world, receiver.url, settings)
     finally:
         receiver.stop()
     assert set(steps) == set(placement.HOT_STEPS), sorted(steps)
     found, examples = _findings(steps)
     known = set(placement.KNOWN_UNROUTABLE)
+    assert not known, "the Citus configuration (CLAIM_SCOPE account) has no unroutable hot statement (D-264)"
     new = sorted(found - known)
     assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
     assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
+    # The single-node claim scope (the default) keeps exactly its four multi-account shapes (D-246), no other.
+    single_found, single_examples = _findings(single_node)
+    assert single_found == set(placement.SINGLE_NODE_ONLY), (
+        sorted(single_found ^ set(placement.SINGLE_NODE_ONLY)),
+        {k: single_examples[k][:300] for k in single_found - set(placement.SINGLE_NODE_ONLY)})
     locked = {t for sqls in steps.values() for sql in sqls for t in check(sql).reference_locks}
     assert locked == placement.REFERENCE_ROW_LOCKS, locked
     touched = {t for sqls in steps.values() for sql in sqls for t in check(sql).pinned_via_parent}
     hot_children = {t for t, p in placement.distributed().items() if p.backfill and p.hot}
     assert touched <= hot_children, touched - hot_children
+
+
+@pytest.mark.parametrize("module, name, pinned, problem", [
+    ("connector.services.claims", "_ACCOUNT_CANDIDATES", "e.account_id = %(account)s AND ", "unpinned"),
+    ("connector.locks", "_ACCOUNT_EXECUTIONS_LEASE", "e.account_id = %(account)s AND e.id = ANY",
+     "row lock not single-shard"),
+])
+def test_the_per_account_claim_without_its_account_filter_is_refused(hot_world, settings, monkeypatch, module,
+                                                                     name, pinned, problem):
+    """The per-account claimer's candidate read or lease CAS with its account filter dropped (as a careless edit
+    would) still claims on one node, but the routability check of its captured statements turns red.
+    Proves: CV2-14-001"""
+    import importlib
+
+    target = importlib.import_module(module)
+    sql = getattr(target, name)
+    assert pinned in sql
+    monkeypatch.setattr(target, name, sql.replace(pinned, pinned.replace("e.account_id = %(account)s AND ", ""), 1))
+    by_account, _ = _batch_claims(hot_world, settings, "unpinned", strict=False)  # what it claims is not the point
+    found, _ = _findings(by_account)
+    assert ("batch claim", "connector_execution", problem) in found, found
 
 
 def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
