@@ -144,6 +144,19 @@ def _execution_for_result(execution_pk: int, account_id: int | None) -> Executio
             .get(pk=execution_pk))
 
 
+
+def close_from_result(execution: Execution, result, ctx: ServingContext, *, channel: str) -> None:
+    """Under the route's frozen terminal-disposition policy, complete the locked Execution from its Runtime result
+    receipt or quarantine it (`RESULT_<OUTCOME>`): the one decision both the per-item and the batched recording
+    take (the caller saves or writes the row)."""
+    route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=execution.account_id,
+                      channel=channel)
+    if route.terminal_disposition(result.outcome) == "advance":
+        execution.complete(outcome=result.outcome, result_digest=result.result_digest, runtime_receipt=result.receipt)
+    else:
+        execution.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
+                             result_digest=result.result_digest, runtime_receipt=result.receipt)
+
 def execution_record_result(*, execution_pk: int, command_id: str, execution_ref_digest: bytes,
                             lease_fence: int | None = None, account_id: int | None = None) -> Execution:
     """Close an Execution from the Runtime result receipt (read back from Runtime, never from the caller's
@@ -177,14 +190,7 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
         if lease_fence is not None and execution.lease_fence != lease_fence:
             raise FenceStale(f"execution {execution_pk} lease fence is {execution.lease_fence}, the holder's is "
                              f"{lease_fence}")
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=execution.account_id,
-                          channel=execution.projection.route)
-        if route.terminal_disposition(result.outcome) == "advance":
-            execution.complete(outcome=result.outcome, result_digest=result.result_digest,
-                               runtime_receipt=result.receipt)
-        else:
-            execution.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
-                                 result_digest=result.result_digest, runtime_receipt=result.receipt)
+        close_from_result(execution, result, ctx, channel=execution.projection.route)
         execution.save()
         stage_metrics.result_recorded(admitted_at=admitted_at, committed_at=result.committed_at,
                                       window=windowed, outcome=result.outcome)
@@ -360,14 +366,7 @@ def _record_batch(candidates: list) -> dict[int, Execution]:
             lane = lanes.get(ex.lane_id) if ex.lane_id is not None else None
             if ex.lane_id is not None and lane is None:
                 continue
-            route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=ex.account_id,
-                              channel=ex.projection.route)
-            if route.terminal_disposition(result.outcome) == "advance":
-                current.complete(outcome=result.outcome, result_digest=result.result_digest,
-                                 runtime_receipt=result.receipt)
-            else:
-                current.quarantine(reason=f"RESULT_{result.outcome.upper()}", outcome=result.outcome,
-                                   result_digest=result.result_digest, runtime_receipt=result.receipt)
+            close_from_result(current, result, ctx, channel=ex.projection.route)
             current.changed_at = now
             rows.append(current)
             metrics.append((ex.admitted_at, result.committed_at, ex.projection.window_id is not None,
