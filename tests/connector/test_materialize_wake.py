@@ -199,3 +199,22 @@ def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, 
     assert MaterializationDue.objects.get(receipt_id=bad).held_reason == "MATERIALIZATION_FAILED"
     assert StepFailure.objects.get(entity_id=str(bad)).step == "receipt_materialize"
     assert MaterializationDue.objects.count() == 1 and Event.objects.count() == 5
+
+
+def test_the_batch_pick_is_routable_by_account(world):
+    """The batch materializer's read of the due rows names its account (pinned through the receipt's
+    distribution column, docs/scale-out.md), with or without receipts already attempted. Proves: CV2-14-001"""
+    from django.test.utils import CaptureQueriesContext
+
+    from connector.selectors import materialization
+    from tests.scaleout.routing import check
+
+    with CaptureQueriesContext(connection) as queries:
+        materialization.due_receipts(account_id=world.account.pk, limit=50)
+        materialization.due_receipts(account_id=world.account.pk, limit=50, skip={1, 2})
+    assert len(queries.captured_queries) == 2
+    for query in queries.captured_queries:
+        assert not check(query["sql"]).findings, query["sql"]
+    with CaptureQueriesContext(connection) as unpinned:  # the checker does refuse the cross-account read
+        materialization.due_receipts(account_id=None, limit=50)
+    assert check(unpinned.captured_queries[0]["sql"]).findings
