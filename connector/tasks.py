@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from functools import partial
 
@@ -41,17 +42,20 @@ def inbound_sweep() -> dict[str, int]:
     materializing them itself (a live worker's work is never repeated, D-270); a wake already pending for the
     account is not repeated. When the broker cannot be reached, the sweep materializes every due receipt itself
     (losing Redis loses no work); otherwise it materializes only receipts still due after `MATERIALIZE_STUCK`
-    seconds (a wake lost with its debounce key still set, or no materialization worker consuming)."""
-    grace = 2
+    seconds whose account has no run alive (a wake lost with its debounce key still set, or no materialization
+    worker consuming): a live run (its key refreshed, `run`) is never duplicated, however long its burst."""
+    grace, running = 2, set()
     try:
-        for account_pk in materialization.due_accounts(before=timezone.now() - timedelta(seconds=grace)):
+        accounts = materialization.due_accounts(before=timezone.now() - timedelta(seconds=grace))
+        for account_pk in accounts:
             materialization_wake(account_pk)
+        running = running_accounts(accounts)
     except BROKER_ERRORS as exc:
         log.warning("materialization wake-up failed; the sweep materializes the due receipts itself",
                     extra={"error": f"{type(exc).__name__}: {exc}"})
     else:
-        grace = int(settings.CONNECTOR.get("MATERIALIZE_STUCK_SECONDS", 30))
-    report = sweeper.inbound_sweep(materialize_grace_seconds=grace)
+        grace = int(settings.CONNECTOR.get("MATERIALIZE_STUCK_SECONDS", 60))
+    report = sweeper.inbound_sweep(materialize_grace_seconds=grace, materialize_skip_accounts=running)
     if report.claimable:  # one wake-up per batch of claimable work (D-206), at most 8
         for _ in range(min(-(-report.claimable // _batch()), 8)):
             execution_claim_and_run.delay()
@@ -101,7 +105,7 @@ def materialization_wake(account_pk: int) -> bool:
     receipt. Returns whether a message was sent. Raises the broker's errors: the caller logs them, and the
     sweeper materializes from MaterializationDue (PostgreSQL stays the authority; Redis only wakes)."""
     key = _wake_key(account_pk)
-    if not _redis().set(key, b"1", nx=True, ex=max(1, int(settings.CONNECTOR.get("MATERIALIZE_WAKE_TTL", 10)))):
+    if not _redis().set(key, b"1", nx=True, ex=_ttl()):
         return False
     try:
         materialize_due.delay(account_pk)
@@ -112,6 +116,39 @@ def materialization_wake(account_pk: int) -> bool:
             pass  # the TTL ends the debounce
         raise
     return True
+
+
+RUNNING = b"run"
+
+
+def _ttl() -> int:
+    return max(1, int(settings.CONNECTOR.get("MATERIALIZE_WAKE_TTL", 10)))
+
+
+class _Holding:
+    """A run keeps its account's debounce key alive (value `run`) while it drains, refreshed at most every
+    second: no second run starts for the account meanwhile, and the sweep sees a live run (D-270). A run that
+    dies stops refreshing; the key expires within the TTL and the next admission or sweep wakes again."""
+
+    def __init__(self, account_pk: int | None) -> None:
+        self.account_pk, self.last = account_pk, 0.0
+
+    def refresh(self) -> None:
+        if self.account_pk is None or time.monotonic() - self.last < 1.0:
+            return
+        self.last = time.monotonic()
+        try:
+            _redis().set(_wake_key(self.account_pk), RUNNING, ex=_ttl())
+        except RedisError:
+            pass  # Redis only wakes: the run goes on, the sweep may take some receipts too (the lock serializes)
+
+
+def running_accounts(account_pks: list[int]) -> set[int]:
+    """The accounts among `account_pks` whose batch materializer is running now (its key says `run`)."""
+    if not account_pks:
+        return set()
+    values = _redis().mget([_wake_key(pk) for pk in account_pks])
+    return {pk for pk, value in zip(account_pks, values) if value == RUNNING}
 
 
 def _wake_release(account_pk: int, attempted: set[int]) -> bool:
@@ -125,8 +162,7 @@ def _wake_release(account_pk: int, attempted: set[int]) -> bool:
     if not materialization.due_receipts(account_id=account_pk, limit=1, skip=attempted):
         return False
     try:
-        return bool(_redis().set(_wake_key(account_pk), b"1", nx=True,
-                                 ex=max(1, int(settings.CONNECTOR.get("MATERIALIZE_WAKE_TTL", 10)))))
+        return bool(_redis().set(_wake_key(account_pk), RUNNING, nx=True, ex=_ttl()))
     except RedisError:
         return True
 
@@ -190,8 +226,10 @@ def materialize_due(account_id: int | None = None) -> int:
     rounds = max(1, int(settings.CONNECTOR.get("MATERIALIZE_ROUNDS", 20)))
     attempted: set[int] = set()
     claims = _ClaimWakes()
+    holding = _Holding(account_id)
     try:
         for _ in range(rounds):
+            holding.refresh()
             due = materialization.due_receipts(account_id=account_id, limit=size, skip=attempted)
             if not due:
                 if account_id is None or not _wake_release(account_id, attempted):
@@ -200,6 +238,7 @@ def materialize_due(account_id: int | None = None) -> int:
             for receipt_pk, account_pk in due:
                 attempted.add(receipt_pk)
                 _materialize_one(receipt_pk, account_pk, claims)
+                holding.refresh()
             if account_id is None:
                 return len(attempted)
         if account_id is not None:  # rounds spent with work left: hand over to a fresh run

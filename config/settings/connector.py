@@ -20,11 +20,12 @@ CONNECTOR = {
     "RUN_BATCH": env_int("CONNECTOR_RUN_BATCH", 1),
     # The batch materializer (issue 18, D-269): receipts read per batch, reads per run before handing over to a
     # fresh wake-up, the admission's wake-up debounce (seconds a pending wake covers an account's new receipts),
-    # and how long a receipt may stay due before the sweep materializes it itself although it could wake (D-270).
+    # and how long a receipt may stay due before the sweep materializes it itself although it could wake, when no
+    # run of its account is alive (D-270).
     "MATERIALIZE_BATCH": env_int("CONNECTOR_MATERIALIZE_BATCH", 50),
     "MATERIALIZE_ROUNDS": env_int("CONNECTOR_MATERIALIZE_ROUNDS", 20),
     "MATERIALIZE_WAKE_TTL": env_int("CONNECTOR_MATERIALIZE_WAKE_TTL", 10),
-    "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 30),
+    "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
     # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before

@@ -218,3 +218,17 @@ def test_the_batch_pick_is_routable_by_account(world):
     with CaptureQueriesContext(connection) as unpinned:  # the checker does refuse the cross-account read
         materialization.due_receipts(account_id=None, limit=50)
     assert check(unpinned.captured_queries[0]["sql"]).findings
+
+
+def test_the_sweep_never_duplicates_a_running_batch(world, sent, settings):
+    """While an account's run is alive (its key refreshed to `run`), the sweep neither wakes a second run nor
+    materializes the account's receipts itself, however long they have been due; once the run's key is gone
+    (the run died), the sweep wakes a new one and, past MATERIALIZE_STUCK_SECONDS, materializes them itself. Proves: CV2-05-017"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_STUCK_SECONDS": 5}
+    _burst(world, 3)
+    MaterializationDue.objects.update(due_at=timezone.now() - timedelta(seconds=100))
+    tasks._Holding(world.account.pk).refresh()  # what a live run does
+    assert tasks.inbound_sweep()["materialized"] == 0 and not sent["wakes"].calls
+    tasks._redis().delete(tasks._wake_key(world.account.pk))  # the run died: its key expired
+    assert tasks.inbound_sweep()["materialized"] == 3  # due past the bound with no run alive: the backstop
+    assert sent["wakes"].calls == [(world.account.pk,)]  # and a fresh run woken (it finds nothing left)
