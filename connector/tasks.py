@@ -46,10 +46,10 @@ def inbound_sweep() -> dict[str, int]:
     worker consuming): a live run (its key refreshed, `run`) is never duplicated, however long its burst."""
     grace, running = 2, set()
     try:
-        accounts = materialization.due_accounts(before=timezone.now() - timedelta(seconds=grace))
-        for account_pk in accounts:
-            materialization_wake(account_pk)
-        running = running_accounts(accounts)
+        due = materialization.due_slots(before=timezone.now() - timedelta(seconds=grace), slots=_slots())
+        for account_pk, slot in due:
+            materialization_wake(account_pk, slot)
+        running = running_accounts(sorted({account_pk for account_pk, _ in due}))
     except BROKER_ERRORS as exc:
         log.warning("materialization wake-up failed; the sweep materializes the due receipts itself",
                     extra={"error": f"{type(exc).__name__}: {exc}"})
@@ -95,20 +95,30 @@ def _redis() -> redis.Redis:
     return client
 
 
-def _wake_key(account_pk: int) -> str:
-    return f"connector:wake:materialize:{account_pk}"
+def _wake_key(account_pk: int, slot: int = 0) -> str:
+    return f"connector:wake:materialize:{account_pk}:{slot}"
 
 
-def materialization_wake(account_pk: int) -> bool:
+def _slots() -> int:
+    return max(1, int(settings.CONNECTOR.get("MATERIALIZE_SLOTS", 2)))
+
+
+def slot_of(receipt_pk: int) -> int:
+    """The run of its account that takes the receipt: `MATERIALIZE_SLOTS` runs of one account work in parallel
+    on disjoint receipts (receipt pk modulo the slots), never on the same one."""
+    return receipt_pk % _slots()
+
+
+def materialization_wake(account_pk: int, slot: int = 0) -> bool:
     """Wake one batch materializer for the account unless one is already pending or running (a Redis `SET NX`
     with a short TTL, `MATERIALIZE_WAKE_TTL` seconds): a burst of admissions sends one message, not one per
     receipt. Returns whether a message was sent. Raises the broker's errors: the caller logs them, and the
     sweeper materializes from MaterializationDue (PostgreSQL stays the authority; Redis only wakes)."""
-    key = _wake_key(account_pk)
+    key = _wake_key(account_pk, slot)
     if not _redis().set(key, b"1", nx=True, ex=_ttl()):
         return False
     try:
-        materialize_due.delay(account_pk)
+        materialize_due.delay(account_pk, slot)
     except BaseException:
         try:
             _redis().delete(key)
@@ -130,39 +140,40 @@ class _Holding:
     second: no second run starts for the account meanwhile, and the sweep sees a live run (D-270). A run that
     dies stops refreshing; the key expires within the TTL and the next admission or sweep wakes again."""
 
-    def __init__(self, account_pk: int | None) -> None:
-        self.account_pk, self.last = account_pk, 0.0
+    def __init__(self, account_pk: int | None, slot: int = 0) -> None:
+        self.account_pk, self.slot, self.last = account_pk, slot, 0.0
 
     def refresh(self) -> None:
         if self.account_pk is None or time.monotonic() - self.last < 1.0:
             return
         self.last = time.monotonic()
         try:
-            _redis().set(_wake_key(self.account_pk), RUNNING, ex=_ttl())
+            _redis().set(_wake_key(self.account_pk, self.slot), RUNNING, ex=_ttl())
         except RedisError:
             pass  # Redis only wakes: the run goes on, the sweep may take some receipts too (the lock serializes)
 
 
 def running_accounts(account_pks: list[int]) -> set[int]:
-    """The accounts among `account_pks` whose batch materializer is running now (its key says `run`)."""
+    """The accounts among `account_pks` with a batch materializer running now (a slot's key says `run`)."""
     if not account_pks:
         return set()
-    values = _redis().mget([_wake_key(pk) for pk in account_pks])
-    return {pk for pk, value in zip(account_pks, values) if value == RUNNING}
+    keys = [(pk, _wake_key(pk, slot)) for pk in account_pks for slot in range(_slots())]
+    values = _redis().mget([key for _, key in keys])
+    return {pk for (pk, _), value in zip(keys, values) if value == RUNNING}
 
 
-def _wake_release(account_pk: int, attempted: set[int]) -> bool:
+def _wake_release(account_pk: int, slot: int, attempted: set[int]) -> bool:
     """End of a run: drop the debounce key, then look once more. A receipt committed before the drop is seen by
     this read; one committed after it sends its own wake-up (its SET NX succeeds). Returns whether this run
     goes on (work remains and no other wake took the key meanwhile)."""
     try:
-        _redis().delete(_wake_key(account_pk))
+        _redis().delete(_wake_key(account_pk, slot))
     except RedisError:
         pass  # the TTL ends it
-    if not materialization.due_receipts(account_id=account_pk, limit=1, skip=attempted):
+    if not materialization.due_receipts(account_id=account_pk, limit=1, skip=attempted, slot=(slot, _slots())):
         return False
     try:
-        return bool(_redis().set(_wake_key(account_pk), RUNNING, nx=True, ex=_ttl()))
+        return bool(_redis().set(_wake_key(account_pk, slot), RUNNING, nx=True, ex=_ttl()))
     except RedisError:
         return True
 
@@ -216,23 +227,26 @@ def _materialize_one(receipt_pk: int, account_pk: int, claims: _ClaimWakes) -> N
 
 
 @shared_task(name="connector.tasks.materialize_due", acks_late=True, ignore_result=True)
-def materialize_due(account_id: int | None = None) -> int:
+def materialize_due(account_id: int | None = None, slot: int = 0) -> int:
     """Materialize the account's due receipts, oldest first, `MATERIALIZE_BATCH` per read, until none is left
     (D-269). Each receipt is its own transaction and its own isolated item; a receipt already materialized by
     another worker is found complete under its lock and skipped (the service's receipt lock serializes two
     runs). At most `MATERIALIZE_ROUNDS` reads per run, then the run hands over to a fresh wake-up. `account_id`
-    None (no account known) takes one batch across accounts. Returns the number of receipts attempted."""
+    None (no account known) takes one batch across accounts. `slot`: this run's share of the account's receipts
+    (`slot_of`), so the account's runs work in parallel without repeating each other. Returns the number of
+    receipts attempted."""
     size = max(1, int(settings.CONNECTOR.get("MATERIALIZE_BATCH", 50)))
     rounds = max(1, int(settings.CONNECTOR.get("MATERIALIZE_ROUNDS", 20)))
     attempted: set[int] = set()
     claims = _ClaimWakes()
-    holding = _Holding(account_id)
+    holding = _Holding(account_id, slot)
+    share = (slot, _slots()) if account_id is not None else None
     try:
         for _ in range(rounds):
             holding.refresh()
-            due = materialization.due_receipts(account_id=account_id, limit=size, skip=attempted)
+            due = materialization.due_receipts(account_id=account_id, limit=size, skip=attempted, slot=share)
             if not due:
-                if account_id is None or not _wake_release(account_id, attempted):
+                if account_id is None or not _wake_release(account_id, slot, attempted):
                     return len(attempted)
                 continue
             for receipt_pk, account_pk in due:
@@ -243,8 +257,8 @@ def materialize_due(account_id: int | None = None) -> int:
                 return len(attempted)
         if account_id is not None:  # rounds spent with work left: hand over to a fresh run
             try:
-                _redis().delete(_wake_key(account_id))
-                materialization_wake(account_id)
+                _redis().delete(_wake_key(account_id, slot))
+                materialization_wake(account_id, slot)
             except BROKER_ERRORS as exc:
                 log.warning("materialization wake-up failed; the sweeper will materialize the rest",
                             extra={"error": f"{type(exc).__name__}: {exc}"})

@@ -23,6 +23,9 @@ CONNECTOR = {
     # and how long a receipt may stay due before the sweep materializes it itself although it could wake, when no
     # run of its account is alive (D-270).
     "MATERIALIZE_BATCH": env_int("CONNECTOR_MATERIALIZE_BATCH", 50),
+    # Runs of one account that materialize in parallel, each on its share of the receipts (pk modulo this): as
+    # many as the materialize queue's worker processes (scripts/run.py: max(2, cpus)).
+    "MATERIALIZE_SLOTS": env_int("CONNECTOR_MATERIALIZE_SLOTS", 2),
     "MATERIALIZE_ROUNDS": env_int("CONNECTOR_MATERIALIZE_ROUNDS", 20),
     "MATERIALIZE_WAKE_TTL": env_int("CONNECTOR_MATERIALIZE_WAKE_TTL", 10),
     "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),

@@ -88,7 +88,7 @@ def _materialization_enqueue(receipt_pk: int, account_id: int | None = None) -> 
         if account_id is None:
             tasks.receipt_materialize.delay(receipt_pk, account_id)
         else:
-            tasks.materialization_wake(account_id)
+            tasks.materialization_wake(account_id, tasks.slot_of(receipt_pk))
     except (KombuOperationalError, RedisError, OSError) as exc:
         log.warning("materialization enqueue failed; the sweeper will materialize the receipt",
                     extra={"receipt": receipt_pk, "error": f"{type(exc).__name__}: {exc}"})

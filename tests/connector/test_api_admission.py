@@ -95,7 +95,8 @@ def gate_halt(account_key: str = ACCOUNT) -> AccountServingGate:
 def enqueued(monkeypatch):
     """Materialization enqueues are recorded instead of reaching the broker; tests materialize explicitly."""
     calls: list[int] = []
-    monkeypatch.setattr(tasks, "materialization_wake", calls.append)  # one wake-up per account (D-269)
+    monkeypatch.setattr(tasks, "materialization_wake",  # one wake-up per account and slot (D-269)
+                        lambda account_id, slot=0: calls.append(account_id))
     return calls
 
 
@@ -338,7 +339,7 @@ def test_broker_outage_never_fails_an_admitted_delivery(world, client, monkeypat
                                                         django_capture_on_commit_callbacks):
     """When the broker is unreachable the enqueue failure is logged, the answer is still 201, and the
     MaterializationDue row lets the sweeper materialize the receipt later. Proves: CV2-05-017"""
-    def broker_down(account_id):
+    def broker_down(account_id, slot=0):
         raise KombuOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     monkeypatch.setattr(tasks, "materialization_wake", broker_down)

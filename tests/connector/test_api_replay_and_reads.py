@@ -43,7 +43,8 @@ PASSWORD = "pw-for-tests-1"
 def enqueued(monkeypatch):
     """Materialization enqueues are recorded instead of reaching the broker."""
     calls: list[int] = []
-    monkeypatch.setattr(tasks, "materialization_wake", calls.append)  # one wake-up per account (D-269)
+    monkeypatch.setattr(tasks, "materialization_wake",  # one wake-up per account and slot (D-269)
+                        lambda account_id, slot=0: calls.append(account_id))
     return calls
 
 

@@ -87,9 +87,9 @@ def test_a_burst_is_materialized_by_one_wake_up(world, sent, settings):
     """K admissions of one account send one wake-up; its one run materializes all K receipts (each exactly once),
     advances their lanes inline (no lane message) and wakes the claimers once per CLAIM_BATCH executions.
     Proves: CV2-05-017, CV2-14-003"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_BATCH": 7, "CLAIM_BATCH": 10}
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_BATCH": 7, "CLAIM_BATCH": 10, "MATERIALIZE_SLOTS": 1}
     receipts = _admitted(world)
-    assert sent["wakes"].calls == [(world.account.pk,)] and not sent["singles"].calls
+    assert sent["wakes"].calls == [(world.account.pk, 0)] and not sent["singles"].calls
     assert tasks.materialize_due(world.account.pk) == K
     assert MaterializationDue.objects.count() == 0
     assert ReceiptComponent.objects.count() == K and Event.objects.count() == K
@@ -103,9 +103,21 @@ def test_a_burst_is_materialized_by_one_wake_up(world, sent, settings):
     assert {r.pk for r in receipts} <= set(Receipt.objects.values_list("pk", flat=True))
 
 
-def test_a_receipt_admitted_during_a_run_is_taken_by_that_run_or_woken(world, sent):
+def test_a_burst_wakes_one_run_per_slot_and_the_runs_share_the_receipts(world, sent, settings):
+    """With MATERIALIZE_SLOTS runs per account, a burst sends one wake-up per slot and the runs take disjoint
+    receipts (pk modulo the slots): together all of them, each once. Proves: CV2-05-017, CV2-14-003"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 3}
+    receipts = _admitted(world)
+    assert sorted(sent["wakes"].calls) == [(world.account.pk, slot) for slot in range(3)]
+    taken = [tasks.materialize_due(*wake) for wake in sent["wakes"].calls]
+    assert sorted(taken) == sorted(len([r for r in receipts if r.pk % 3 == slot]) for slot in range(3))
+    assert sum(taken) == K and MaterializationDue.objects.count() == 0 and Event.objects.count() == K
+
+
+def test_a_receipt_admitted_during_a_run_is_taken_by_that_run_or_woken(world, sent, settings):
     """The debounce never strands a receipt: one committed while the run holds the key (its wake-up suppressed)
     is seen by the run's last look after it drops the key. Proves: CV2-05-017"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     _admitted(world, 3)
     real = materialize.receipt_materialize
     extra: list[Receipt] = []
@@ -128,9 +140,10 @@ def test_a_receipt_admitted_during_a_run_is_taken_by_that_run_or_woken(world, se
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_racing_runs_materialize_each_receipt_exactly_once(sent):
+def test_two_racing_runs_materialize_each_receipt_exactly_once(sent, settings):
     """Two workers run the same account's batch at once (a sweep's wake-up and an admission's): every receipt
     has exactly its children and one execution, nothing raised. Proves: CV2-05-016, CV2-05-017"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}  # both runs on the same receipts
     world = build_inbound_world("mr-", [PACK_A])
     _burst(world)
     results = run_concurrently([lambda: tasks.materialize_due(world.account.pk)] * 2,
@@ -143,14 +156,15 @@ def test_two_racing_runs_materialize_each_receipt_exactly_once(sent):
     assert not StepFailure.objects.exists()
 
 
-def test_a_lost_wake_up_is_woken_again_by_the_sweep(world, sent):
+def test_a_lost_wake_up_is_woken_again_by_the_sweep(world, sent, settings):
     """No message reached a worker (no debounce key either, e.g. Redis restarted): the sweep wakes the account's
     batch materializer once, and does not materialize itself what a live worker will take. Proves: CV2-05-017"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     _burst(world, 5)  # admitted, never woken
     MaterializationDue.objects.update(due_at=timezone.now() - timedelta(seconds=10))
     report = tasks.inbound_sweep()
     assert report["materialized"] == 0
-    assert sent["wakes"].calls == [(world.account.pk,)]
+    assert sent["wakes"].calls == [(world.account.pk, 0)]
     tasks.inbound_sweep()  # the wake-up is pending: not repeated
     assert len(sent["wakes"].calls) == 1
     tasks.materialize_due(world.account.pk)
@@ -182,9 +196,10 @@ def test_a_receipt_stuck_past_the_bound_is_materialized_by_the_sweep(world, sent
     assert tasks.inbound_sweep()["materialized"] == 2
 
 
-def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, sent, monkeypatch):
+def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, sent, monkeypatch, settings):
     """One receipt of the batch fails deterministically: it is held with MATERIALIZATION_FAILED evidence, the
     run returns normally and every other receipt of the batch is materialized. Proves: CV2-13-001"""
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     receipts = _admitted(world, 6)
     bad = receipts[2].pk
     real = materialize.receipt_materialize
@@ -224,11 +239,11 @@ def test_the_sweep_never_duplicates_a_running_batch(world, sent, settings):
     """While an account's run is alive (its key refreshed to `run`), the sweep neither wakes a second run nor
     materializes the account's receipts itself, however long they have been due; once the run's key is gone
     (the run died), the sweep wakes a new one and, past MATERIALIZE_STUCK_SECONDS, materializes them itself. Proves: CV2-05-017"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_STUCK_SECONDS": 5}
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_STUCK_SECONDS": 5, "MATERIALIZE_SLOTS": 1}
     _burst(world, 3)
     MaterializationDue.objects.update(due_at=timezone.now() - timedelta(seconds=100))
     tasks._Holding(world.account.pk).refresh()  # what a live run does
     assert tasks.inbound_sweep()["materialized"] == 0 and not sent["wakes"].calls
     tasks._redis().delete(tasks._wake_key(world.account.pk))  # the run died: its key expired
     assert tasks.inbound_sweep()["materialized"] == 3  # due past the bound with no run alive: the backstop
-    assert sent["wakes"].calls == [(world.account.pk,)]  # and a fresh run woken (it finds nothing left)
+    assert sent["wakes"].calls == [(world.account.pk, 0)]  # and a fresh run woken (it finds nothing left)
