@@ -226,8 +226,8 @@ def test_the_batch_pick_is_routable_by_account(world):
 
     with CaptureQueriesContext(connection) as queries:
         materialization.due_receipts(account_id=world.account.pk, limit=50)
-        materialization.due_receipts(account_id=world.account.pk, limit=50, skip={1, 2})
-    assert len(queries.captured_queries) == 2
+        materialization.due_receipts(account_id=world.account.pk, limit=50, skip={1, 2}, slot=(1, 2))
+    assert len(queries.captured_queries) == 2 and "% 2" in queries.captured_queries[1]["sql"]
     for query in queries.captured_queries:
         assert not check(query["sql"]).findings, query["sql"]
     with CaptureQueriesContext(connection) as unpinned:  # the checker does refuse the cross-account read
