@@ -16,6 +16,7 @@ CELERY_TASK_ROUTES = {
     "connector.tasks.execution_claim_and_run": {"queue": "claims"},
     "connector.tasks.lane_advance": {"queue": "lanes"},
     "connector.tasks.receipt_materialize": {"queue": "materialize"},
+    "connector.tasks.materialize_due": {"queue": "materialize"},
     "connector.tasks.*": {"queue": "sweeper"},
     "effects.tasks.effect_dispatch": {"queue": "egress"},
     "effects.tasks.delivery_step": {"queue": "delivery"},

@@ -18,6 +18,17 @@ CONNECTOR = {
     # 1: a claimed batch runs through one Runtime transaction and one completion transaction (D-254..D-256), the
     # per-item path taking what the batch path leaves; 0: every claimed Execution runs alone (before D-254).
     "RUN_BATCH": env_int("CONNECTOR_RUN_BATCH", 1),
+    # The batch materializer (issue 18, D-269): receipts read per batch, reads per run before handing over to a
+    # fresh wake-up, the admission's wake-up debounce (seconds a pending wake covers an account's new receipts),
+    # and how long a receipt may stay due before the sweep materializes it itself although it could wake, when no
+    # run of its account is alive (D-270).
+    "MATERIALIZE_BATCH": env_int("CONNECTOR_MATERIALIZE_BATCH", 50),
+    # Runs of one account that materialize in parallel, each on its share of the receipts (pk modulo this): as
+    # many as the materialize queue's worker processes (scripts/run.py: max(2, cpus)).
+    "MATERIALIZE_SLOTS": env_int("CONNECTOR_MATERIALIZE_SLOTS", 2),
+    "MATERIALIZE_ROUNDS": env_int("CONNECTOR_MATERIALIZE_ROUNDS", 20),
+    "MATERIALIZE_WAKE_TTL": env_int("CONNECTOR_MATERIALIZE_WAKE_TTL", 10),
+    "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
     # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before

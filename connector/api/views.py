@@ -80,11 +80,15 @@ def _raw_body(request) -> bytes:
 
 
 def _materialization_enqueue(receipt_pk: int, account_id: int | None = None) -> None:
-    """Wake a worker to materialize the receipt. Redis only wakes workers: when the broker is unreachable the
-    sweeper still materializes from the MaterializationDue row written with the receipt (decision D-106), so a
-    failed enqueue is logged and never fails the request that already committed."""
+    """Wake the account's batch materializer, once per burst (debounced, D-269): a wake pending for the account
+    covers this receipt. Redis only wakes workers: when the broker is unreachable the sweeper still materializes
+    from the MaterializationDue row written with the receipt (decision D-106), so a failed enqueue is logged and
+    never fails the request that already committed. Without an account, the single-receipt task as before."""
     try:
-        tasks.receipt_materialize.delay(receipt_pk, account_id)
+        if account_id is None:
+            tasks.receipt_materialize.delay(receipt_pk, account_id)
+        else:
+            tasks.materialization_wake(account_id, tasks.slot_of(receipt_pk))
     except (KombuOperationalError, RedisError, OSError) as exc:
         log.warning("materialization enqueue failed; the sweeper will materialize the receipt",
                     extra={"receipt": receipt_pk, "error": f"{type(exc).__name__}: {exc}"})

@@ -67,12 +67,17 @@ class InboundSweep:
     quarantined: int = 0
 
 
-def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200) -> InboundSweep:
+def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200,
+                  materialize_grace_seconds: int | None = None,
+                  materialize_skip_accounts: set[int] | frozenset[int] = frozenset()) -> InboundSweep:
     """Find due inbound work in PostgreSQL (never in the broker): receipts with missing children (held ones
     excepted), lanes with pending positions or expired gaps, windows past their close time, dependencies to
     resolve, and count the claimable executions (ready, lease free or expired). Each item is isolated: a
     receipt that fails to materialize is held (MATERIALIZATION_FAILED), a lane halted (LANE_STEP_FAILED), a
-    window quarantined (WINDOW_SEAL_FAILED), a dependency's execution quarantined (EXECUTION_STEP_FAILED)."""
+    window quarantined (WINDOW_SEAL_FAILED), a dependency's execution quarantined (EXECUTION_STEP_FAILED).
+    `materialize_grace_seconds` (default `grace_seconds`): how long a receipt stays due before the sweep
+    materializes it itself; the task passes a longer one when it could wake the batch materializers, and
+    `materialize_skip_accounts`, the accounts whose batch materializer is running (D-270)."""
     from datetime import timedelta
 
     from django.db.models import Q
@@ -91,7 +96,11 @@ def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200) -> InboundSweep:
     def count(item: poison.Isolated) -> None:
         report.quarantined += item.failure == poison.FAILED
 
-    due = (MaterializationDue.objects.filter(due_at__lt=now - timedelta(seconds=grace_seconds), held_reason="")
+    if materialize_grace_seconds is None:
+        materialize_grace_seconds = grace_seconds
+    due = (MaterializationDue.objects.filter(due_at__lt=now - timedelta(seconds=materialize_grace_seconds),
+                                             held_reason="")
+           .exclude(receipt__account_id__in=list(materialize_skip_accounts))
            .order_by("due_at").values_list("receipt_id", "receipt__account_id")[:limit])
     for receipt_pk, account_pk in due:  # each item is then its account's single-shard transaction
         with run(SweepStep.RECEIPT_MATERIALIZE, f"receipt {receipt_pk}", poison.receipt_hold,

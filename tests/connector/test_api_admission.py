@@ -95,7 +95,8 @@ def gate_halt(account_key: str = ACCOUNT) -> AccountServingGate:
 def enqueued(monkeypatch):
     """Materialization enqueues are recorded instead of reaching the broker; tests materialize explicitly."""
     calls: list[int] = []
-    monkeypatch.setattr(tasks.receipt_materialize, "delay", lambda receipt_pk, account_id=None: calls.append(receipt_pk))
+    monkeypatch.setattr(tasks, "materialization_wake",  # one wake-up per account and slot (D-269)
+                        lambda account_id, slot=0: calls.append(account_id))
     return calls
 
 
@@ -126,7 +127,7 @@ def test_new_delivery_creates_one_receipt_bound_to_the_active_epoch(world, clien
     key = ReceiptAdmissionKey.objects.get()
     assert (key.transport_key, key.channel, key.receipt_id, key.tombstone_id) == ("k-1", CHANNEL, receipt.pk, None)
     assert MaterializationDue.objects.filter(receipt=receipt).exists()
-    assert len(callbacks) == 1 and enqueued == [receipt.pk]
+    assert len(callbacks) == 1 and enqueued == [receipt.account_id]
     assert counts()["events"] == 0  # children come from the second transaction (receipt_materialize)
 
 
@@ -338,10 +339,10 @@ def test_broker_outage_never_fails_an_admitted_delivery(world, client, monkeypat
                                                         django_capture_on_commit_callbacks):
     """When the broker is unreachable the enqueue failure is logged, the answer is still 201, and the
     MaterializationDue row lets the sweeper materialize the receipt later. Proves: CV2-05-017"""
-    def broker_down(receipt_pk, account_id=None):
+    def broker_down(account_id, slot=0):
         raise KombuOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(tasks.receipt_materialize, "delay", broker_down)
+    monkeypatch.setattr(tasks, "materialization_wake", broker_down)
     with caplog.at_level(logging.WARNING, logger="connector.api.views"):
         with django_capture_on_commit_callbacks(execute=True):
             response = admit(client, body(event("e-1"), event("e-2", record_id="r-2")))
@@ -527,7 +528,7 @@ def test_32_concurrent_submissions_of_one_key_create_exactly_one_receipt(enqueue
     assert {data["epoch"]["id"] for _, data, _ in results} == {"c-epoch-1"}
     assert sorted(data["admission"] for _, data, _ in results) == ["created"] + ["duplicate"] * 31
     assert ReceiptAdmissionKey.objects.count() == 1 and MaterializationDue.objects.count() == 1
-    assert enqueued == [receipt.pk]  # exactly one materialization enqueue, after the winner's commit
+    assert enqueued == [receipt.account_id]  # exactly one materialization enqueue, after the winner's commit
 
 
 @pytest.mark.django_db(transaction=True)
@@ -549,4 +550,4 @@ def test_concurrent_submissions_with_different_bytes_fail_closed(enqueued):
     assert other and all(status == 409 and data["code"] == "RECEIPT_DIGEST_MISMATCH" for status, data in other)
     assert len(other) == 16
     assert ReceiptAdmissionKey.objects.count() == 1 and MaterializationDue.objects.count() == 1
-    assert Event.objects.count() == 0 and enqueued == [receipt.pk]
+    assert Event.objects.count() == 0 and enqueued == [receipt.account_id]

@@ -43,7 +43,8 @@ PASSWORD = "pw-for-tests-1"
 def enqueued(monkeypatch):
     """Materialization enqueues are recorded instead of reaching the broker."""
     calls: list[int] = []
-    monkeypatch.setattr(tasks.receipt_materialize, "delay", lambda receipt_pk, account_id=None: calls.append(receipt_pk))
+    monkeypatch.setattr(tasks, "materialization_wake",  # one wake-up per account and slot (D-269)
+                        lambda account_id, slot=0: calls.append(account_id))
     return calls
 
 

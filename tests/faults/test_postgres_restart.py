@@ -41,7 +41,7 @@ from connector.models import CredentialGeneration
 from connector.secrets import secret_backend
 from connector.services.signatures import sign
 
-tasks.receipt_materialize.delay = lambda receipt_pk, account_id=None: None  # the broker is not under test here
+tasks.materialization_wake = lambda account_id, slot=0: False  # the broker is not under test here
 account, keys = os.environ["LOAD_ACCOUNT"], int(os.environ["LOAD_KEYS"])
 generation = CredentialGeneration.objects.get(generation_id=f"{account}.webhook-signing.g1")
 secret = secret_backend().read(generation.secret_version_ref)

@@ -3,8 +3,8 @@ produces.
 
 The Celery worker children are started exactly as `scripts/run.py` (make run) defines them, against this run's
 test databases and a private Redis. A burst of deliveries is admitted through `receipt_admit`, then the normal
-post-commit enqueue (`connector.api.views._materialization_enqueue`) publishes one materialization per receipt
-at once, as a burst of concurrent clients does. With one queue for every stage (the old routing), every
+post-commit enqueue (`connector.api.views._materialization_enqueue`) runs for every receipt at once, as a burst
+of concurrent clients does (since D-269 it wakes the account's batch materializer once for the whole burst). With one queue for every stage (the old routing), every
 execution task queued behind every materialization task, so no ApplicationResult existed before the last
 receipt was materialized; with one queue and worker group per stage the first result arrives while
 materialization is still draining the burst. The full 2,000-delivery measurement over HTTP is
@@ -117,10 +117,10 @@ def test_first_application_result_does_not_wait_for_the_whole_materialization_bu
     account = world.accounts[0].account_key
     actor = Actor.system("burst")
     receipts = [receipt_admit(account_key=account, channel=CHANNEL, transport_key=f"sq-{n}", body=_body(n),
-                              actor=actor).receipt.pk for n in range(BURST)]
+                              actor=actor).receipt for n in range(BURST)]
     began = time.time()
-    for pk in receipts:
-        _materialization_enqueue(pk)  # what the admission view runs on commit
+    for receipt in receipts:
+        _materialization_enqueue(receipt.pk, receipt.account_id)  # what the admission view runs on commit
     deadline = time.monotonic() + 180
     while Event.objects.count() < BURST or not ApplicationResult.objects.exists():
         assert time.monotonic() < deadline, (
@@ -144,6 +144,7 @@ def test_each_stage_queue_is_consumed_by_its_own_worker_child(settings):
     advances are the execution stage's, on a queue of their own), and every queue a connector or effects task is
     routed to has a consumer. Proves: CV2-14-003"""
     routes = settings.CELERY_TASK_ROUTES
+    assert routes["connector.tasks.materialize_due"] == routes["connector.tasks.receipt_materialize"]
     stage = {task: routes[task]["queue"] for task in ("connector.tasks.receipt_materialize",
                                                       "connector.tasks.execution_claim_and_run",
                                                       "effects.tasks.effect_dispatch")}
