@@ -34,6 +34,8 @@ import traceback
 
 PEER_TASK = "bench_claims_noop"
 EVENTS_PER_RECEIPT = 50
+TAIL = 0.5  # seconds the workers run past the measured window (its CPU is sampled while they live)
+CPU_GOAL = 2.0  # issue 18 goal 4: busy CPU per completion (workers + their backends) <= 2x procrastinate's per job
 
 
 def _percentile(values, q: float) -> float:
@@ -141,9 +143,10 @@ def _peer_worker(index: int, command: dict) -> dict:
     return {}
 
 
-def _run_workers(setup: dict, commands: list[dict], *, timeout: float) -> tuple[float, list[dict]]:
-    """Spawn one process per command; once every one is bootstrapped, start them all 0.5 s later. Returns the
-    common start time and the results."""
+def _run_workers(setup: dict, commands: list[dict], *, timeout: float,
+                 on_start=None) -> tuple[float, list[dict]]:
+    """Spawn one process per command; once every one is bootstrapped, start them all 0.5 s later (and call
+    `on_start(start_at, pids)`). Returns the common start time and the results."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     inboxes = [ctx.Queue() for _ in commands]
@@ -166,6 +169,8 @@ def _run_workers(setup: dict, commands: list[dict], *, timeout: float) -> tuple[
                     start_at = time.time() + 0.5
                     for inbox in inboxes:
                         inbox.put({"start_at": start_at})
+                    if on_start is not None:
+                        on_start(start_at, [p.pid for p in procs])
                     until = start_at + timeout
             elif kind == "ok":
                 results[index] = payload
@@ -265,11 +270,41 @@ def _rate(conninfo: str, sql: str, params: list, t0: float, t1: float) -> dict:
             "window_cut_by_drain": end < t1 - 0.5}
 
 
+class _CpuOfWindow:
+    """`on_start` for `_run_workers`: samples the busy CPU of the workers and of the PostgreSQL backends serving
+    them (and the machine's) over exactly the measured window [start + warm, start + warm + seconds] (D-271)."""
+
+    def __init__(self, setup: dict, conninfo: str, warm: float, seconds: float) -> None:
+        from bench.cpu import CpuWindow
+
+        self.window = CpuWindow(conninfo, list(setup["names"].values()))
+        self.warm, self.seconds, self.thread = warm, seconds, None
+
+    def __call__(self, start_at: float, pids: list[int]) -> None:
+        self.window.pids = list(pids)
+        t0 = start_at + self.warm
+        self.thread = self.window.run_between(t0, t0 + self.seconds)
+
+    def result(self, completions: int) -> dict | None:
+        from bench.cpu import per_completion
+
+        if self.thread is None:
+            return None
+        self.thread.join(timeout=30)
+        cpu = self.window.result
+        if not cpu:
+            return None
+        return {**cpu, "per_completion_ms": per_completion(cpu, completions)}
+
+
 def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, warm: float, seconds: float,
                       say) -> dict:
     say(f"throughput {mode}: {workers} workers, {warm:g} s warm-up + {seconds:g} s window")
-    commands = [{"kind": "product", "mode": mode, "batch": batch, "run": warm + seconds} for _ in range(workers)]
-    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300)
+    # The workers run TAIL s past the window, so they (and their backends) are alive when its CPU is sampled.
+    commands = [{"kind": "product", "mode": mode, "batch": batch, "run": warm + seconds + TAIL}
+                for _ in range(workers)]
+    cpu = _CpuOfWindow(setup, conninfo, warm, seconds)
+    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(changed_at)) FROM connector_execution "
                 "WHERE state = 'completed' AND changed_at >= to_timestamp(%s) AND changed_at <= to_timestamp(%s)",
                 [], start_at + warm, start_at + warm + seconds)
@@ -277,7 +312,8 @@ def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, w
     results = _scalar(conninfo, "SELECT count(*) FROM connector_applicationresult")
     completed = _scalar(conninfo, "SELECT count(*) FROM connector_execution WHERE state = 'completed'")
     return {**out, "mode": mode, "workers": workers, "batch": batch if mode in ("batch", "account") else 1,
-            "ready_left": left, "application_results": results, "completed_total": completed}
+            "ready_left": left, "application_results": results, "completed_total": completed,
+            "cpu": cpu.result(out["count"])}
 
 
 def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, seconds: float, say) -> dict:
@@ -291,17 +327,19 @@ def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, second
         conn.execute("INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
                      "SELECT %s, %s, json_build_object('i', g)::jsonb FROM generate_series(1, %s) g",
                      [queue_name, PEER_TASK, jobs])
+        conn.execute("ANALYZE procrastinate_jobs")  # as after the product's seed (D-257): both sides planned alike
     say(f"peer procrastinate: {workers} workers, {jobs} jobs, {warm:g} s warm-up + {seconds:g} s window")
-    commands = [{"kind": "peer", "conninfo": conninfo, "queue": queue_name, "run": warm + seconds}
+    commands = [{"kind": "peer", "conninfo": conninfo, "queue": queue_name, "run": warm + seconds + TAIL}
                 for _ in range(workers)]
-    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300)
+    cpu = _CpuOfWindow(setup, conninfo, warm, seconds)
+    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(ev.at)) FROM procrastinate_events ev "
                 "JOIN procrastinate_jobs j ON j.id = ev.job_id WHERE j.queue_name = %s AND ev.type = 'succeeded' "
                 "AND ev.at >= to_timestamp(%s) AND ev.at <= to_timestamp(%s)",
                 [queue_name], start_at + warm, start_at + warm + seconds)
     left = _scalar(conninfo, "SELECT count(*) FROM procrastinate_jobs WHERE queue_name = %s AND status = 'todo'",
                    (queue_name,))
-    return {**out, "workers": workers, "jobs": jobs, "todo_left": left}
+    return {**out, "workers": workers, "jobs": jobs, "todo_left": left, "cpu": cpu.result(out["count"])}
 
 
 def _fairness_phase(setup, conninfo, world, *, hot: bool, mode: str, workers: int, batch: int, backlog: int,
@@ -386,9 +424,41 @@ def run_claims(*, workers: int = 2, seconds: float = 20.0, warm: float = 3.0, ac
     peer = report["peer"]["per_second"]
     report["ratios"] = {f"{t['mode']}_over_peer": round(t["per_second"] / peer, 3) if peer else None
                         for t in report["throughput"]}
+    report["ratios"].update(cpu_ratios(report["throughput"], report["peer"]))
     without, with_hot = (f["quiet_delay_ms"]["p99"] for f in report["fairness"])
     report["ratios"]["fairness_p99_with_hot_over_without"] = round(with_hot / without, 2) if without else None
     return report
+
+
+def cpu_ratios(throughput: list[dict], peer: dict) -> dict:
+    """Busy ms per completion of each product mode over procrastinate's per job (goal 4: <= CPU_GOAL)."""
+    def busy(phase: dict) -> float | None:
+        per = (phase.get("cpu") or {}).get("per_completion_ms") or {}
+        return per.get("busy_ms")
+
+    base = busy(peer)
+    return {f"{t['mode']}_cpu_over_peer": round(busy(t) / base, 3) if busy(t) and base else None
+            for t in throughput}
+
+
+def cpu_lines(report: dict) -> list[str]:
+    """The text report of the busy CPU per completion (goal 4)."""
+    lines = []
+    for phase in [*report["throughput"], {**report["peer"], "mode": "procrastinate"}]:
+        cpu = phase.get("cpu") or {}
+        per = cpu.get("per_completion_ms")
+        if not per:
+            lines.append(f"busy CPU {phase['mode']}: not measured ({cpu.get('error', 'no completions')})")
+            continue
+        lines.append(f"busy CPU {phase['mode']}: {per['busy_ms']:.3f} ms per completion (workers "
+                     f"{per['workers_ms']:.3f} + PostgreSQL backends {per['backends_ms']:.3f}; {phase['count']} "
+                     f"completions, {cpu['workers']} workers, {cpu['backends']} backends, {cpu['window_seconds']} s; "
+                     f"machine {per.get('machine_busy_ms')} ms per completion, {cpu.get('machine_busy_pct')}% busy)")
+    for mode_ratio, value in report["ratios"].items():
+        if mode_ratio.endswith("_cpu_over_peer"):
+            lines.append(f"busy CPU per completion {mode_ratio.replace('_cpu_over_peer', '')} / procrastinate: "
+                         f"{value} (goal 4: <= {CPU_GOAL:g})")
+    return lines
 
 
 class Claims:
@@ -419,6 +489,8 @@ class Claims:
                             peer_jobs=options["peer_jobs"], fair_backlog=options["fair_backlog"],
                             modes=tuple(m for m in options["modes"].split(",") if m) or None,
                             database=options["database_name"], keep=options["keep"], say=command.progress)
+        for line in cpu_lines(report):
+            command.progress(line)
         text = json.dumps(report, indent=2)
         if options["json"]:
             with open(options["json"], "w", encoding="utf-8") as fh:
