@@ -441,6 +441,16 @@ def cpu_ratios(throughput: list[dict], peer: dict) -> dict:
             for t in throughput}
 
 
+def cpu_check(report: dict) -> str:
+    """The goal-4 budget for `--check`: the batched mode (the worker's step) over procrastinate; '' when it holds."""
+    ratio = report["ratios"].get("batch_cpu_over_peer")
+    if ratio is None:
+        return "busy CPU per completion: the batch mode or the peer was not measured (batch_cpu_over_peer is None)"
+    if ratio > CPU_GOAL:
+        return f"busy CPU per completion batch / procrastinate {ratio} > {CPU_GOAL:g} (issue 18 goal 4)"
+    return ""
+
+
 def cpu_lines(report: dict) -> list[str]:
     """The text report of the busy CPU per completion (goal 4)."""
     lines = []
@@ -482,6 +492,9 @@ class Claims:
         parser.add_argument("--database-name", default="connector_bench_claims")
         parser.add_argument("--keep", action="store_true")
         parser.add_argument("--json", default="", help="write the report to this file")
+        parser.add_argument("--check", action="store_true",
+                            help=f"fail unless the batched mode's busy CPU per completion is <= {CPU_GOAL:g}x "
+                                 "procrastinate's per job (issue 18 goal 4)")
 
     def handle(self, command, options: dict) -> None:
         report = run_claims(workers=options["workers"], seconds=options["seconds"], warm=options["warm"],
@@ -496,3 +509,12 @@ class Claims:
             with open(options["json"], "w", encoding="utf-8") as fh:
                 fh.write(text)
         command.stdout.write(text)
+        if options["check"]:
+            problem = cpu_check(report)
+            if problem:
+                from django.core.management.base import CommandError
+
+                raise CommandError(problem)
+            command.stdout.write(command.style.SUCCESS(
+                f"\ncheck passed: batch busy CPU per completion / procrastinate "
+                f"{report['ratios']['batch_cpu_over_peer']} <= {CPU_GOAL:g}"))

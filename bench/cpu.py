@@ -5,8 +5,9 @@
 * `process_jiffies`: utime + stime of one process from /proc/<pid>/stat (its own threads; not its children).
 * `CpuWindow`: the busy CPU of a set of processes — the bench's worker processes plus the PostgreSQL backends
   serving them, found in `pg_stat_activity` by database — and of the machine, between `begin()` and `end()`.
-  A backend absent at `begin()` was born inside the window, so all its CPU counts; a process that exited before
-  `end()` is missed (the benches' workers and their connections live past the window).
+  A backend absent at `begin()` was born inside the window, so all its CPU counts; a process that exits inside
+  the window (a worker that found the backlog drained, and its backends) counts up to its last `poll()`, which
+  `run_between` calls every POLL_SECONDS: at most that much of a dying process's CPU is missed.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def ms(jiffies: int) -> float:
     return jiffies * 1000.0 / CLOCK_TICKS
 
 
+POLL_SECONDS = 0.2
+
 BACKENDS_SQL = ("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s) AND backend_type = 'client backend' "
                 "AND pid <> pg_backend_pid()")
 
@@ -67,6 +70,7 @@ class CpuWindow:
         self.conninfo, self.databases, self.pids = conninfo, list(databases), list(pids)
         self.conn = None
         self.before: dict[str, dict[int, int]] = {}
+        self.latest: dict[str, dict[int, int]] = {"workers": {}, "backends": {}}
         self.machine_before = None
         self.began = self.ended = 0.0
         self.result: dict | None = None
@@ -98,9 +102,16 @@ class CpuWindow:
         self.began = time.time()
         self.machine_before = cpu_sample()
         self.before = self._sample()
+        self.latest = {kind: dict(values) for kind, values in self.before.items()}
+
+    def poll(self) -> None:
+        """Remember each process's latest CPU, so one that exits before `end()` still counts up to here."""
+        for kind, values in self._sample().items():
+            self.latest[kind].update(values)
 
     def end(self) -> dict:
-        after = self._sample()
+        self.poll()
+        after = self.latest
         machine_after = cpu_sample()
         self.ended = time.time()
         busy = {kind: sum(v - self.before[kind].get(pid, 0) for pid, v in after[kind].items())
@@ -124,7 +135,10 @@ class CpuWindow:
                 self.open()
                 time.sleep(max(0.0, t0 - time.time()))
                 self.begin()
-                time.sleep(max(0.0, t1 - time.time()))
+                while time.time() < t1:
+                    time.sleep(max(0.0, min(POLL_SECONDS, t1 - time.time())))
+                    if time.time() < t1:
+                        self.poll()
                 self.end()
             except Exception as exc:  # noqa: BLE001 - reported in the result, the bench goes on
                 self.result = {"error": repr(exc)}

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from bench.claims import _CpuOfWindow, cpu_lines, cpu_ratios
+from bench.claims import _CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
 from bench.cpu import CLOCK_TICKS, CpuWindow, per_completion, process_jiffies
 from bench.hot_account import _conninfo
 
@@ -54,15 +54,18 @@ def test_cpu_window_counts_the_workers_and_the_backends_born_inside_it():
 @pytest.mark.django_db
 def test_claims_window_samples_exactly_the_window_and_divides_by_its_completions():
     """The bench's on_start hook samples [start + warm, start + warm + seconds] in a thread: CPU burned before the
-    window does not count, CPU burned inside it does, and the per-completion figure divides by the completions."""
+    window does not count, CPU burned inside it does — also by a worker that exits inside the window (as one does
+    when the backlog drains) — and the per-completion figure divides by the completions."""
     conninfo = _conninfo(connection.settings_dict)
     setup = {"names": {"default": connection.settings_dict["NAME"]}}
     before = _burner(0.3)
     start = time.time()
     before.wait(timeout=30)  # its CPU is all spent before the window opens
     inside = _burner(0.5, linger=5.0)
+    exits = _burner(0.3, linger=0.5)  # burns, idles, exits about 1 s into the 4 s window
     hook = _CpuOfWindow(setup, conninfo, warm=max(0.0, time.time() - start) + 0.05, seconds=4.0)
-    hook(start, [before.pid, inside.pid])
+    hook(start, [before.pid, inside.pid, exits.pid])
+    exits.wait(timeout=30)  # reaped inside the window, as `_run_workers` joins a worker that returned early
     try:
         with psycopg.connect(conninfo, autocommit=True) as work:
             work.execute(SERVER_WORK).fetchone()
@@ -71,8 +74,8 @@ def test_claims_window_samples_exactly_the_window_and_divides_by_its_completions
         inside.kill()
         inside.wait(timeout=30)
     assert "error" not in result, result
-    assert result["workers"] == 1, result  # the process that exited before the window is not there
-    assert 300 <= result["workers_ms"] <= 1000, result
+    assert result["workers"] == 2, result  # the process that exited before the window is not there
+    assert exits.returncode == 0 and 600 <= result["workers_ms"] <= 1600, result  # 0.5 + 0.3 s burned inside
     assert result["backends_ms"] > 0, result
     per = result["per_completion_ms"]
     assert per["workers_ms"] == pytest.approx(result["workers_ms"] / 4, abs=0.001)
@@ -98,3 +101,15 @@ def test_cpu_ratio_is_the_quotient_of_the_measured_figures():
     text = "\n".join(cpu_lines(report))
     assert "busy CPU single: 8.000 ms per completion" in text and "busy CPU procrastinate: 2.000 ms" in text
     assert "single / procrastinate: 4.0 (goal 4: <= 2)" in text
+
+
+def test_check_fails_past_the_goal_and_without_a_measurement():
+    """`--check` holds the batched mode to goal 4 (<= 2x procrastinate's busy CPU per job), computed from the
+    figures: it passes at 1.5x, fails at 2.5x and fails when either side was not measured."""
+    peer = _phase("peer", 1000.0, 1000.0, 1000)
+    ok = {"ratios": cpu_ratios([_phase("batch", 1500.0, 1500.0, 1000)], peer)}
+    assert cpu_check(ok) == ""
+    over = {"ratios": cpu_ratios([_phase("batch", 2500.0, 2500.0, 1000)], peer)}
+    assert "2.5 > 2" in cpu_check(over)
+    unmeasured = {"ratios": cpu_ratios([_phase("batch", 1500.0, 1500.0, 1000)], {**peer, "cpu": None})}
+    assert "not measured" in cpu_check(unmeasured)
