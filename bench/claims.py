@@ -13,6 +13,8 @@ ApplicationResult, nothing is authored outbound) and `--accounts` accounts:
 * peer: procrastinate (its own schema and worker, concurrency 1 per process, same worker count, same database):
   `--peer-jobs` trivial jobs are inserted up front (untimed), the workers run for the same warm-up and window, and
   the parent counts succeeded jobs the same way.
+* busy CPU (goal 4, D-271; `bench/claims_cpu.py`): per measured window, the workers' and their PostgreSQL backends'
+  CPU from /proc divided by the window's completions, and each mode's ratio to procrastinate's (`--check`: <= 2).
 * fairness (run first, on an empty queue): every account but one gets `--fair-backlog` ready Executions; the claim delay of an Execution is
   its first Attempt's `claimed_at` minus the moment the workers start. Measured once without and once with a hot
   account holding 10x that backlog, seeded first (the oldest work: the worst case for a FIFO claim). Goal 8: the
@@ -32,10 +34,11 @@ import statistics
 import time
 import traceback
 
+from bench.claims_cpu import CPU_GOAL, CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
+
 PEER_TASK = "bench_claims_noop"
 EVENTS_PER_RECEIPT = 50
 TAIL = 0.5  # seconds the workers run past the measured window (its CPU is sampled while they live)
-CPU_GOAL = 2.0  # issue 18 goal 4: busy CPU per completion (workers + their backends) <= 2x procrastinate's per job
 
 
 def _percentile(values, q: float) -> float:
@@ -270,40 +273,13 @@ def _rate(conninfo: str, sql: str, params: list, t0: float, t1: float) -> dict:
             "window_cut_by_drain": end < t1 - 0.5}
 
 
-class _CpuOfWindow:
-    """`on_start` for `_run_workers`: samples the busy CPU of the workers and of the PostgreSQL backends serving
-    them (and the machine's) over exactly the measured window [start + warm, start + warm + seconds] (D-271)."""
-
-    def __init__(self, setup: dict, conninfo: str, warm: float, seconds: float) -> None:
-        from bench.cpu import CpuWindow
-
-        self.window = CpuWindow(conninfo, list(setup["names"].values()))
-        self.warm, self.seconds, self.thread = warm, seconds, None
-
-    def __call__(self, start_at: float, pids: list[int]) -> None:
-        self.window.pids = list(pids)
-        t0 = start_at + self.warm
-        self.thread = self.window.run_between(t0, t0 + self.seconds)
-
-    def result(self, completions: int) -> dict | None:
-        from bench.cpu import per_completion
-
-        if self.thread is None:
-            return None
-        self.thread.join(timeout=30)
-        cpu = self.window.result
-        if not cpu:
-            return None
-        return {**cpu, "per_completion_ms": per_completion(cpu, completions)}
-
-
 def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, warm: float, seconds: float,
                       say) -> dict:
     say(f"throughput {mode}: {workers} workers, {warm:g} s warm-up + {seconds:g} s window")
     # The workers run TAIL s past the window, so they (and their backends) are alive when its CPU is sampled.
     commands = [{"kind": "product", "mode": mode, "batch": batch, "run": warm + seconds + TAIL}
                 for _ in range(workers)]
-    cpu = _CpuOfWindow(setup, conninfo, warm, seconds)
+    cpu = CpuOfWindow(setup, conninfo, warm, seconds)
     start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(changed_at)) FROM connector_execution "
                 "WHERE state = 'completed' AND changed_at >= to_timestamp(%s) AND changed_at <= to_timestamp(%s)",
@@ -331,7 +307,7 @@ def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, second
     say(f"peer procrastinate: {workers} workers, {jobs} jobs, {warm:g} s warm-up + {seconds:g} s window")
     commands = [{"kind": "peer", "conninfo": conninfo, "queue": queue_name, "run": warm + seconds + TAIL}
                 for _ in range(workers)]
-    cpu = _CpuOfWindow(setup, conninfo, warm, seconds)
+    cpu = CpuOfWindow(setup, conninfo, warm, seconds)
     start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(ev.at)) FROM procrastinate_events ev "
                 "JOIN procrastinate_jobs j ON j.id = ev.job_id WHERE j.queue_name = %s AND ev.type = 'succeeded' "
@@ -428,47 +404,6 @@ def run_claims(*, workers: int = 2, seconds: float = 20.0, warm: float = 3.0, ac
     without, with_hot = (f["quiet_delay_ms"]["p99"] for f in report["fairness"])
     report["ratios"]["fairness_p99_with_hot_over_without"] = round(with_hot / without, 2) if without else None
     return report
-
-
-def cpu_ratios(throughput: list[dict], peer: dict) -> dict:
-    """Busy ms per completion of each product mode over procrastinate's per job (goal 4: <= CPU_GOAL)."""
-    def busy(phase: dict) -> float | None:
-        per = (phase.get("cpu") or {}).get("per_completion_ms") or {}
-        return per.get("busy_ms")
-
-    base = busy(peer)
-    return {f"{t['mode']}_cpu_over_peer": round(busy(t) / base, 3) if busy(t) and base else None
-            for t in throughput}
-
-
-def cpu_check(report: dict) -> str:
-    """The goal-4 budget for `--check`: the batched mode (the worker's step) over procrastinate; '' when it holds."""
-    ratio = report["ratios"].get("batch_cpu_over_peer")
-    if ratio is None:
-        return "busy CPU per completion: the batch mode or the peer was not measured (batch_cpu_over_peer is None)"
-    if ratio > CPU_GOAL:
-        return f"busy CPU per completion batch / procrastinate {ratio} > {CPU_GOAL:g} (issue 18 goal 4)"
-    return ""
-
-
-def cpu_lines(report: dict) -> list[str]:
-    """The text report of the busy CPU per completion (goal 4)."""
-    lines = []
-    for phase in [*report["throughput"], {**report["peer"], "mode": "procrastinate"}]:
-        cpu = phase.get("cpu") or {}
-        per = cpu.get("per_completion_ms")
-        if not per:
-            lines.append(f"busy CPU {phase['mode']}: not measured ({cpu.get('error', 'no completions')})")
-            continue
-        lines.append(f"busy CPU {phase['mode']}: {per['busy_ms']:.3f} ms per completion (workers "
-                     f"{per['workers_ms']:.3f} + PostgreSQL backends {per['backends_ms']:.3f}; {phase['count']} "
-                     f"completions, {cpu['workers']} workers, {cpu['backends']} backends, {cpu['window_seconds']} s; "
-                     f"machine {per.get('machine_busy_ms')} ms per completion, {cpu.get('machine_busy_pct')}% busy)")
-    for mode_ratio, value in report["ratios"].items():
-        if mode_ratio.endswith("_cpu_over_peer"):
-            lines.append(f"busy CPU per completion {mode_ratio.replace('_cpu_over_peer', '')} / procrastinate: "
-                         f"{value} (goal 4: <= {CPU_GOAL:g})")
-    return lines
 
 
 class Claims:

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from bench.claims import _CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
+from bench.claims_cpu import CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
 from bench.cpu import CLOCK_TICKS, CpuWindow, per_completion, process_jiffies
 from bench.hot_account import _conninfo
 
@@ -63,7 +63,7 @@ def test_claims_window_samples_exactly_the_window_and_divides_by_its_completions
     before.wait(timeout=30)  # its CPU is all spent before the window opens
     inside = _burner(0.5, linger=5.0)
     exits = _burner(0.3, linger=0.5)  # burns, idles, exits about 1 s into the 4 s window
-    hook = _CpuOfWindow(setup, conninfo, warm=max(0.0, time.time() - start) + 0.05, seconds=4.0)
+    hook = CpuOfWindow(setup, conninfo, warm=max(0.0, time.time() - start) + 0.05, seconds=4.0)
     hook(start, [before.pid, inside.pid, exits.pid])
     exits.wait(timeout=30)  # reaped inside the window, as `_run_workers` joins a worker that returned early
     try:
