@@ -13,6 +13,8 @@ ApplicationResult, nothing is authored outbound) and `--accounts` accounts:
 * peer: procrastinate (its own schema and worker, concurrency 1 per process, same worker count, same database):
   `--peer-jobs` trivial jobs are inserted up front (untimed), the workers run for the same warm-up and window, and
   the parent counts succeeded jobs the same way.
+* busy CPU (goal 4, D-271; `bench/claims_cpu.py`): per measured window, the workers' and their PostgreSQL backends'
+  CPU from /proc divided by the window's completions, and each mode's ratio to procrastinate's (`--check`: <= 2).
 * fairness (run first, on an empty queue): every account but one gets `--fair-backlog` ready Executions; the claim delay of an Execution is
   its first Attempt's `claimed_at` minus the moment the workers start. Measured once without and once with a hot
   account holding 10x that backlog, seeded first (the oldest work: the worst case for a FIFO claim). Goal 8: the
@@ -32,8 +34,11 @@ import statistics
 import time
 import traceback
 
+from bench.claims_cpu import CPU_GOAL, CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
+
 PEER_TASK = "bench_claims_noop"
 EVENTS_PER_RECEIPT = 50
+TAIL = 0.5  # seconds the workers run past the measured window (its CPU is sampled while they live)
 
 
 def _percentile(values, q: float) -> float:
@@ -141,9 +146,10 @@ def _peer_worker(index: int, command: dict) -> dict:
     return {}
 
 
-def _run_workers(setup: dict, commands: list[dict], *, timeout: float) -> tuple[float, list[dict]]:
-    """Spawn one process per command; once every one is bootstrapped, start them all 0.5 s later. Returns the
-    common start time and the results."""
+def _run_workers(setup: dict, commands: list[dict], *, timeout: float,
+                 on_start=None) -> tuple[float, list[dict]]:
+    """Spawn one process per command; once every one is bootstrapped, start them all 0.5 s later (and call
+    `on_start(start_at, pids)`). Returns the common start time and the results."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     inboxes = [ctx.Queue() for _ in commands]
@@ -166,6 +172,8 @@ def _run_workers(setup: dict, commands: list[dict], *, timeout: float) -> tuple[
                     start_at = time.time() + 0.5
                     for inbox in inboxes:
                         inbox.put({"start_at": start_at})
+                    if on_start is not None:
+                        on_start(start_at, [p.pid for p in procs])
                     until = start_at + timeout
             elif kind == "ok":
                 results[index] = payload
@@ -268,8 +276,11 @@ def _rate(conninfo: str, sql: str, params: list, t0: float, t1: float) -> dict:
 def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, warm: float, seconds: float,
                       say) -> dict:
     say(f"throughput {mode}: {workers} workers, {warm:g} s warm-up + {seconds:g} s window")
-    commands = [{"kind": "product", "mode": mode, "batch": batch, "run": warm + seconds} for _ in range(workers)]
-    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300)
+    # The workers run TAIL s past the window, so they (and their backends) are alive when its CPU is sampled.
+    commands = [{"kind": "product", "mode": mode, "batch": batch, "run": warm + seconds + TAIL}
+                for _ in range(workers)]
+    cpu = CpuOfWindow(setup, conninfo, warm, seconds)
+    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(changed_at)) FROM connector_execution "
                 "WHERE state = 'completed' AND changed_at >= to_timestamp(%s) AND changed_at <= to_timestamp(%s)",
                 [], start_at + warm, start_at + warm + seconds)
@@ -277,7 +288,8 @@ def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, w
     results = _scalar(conninfo, "SELECT count(*) FROM connector_applicationresult")
     completed = _scalar(conninfo, "SELECT count(*) FROM connector_execution WHERE state = 'completed'")
     return {**out, "mode": mode, "workers": workers, "batch": batch if mode in ("batch", "account") else 1,
-            "ready_left": left, "application_results": results, "completed_total": completed}
+            "ready_left": left, "application_results": results, "completed_total": completed,
+            "cpu": cpu.result(out["count"])}
 
 
 def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, seconds: float, say) -> dict:
@@ -291,17 +303,19 @@ def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, second
         conn.execute("INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
                      "SELECT %s, %s, json_build_object('i', g)::jsonb FROM generate_series(1, %s) g",
                      [queue_name, PEER_TASK, jobs])
+        conn.execute("ANALYZE procrastinate_jobs")  # as after the product's seed (D-257): both sides planned alike
     say(f"peer procrastinate: {workers} workers, {jobs} jobs, {warm:g} s warm-up + {seconds:g} s window")
-    commands = [{"kind": "peer", "conninfo": conninfo, "queue": queue_name, "run": warm + seconds}
+    commands = [{"kind": "peer", "conninfo": conninfo, "queue": queue_name, "run": warm + seconds + TAIL}
                 for _ in range(workers)]
-    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300)
+    cpu = CpuOfWindow(setup, conninfo, warm, seconds)
+    start_at, _ = _run_workers(setup, commands, timeout=warm + seconds + 300, on_start=cpu)
     out = _rate(conninfo, "SELECT count(*), extract(epoch FROM max(ev.at)) FROM procrastinate_events ev "
                 "JOIN procrastinate_jobs j ON j.id = ev.job_id WHERE j.queue_name = %s AND ev.type = 'succeeded' "
                 "AND ev.at >= to_timestamp(%s) AND ev.at <= to_timestamp(%s)",
                 [queue_name], start_at + warm, start_at + warm + seconds)
     left = _scalar(conninfo, "SELECT count(*) FROM procrastinate_jobs WHERE queue_name = %s AND status = 'todo'",
                    (queue_name,))
-    return {**out, "workers": workers, "jobs": jobs, "todo_left": left}
+    return {**out, "workers": workers, "jobs": jobs, "todo_left": left, "cpu": cpu.result(out["count"])}
 
 
 def _fairness_phase(setup, conninfo, world, *, hot: bool, mode: str, workers: int, batch: int, backlog: int,
@@ -386,6 +400,7 @@ def run_claims(*, workers: int = 2, seconds: float = 20.0, warm: float = 3.0, ac
     peer = report["peer"]["per_second"]
     report["ratios"] = {f"{t['mode']}_over_peer": round(t["per_second"] / peer, 3) if peer else None
                         for t in report["throughput"]}
+    report["ratios"].update(cpu_ratios(report["throughput"], report["peer"]))
     without, with_hot = (f["quiet_delay_ms"]["p99"] for f in report["fairness"])
     report["ratios"]["fairness_p99_with_hot_over_without"] = round(with_hot / without, 2) if without else None
     return report
@@ -412,6 +427,9 @@ class Claims:
         parser.add_argument("--database-name", default="connector_bench_claims")
         parser.add_argument("--keep", action="store_true")
         parser.add_argument("--json", default="", help="write the report to this file")
+        parser.add_argument("--check", action="store_true",
+                            help=f"fail unless the batched mode's busy CPU per completion is <= {CPU_GOAL:g}x "
+                                 "procrastinate's per job (issue 18 goal 4)")
 
     def handle(self, command, options: dict) -> None:
         report = run_claims(workers=options["workers"], seconds=options["seconds"], warm=options["warm"],
@@ -419,8 +437,19 @@ class Claims:
                             peer_jobs=options["peer_jobs"], fair_backlog=options["fair_backlog"],
                             modes=tuple(m for m in options["modes"].split(",") if m) or None,
                             database=options["database_name"], keep=options["keep"], say=command.progress)
+        for line in cpu_lines(report):
+            command.progress(line)
         text = json.dumps(report, indent=2)
         if options["json"]:
             with open(options["json"], "w", encoding="utf-8") as fh:
                 fh.write(text)
         command.stdout.write(text)
+        if options["check"]:
+            problem = cpu_check(report)
+            if problem:
+                from django.core.management.base import CommandError
+
+                raise CommandError(problem)
+            command.stdout.write(command.style.SUCCESS(
+                f"\ncheck passed: batch busy CPU per completion / procrastinate "
+                f"{report['ratios']['batch_cpu_over_peer']} <= {CPU_GOAL:g}"))

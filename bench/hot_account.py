@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import BUDGETS_PATH, load_budgets
+from bench.cpu import busy_percent, cpu_sample
 
 Progress = Callable[[str], None]
 
@@ -918,23 +919,6 @@ def _stats_ms(latencies: list[float], seconds: float) -> dict:
     p = percentiles(latencies)
     return {"ops": len(latencies), "throughput": _r(len(latencies) / seconds if seconds else 0.0),
             "p50_ms": _r(p["p50"]), "p95_ms": _r(p["p95"]), "p99_ms": _r(p["p99"]), "max_ms": _r(p["max"])}
-
-
-def cpu_sample() -> tuple[int, int] | None:
-    """(busy, total) jiffies of the whole machine from /proc/stat, or None where there is none."""
-    try:
-        with open("/proc/stat", encoding="ascii") as handle:
-            fields = [int(v) for v in handle.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    return _r(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)
 
 
 def _world_facts(account_key: str) -> dict:
