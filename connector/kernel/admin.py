@@ -210,14 +210,8 @@ def code_col(attr: str, description: str | None = None, ordering: str | None = N
 
 # -- base classes ---------------------------------------------------------------------------------------------
 
-class FactAdmin(admin.ModelAdmin):
-    """A service-owned fact: viewable, never added, changed or deleted here. Every field shown is read-only
-    (`fieldsets` lists model fields and display methods; all of them are `readonly_fields`)."""
-
-    fact_description = ""
-    change_list_template = "admin/cv2/fact_change_list.html"
-    change_form_template = "admin/cv2/fact_change_form.html"
-    show_full_result_count = False
+class NoWrites:
+    """Facts are written only by services: the admin (and its inlines) never adds, changes or deletes a row."""
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -227,6 +221,16 @@ class FactAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class FactAdmin(NoWrites, admin.ModelAdmin):
+    """A service-owned fact: viewable, never added, changed or deleted here. Every field shown is read-only
+    (`fieldsets` lists model fields and display methods; all of them are `readonly_fields`)."""
+
+    fact_description = ""
+    change_list_template = "admin/cv2/fact_change_list.html"
+    change_form_template = "admin/cv2/fact_change_form.html"
+    show_full_result_count = False
 
     def get_readonly_fields(self, request, obj=None):
         return flatten_fieldsets(self.get_fieldsets(request, obj))
@@ -348,18 +352,9 @@ def _transition_message(label: str, action: str, before: str, row, state_attr: s
 
 # -- inlines --------------------------------------------------------------------------------------------------
 
-class FactInline(admin.TabularInline):
+class FactInline(NoWrites, admin.TabularInline):
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_readonly_fields(self, request, obj=None):
         return self.fields
