@@ -19,13 +19,32 @@ from connector.models import AccountServingGate, CredentialGenerationDispatchGat
 # FOR UPDATE waits on the same row, so under steady writes a gate transition could wait without bound. The
 # heavyweight advisory lock queues fairly: once a transition waits for it exclusively, later writers queue behind
 # it. Writers take it shared, transitions exclusive, always at the gate's place in the canonical order.
-ADVISORY_LOCK_KEYS = {"account_gate": 0x43563203, "credential_gate": 0x43563204}
+ADVISORY_LOCK_KEYS = {"account_gate": 0x43563203, "credential_gate": 0x43563204, "owner_barrier": 0x43563205}
+
+# The owner publication barriers (CV2-11-033/034, docs/locking.md "Owner barriers", D-284), in their lock order.
+# Every authoring, publication or current-selector write of an owner takes its barrier shared for its whole
+# transaction; every transition of a publication barrier set takes all four exclusive, before the set's row.
+OWNER_BARRIERS = ("binding_definitions", "catalog", "configuration", "credential_authority")
 
 
 def _fair(kind: str, row_id: int, *, exclusive: bool) -> None:
     fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(f"SELECT {fn}(%s, %s)", [ADVISORY_LOCK_KEYS[kind], int(row_id) % 2_147_483_647])
+
+
+def owner_barriers_lock(owners: Iterable[str] = OWNER_BARRIERS, *, exclusive: bool) -> None:
+    """Take the named owner barriers (advisory, transaction-scoped, in OWNER_BARRIERS order) in one statement.
+    Shared by an owner write (they never wait for each other), exclusive by a barrier-set transition: a set cannot
+    move to `held` while an owner write that passed its barrier is still open, and a write that starts while a
+    transition is open waits for its commit and then sees the new state. Before every row lock (order 0)."""
+    assert transaction.get_connection().in_atomic_block, "owner barriers are held until the transaction ends"
+    keys = sorted({OWNER_BARRIERS.index(owner) for owner in owners})
+    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    namespace = ADVISORY_LOCK_KEYS["owner_barrier"]
+    with transaction.get_connection().cursor() as cursor:  # left to right: the order of OWNER_BARRIERS
+        cursor.execute("SELECT " + ", ".join(f"{fn}(%s, %s)" for _ in keys),
+                       [value for key in keys for value in (namespace, key)])
 
 
 def epoch_for_update(epoch_pk: int) -> ServingEpoch:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connector.selectors.locks import share_one
+from connector.selectors.locks import owner_barriers_lock, share_one
 from connector.selectors.rows import AccountServingGate, OrderingLane
 from cutover.models import ServingPublicationBarrierSet
 
 
 def barrier_set_for_update(barrier_set_pk: int) -> ServingPublicationBarrierSet:
+    """Every owner barrier exclusive first (D-284): the set's transition (`held` above all) waits for each owner
+    write that already passed its barrier to commit, and an owner write that starts meanwhile waits for this
+    transaction and then reads the set's new state; then the set's row FOR UPDATE."""
+    owner_barriers_lock(exclusive=True)
     return ServingPublicationBarrierSet.objects.select_for_update().get(pk=barrier_set_pk)
 
 

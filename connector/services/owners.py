@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from connector import hooks, receipts
+from connector import hooks, locks, receipts
 from connector.actors import Actor
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import BindingKind
@@ -47,6 +47,14 @@ def _kind(value: Any) -> str:
     return str(BindingKind(value).value)
 
 
+def _owner_barrier(owner: str) -> None:
+    """The first statement of every owner write (the inventory in docs/locking.md, "Owner barriers"; D-284): hold
+    the owner's publication barrier shared until this transaction ends, then let the cutover app refuse the write
+    while a publication barrier set holds it (PUBLICATION_BARRIER_HELD)."""
+    locks.owner_barriers_lock([owner], exclusive=False)
+    hooks.publication_guard(owner)
+
+
 def _unique(fn):
     def inner(*args, **kwargs):
         try:
@@ -64,7 +72,9 @@ def _unique(fn):
 @transaction.atomic
 def account_create(*, account_key: str, provider_scope: str, display_name: str = "",
                    actor: Actor) -> ConnectorAccount:
-    """Create an account and its AccountServingGate (`v1_serving`, fence 1)."""
+    """Create an account and its AccountServingGate (`v1_serving`, fence 1): an L2 authoring write, under the
+    configuration owner's barrier."""
+    _owner_barrier("configuration")
     account = ConnectorAccount.objects.create(account_key=ident(account_key, "account_key"),
                                               provider_scope=ident(provider_scope, "provider_scope"),
                                               display_name=display_name)
@@ -80,7 +90,7 @@ def pack_generation_install(*, generation_id: str, owner_pack: str, pack_install
                             actor: Actor) -> PackGeneration:
     """Install one immutable pack generation and its binding definitions (the binding-definition owner).
     `definitions`: [{kind, business_key, version, definition}] with definition a JSON object."""
-    hooks.publication_guard("binding_definitions")
+    _owner_barrier("binding_definitions")
     generation_id = ident(generation_id, "generation_id")
     owner_pack = ident(owner_pack, "owner_pack")
     pack_installation_id = ident(pack_installation_id, "pack_installation_id")
@@ -125,7 +135,7 @@ def catalog_view_publish(*, view_key: str, organization: str, application_instal
                          actor: Actor) -> IntegrationBindingView:
     """Publish the next revision of a Catalog view with its ordered bindings. `bindings`: [{kind,
     pack_generation_id, business_key, definition_version, credential_refs, runtime: (id, version) | None}]."""
-    hooks.publication_guard("catalog")
+    _owner_barrier("catalog")
     view_key = ident(view_key, "view_key")
     last = IntegrationBindingView.objects.filter(view_key=view_key).order_by("-revision").first()
     revision = 1 if last is None else last.revision + 1
@@ -182,7 +192,7 @@ def credential_generation_create(*, generation_id: str, credential_identity: str
     """Mint an immutable CredentialGeneration: the secret goes to the secret backend (never PostgreSQL), the row
     keeps its immutable version reference; its dispatch gate is created `enabled` in the same transaction
     (decision 15)."""
-    hooks.publication_guard("credential_authority")
+    _owner_barrier("credential_authority")
     generation_id = ident(generation_id, "generation_id")
     credential_identity = ident(credential_identity, "credential_identity")
     account = ConnectorAccount.objects.filter(account_key=account_key).first()
@@ -215,7 +225,7 @@ def service_configuration_create(*, generation_id: str, catalog_view_key: str, c
     canonical order: [{account_key, enabled_routes, mapping_selections, policy_values}];
     `credential_relation`: the exhaustive [(account_key, credential_ref, credential_generation_id)]. Missing,
     extra or duplicate mappings and scope mismatches are refused (CV2-02-016)."""
-    hooks.publication_guard("configuration")
+    _owner_barrier("configuration")
     generation_id = ident(generation_id, "generation_id")
     catalog = owner_readers.catalog_view_read_exact(view_key=catalog_view_key, revision=catalog_revision)
     account_rows = []

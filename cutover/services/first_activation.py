@@ -245,6 +245,9 @@ def _held_sets():
 
 
 def publication_guard(owner: str) -> None:
+    """An owner write holds its owner barrier shared (connector.services.owners, D-284) before it gets here; every
+    set transition holds all of them exclusive (locks.barrier_set_for_update), so the states read here are the
+    committed ones and stay so until the write commits."""
     held = _held_sets()
     if held:
         raise PublicationBarrierHeld(f"the {owner} publication barrier is held by {held[0]}; retry after the "
@@ -253,7 +256,9 @@ def publication_guard(owner: str) -> None:
 
 def revocation_guard(credential_gate) -> None:
     """An urgent revocation: while a first-activation set is held and its decision still rollback_open, abort the
-    activation (release the set) and let the revocation commit; once activation won, refuse (retryable)."""
+    activation (release the set) and let the revocation commit; once activation won, refuse (retryable). The owner
+    barriers are taken exclusive before any set is read or locked (the order of every set transition, D-284)."""
+    connector_locks.owner_barriers_lock(exclusive=True)
     for row in _held_sets():
         decision = decisions.decision_read(row.attempt_key) if row.attempt_key else None
         if row.attempt_key and row.state == BarrierSetState.HELD and decision is not None and \
