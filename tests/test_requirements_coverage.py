@@ -19,12 +19,9 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R6 was closed by D-267) the product does not show yet, each saying precisely what is missing (issue 22 triaged every ID: none is
-# left unread). Remove an entry when a test proves the ID: the check fails on an entry that is also cited or
-# justified.
-_R1 = ("a held barrier set refuses a credential publication (tests/cutover/test_first_activation.py), but "
-       "not every authoring, publication, current-selector and revocation write is shown to lock its owner "
-       "barrier and fail while an activation holds it")
+# (_R1 was closed by D-284, _R6 by D-267) the product does not show yet, each saying precisely what is missing
+# (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
+# an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
 _R3 = ("the abort of a first activation by urgent revocation while rollback is open is proven "
@@ -91,8 +88,6 @@ _R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activa
         "binding and credential proofs; the Catalog receipt only through the epoch), not one fenced receipt per "
         "owner (Catalog, each binding-definition owner, L2 configuration owner, credential authority)")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
-    # reason 1
-    "CV2-11-034": (_R1, 22), "CV2-11-055": (_R1, 22),
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
     # reason 3

@@ -3,7 +3,9 @@ in docs/locking.md, "Owner barriers"; D-284): refused while a first-activation o
 allowed after the release, nothing written when refused; an owner write already past its barrier holds the set's
 transition back until it commits; a publication racing the hold either commits first (and the hold sees the
 drift) or is refused, never both. The urgent-revocation abort while rollback is open is proven in
-tests/cutover/test_first_activation.py (`test_a_held_set_refuses_publications_and_an_urgent_revocation_...`)."""
+tests/cutover/test_first_activation.py
+(`test_a_held_set_refuses_publications_and_an_urgent_revocation_aborts_only_while_rollback_is_open`); its refusal
+once activation won is proven here."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,7 @@ import threading
 import pytest
 from django.db import connections
 
+from connector import hooks
 from connector.models import (
     AccountServingGate,
     AuditRecord,
@@ -26,7 +29,6 @@ from connector.models import (
     ServiceConfigurationCredentialMapping,
     ServiceConfigurationGeneration,
 )
-from connector import hooks
 from connector.services import gates as gate_services
 from connector.services import owners, serving
 from cutover.choices import BarrierSetState
@@ -36,7 +38,7 @@ from cutover.services import first_activation as fa
 from cutover.services import succession
 from tests.concurrency import backend_pid_waiting, run_concurrently, start, wait_until
 from tests.cutover.succession_helpers import ACTOR, build_succession_world, halt_all, held_barrier
-from tests.cutover.test_first_activation import env, held_world  # noqa: F401 - the V1 world's fixture
+from tests.cutover.test_first_activation import _Stopped, env, held_world  # noqa: F401 - env: the V1 world's fixture
 from tests.cutover.v1_world import approve_activation, build_v1_world, to_validating
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
@@ -176,6 +178,38 @@ def test_revocation_is_refused_under_a_held_successor_set_and_writes_nothing():
     revoked = gate_services.credential_gate_transition(generation_id=generation_id, action="revoke",
                                                        expected_fence=None, actor=ACTOR, reason="key leaked")
     assert revoked.mode != gate.mode and revoked.fence == gate.fence + 1
+
+
+@TX
+def test_an_urgent_revocation_no_longer_aborts_once_the_activation_won(monkeypatch):
+    """Once the activation transaction committed (decision `activating_v2`, set `activation_committed`), an urgent
+    revocation no longer aborts: it is refused (PUBLICATION_BARRIER_HELD, retryable), the set stays committed and
+    the credential gate unchanged; after the resumed activation read back and released the set, the same
+    revocation commits. Proves: CV2-11-034, CV2-11-055"""
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+
+    def stop(name):
+        if name == "activation.after_commit":
+            raise _Stopped(name)
+
+    monkeypatch.setattr(fa, "fault_point", stop)
+    with pytest.raises(_Stopped):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    monkeypatch.undo()
+    attempt = ServiceCutoverAttempt.objects.get()
+    generation_id = world.configuration.credential_mappings.first().credential_generation.generation_id
+    gate = CredentialGenerationDispatchGate.objects.get(credential_generation__generation_id=generation_id)
+    with pytest.raises(PublicationBarrierHeld):
+        gate_services.credential_gate_transition(generation_id=generation_id, action="revoke", expected_fence=None,
+                                                 actor=ACTOR, reason="key leaked")
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.ACTIVATION_COMMITTED
+    assert CredentialGenerationDispatchGate.objects.get(pk=gate.pk).fence == gate.fence
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED
+    revoked = gate_services.credential_gate_transition(generation_id=generation_id, action="revoke",
+                                                       expected_fence=None, actor=ACTOR, reason="key leaked")
+    assert revoked.fence == gate.fence + 1
 
 
 @TX
