@@ -66,7 +66,7 @@ def current_view() -> IntegrationBindingView:
     return IntegrationBindingView.objects.filter(view_key=key).order_by("-revision").first()
 
 
-def catalog_view_publish(tag: str):
+def catalog_view_args() -> dict:
     """The next revision of the configuration's Catalog view: the current-selector write."""
     view = current_view()
     bindings = [{"kind": b.kind, "pack_generation_id": b.pack_generation.generation_id,
@@ -75,11 +75,15 @@ def catalog_view_publish(tag: str):
                  "runtime": ((b.runtime_command_definition_id, b.runtime_command_version)
                              if b.runtime_command_definition_id else None)}
                 for b in view.bindings.select_related("pack_generation").order_by("ordinal")]
-    return owners.catalog_view_publish(
-        view_key=view.view_key, organization=view.organization, application_installation=view.application_installation,
-        authorized_workload=view.authorized_workload, lineage_revision=view.lineage_revision,
-        source_snapshot_digest=bytes(view.source_snapshot_digest), security_epoch=view.security_epoch,
-        capability_version=view.capability_version, bindings=bindings, actor=ACTOR)
+    return dict(view_key=view.view_key, organization=view.organization,
+                application_installation=view.application_installation,
+                authorized_workload=view.authorized_workload, lineage_revision=view.lineage_revision,
+                source_snapshot_digest=bytes(view.source_snapshot_digest), security_epoch=view.security_epoch,
+                capability_version=view.capability_version, bindings=bindings, actor=ACTOR)
+
+
+def catalog_view_publish(tag: str):
+    return owners.catalog_view_publish(**catalog_view_args())
 
 
 def credential_generation_create(tag: str):
@@ -213,18 +217,23 @@ def test_an_urgent_revocation_no_longer_aborts_once_the_activation_won(monkeypat
 
 
 @TX
-def test_a_publication_racing_the_first_activation_hold_commits_first_or_is_refused():
+@pytest.mark.parametrize("head_start", ["publication", "hold"])
+def test_a_publication_racing_the_first_activation_hold_commits_first_or_is_refused(head_start):
     """A Catalog publication (it moves the current selector) and the hold of an acquiring first-activation set,
     on separate connections released together: either the publication commits first and the hold, rereading
     under the exclusive owner barriers, sees the drift and releases the set (the activation then refuses), or the
     set is held first and the publication is refused and the activation commits on unchanged owners. Never both
-    a committed publication and a held set. Proves: CV2-11-034, CV2-11-055"""
+    a committed publication and a held set. `head_start`: the publication's arguments are read before the threads
+    start (it usually reaches its barrier first) or inside its thread (the hold usually does); both outcomes are
+    accepted either way. Proves: CV2-11-034, CV2-11-055"""
     world = build_v1_world()
     world.accept(0, "k1", 1)
     to_validating(world)
     fa.first_activation_acquire(attempt_key="att-1", actor=ACTOR)
+    args = catalog_view_args() if head_start == "publication" else None
     results = run_concurrently(
-        [lambda: fa.first_activation_hold(attempt_key="att-1", actor=ACTOR), lambda: catalog_view_publish("race")],
+        [lambda: fa.first_activation_hold(attempt_key="att-1", actor=ACTOR),
+         lambda: owners.catalog_view_publish(**(args or catalog_view_args()))],
         expect=PublicationBarrierHeld, before=lambda: connections["default"].ensure_connection())
     row = fa.barrier_set_of(ServiceCutoverAttempt.objects.get())
     published = not isinstance(results[1], BaseException)
