@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.db import DatabaseError
+
 from bench import activation
 from bench.activation import (
     DEFAULT_ACCOUNTS,
