@@ -126,7 +126,7 @@ def test_measure_activation_produces_every_figure():
     assert rows.pop("epoch_preimage_bytes") > rows.pop("epoch_preimage_stored_bytes") > 0
     assert rows.pop("configuration_payload_bytes") > 0
     assert rows == {"gate_rows": N, "epoch_rows": 1, "audit_rows": N + 1, "ordering_handoff_rows": 0,
-                    "credential_proof_rows": 2 * N}
+                    "lane_rows": 0, "credential_proof_rows": 2 * N}
     assert result.recovery.partial_visible is False
     assert result.per_account()["transaction_us"] > 0
     data = result.as_dict()
