@@ -21,7 +21,7 @@ from bench.activation import (
     format_table,
 )
 from bench.activation_chart import draw
-from bench.activation_coord import DEFAULT_PARTITIONS
+from bench.activation_coord import DEFAULT_PARTITIONS, HANDOFF_PATHS
 from bench.activation_goals import (
     BUDGET_SECTION,
     DURATION_HEADROOM,
@@ -75,6 +75,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS,
                         help=f"successor: ordering lanes per account on the predecessor, each handed off before the "
                              f"activation (default {DEFAULT_PARTITIONS}; 0: no lanes)")
+    parser.add_argument("--handoffs", choices=HANDOFF_PATHS, default="bulk",
+                        help="successor: write the handoffs in bulk exactly as ordering_handoff does (default), or "
+                             "run succession_phases.handoff_all (one transaction per lane, each share-locking every "
+                             "gate today)")
     parser.add_argument("--chart", metavar="FILE.svg", help="draw transaction, raw shape, owner reread and recovery "
                         "against N for each scenario (matplotlib, from the report's JSON)")
     parser.add_argument("--from-json", metavar="REPORT.json", help="measure nothing: read a report written by --json "
@@ -97,7 +101,8 @@ def command_line(options: dict) -> str:
     if options.get("scenario", "first") != "first":
         words.append(f"--scenario {options['scenario']}")
     if options.get("scenario") in ("successor", "both", "all"):
-        words.append(f"--partitions {options.get('partitions', DEFAULT_PARTITIONS)}")
+        words.append(f"--partitions {options.get('partitions', DEFAULT_PARTITIONS)} "
+                     f"--handoffs {options.get('handoffs') or 'bulk'}")
     if options["database_name"] != DEFAULT_DATABASE:
         words.append(f"--database-name {options['database_name']}")
     if options.get("check"):
@@ -131,8 +136,9 @@ def run(options: dict, say: Progress) -> ActivationReport:
                 try:
                     # looked up at call time, so a replaced module function is the one run
                     measure = activation.measure_activation if scenario == "first" else activation.SCENARIOS[scenario]
-                    extra = {} if scenario == "first" else {"partitions": options.get("partitions",
-                                                                                     DEFAULT_PARTITIONS)}
+                    extra = {} if scenario != "successor" else {
+                        "partitions": options.get("partitions", DEFAULT_PARTITIONS),
+                        "handoffs": options.get("handoffs") or "bulk"}
                     report.results.append(measure(
                         n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say,
                         **extra))

@@ -27,7 +27,8 @@ so the bench writes in one transaction exactly what `ordering_handoff` writes pe
 (`halted`, ORDERING_HANDOFF, fence + 1), the successor lane (baseline = high-water = the frozen high-water, origin
 `ordering_handoff`, the successor's route version), the OrderingHandoff with its digest computed by
 `succession._handoff_digest` and the contract digest by `succession.contract_digest`, and its `ordering_handoff`
-audit row. `successor_activate` then locks 2KN lanes and byte-checks every handoff against them.
+audit row. `successor_activate` then locks 2KN lanes and byte-checks every handoff against them. `--handoffs
+service` runs `handoff_all` instead (for when it is set-based; tests compare the two paths' rows).
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ from bench.activation import (
 )
 
 DEFAULT_PARTITIONS = 4
+HANDOFF_PATHS = ("bulk", "service")  # --handoffs: bulk rows, or cutover.services.succession_phases.handoff_all
 ROUTE = "records.webhook"
 APPROVERS = ("requester", "approver-a", "approver-b")
 
@@ -281,9 +283,22 @@ def _bulk_handoffs(barrier, predecessor, successor, actor_label: str, say: Progr
     return handoffs, sorted([r[0] for r in frozen.values()] + list(staged.values()))
 
 
+def _service_handoffs(barrier, predecessor, successor, actor) -> tuple[int, list[int]]:
+    """--handoffs service: `succession_phases.handoff_all` (one `ordering_handoff` transaction per lane)."""
+    from connector.models import OrderingLane
+    from cutover.services import succession_phases
+
+    outcome = succession_phases.handoff_all(barrier_set=barrier, actor=actor)
+    if not outcome.complete:
+        raise ActivationBenchError(f"handoff_all refused: {outcome.refused[:5]}")
+    lanes = OrderingLane.objects.filter(epoch_id__in=(predecessor.pk, successor.pk)).values_list("pk", flat=True)
+    return outcome.done, sorted(lanes)
+
+
 def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress | None = None,
-                          partitions: int = DEFAULT_PARTITIONS) -> ActivationWorld:
-    """The world just before `successor_activate`, with K lanes per account handed off (module docstring)."""
+                          partitions: int = DEFAULT_PARTITIONS, handoffs: str = "bulk") -> ActivationWorld:
+    """The world just before `successor_activate`, with K lanes per account handed off (module docstring), in bulk
+    or, with handoffs="service", through `succession_phases.handoff_all`."""
     from connector.actors import Actor
     from connector.choices import EpochState
     from connector.models import AccountServingGate
@@ -320,10 +335,15 @@ def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress
                      holder=ACTOR, actor=actor)
     barrier = _timed(seconds, "barrier_hold", succession.barrier_set_hold, barrier_set_pk=barrier.pk,
                      expected_fence=barrier.fence, actor=actor)
-    handoffs, lane_pks = 0, []
-    if partitions:
-        handoffs, lane_pks = _timed(seconds, "handoffs", _bulk_handoffs, barrier, predecessor, successor,
-                                    str(actor), say)
+    if handoffs not in HANDOFF_PATHS:
+        raise ActivationBenchError(f"handoffs {handoffs!r} is not one of {', '.join(HANDOFF_PATHS)}")
+    written, lane_pks = 0, []
+    if partitions and handoffs == "service":
+        say("  successor world: ordering handoffs through succession_phases.handoff_all")
+        written, lane_pks = _timed(seconds, "handoffs", _service_handoffs, barrier, predecessor, successor, actor)
+    elif partitions:
+        written, lane_pks = _timed(seconds, "handoffs", _bulk_handoffs, barrier, predecessor, successor,
+                                   str(actor), say)
     _timed(seconds, "analyze_after_halt", _analyze)
     gates = gate_fences(world.configuration_pk)
     not_halted = [a for a, (mode, _fence, epoch_pk, _digest) in gates.items()
@@ -335,7 +355,7 @@ def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress
     seconds["successor_world"] = round(time.monotonic() - began, 3)
     seconds["total"] = round(seconds.get("total", 0) + seconds["successor_world"], 3)
     world.scenario, world.gate_mode_before = "successor", "v2_halted"
-    world.predecessor_pk, world.barrier_set_pk, world.handoffs = predecessor.pk, barrier.pk, handoffs
+    world.predecessor_pk, world.barrier_set_pk, world.handoffs = predecessor.pk, barrier.pk, written
     world.epoch_pk, world.epoch_digest, world.lane_pks = successor.pk, bytes(successor.digest), lane_pks
     world.fences = {a: fence for a, (_mode, fence, *_rest) in gates.items()}
     return world
@@ -343,11 +363,11 @@ def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress
 
 def measure_successor(accounts: int, *, prefix: str = "", kill_at: str = "before_commit", readback_repeat: int = 10,
                       progress: Progress | None = None, partitions: int = DEFAULT_PARTITIONS,
-                      **_ignored) -> ActivationResult:
+                      handoffs: str = "bulk", **_ignored) -> ActivationResult:
     """`--scenario successor`: `successor_activate` on `build_successor_world` (K lanes per account handed off):
     one attempt killed at `succession.before_commit` (or after the gate locks), the raw set-based reference
     (the lane lock and the gate statement), the timed retry, the readback."""
     say = progress or (lambda _msg: None)
-    world = build_successor_world(accounts, prefix=prefix, progress=say, partitions=partitions)
+    world = build_successor_world(accounts, prefix=prefix, progress=say, partitions=partitions, handoffs=handoffs)
     return _measure(world, accounts, "successor activation", "successor", kill_at=kill_at,
                     readback_repeat=readback_repeat, say=say)

@@ -449,3 +449,51 @@ def test_chart_and_check_from_a_stored_report(tmp_path):
     assert "ceiling: 10,000 accounts: no cutover activation budget" in message
     assert "goal: cutover transaction_over_raw at 1,000: 3 (goal <= 2.0) -> broken" in message
     assert "cutover transaction_ms at 100,000: not measured" in out.getvalue()
+
+
+def _handoff_facts(world, prefix: str) -> list[tuple]:
+    """Every handoff of the world's successor with its frozen and staged lanes and its audit row, keyed by account
+    key without the world's prefix (so two worlds compare)."""
+    from connector.models import OrderingLane
+    from cutover.models import OrderingHandoff
+    from cutover.services.succession import _handoff_digest
+
+    facts = []
+    for h in OrderingHandoff.objects.filter(successor_epoch_id=world.epoch_pk).select_related("account"):
+        old, new = OrderingLane.objects.get(pk=h.predecessor_lane_id), OrderingLane.objects.get(pk=h.successor_lane_id)
+        audit = AuditRecord.objects.get(entity_type="cutover.OrderingHandoff", entity_id=str(h.pk))
+        assert bytes(h.handoff_digest) == _handoff_digest(h) == bytes(audit.evidence_digest)
+        assert audit.reason == f"lane {old.pk} frozen at high-water {old.high_water}"
+        facts.append((h.account.account_key.removeprefix(prefix), h.route, h.partition, h.predecessor_lane_fence,
+                      h.high_water, h.high_water_tie, h.contract, bytes(h.contract_digest),
+                      h.predecessor_route_version, h.successor_route_version, h.derived_from_id,
+                      (old.state, old.halt_reason, old.fence, old.high_water),
+                      (new.state, new.fence, new.baseline, new.baseline_origin, new.high_water, new.high_water_tie,
+                       new.route_version, new.active_execution_id),
+                      (audit.actor, audit.action, audit.from_state, audit.to_state, audit.fence)))
+    return sorted(facts, key=repr)
+
+
+@pytest.mark.django_db(**DB)
+def test_bulk_handoffs_write_exactly_what_handoff_all_writes():
+    """The successor world's bulk handoffs (D-275) and `succession_phases.handoff_all` (one ordering_handoff per
+    lane), each on its own 6-account world with 2 lanes per account: the same handoffs (digest recomputed by
+    succession._handoff_digest), the same frozen predecessor and staged successor lanes, the same audit rows; and
+    successor_activate, which byte-checks every handoff against its lanes, accepts the bulk ones.
+    Proves: CV2-14-005, CV2-14-006"""
+    from bench.activation_coord import build_successor_world
+    from connector.actors import Actor
+    from cutover.models import ServingPublicationBarrierSet
+    from cutover.services import succession_phases
+
+    bulk = build_successor_world(6, prefix="hb-", partitions=2)
+    # activated and released, so that the next world's owners may publish (the held set is a publication barrier)
+    epoch, _ = succession_phases.activate_and_release(
+        barrier_set=ServingPublicationBarrierSet.objects.get(pk=bulk.barrier_set_pk), expected_fence=None,
+        actor=Actor.system("t"))
+    assert epoch.state == EpochState.ACTIVE
+    service = build_successor_world(6, prefix="hs-", partitions=2, handoffs="service")
+    assert bulk.handoffs == service.handoffs == 12 and len(bulk.lane_pks) == len(service.lane_pks) == 24
+    facts = _handoff_facts(bulk, "hb-")
+    assert len(facts) == 12 and {f[4] is None for f in facts} == {True, False}  # some lanes never completed
+    assert facts == _handoff_facts(service, "hs-")
