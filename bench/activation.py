@@ -21,19 +21,15 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
 3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
    advanced by exactly one; repeated for p50/p95/p99.
 
-Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`,
-`gates.audit_records`: the set-based gates' one audit INSERT, D-210) to take timestamps; the child's pause is such
-a wrapper too. No product code is replaced.
+Timing only wraps product functions to take timestamps (bench/activation_timing.py); the child's pause is such a
+wrapper too. No product code is replaced.
 
-`--scenario successor` (or `both`; default `first`, today's behaviour) measures the V2 -> V2 successor activation
-(`cutover.services.succession.successor_activate`: barrier set held -> activation_committed, predecessor active ->
-draining, successor verified -> active, gates v2_halted -> v2_serving) the same three ways on
-`build_successor_world`: the first-activation world, activated, with a successor epoch over the same N accounts
-prepared and verified, every gate halted through `gate_transition` and the barrier set held (zero OrderingHandoffs:
-the world has no lanes). Its timing marks: the barrier set lock opens the transaction; "epoch lock" is the barrier
-set and both epochs; "epoch update" ends at the barrier set's audit row (effects, handoff and lane checks
-included); "gate update" covers both epochs' and every gate's update and audit row. Row locks: N gates, two epochs
-and the barrier set (N + 3).
+`--scenario cutover` and `--scenario successor` (`both`: the two; `all`: the three; default `first`) measure the
+real coordinators the same three ways (bench/activation_coord.py, D-275): `first_activation_commit` through the
+barrier set and the CutoverDecision, and `successor_activate` with K lanes per account handed off. Row locks: N + 1
+(first), N + 2 (cutover: the barrier set), N + 3 + 2KN (successor: both epochs, the set and every lane). Each
+scenario's raw set-based shape runs in the same database; `--check` judges the ceilings and the goals
+(bench/activation_goals.py, D-276), `--chart` draws cost against N (bench/activation_chart.py).
 
 The activation locks rows only (N gates and the epoch, counted through pgrowlocks); its pg_locks entries are the
 relation locks and transaction ids, the same at every N. The lock census reports both, and the server's nominal
