@@ -84,7 +84,7 @@ AS_ADMIN := DATABASE_URL="$$DATABASE_ADMIN_URL" JOURNAL_DATABASE_URL=
 bench: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --quick --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench history --sizes 10,20000 --iterations 150 --check
-	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --accounts 1000 --check
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --scenario all --accounts 1000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench metrics-plans --sizes 1000,1000000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench overhead --clients 2 --seconds 10 --pairs 4
 

@@ -21,19 +21,15 @@ over it (`build_activation_world`). It then runs the product's own `serving.epoc
 3. **read back** (`readback`): every gate of the configuration names the epoch (id and digest) with its fence
    advanced by exactly one; repeated for p50/p95/p99.
 
-Timing only wraps product functions (`locks.epoch_for_update`, `locks.gates_for_update`, `serving.audit_record`,
-`gates.audit_records`: the set-based gates' one audit INSERT, D-210) to take timestamps; the child's pause is such
-a wrapper too. No product code is replaced.
+Timing only wraps product functions to take timestamps (bench/activation_timing.py); the child's pause is such a
+wrapper too. No product code is replaced.
 
-`--scenario successor` (or `both`; default `first`, today's behaviour) measures the V2 -> V2 successor activation
-(`cutover.services.succession.successor_activate`: barrier set held -> activation_committed, predecessor active ->
-draining, successor verified -> active, gates v2_halted -> v2_serving) the same three ways on
-`build_successor_world`: the first-activation world, activated, with a successor epoch over the same N accounts
-prepared and verified, every gate halted through `gate_transition` and the barrier set held (zero OrderingHandoffs:
-the world has no lanes). Its timing marks: the barrier set lock opens the transaction; "epoch lock" is the barrier
-set and both epochs; "epoch update" ends at the barrier set's audit row (effects, handoff and lane checks
-included); "gate update" covers both epochs' and every gate's update and audit row. Row locks: N gates, two epochs
-and the barrier set (N + 3).
+`--scenario cutover` and `--scenario successor` (`both`: the two; `all`: the three; default `first`) measure the
+real coordinators the same three ways (bench/activation_coord.py, D-275): `first_activation_commit` through the
+barrier set and the CutoverDecision, and `successor_activate` with K lanes per account handed off. Row locks: N + 1
+(first), N + 2 (cutover: the barrier set), N + 3 + 2KN (successor: both epochs, the set and every lane). Each
+scenario's raw set-based shape runs in the same database; `--check` judges the ceilings and the goals
+(bench/activation_goals.py, D-276), `--chart` draws cost against N (bench/activation_chart.py).
 
 The activation locks rows only (N gates and the epoch, counted through pgrowlocks); its pg_locks entries are the
 relation locks and transaction ids, the same at every N. The lock census reports both, and the server's nominal
@@ -58,7 +54,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import queue
@@ -71,33 +66,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from django.db import DatabaseError, connection, connections, transaction
 
+from bench.activation_timing import CHILD_ARGS, CHILD_COMMITTED, CHILD_HOLDING
 from bench.wal import Wal, insert_lsn, retain_wal, wal_of
 
 Progress = Callable[[str], None]
 
-SUCCESSOR_STATUS = "--scenario successor (or both): cutover.services.succession.successor_activate"
-SCENARIO_CHOICES = ("first", "successor", "both")
+SUCCESSOR_STATUS = "--scenario successor (or both, all): cutover.services.succession.successor_activate"
+# both: the two real coordinators of issue 19 (cutover, successor); all: every scenario
+SCENARIO_CHOICES = ("first", "cutover", "successor", "both", "all")
+SCENARIO_SETS = {"both": ("cutover", "successor"), "all": ("first", "cutover", "successor")}
 DEFAULT_ACCOUNTS = "1000,10000,100000"
 DEFAULT_DATABASE = "connector_bench_act"
-BUDGET_SECTION = "activation"
 KILL_POINTS = ("before_commit", "after_gate_locks")
 SERVICE_ACCOUNTS = 2  # authored through the services; every bulk row copies their shape
 ACCOUNT_KEY = "acct-"
 ACTOR = "bench-activation"
-CHILD_ARGS = "ACTIVATION_CHILD_ARGS"
-CHILD_HOLDING = "CHILD-HOLDING "
-CHILD_COMMITTED = "CHILD-COMMITTED"
 LOCKED_TABLES = ("connector_accountservinggate", "connector_servingepoch")
-SUCCESSOR_LOCKED_TABLES = (*LOCKED_TABLES, "cutover_servingpublicationbarrierset")
-# Ceiling headroom over a measurement (suggest_budgets): durations vary about 2x with the load other suites put on
-# a shared 2-core machine (docs/benchmarks.md, history noise note); WAL bytes move with full-page images.
-DURATION_HEADROOM = 3.0
-WAL_HEADROOM = 1.5
-SMALL_DURATION_FLOOR_MS = 50
+SUCCESSOR_LOCKED_TABLES = (*LOCKED_TABLES, "cutover_servingpublicationbarrierset", "connector_orderinglane")
+LOCKED_TABLES_OF = {"first": LOCKED_TABLES, "cutover": (*LOCKED_TABLES, "cutover_servingpublicationbarrierset"),
+                    "successor": SUCCESSOR_LOCKED_TABLES}
 BUDGET_FIGURES = ("transaction_ms", "commit_ms", "readback_ms", "wal_bytes", "locks_released_ms", "recovery_ms",
                   "row_locks")
 
@@ -138,6 +128,8 @@ class ActivationWorld:
     barrier_set_pk: int | None = None
     predecessor_pk: int | None = None
     handoffs: int = 0
+    attempt_key: str = ""  # "cutover": the ServiceCutoverAttempt whose first_activation_commit is measured
+    lane_pks: list[int] = field(default_factory=list)  # "successor": predecessor and successor lanes it locks
 
 
 def _timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
@@ -558,78 +550,17 @@ class Recovery:
 
 
 ACTIVATION_ACTIONS = {"first": ("epoch_activate_first", "gate_activate_first"),
+                      "cutover": ("epoch_activate_first", "gate_activate_first"),
                       "successor": ("successor_activate", "gate_activate_successor")}
 
 
 CHILD_SCRIPT = """\
 import django
 django.setup()
-from bench.activation import child_main
+from bench.activation_timing import child_main
 child_main()
 """
 
-
-def child_main() -> None:
-    """Run in a fresh interpreter (`kill_mid_activation`): `epoch_activate_first` with a pause at the kill point.
-    At the pause the transaction holds every lock; the child reports its backend pid and transaction id and waits
-    for the parent's SIGKILL (stdin EOF means the parent is gone: it then dies the same way)."""
-    from connector import locks
-    from connector.actors import Actor
-    from connector.services import gates as gates_service
-    from connector.services import serving
-
-    from cutover.services import succession
-
-    args = json.loads(os.environ[CHILD_ARGS])
-    successor = args.get("scenario") == "successor"
-    # first: the epoch's, then one per gate; successor: the barrier set's and both epochs', then one per gate.
-    # The last precedes COMMIT.
-    expected_audits = (3 if successor else 1) + args["accounts"]
-    audits = 0
-
-    def hold(point: str) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid(), mod(pg_current_xact_id()::text::numeric, 4294967296)::bigint")
-            pid, xid = cursor.fetchone()
-        print(CHILD_HOLDING + json.dumps({"point": point, "pid": pid, "xid": xid}), flush=True)
-        sys.stdin.read()
-        os._exit(3)
-
-    audit_module = succession if successor else serving
-    real_audit, real_gates = audit_module.audit_record, locks.gates_for_update
-    real_many = gates_service.audit_records
-
-    def counted(written: int) -> None:
-        nonlocal audits
-        audits += written
-        if args["kill_at"] == "before_commit" and audits == expected_audits:
-            hold("before_commit")
-
-    def audit_record(**kwargs):
-        row = real_audit(**kwargs)
-        counted(1)
-        return row
-
-    def audit_records(**kwargs):  # the set-based gate transitions' one INSERT of N audit rows (D-210)
-        written = real_many(**kwargs)
-        counted(written)
-        return written
-
-    def gates_for_update(account_ids):
-        rows = real_gates(account_ids)
-        if args["kill_at"] == "after_gate_locks":
-            hold("after_gate_locks")
-        return rows
-
-    with mock.patch.object(audit_module, "audit_record", audit_record), \
-            mock.patch.object(gates_service, "audit_records", audit_records), \
-            mock.patch.object(locks, "gates_for_update", gates_for_update):
-        if successor:
-            epoch = succession.successor_activate(barrier_set_pk=args["barrier_set_pk"], expected_fence=None,
-                                                  actor=Actor.system(f"{ACTOR}-killed"))
-        else:
-            epoch = serving.epoch_activate_first(epoch_pk=args["epoch_pk"], actor=Actor.system(f"{ACTOR}-killed"))
-    print(CHILD_COMMITTED + " " + json.dumps({"state": epoch.state, "audits": audits}), flush=True)
 
 
 def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
@@ -647,7 +578,8 @@ def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
         "CONNECTOR_SECRET_DIR": str(settings.CONNECTOR["SECRET_BACKEND_DIR"]),
         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])),
         CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at,
-                                "scenario": world.scenario, "barrier_set_pk": world.barrier_set_pk}),
+                                "scenario": world.scenario, "barrier_set_pk": world.barrier_set_pk,
+                                "attempt_key": world.attempt_key}),
     })
     return subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT], env=env, cwd=root, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -708,7 +640,7 @@ def observe_untouched(observer, world: ActivationWorld, *, xid: int | None = Non
     if rowlocks and xid is not None:
         still_locked = sum(observer.execute(
             "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
-            for table in (SUCCESSOR_LOCKED_TABLES if world.scenario == "successor" else LOCKED_TABLES))
+            for table in LOCKED_TABLES_OF[world.scenario])
     return Untouched(
         epoch_state=state, gates=len(gates), gates_validating=sum(1 for g in gates if g[1] == world.gate_mode_before),
         gates_naming_epoch=sum(1 for g in gates if g[3] == world.epoch_pk),
@@ -737,7 +669,7 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
         holding = _await_holding(child, timeout)
         census = _census(observer, point=holding["point"], pid=holding["pid"], xid=holding["xid"],
                          rowlocks=rowlocks,
-                         tables=SUCCESSOR_LOCKED_TABLES if world.scenario == "successor" else LOCKED_TABLES)
+                         tables=LOCKED_TABLES_OF[world.scenario])
         say(f"  killed attempt: holding {census.total_row_locks} row locks, {census.total_lock_table} lock-table "
             "entries; SIGKILL")
         killed = time.perf_counter()
@@ -765,97 +697,7 @@ def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit
     return recovery
 
 
-# -- 2. the timed activation ----------------------------------------------------------------------------------
-
-@dataclass
-class Phases:
-    call_ms: float  # the whole epoch_activate_first call
-    reread_ms: float  # before the transaction: every owner reread, and the account set
-    epoch_lock_ms: float  # SELECT ... FOR UPDATE of the epoch (preimage deferred) and its checks
-    gate_lock_ms: float  # SELECT ... FOR UPDATE of every gate, in account order
-    epoch_update_ms: float  # verified -> active (Model.save of the state columns) and its audit row
-    gate_update_ms: float  # every gate v2_validating -> v2_serving: one UPDATE and one audit INSERT for all (D-210)
-    commit_ms: float  # the COMMIT statement
-    transaction_ms: float  # first lock (the epoch) -> COMMIT acknowledged: how long the locks are held
-
-
-def timed_activation(world: ActivationWorld) -> tuple[Phases, Wal]:
-    """`epoch_activate_first` in this process, timestamped at the epoch lock, around the gate locks and at the
-    audit rows. Returns the phases and the transaction's WAL."""
-    from connector import locks
-    from connector.actors import Actor
-    from connector.choices import EpochState
-    from connector.services import gates as gates_service
-    from connector.services import serving
-    from cutover import locks as cutover_locks
-    from cutover.services import succession
-
-    successor = world.scenario == "successor"
-    marks: dict[str, float] = {}
-    audit_module = succession if successor else serving
-    real_gates, real_audit = locks.gates_for_update, audit_module.audit_record
-    real_many = gates_service.audit_records
-    # the transaction's first lock: the epoch (first activation), the barrier set (successor activation)
-    first_lock_module, first_lock = ((cutover_locks, "barrier_set_for_update") if successor
-                                     else (locks, "epoch_for_update"))
-    real_first = getattr(first_lock_module, first_lock)
-
-    def first_lock_for_update(pk):
-        marks["transaction"] = time.perf_counter()
-        return real_first(pk)
-
-    def gates_for_update(account_ids):
-        marks["gate_lock"] = time.perf_counter()
-        rows = real_gates(account_ids)
-        marks["gates_locked"] = time.perf_counter()
-        return rows
-
-    def audit_record(**kwargs):
-        row = real_audit(**kwargs)
-        marks["last_audit"] = time.perf_counter()
-        marks.setdefault("first_audit", marks["last_audit"])
-        return row
-
-    def audit_records(**kwargs):  # the set-based gate transitions' one INSERT of N audit rows (D-210)
-        written = real_many(**kwargs)
-        marks["last_audit"] = time.perf_counter()
-        marks.setdefault("first_audit", marks["last_audit"])
-        return written
-
-    observer = _observer()
-    try:
-        retain_wal(observer)
-        start_lsn = insert_lsn(observer)
-        with mock.patch.object(first_lock_module, first_lock, first_lock_for_update), \
-                mock.patch.object(locks, "gates_for_update", gates_for_update), \
-                mock.patch.object(audit_module, "audit_record", audit_record), \
-                mock.patch.object(gates_service, "audit_records", audit_records):
-            began = time.perf_counter()
-            if successor:
-                epoch = succession.successor_activate(barrier_set_pk=world.barrier_set_pk, expected_fence=None,
-                                                      actor=Actor.system(ACTOR))
-            else:
-                epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system(ACTOR))
-            committed = time.perf_counter()
-        if epoch.state != EpochState.ACTIVE:
-            raise ActivationBenchError(f"the activation did not commit: epoch {epoch.state} {epoch.rejection_code}")
-        server_bytes = observer.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
-                                        [start_lsn]).fetchone()[0]
-        (xid,) = observer.execute("SELECT xmin::text::bigint FROM connector_servingepoch WHERE id = %s",
-                                  [world.epoch_pk]).fetchone()
-        wal = wal_of(observer, start_lsn, xid, server_bytes=server_bytes,
-                      enabled=world.extensions.get("pg_walinspect", False))
-    finally:
-        observer.close()
-    phases = Phases(call_ms=_ms(committed - began), reread_ms=_ms(marks["transaction"] - began),
-                    epoch_lock_ms=_ms(marks["gate_lock"] - marks["transaction"]),
-                    gate_lock_ms=_ms(marks["gates_locked"] - marks["gate_lock"]),
-                    epoch_update_ms=_ms(marks["first_audit"] - marks["gates_locked"]),
-                    gate_update_ms=_ms(marks["last_audit"] - marks["first_audit"]),
-                    commit_ms=_ms(committed - marks["last_audit"]),
-                    transaction_ms=_ms(committed - marks["transaction"]))
-    return phases, wal
-
+# -- 2. the timed activation: bench/activation_timing.py (timed_activation, Phases) -------------------------------
 
 # -- 2b. the raw set-based reference ---------------------------------------------------------------------------
 
@@ -877,13 +719,18 @@ SELECT statement_timestamp(), %(actor)s, NULL, 'connector.AccountServingGate', m
        %(source)s, %(target)s, moved.fence, %(epoch_digest)s::bytea, ''
   FROM moved
 """
+# The successor's raw shape adds, first and in the same transaction, ONE SELECT ... FOR UPDATE of every
+# predecessor and successor lane the activation locks (successor_activate's lanes_for_update, ascending id).
+RAW_LANES_SQL = "SELECT count(*) FROM (SELECT id FROM connector_orderinglane WHERE id = ANY(%s::bigint[]) " \
+                "ORDER BY id FOR UPDATE) locked"
 
 
 @dataclass
 class RawReference:
-    statement_ms: float  # the one UPDATE ... RETURNING -> INSERT ... SELECT statement
+    statement_ms: float  # the one UPDATE ... RETURNING -> INSERT ... SELECT statement (successor: + the lane lock)
     rows: int  # audit rows it wrote (= gates it moved)
     rolled_back_ms: float  # BEGIN -> ROLLBACK acknowledged (it never commits: the product's run needs the rows)
+    lanes_locked: int = 0  # successor: lanes locked FOR UPDATE by RAW_LANES_SQL
 
 
 def raw_reference(world: ActivationWorld) -> RawReference:
@@ -898,10 +745,13 @@ def raw_reference(world: ActivationWorld) -> RawReference:
     params = {"source": source, "target": target, "epoch_pk": world.epoch_pk, "epoch_digest": world.epoch_digest,
               "account_ids": sorted(world.fences), "actor": f"system:{ACTOR}", "action": f"gate_{action}"}
     _fresh_session()
-    began = time.perf_counter()
+    began, lanes = time.perf_counter(), 0
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             statement = time.perf_counter()
+            if world.lane_pks:
+                cursor.execute(RAW_LANES_SQL, [sorted(world.lane_pks)])
+                lanes = cursor.fetchone()[0]
             cursor.execute(RAW_REFERENCE_SQL, params)
             done, rows = time.perf_counter(), cursor.rowcount
             raise _RolledBack()
@@ -910,7 +760,10 @@ def raw_reference(world: ActivationWorld) -> RawReference:
     rolled_back = time.perf_counter()
     if rows != world.accounts:
         raise ActivationBenchError(f"raw reference moved {rows} of {world.accounts} gates")
-    return RawReference(statement_ms=_ms(done - statement), rows=rows, rolled_back_ms=_ms(rolled_back - began))
+    if lanes != len(world.lane_pks):
+        raise ActivationBenchError(f"raw reference locked {lanes} of {len(world.lane_pks)} lanes")
+    return RawReference(statement_ms=_ms(done - statement), rows=rows, rolled_back_ms=_ms(rolled_back - began),
+                        lanes_locked=lanes)
 
 
 class _RolledBack(Exception):
@@ -1004,12 +857,12 @@ def activation_rows(world: ActivationWorld) -> dict[str, int]:
             cursor.execute("SELECT count(*) FROM connector_auditrecord WHERE evidence_digest = %s AND action = ANY(%s)",
                            [world.epoch_digest, list(ACTIVATION_ACTIONS["successor"])])
             gate_audits, epoch_audits = cursor.fetchone()[0], 0
-    extra = {"barrier_set_rows": 1} if world.scenario == "successor" else {}
+    extra = {"barrier_set_rows": 1} if world.barrier_set_pk is not None else {}
     return {"gate_rows": len(world.fences), "epoch_rows": 2 if world.scenario == "successor" else 1, **extra,
             "audit_rows": gate_audits + epoch_audits,
-            # a first activation hands off no lanes; the bench's successor world has no lanes either (no delivery
-            # ever ran), so it writes and checks zero handoffs
-            "ordering_handoff_rows": world.handoffs,
+            # a first activation hands off no lanes; the successor world has K per account (--partitions), each
+            # handed off, and the activation locks both sides of each handoff
+            "ordering_handoff_rows": world.handoffs, "lane_rows": len(world.lane_pks),
             "credential_proof_rows": proofs,
             # the epoch's preimage (its jsonb trigger limit: finding 3), and the configuration every reread
             # re-encodes
@@ -1034,10 +887,13 @@ def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, re
 
     checkpoint()
     recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
+    if world.barrier_set_pk is not None and _scalar(
+            "SELECT state FROM cutover_servingpublicationbarrierset WHERE id = %s", [world.barrier_set_pk]) != "held":
+        raise PartialActivationVisible("after the kill the barrier set is no longer held")
     say(f"  locks released {recovery.locks_released_ms:,.1f} ms after the kill; nothing partial visible")
     raw = raw_reference(world)
     say(f"  raw set-based reference (one UPDATE ... RETURNING -> INSERT ... SELECT, rolled back): "
-        f"{raw.statement_ms:,.1f} ms for {raw.rows:,} gates; retrying")
+        f"{raw.statement_ms:,.1f} ms for {raw.rows:,} gates, {raw.lanes_locked:,} lanes; retrying")
     phases, wal = timed_activation(world)
     recovery.retried_commit_ms = round(recovery.locks_released_ms + phases.call_ms, 3)
     say(f"  retried {what} committed: transaction {phases.transaction_ms:,.1f} ms, recovery "
@@ -1049,90 +905,21 @@ def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, re
                             load_average=round(os.getloadavg()[0], 2), scenario=scenario, raw=raw)
 
 
-def build_successor_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
-    """The first-activation world brought to the point of successor activation, every step through the services:
-    the first activation (`epoch_activate_first`: predecessor active, gates v2_serving), a successor epoch prepared
-    and verified from the same configuration (same N accounts), every gate `halt_v2` then `confirm_halted` through
-    `gates.gate_transition` (the product's per-gate path, two transactions per gate: no bulk write), the barrier
-    set acquired and held, and one `ordering_handoff` per predecessor lane (the bench world has no lanes: no
-    delivery ever ran, so zero handoffs)."""
-    from connector.actors import Actor
-    from connector.choices import EpochState
-    from connector.models import AccountServingGate, OrderingLane
-    from connector.services import gates as gate_services
-    from connector.services import serving
-    from cutover.services import succession
+def _coordinator(name: str) -> Callable[..., ActivationResult]:
+    def measure(*args, **kwargs) -> ActivationResult:
+        from bench import activation_coord
 
-    say = progress or (lambda _msg: None)
-    actor = Actor.system(ACTOR)
-    world = build_activation_world(accounts, prefix=prefix, progress=say)
-    seconds = world.setup_seconds
-    began = time.monotonic()
-    say("  successor world: first activation (epoch_activate_first)")
-    predecessor = _timed(seconds, "first_activation", serving.epoch_activate_first, epoch_pk=world.epoch_pk,
-                         actor=actor)
-    if predecessor.state != EpochState.ACTIVE:
-        raise ActivationBenchError(f"the first activation did not commit: {predecessor.state}")
-    say("  successor world: successor epoch prepared and verified from the same configuration")
-    successor = _timed(seconds, "successor_prepare", serving.epoch_prepare_from_owners,
-                       epoch_id=f"{prefix}activation-epoch-2",
-                       configuration_generation_id=world.configuration_generation_id, actor=actor)
-    successor = _timed(seconds, "successor_verify", serving.epoch_verify, epoch_pk=successor.pk, actor=actor)
-    if successor.state != EpochState.VERIFIED:
-        raise ActivationBenchError(f"successor verification refused: {successor.rejection_code} "
-                                   f"{successor.rejection_detail}")
-    account_ids = sorted(world.fences)
-    say(f"  successor world: halting {len(account_ids):,} gates (halt_v2, confirm_halted; gate_transition each)")
-
-    def halt_all():
-        _fresh_session()
-        for account_id in account_ids:
-            for action in ("halt_v2", "confirm_halted"):
-                gate_services.gate_transition(account_id=account_id, action=action, expected_fence=None, actor=actor)
-
-    _timed(seconds, "halt_gates", halt_all)
-    say("  successor world: barrier set acquired and held")
-    barrier = _timed(seconds, "barrier_acquire", succession.barrier_set_acquire,
-                     predecessor_epoch_id=predecessor.epoch_id, successor_epoch_id=successor.epoch_id,
-                     holder=ACTOR, actor=actor)
-    barrier = _timed(seconds, "barrier_hold", succession.barrier_set_hold, barrier_set_pk=barrier.pk,
-                     expected_fence=barrier.fence, actor=actor)
-    lanes = list(OrderingLane.objects.filter(epoch_id=predecessor.pk).order_by("pk").values_list("pk", flat=True))
-    for lane_pk in lanes:
-        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=actor)
-    say(f"  successor world: {len(lanes)} ordering handoffs (one per predecessor lane)")
-    _timed(seconds, "analyze_after_halt", _analyze)
-    gates = gate_fences(world.configuration_pk)
-    not_halted = [a for a, (mode, _fence, epoch_pk, _digest) in gates.items()
-                  if mode != "v2_halted" or epoch_pk != predecessor.pk]
-    if len(gates) != accounts or not_halted:
-        raise ActivationBenchError(f"{len(gates)} gates, not v2_halted on the predecessor: {not_halted[:10]}")
-    if AccountServingGate.objects.filter(epoch_id=successor.pk).exists():
-        raise ActivationBenchError("a gate already names the successor")
-    seconds["successor_world"] = round(time.monotonic() - began, 3)
-    seconds["total"] = round(seconds.get("total", 0) + seconds["successor_world"], 3)
-    world.scenario, world.gate_mode_before = "successor", "v2_halted"
-    world.predecessor_pk, world.barrier_set_pk, world.handoffs = predecessor.pk, barrier.pk, len(lanes)
-    world.epoch_pk, world.epoch_digest = successor.pk, bytes(successor.digest)
-    world.fences = {a: fence for a, (_mode, fence, *_rest) in gates.items()}
-    return world
+        return getattr(activation_coord, name)(*args, **kwargs)
+    measure.__name__ = name
+    return measure
 
 
-def measure_successor(accounts: int, *, prefix: str = "", kill_at: str = "before_commit", readback_repeat: int = 10,
-                      progress: Progress | None = None) -> ActivationResult:
-    """`measure_activation` for the successor activation (`succession.successor_activate`) on the world of
-    `build_successor_world`: one killed attempt, the timed retry, the readback."""
-    say = progress or (lambda _msg: None)
-    world = build_successor_world(accounts, prefix=prefix, progress=say)
-    return _measure(world, accounts, "successor activation", "successor", kill_at=kill_at,
-                    readback_repeat=readback_repeat, say=say)
-# The activation scenarios (--scenario) and their measuring functions. Both reuse kill_mid_activation,
-# timed_activation and readback, which pick the service call from world.scenario; budgets are keyed by scenario
-# ("first" at the top of the section, as before; "successor" under its own key).
+# The activation scenarios (--scenario) and their measuring functions; each reuses kill_mid_activation,
+# timed_activation and readback, which pick the service call from world.scenario. Budgets are keyed by scenario
+# ("first" at the top of the section, as before; the others under their own key).
 SCENARIOS: dict[str, Callable[..., ActivationResult]] = {"first": measure_activation,
-                                                          "successor": measure_successor}
-
-
+                                                          "cutover": _coordinator("measure_cutover"),
+                                                          "successor": _coordinator("measure_successor")}
 # -- the report -----------------------------------------------------------------------------------------------
 
 def machine() -> str:
@@ -1165,6 +952,7 @@ class ActivationReport:
     successor: str = SUCCESSOR_STATUS
     failures: list[dict[str, Any]] = field(default_factory=list)  # cardinalities that could not be measured
     commit: str = ""
+    goals: list[dict[str, Any]] = field(default_factory=list)  # bench.activation_goals.check_goals, when checked
 
     def as_dict(self) -> dict:
         return {"command": self.command, "commit": self.commit, "machine": self.machine, "postgres": self.postgres,
@@ -1172,7 +960,7 @@ class ActivationReport:
                 "first_activation": [r.as_dict() for r in self.results if r.scenario == "first"],
                 "scenarios": {name: [r.as_dict() for r in self.results if r.scenario == name]
                               for name in SCENARIOS if any(r.scenario == name for r in self.results)},
-                "failures": self.failures,
+                "failures": self.failures, "goals": self.goals,
                 "successor_activation": self.successor}
 
 
@@ -1216,11 +1004,13 @@ def format_table(report: ActivationReport) -> str:
             f"{'WAL bytes':>12} {'WAL cold':>12} {'row locks':>9} {'pg_locks':>8} {'released ms':>11} "
             f"{'recovery ms':>11} {'raw ms':>8} {'txn/raw':>7}")
     titles = {"first": "first activation (epoch_activate_first), one killed attempt then the timed retry:",
+              "cutover": "first activation through the coordinator (first_activation_commit; epoch lock = barrier set, "
+                         "journal decision, epoch, evidence), one killed attempt then the timed resume:",
               "successor": "successor activation (succession.successor_activate; epoch lock = barrier set + both "
                            "epochs), one killed attempt then the timed retry:"}
     lines = []
     for scenario, title in titles.items():
-        if scenario != "first" and not any(r.scenario == scenario for r in report.results):
+        if not any(r.scenario == scenario for r in report.results) and (scenario != "first" or report.results):
             continue
         lines += ([""] if lines else []) + [title, head, "-" * len(head)]
         lines += _table_rows([r for r in report.results if r.scenario == scenario])
@@ -1255,241 +1045,39 @@ def _table_rows(results: list[ActivationResult]) -> list[str]:
     return lines
 
 
-# -- budgets --------------------------------------------------------------------------------------------------
-
-def load_budgets(path: Path) -> dict[str, dict[str, float]]:
-    """The "activation" section of the budgets file: {"<accounts>": {figure: ceiling}}; its other keys
-    ("description", ...) are comments."""
-    try:
-        document = json.loads(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise ActivationBenchError(f"budget file {path} does not exist") from exc
-    except ValueError as exc:
-        raise ActivationBenchError(f"budget file {path} is not JSON: {exc}") from exc
-    section = document.get(BUDGET_SECTION) if isinstance(document, dict) else None
-    if not isinstance(section, dict):
-        raise ActivationBenchError(f"budget file {path} has no {BUDGET_SECTION!r} section")
-    budgets = {k: v for k, v in section.items() if k.isdigit() and isinstance(v, dict)}
-    successor = section.get("successor")
-    if isinstance(successor, dict):  # the successor scenario's ceilings, keyed by cardinality the same way
-        budgets["successor"] = {k: v for k, v in successor.items() if k.isdigit() and isinstance(v, dict)}
-    return budgets
-
-
-def check_budgets(report: ActivationReport, budgets: dict[str, dict[str, float]]) -> list[str]:
-    """Every broken figure, named: a figure above its ceiling, a budgeted figure that was not measured, or a
-    measured cardinality without a budget (a check never passes vacuously)."""
-    broken = [f"{f['accounts']:,} accounts: not measured: {f['error']}" for f in report.failures]
-    for r in report.results:
-        scoped = budgets if r.scenario == "first" else budgets.get(r.scenario) or {}
-        budget = scoped.get(str(r.accounts))
-        label = "" if r.scenario == "first" else f"{r.scenario} "
-        if budget is None:
-            broken.append(f"{r.accounts:,} accounts: no {label}activation budget")
-            continue
-        figures = r.figures()
-        for figure, ceiling in budget.items():
-            if figure.startswith("_"):
-                continue
-            if figure not in figures:
-                broken.append(f"{r.accounts:,} accounts: unknown {label}figure {figure!r} in the budget")
-            elif figures[figure] is None:
-                broken.append(f"{r.accounts:,} accounts: {label}{figure} was not measured (ceiling {ceiling:,})")
-            elif figures[figure] > ceiling:
-                broken.append(f"{r.accounts:,} accounts: {label}{figure} {figures[figure]:,} > ceiling {ceiling:,}")
-    return broken
-
-
-def _round_up(value: float) -> int:
-    """Up to two significant digits."""
-    if value <= 0:
-        return 1
-    step = 10 ** max(0, math.floor(math.log10(value)) - 1)
-    return int(math.ceil(value / step) * step)
-
-
-def suggest_budgets(report: ActivationReport) -> dict[str, dict[str, int]]:
-    """Ceilings from this run: durations x DURATION_HEADROOM (at least SMALL_DURATION_FLOOR_MS for the COMMIT,
-    readback and lock-release figures), WAL bytes x WAL_HEADROOM, row locks exactly the gates plus the epoch
-    (N + 1; successor: N + 3, the gates, both epochs and the barrier set), all rounded up to two significant digits.
-    Successor ceilings go under the "successor" key."""
-    section: dict[str, Any] = {}
-    for r in report.results:
-        f = r.figures()
-        budget = {name: _round_up(f[name] * DURATION_HEADROOM) for name in
-                  ("transaction_ms", "commit_ms", "readback_ms", "locks_released_ms", "recovery_ms")
-                  if f[name] is not None}
-        for name in ("commit_ms", "readback_ms", "locks_released_ms"):
-            if name in budget:  # one fsync or scheduling hiccup on a shared machine is tens of milliseconds
-                budget[name] = max(budget[name], SMALL_DURATION_FLOOR_MS)
-        if f["wal_bytes"] is not None:
-            budget["wal_bytes"] = _round_up(f["wal_bytes"] * WAL_HEADROOM)
-        budget["row_locks"] = r.accounts + (3 if r.scenario == "successor" else 1)
-        (section if r.scenario == "first" else section.setdefault(r.scenario, {}))[str(r.accounts)] = budget
-    return section
-
-
-# -- the subcommand -------------------------------------------------------------------------------------------
-
-def _accounts(value: str) -> list[int]:
-    from django.core.management.base import CommandError
-
-    try:
-        counts = sorted({int(v.replace("_", "")) for v in value.split(",") if v.strip()})
-    except ValueError as exc:
-        raise CommandError(f"--accounts must be comma-separated integers, not {value!r}") from exc
-    if not counts or counts[0] < 1:
-        raise CommandError("--accounts needs at least one cardinality, each at least 1")
-    return counts
-
-
-def add_arguments(parser) -> None:
-    from django.conf import settings
-
-    parser.add_argument("--accounts", default=DEFAULT_ACCOUNTS,
-                        help=f"account cardinalities, comma-separated (default {DEFAULT_ACCOUNTS})")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-': stdout)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit non-zero naming every figure above its ceiling in the budgets' "
-                             f"{BUDGET_SECTION!r} section")
-    parser.add_argument("--budgets", metavar="PATH", default=str(Path(settings.BASE_DIR) / "bench" / "budgets.json"),
-                        help="budget file (default bench/budgets.json)")
-    parser.add_argument("--kill-at", choices=KILL_POINTS, default="before_commit",
-                        help="where the killed attempt is paused and SIGKILLed (default before_commit: after the "
-                             "last audit row)")
-    parser.add_argument("--scenario", choices=SCENARIO_CHOICES, default="first",
-                        help="first: the first activation (epoch_activate_first); successor: the V2 -> V2 successor "
-                             "activation (successor_activate) on the activated world; both: each in turn, in its "
-                             "own throwaway database (default first)")
-    parser.add_argument("--readback-repeat", type=int, default=10,
-                        help="readbacks of the activated gate set, for p50/p95/p99 (default 10)")
-    parser.add_argument("--database-name", default=DEFAULT_DATABASE,
-                        help="prefix of the throwaway databases: <name>_<accounts> and <name>_<accounts>_journal, "
-                             f"created and dropped per cardinality (default {DEFAULT_DATABASE})")
-    parser.add_argument("--keep", action="store_true", help="keep the throwaway databases")
-    parser.add_argument("--suggest-budgets", action="store_true",
-                        help=f"print ceilings from this run ({DURATION_HEADROOM:g}x durations, at least "
-                             f"{SMALL_DURATION_FLOOR_MS} ms for COMMIT, readback and lock release; {WAL_HEADROOM:g}x "
-                             "WAL bytes; row locks N+1)")
-
-
-def command_line(options: dict) -> str:
-    words = ["manage.py bench activation", f"--accounts {options['accounts']}", f"--kill-at {options['kill_at']}",
-             f"--readback-repeat {options['readback_repeat']}"]
-    if options.get("scenario", "first") != "first":
-        words.append(f"--scenario {options['scenario']}")
-    if options["database_name"] != DEFAULT_DATABASE:
-        words.append(f"--database-name {options['database_name']}")
-    if options.get("check"):
-        words.append(f"--check --budgets {options['budgets']}")
-    return " ".join(words)
-
-
-def run(options: dict, say: Progress) -> ActivationReport:
-    """One throwaway database per cardinality (ThrowawayDatabases of bench history), measured in turn."""
-    from django.core.management.base import CommandError
-
-    from connector.errors import ConnectorError
-    from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
-
-    counts = _accounts(options["accounts"])
-    base = options["database_name"]
-    for n in counts:
-        for name in (f"{base}_{n}", f"{base}_{n}_journal"):
-            if not NAME_RE.match(name):
-                raise CommandError(f"--database-name {base!r} makes {name!r}, which must match {NAME_RE.pattern}")
-    report = ActivationReport(command=command_line(options), kill_at=options["kill_at"],
-                              readback_repeat=options["readback_repeat"], machine=machine(),
-                              commit=product_commit())
-    chosen = options.get("scenario") or "first"
-    scenarios = ("first", "successor") if chosen == "both" else (chosen,)
-    for scenario in scenarios:
-        for n in counts:
-            with ThrowawayDatabases([f"{base}_{n}"], f"{base}_{n}_journal", keep=options["keep"], say=say):
-                if not report.postgres:
-                    report.postgres, report.settings = server_facts()
-                try:
-                    # looked up at call time (not through SCENARIOS), so a replaced module function is the one run
-                    measure = measure_activation if scenario == "first" else measure_successor
-                    report.results.append(measure(
-                        n, kill_at=options["kill_at"], readback_repeat=options["readback_repeat"], progress=say))
-                except (ActivationBenchError, ConnectorError, DatabaseError) as exc:
-                    # a cardinality the product (or the bench) cannot handle is a finding: keep the others
-                    label = "" if scenario == "first" else f" ({scenario})"
-                    say(f"{n:,} accounts{label}: NOT MEASURED: {type(exc).__name__}: {exc}")
-                    failure = {"accounts": n, "error": f"{type(exc).__name__}: {exc}"}
-                    report.failures.append(failure if scenario == "first" else {**failure, "scenario": scenario})
-            write_json(report, options.get("json"))  # after each cardinality: a long run keeps what it measured
-    return report
-
-
-def write_json(report: ActivationReport, target: str | None) -> None:
-    if target and target != "-":
-        Path(target).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
-
-
-def handle(command, options: dict) -> None:
-    """`manage.py bench activation`: measure, print the table (stdout), write --json, then --check."""
-    import logging
-
-    from django.conf import settings
-    from django.core.management.base import CommandError
-
-    if options["readback_repeat"] < 1:
-        raise CommandError("--readback-repeat must be at least 1")
-    budgets = None
-    if options["check"]:
-        try:
-            budgets = load_budgets(Path(options["budgets"]))
-        except ActivationBenchError as exc:
-            raise CommandError(str(exc)) from exc
-    connector_log = logging.getLogger("connector")
-    saved_level, saved_debug = connector_log.level, settings.DEBUG
-    if options["verbosity"] < 2:
-        connector_log.setLevel(logging.WARNING)
-    settings.DEBUG = False  # no per-query debug cursor: it would time Django's query log, not the transaction
-    try:
-        report = run(options, command.progress)
-    except ActivationBenchError as exc:
-        raise CommandError(str(exc)) from exc
-    finally:
-        connector_log.setLevel(saved_level)
-        settings.DEBUG = saved_debug
-    command.stdout.write(f"bench activation at {report.commit}: {report.machine}; PostgreSQL {report.postgres} "
-                         f"({', '.join(f'{k}={v}' for k, v in report.settings.items())})")
-    for r in report.results:
-        rate = r.setup_rows / r.setup_seconds["total"] if r.setup_seconds.get("total") else 0
-        command.stdout.write(f"  {r.accounts:,} accounts: setup {r.setup_seconds.get('total', 0):,.1f} s "
-                             f"({', '.join(f'{k} {v:,.1f}' for k, v in r.setup_seconds.items() if k != 'total')}); "
-                             f"{r.setup_rows:,} bulk rows, {rate:,.0f} rows/s overall; load {r.load_average}")
-    command.stdout.write(format_table(report))
-    if options["suggest_budgets"]:
-        command.stdout.write(json.dumps({BUDGET_SECTION: suggest_budgets(report)}, indent=2))
-    if options["json"] == "-":
-        command.stdout.write(json.dumps(report.as_dict(), indent=2))
-    else:
-        write_json(report, options["json"])
-    if budgets is not None:
-        broken = check_budgets(report, budgets)
-        if broken:
-            raise CommandError(f"activation budget broken ({options['budgets']}):\n  " + "\n  ".join(broken))
-        command.stdout.write(command.style.SUCCESS(f"check passed: every activation figure within "
-                                                   f"{options['budgets']}"))
-    if report.failures:
-        raise CommandError("not measured: " + "; ".join(f"{f['accounts']:,} accounts: {f['error']}"
-                                                       for f in report.failures))
-
+# -- budgets, goals and the subcommand: bench/activation_goals.py and bench/activation_command.py ------------
 
 class Activation:
-    """`bench activation`: registered in bench/management/commands/bench.py's SUBCOMMANDS."""
+    """`bench activation`: registered in bench/management/commands/bench.py's SUBCOMMANDS (bench/activation_command)."""
 
     name = "activation"
-    help = ("Whole-service first activation (epoch_activate_first) at N accounts, in a throwaway database per N: "
-            "owner reread, locked transaction, COMMIT, readback, WAL bytes, locks held, and recovery after a kill "
-            "mid-transaction; --check against the 'activation' section of bench/budgets.json.")
+    help = ("Whole-service activation at N accounts (first: epoch_activate_first; cutover: the V1 -> V2 coordinator's "
+            "first_activation_commit through the barrier set and the CutoverDecision; successor: successor_activate "
+            "with K lanes per account handed off), in a throwaway database per N: owner reread, locked transaction, "
+            "COMMIT, readback, WAL, locks held, recovery after a kill mid-transaction, and the raw set-based shape "
+            "of the same rows; --check against the 'activation' section of bench/budgets.json (ceilings and goals), "
+            "--chart draws cost against N.")
 
     def add_arguments(self, parser) -> None:
+        from bench.activation_command import add_arguments
+
         add_arguments(parser)
 
     def handle(self, command, options: dict) -> None:
+        from bench.activation_command import handle
+
         handle(command, options)
+
+
+# Split out of this module (it may not grow, tests/test_layout.py); re-exported for their callers. Imported last:
+# they import this module.
+from bench.activation_goals import (  # noqa: E402,F401
+    BUDGET_SECTION,
+    DURATION_HEADROOM,
+    SMALL_DURATION_FLOOR_MS,
+    WAL_HEADROOM,
+    check_budgets,
+    load_budgets,
+    suggest_budgets,
+)
+from bench.activation_timing import Phases, child_main, timed_activation  # noqa: E402,F401

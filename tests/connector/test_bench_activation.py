@@ -126,7 +126,7 @@ def test_measure_activation_produces_every_figure():
     assert rows.pop("epoch_preimage_bytes") > rows.pop("epoch_preimage_stored_bytes") > 0
     assert rows.pop("configuration_payload_bytes") > 0
     assert rows == {"gate_rows": N, "epoch_rows": 1, "audit_rows": N + 1, "ordering_handoff_rows": 0,
-                    "credential_proof_rows": 2 * N}
+                    "lane_rows": 0, "credential_proof_rows": 2 * N}
     assert result.recovery.partial_visible is False
     assert result.per_account()["transaction_us"] > 0
     data = result.as_dict()
@@ -260,10 +260,12 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
 
 @pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 def test_successor_scenario_runs_end_to_end():
-    """`--scenario successor` at 24 accounts: the first-activation world activated, a successor verified over the
-    same accounts, every gate halted through gate_transition, the barrier set held (no lanes: zero handoffs); a
-    killed successor_activate leaves nothing partial (successor verified, gates v2_halted, no successor audit rows,
-    no row locks), the retry commits, and every gate names the successor with its fence advanced by one."""
+    """`--scenario successor` at 24 accounts: the first-activation world activated with 4 lanes per account, a
+    successor verified over the same accounts, every gate halted through halt_all, the barrier set held, every lane
+    handed off (bulk, digests by succession._handoff_digest: successor_activate byte-checks each one); a killed
+    successor_activate leaves nothing partial (successor verified, gates v2_halted, no successor audit rows, no row
+    locks), the retry commits, every gate names the successor with its fence advanced by one, and the raw shape
+    locked the same lanes. Proves: CV2-14-005, CV2-14-006, CV2-14-007"""
     from cutover.models import ServingPublicationBarrierSet
 
     result = SCENARIOS["successor"](24, prefix="bs-", readback_repeat=2)
@@ -274,8 +276,12 @@ def test_successor_scenario_runs_end_to_end():
     assert result.recovery.untouched.activation_audit_rows == 0
     figures = result.figures()
     assert all(value is not None for value in figures.values()), figures
-    assert figures["row_locks"] == 24 + 3  # gates, both epochs, the barrier set
-    assert result.rows["ordering_handoff_rows"] == 0 and result.rows["audit_rows"] == 2 + 24  # barrier set, successor, gates
+    lanes = 2 * 4 * 24  # predecessor and successor lanes, 4 partitions per account
+    assert figures["row_locks"] == 24 + 3 + lanes  # gates, both epochs, the barrier set, every lane
+    assert result.recovery.census.row_locks["connector_orderinglane"] == lanes
+    assert result.rows["ordering_handoff_rows"] == 4 * 24 and result.rows["lane_rows"] == lanes
+    assert result.raw.rows == 24 and result.raw.lanes_locked == lanes
+    assert result.rows["audit_rows"] == 2 + 24  # barrier set, successor, gates
     # (the predecessor's row carries the predecessor's digest)
     epochs = dict(ServingEpoch.objects.filter(epoch_id__in=["bs-activation-epoch", "bs-activation-epoch-2"])
                   .values_list("epoch_id", "state"))
@@ -285,7 +291,11 @@ def test_successor_scenario_runs_end_to_end():
     assert set(AccountServingGate.objects.filter(account__account_key__startswith="bs-")
                .values_list("mode", "epoch_id").distinct()) == {(GateMode.V2_SERVING, successor.pk)}
     report = ActivationReport(command="", kill_at="before_commit", readback_repeat=2, results=[result])
-    assert suggest_budgets(report)["successor"]["24"]["row_locks"] == 27
+    assert suggest_budgets(report)["successor"]["24"]["row_locks"] == 24 + 3 + lanes
+    from cutover.models import OrderingHandoff
+    from connector.models import OrderingLane
+    assert OrderingHandoff.objects.count() == 4 * 24
+    assert set(OrderingLane.objects.filter(epoch=successor).values_list("state", flat=True)) == {"open"}
     assert check_budgets(report, {"24": {}}) == ["24 accounts: no successor activation budget"]
     assert "successor activation (succession.successor_activate" in format_table(report)
     assert report.as_dict()["scenarios"]["successor"][0]["scenario"] == "successor"
@@ -317,3 +327,173 @@ def test_raw_reference_moves_the_same_rows_with_the_triggers_and_leaves_nothing(
     assert refused.value.__cause__.diag.constraint_name == "connector_accountservinggate_transition"
     epoch = serving.epoch_activate_first(epoch_pk=world.epoch_pk, actor=Actor.system("t"))
     assert epoch.state == EpochState.ACTIVE
+
+
+@pytest.mark.django_db(**DB)
+def test_cutover_scenario_measures_the_coordinator_and_leaves_nothing_partial():
+    """`--scenario cutover` at 24 accounts: the attempt, its certificates and rehearsed restore point, the decision
+    rollback_open, the barrier set acquired and held and the activation decision dual-approved; a
+    first_activation_commit paused at the product's crash point activation.before_commit holds the gates, the epoch
+    and the barrier set (N + 2 row locks) and, SIGKILLed, leaves nothing visible (epoch verified, gates
+    v2_validating, set still held); the timed resume commits through the journal decision, reads back, releases
+    the set and closes the attempt v2_committed; the raw shape moved the same gates. Proves: CV2-14-005,
+    CV2-14-006, CV2-14-007, CV2-14-009"""
+    from cutover.choices import BarrierSetState, DecisionState
+    from cutover.models import AttemptOutcome, ServiceCutoverAttempt, ServingPublicationBarrierSet
+    from cutover.services import decision as decisions
+
+    result = SCENARIOS["cutover"](24, prefix="cu-", readback_repeat=2)
+    assert result.scenario == "cutover" and not result.recovery.partial_visible
+    assert result.recovery.census.point == "before_commit"
+    assert result.recovery.census.row_locks == {"connector_accountservinggate": 24, "connector_servingepoch": 1,
+                                                "cutover_servingpublicationbarrierset": 1}
+    assert result.recovery.untouched.gates_validating == 24 and result.recovery.untouched.activation_audit_rows == 0
+    assert result.raw.rows == 24 and result.raw.lanes_locked == 0
+    p = result.phases
+    assert 0 < p.transaction_ms < p.call_ms and p.gate_lock_ms > 0 and p.gate_update_ms > 0
+    assert p.transaction_ms == pytest.approx(p.epoch_lock_ms + p.gate_lock_ms + p.epoch_update_ms
+                                             + p.gate_update_ms + p.commit_ms, abs=0.05)
+    assert result.figures()["row_locks"] == 24 + 2
+    assert result.rows["barrier_set_rows"] == 1 and result.rows["audit_rows"] == 24 + 1
+    attempt = ServiceCutoverAttempt.objects.get(attempt_key="cu-bench-cutover")
+    assert attempt.outcome == AttemptOutcome.V2_COMMITTED
+    assert decisions.decision_read("cu-bench-cutover").state == DecisionState.V2_COMMITTED
+    assert ServingPublicationBarrierSet.objects.get(attempt_key="cu-bench-cutover").state == BarrierSetState.RELEASED
+    assert set(AccountServingGate.objects.filter(account__account_key__startswith="cu-")
+               .values_list("mode", flat=True)) == {GateMode.V2_SERVING}
+    report = ActivationReport(command="", kill_at="before_commit", readback_repeat=2, results=[result])
+    assert suggest_budgets(report)["cutover"]["24"]["row_locks"] == 26
+    assert "first activation through the coordinator" in format_table(report)
+
+
+def _stored(scenario: str, accounts: int, *, txn: float, raw: float, recovery: float, reread: float = 10.0,
+            readback: float = 5.0, wal: float = 900.0) -> dict:
+    return {"accounts": accounts, "scenario": scenario, "load_average": 1.0,
+            "phases": {"transaction_ms": txn, "reread_ms": reread}, "raw": {"statement_ms": raw},
+            "figures": {"recovery_ms": recovery, "readback_ms": readback},
+            "per_account": {"transaction_us": txn * 1000 / accounts, "wal_bytes": wal}}
+
+
+GOALS = {"cutover": {"transaction_over_raw": 2.0, "recovery_over_transaction": 2.0,
+                     "transaction_ms": {"100000": 10000}, "per_account_flatness": 1.3}}
+
+
+def test_goal_check_fails_a_report_over_a_goal_and_never_passes_a_missing_n():
+    """The goals block judged on a JSON report: a ratio above its goal is broken, a ceiling at an N the run did not
+    measure is "not checked" (never passed), flatness needs two cardinalities (largest N over smallest), WAL per
+    account is reported, an unknown goal is broken, and a report on which no goal could be checked fails.
+    Proves: CV2-14-006, CV2-14-009"""
+    from bench.activation_goals import check_goals, goal_failures
+
+    report = {"scenarios": {"cutover": [_stored("cutover", 1000, txn=30.0, raw=20.0, recovery=50.0),
+                                        _stored("cutover", 10000, txn=500.0, raw=200.0, recovery=900.0)]},
+              "failures": []}
+    judged = {(j["goal"], j["accounts"]): j["status"] for j in check_goals(report, GOALS)}
+    assert judged == {("transaction_over_raw", 1000): "passed", ("transaction_over_raw", 10000): "broken",
+                      ("recovery_over_transaction", 1000): "passed", ("recovery_over_transaction", 10000): "passed",
+                      ("transaction_ms", 100000): "not checked", ("wal_bytes_per_account", 1000): "reported",
+                      ("wal_bytes_per_account", 10000): "reported", ("per_account_flatness", "10,000/1,000"): "broken"}
+    assert goal_failures(check_goals(report, GOALS)) == [
+        "cutover transaction_over_raw at 10,000: 2.5 (goal <= 2.0) -> broken",
+        "cutover per_account_flatness at 10,000/1,000: 1.67 (goal <= 1.3) -> broken"]
+    one = {"scenarios": {"cutover": [_stored("cutover", 100000, txn=9000.0, raw=5000.0, recovery=17000.0)]}}
+    judged = {j["goal"]: j["status"] for j in check_goals(one, GOALS)}
+    assert judged["transaction_ms"] == "passed" and judged["per_account_flatness"] == "not checked"
+    assert goal_failures(check_goals(one, GOALS)) == []
+    # nothing measured for the goals' scenarios: not checked is never a pass
+    assert goal_failures(check_goals({"scenarios": {"first": [_stored("first", 1000, txn=1, raw=1, recovery=1)]}},
+                                     GOALS)) == ["no activation goal could be checked on this report"]
+    failed = {"scenarios": {}, "failures": [{"accounts": 1000, "scenario": "cutover", "error": "x"}]}
+    assert {j["status"] for j in check_goals(failed, GOALS)} == {"not checked"}
+    assert goal_failures(check_goals(one, {"cutover": {"bogus": 1}})) == [
+        "cutover bogus: not measured (goal <= 1): unknown goal in the budgets -> broken"]
+
+
+def test_repository_goals_are_the_issues_goals():
+    """bench/budgets.json's activation.goals holds issue 19's limits for the real coordinators. Proves: CV2-14-006"""
+    from django.conf import settings
+
+    from bench.activation_goals import load_goals
+
+    goals = load_goals(settings.BASE_DIR / "bench" / "budgets.json")
+    for scenario, ceiling in (("cutover", 10000), ("first", 10000), ("successor", 15000)):
+        g = goals[scenario]
+        assert g["transaction_over_raw"] == g["recovery_over_transaction"] == 2.0, scenario
+        assert g["transaction_ms"] == {"100000": ceiling} and g["reread_ms"] == {"100000": 15000}
+        assert g["readback_p99_ms"] == {"100000": 1000} and g["per_account_flatness"] == 1.3
+
+
+def test_chart_and_check_from_a_stored_report(tmp_path):
+    """`--from-json R.json --chart F.svg` redraws the chart from the report alone (one panel per scenario), and
+    `--from-json --check` judges the stored report against the ceilings and the goals, naming what broke.
+    Proves: CV2-14-006"""
+    report = {"commit": "abc", "machine": "m", "failures": [],
+              "scenarios": {"cutover": [_stored("cutover", 1000, txn=30.0, raw=10.0, recovery=50.0),
+                                        _stored("cutover", 10000, txn=300.0, raw=150.0, recovery=500.0)],
+                            "successor": [_stored("successor", 1000, txn=60.0, raw=40.0, recovery=100.0)]}}
+    for r in report["scenarios"]["cutover"] + report["scenarios"]["successor"]:
+        r["figures"].update({"transaction_ms": r["phases"]["transaction_ms"], "row_locks": r["accounts"] + 2})
+    stored = tmp_path / "report.json"
+    stored.write_text(json.dumps(report))
+    chart = tmp_path / "chart.svg"
+    out = io.StringIO()
+    call_command("bench", "activation", "--from-json", str(stored), "--chart", str(chart), stdout=out)
+    assert chart.read_text().lstrip().startswith("<?xml") and "successor_activate" in chart.read_text()
+    budgets = tmp_path / "budgets.json"
+    budgets.write_text(json.dumps({"activation": {"cutover": {"1000": {"transaction_ms": 25}}, "goals": GOALS}}))
+    with pytest.raises(CommandError) as raised:
+        call_command("bench", "activation", "--from-json", str(stored), "--check", "--budgets", str(budgets),
+                     stdout=out)
+    message = str(raised.value)
+    assert "ceiling: 1,000 accounts: cutover transaction_ms 30.0 > ceiling 25" in message
+    assert "ceiling: 10,000 accounts: no cutover activation budget" in message
+    assert "goal: cutover transaction_over_raw at 1,000: 3 (goal <= 2.0) -> broken" in message
+    assert "cutover transaction_ms at 100,000: not measured" in out.getvalue()
+
+
+def _handoff_facts(world, prefix: str) -> list[tuple]:
+    """Every handoff of the world's successor with its frozen and staged lanes and its audit row, keyed by account
+    key without the world's prefix (so two worlds compare)."""
+    from connector.models import OrderingLane
+    from cutover.models import OrderingHandoff
+    from cutover.services.succession import _handoff_digest
+
+    facts = []
+    for h in OrderingHandoff.objects.filter(successor_epoch_id=world.epoch_pk).select_related("account"):
+        old, new = OrderingLane.objects.get(pk=h.predecessor_lane_id), OrderingLane.objects.get(pk=h.successor_lane_id)
+        audit = AuditRecord.objects.get(entity_type="cutover.OrderingHandoff", entity_id=str(h.pk))
+        assert bytes(h.handoff_digest) == _handoff_digest(h) == bytes(audit.evidence_digest)
+        assert audit.reason == f"lane {old.pk} frozen at high-water {old.high_water}"
+        facts.append((h.account.account_key.removeprefix(prefix), h.route, h.partition, h.predecessor_lane_fence,
+                      h.high_water, h.high_water_tie, h.contract, bytes(h.contract_digest),
+                      h.predecessor_route_version, h.successor_route_version, h.derived_from_id,
+                      (old.state, old.halt_reason, old.fence, old.high_water),
+                      (new.state, new.fence, new.baseline, new.baseline_origin, new.high_water, new.high_water_tie,
+                       new.route_version, new.active_execution_id),
+                      (audit.actor, audit.action, audit.from_state, audit.to_state, audit.fence)))
+    return sorted(facts, key=repr)
+
+
+@pytest.mark.django_db(**DB)
+def test_bulk_handoffs_write_exactly_what_handoff_all_writes():
+    """The successor world's bulk handoffs (D-275) and `succession_phases.handoff_all` (one ordering_handoff per
+    lane), each on its own 6-account world with 2 lanes per account: the same handoffs (digest recomputed by
+    succession._handoff_digest), the same frozen predecessor and staged successor lanes, the same audit rows; and
+    successor_activate, which byte-checks every handoff against its lanes, accepts the bulk ones.
+    Proves: CV2-14-005, CV2-14-006"""
+    from bench.activation_coord import build_successor_world
+    from connector.actors import Actor
+    from cutover.models import ServingPublicationBarrierSet
+    from cutover.services import succession_phases
+
+    bulk = build_successor_world(6, prefix="hb-", partitions=2)
+    # activated and released, so that the next world's owners may publish (the held set is a publication barrier)
+    epoch, _ = succession_phases.activate_and_release(
+        barrier_set=ServingPublicationBarrierSet.objects.get(pk=bulk.barrier_set_pk), expected_fence=None,
+        actor=Actor.system("t"))
+    assert epoch.state == EpochState.ACTIVE
+    service = build_successor_world(6, prefix="hs-", partitions=2, handoffs="service")
+    assert bulk.handoffs == service.handoffs == 12 and len(bulk.lane_pks) == len(service.lane_pks) == 24
+    facts = _handoff_facts(bulk, "hb-")
+    assert len(facts) == 12 and {f[4] is None for f in facts} == {True, False}  # some lanes never completed
+    assert facts == _handoff_facts(service, "hs-")
