@@ -386,8 +386,8 @@ def check_credential_relation(*, accounts: list[tuple[str, str]], required_refs:
 # The configuration's accounts and credential relation as tuples of exactly the compared columns, one statement
 # each, no model instances and no per-row JSON field conversion (issue 19, D-207, D-272). The JSON columns come
 # as their text: equal texts decode to equal values, so each distinct text is decoded and canonicalized once per
-# read. The relation comes in the byte order the payload sorts it in (COLLATE "C"), which the payload still
-# sorts: the database's order only makes that sort linear.
+# read. The relation is sorted in Python, where the payload sorts it (an ORDER BY ... COLLATE "C" here cost the
+# database more than the sort costs Python: 60 ms against about 15 ms at 20,000 mappings).
 CONFIGURATION_ACCOUNTS_SQL = """
 SELECT a.account_key, a.provider_scope, c.enabled_routes::text, c.mapping_selections::text, c.policy_values::text
   FROM connector_serviceconfigurationaccount AS c
@@ -403,7 +403,6 @@ SELECT a.account_key, m.credential_ref, g.generation_id, g.credential_identity, 
   JOIN connector_credentialgeneration AS g ON g.id = m.credential_generation_id
   JOIN connector_connectoraccount AS ga ON ga.id = g.account_id
  WHERE m.generation_id = %s
- ORDER BY a.account_key COLLATE "C", m.credential_ref COLLATE "C", g.generation_id COLLATE "C"
 """
 
 
