@@ -102,12 +102,14 @@ class RecordShape:
     ``encode(domain, Record(zip(names, values)))``; ``value(*values)`` that record and ``many(rows)`` the list
     of such records (one per tuple of values) as one :class:`Encoded` value, for a Record or another shape."""
 
-    __slots__ = ("names", "_head", "_frames")
+    __slots__ = ("names", "_head", "_frames", "_text", "_binary")
 
     def __init__(self, *names: str) -> None:
         self.names = Record([(name, None) for name in names]).names  # the generic name and duplicate checks
         self._head = bytes([TAG_RECORD]) + u32(len(names))
         self._frames = tuple(b"\x01" + u32(len(n.encode("utf-8"))) + n.encode("utf-8") for n in self.names)
+        self._text = tuple(frame + b"\x01" for frame in self._frames)  # the name frame, then a text's tag
+        self._binary = tuple(frame + b"\x02" for frame in self._frames)  # ... then a bytes value's tag
 
     def _body(self, values: tuple[Any, ...], depth: int) -> tuple[bytes, int]:
         """The record's bytes when ``depth`` lists/records enclose it, and its own depth. Texts and bytes are
@@ -119,21 +121,18 @@ class RecordShape:
         if depth + 1 > MAX_DEPTH:
             return _generic(Record(zip(self.names, values)), depth), 0  # raises CANONICAL_TOO_DEEP
         parts = [self._head]
-        append = parts.append
+        extend = parts.extend
         inner = 0
         try:
-            for frame, value in zip(self._frames, values):
-                append(frame)
+            for text, binary, frame, value in zip(self._text, self._binary, self._frames, values):
                 kind = type(value)
                 if kind is str:
                     data = value.encode("utf-8")
-                    append(b"\x01" + _U32(len(data)))
-                    append(data)
+                    extend((text, _U32(len(data)), data))
                 elif kind is bytes:
-                    append(b"\x02" + _U32(len(value)))
-                    append(value)
+                    extend((binary, _U32(len(value)), value))
                 else:
-                    append(_value(value, depth + 1))
+                    extend((frame, _value(value, depth + 1)))
                     if kind in _NESTED or isinstance(value, Record):
                         inner = max(inner, _depth(value))
         except (UnicodeEncodeError, struct.error):
@@ -156,7 +155,8 @@ class RecordShape:
         for row in rows:
             body, depth = self._body(row, 1)
             bodies.append(body)
-            inner = max(inner, depth)
+            if depth > inner:
+                inner = depth
         return Encoded(b"".join([_LIST, u32(len(bodies)), *bodies]), 1 + inner, _ENCODED_TOKEN)
 
 
