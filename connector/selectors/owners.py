@@ -17,6 +17,8 @@ from typing import NamedTuple
 from django.db import DatabaseError, OperationalError, connection
 
 from connector import receipts
+from connector.canonical.encoding import Encoded
+from connector.canonical.shapes import text_list
 from connector.choices import BindingKind
 from connector.errors import CredentialMappingInvalid, OwnerFactInvalid, OwnerUnavailable
 from connector.interpreters import callout
@@ -430,11 +432,13 @@ def service_configuration_read(*, generation_id: str) -> ConfigurationFact:
     accounts, mappings = _configuration_rows(row.pk)
     canonical: dict[str, bytes] = {}  # JSON text -> canonical JSON bytes, within this read only
     routes_of: dict[str, tuple[str, ...]] = {}  # enabled_routes JSON text -> its routes, within this read only
+    framed: dict[str, Encoded] = {}  # ... and their canonical list, framed once
     account_rows = []
     for key, provider, routes_text, selections_text, policy_text in accounts:
-        routes = routes_of.get(routes_text)
+        routes = framed.get(routes_text)
         if routes is None:
-            routes = routes_of[routes_text] = tuple(json.loads(routes_text))
+            listed = routes_of[routes_text] = tuple(json.loads(routes_text))
+            routes = framed[routes_text] = text_list(listed)
         selections = canonical.get(selections_text)
         if selections is None:
             selections = canonical[selections_text] = receipts.canonical_json(json.loads(selections_text))
