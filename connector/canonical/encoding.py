@@ -28,6 +28,9 @@ or domains (names and domains must pass
 :func:`connector.canonical.identity.canonical_identity`: non-empty, no edge
 whitespace, no control characters, NFC).
 
+An :class:`Encoded` value (made only by :mod:`.shapes`, from values it framed itself) is written as its bytes:
+the bytes of the value it was made from (D-272).
+
 This module is pure Python (no Django) and is frozen by golden byte vectors in
 ``tests/connector/test_canonical.py``; any change to the bytes it produces is a
 new encoding and needs a new profile, never an edit here. The strict decoder is
