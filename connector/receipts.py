@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from connector.canonical.encoding import Record, encode
+from connector.canonical.shapes import RecordShape
 
 PACK_RECEIPT_PROTOCOL = "nexuscrm.pack-generation.receipt.v1"
 DEFINITION_PROTOCOL = "nexuscrm.binding-definition.v1"
@@ -121,12 +122,21 @@ def transport_config_digest(config: dict[str, Any]) -> bytes:
     return with_digest(CREDENTIAL_TRANSPORT_PROTOCOL, canonical_json(config))[1]
 
 
+# Shapes of the records recomputed once per credential generation or account by every owner reread: the bytes
+# of the `rec(...)` each replaces (connector.canonical.shapes, issue 19, D-272).
+CREDENTIAL_RECEIPT_SHAPE = RecordShape("generation_id", "credential_identity", "provider_scope", "account_key",
+                                       "secret_version_ref", "transport_config_digest")
+CONFIGURATION_ACCOUNT_SHAPE = RecordShape("account_key", "provider_scope", "enabled_routes", "mapping_selections",
+                                          "policy_values")
+CONFIGURATION_RELATION_SHAPE = RecordShape("account_key", "credential_ref", "credential_generation_id")
+
+
 def credential_receipt(*, generation_id: str, credential_identity: str, provider_scope: str, account_key: str,
                        secret_version_ref: str, transport_config_digest: bytes) -> tuple[bytes, bytes]:
-    return with_digest(CREDENTIAL_RECEIPT_PROTOCOL, rec(
-        generation_id=generation_id, credential_identity=credential_identity, provider_scope=provider_scope,
-        account_key=account_key, secret_version_ref=secret_version_ref,
-        transport_config_digest=bytes(transport_config_digest)))
+    data = CREDENTIAL_RECEIPT_SHAPE.encode(CREDENTIAL_RECEIPT_PROTOCOL, generation_id, credential_identity,
+                                           provider_scope, account_key, secret_version_ref,
+                                           bytes(transport_config_digest))
+    return data, sha256(data)
 
 
 # -- L2 service configuration --------------------------------------------------------------------------------
@@ -135,14 +145,22 @@ def configuration_payload(*, generation_id: str, catalog_view_key: str, catalog_
                           accounts: list[dict[str, Any]], relation: list[tuple[str, str, str]]) -> bytes:
     """Canonical bytes of a configuration generation. `accounts` in canonical order; `relation` is the
     exhaustive (account_key, credential_ref, credential_generation_id) set, sorted here."""
+    return configuration_payload_rows(
+        generation_id=generation_id, catalog_view_key=catalog_view_key, catalog_revision=catalog_revision,
+        accounts=[(a["account_key"], a["provider_scope"], list(a["enabled_routes"]),
+                   canonical_json(a["mapping_selections"]), canonical_json(a["policy_values"])) for a in accounts],
+        relation=relation)
+
+
+def configuration_payload_rows(*, generation_id: str, catalog_view_key: str, catalog_revision: int,
+                               accounts: list[tuple[str, str, list[str], bytes, bytes]],
+                               relation: list[tuple[str, str, str]]) -> bytes:
+    """configuration_payload from tuples: each account (account_key, provider_scope, enabled_routes, canonical
+    JSON of mapping_selections, canonical JSON of policy_values), in canonical order."""
     return encode(CONFIGURATION_PROTOCOL, rec(
         generation_id=generation_id, catalog_view_key=catalog_view_key, catalog_revision=catalog_revision,
-        accounts=[rec(account_key=a["account_key"], provider_scope=a["provider_scope"],
-                      enabled_routes=list(a["enabled_routes"]),
-                      mapping_selections=canonical_json(a["mapping_selections"]),
-                      policy_values=canonical_json(a["policy_values"])) for a in accounts],
-        credential_relation=[rec(account_key=a, credential_ref=r, credential_generation_id=g)
-                             for a, r, g in sorted(relation)]))
+        accounts=CONFIGURATION_ACCOUNT_SHAPE.many(accounts),
+        credential_relation=CONFIGURATION_RELATION_SHAPE.many(sorted(relation))))
 
 
 def configuration_receipt(*, generation_protocol: str, generation_id: str, generation_digest: bytes

@@ -5,6 +5,7 @@ reads digests through this package. See ``docs/digest-profiles.md``.
 
 * :mod:`.encoding`  -- ``canonical_typed_length_delimited_v1`` encode/digest.
 * :mod:`.decoding`  -- its strict decoder.
+* :mod:`.shapes`    -- fixed-shape records framed straight to its bytes (D-272).
 * :mod:`.identity`  -- identity validation before persistence (reject, never repair).
 * :mod:`.profiles`  -- the closed ``ConnectorDigestProfile`` registry and ``DigestRef``.
 """

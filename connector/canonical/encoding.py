@@ -28,6 +28,9 @@ or domains (names and domains must pass
 :func:`connector.canonical.identity.canonical_identity`: non-empty, no edge
 whitespace, no control characters, NFC).
 
+An :class:`Encoded` value (made only by :mod:`.shapes`, from values it framed itself) is written as its bytes:
+the bytes of the value it was made from (D-272).
+
 This module is pure Python (no Django) and is frozen by golden byte vectors in
 ``tests/connector/test_canonical.py``; any change to the bytes it produces is a
 new encoding and needs a new profile, never an edit here. The strict decoder is
@@ -59,6 +62,7 @@ __all__ = [
     "MAX_DEPTH",
     "SUPPORTED_DIGEST_ALGORITHMS",
     "CanonicalEncodingError",
+    "Encoded",
     "Record",
     "canonical_value",
     "digest",
@@ -229,7 +233,7 @@ def _freeze(value: Any, depth: int) -> Any:
         copied = value.tobytes() if isinstance(value, memoryview) else bytes(value)  # defensive copy
         u32(len(copied))
         return copied
-    if isinstance(value, Record):
+    if isinstance(value, (Record, Encoded)):
         if depth + value._depth > MAX_DEPTH:
             raise CanonicalEncodingError("CANONICAL_TOO_DEEP", f"more than {MAX_DEPTH} nested lists/records")
         return value
@@ -367,8 +371,33 @@ class Record:
         return (Record, (self._fields,))
 
 
+_ENCODED_TOKEN = object()
+
+
+class Encoded:
+    """The canonical bytes of one value (no domain), made only by :mod:`.shapes` from values it framed itself,
+    so that a fixed-shape list of N records can enter a Record or :func:`encode` without N Record objects
+    (issue 19). Encoding writes ``data`` as-is: the bytes are those of the value it was made from, never caller
+    bytes (the constructor refuses without the module's token). Not decodable back into itself: it is an input
+    to encoding only."""
+
+    __slots__ = ("data", "_depth")
+
+    def __init__(self, data: bytes, depth: int, token: object) -> None:
+        if token is not _ENCODED_TOKEN:
+            raise TypeError("Encoded values are made by connector.canonical.shapes, never from caller bytes")
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "_depth", depth)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Encoded is immutable")
+
+    def __repr__(self) -> str:
+        return f"Encoded({len(self.data)} bytes)"
+
+
 def _depth_of(value: Any) -> int:
-    if isinstance(value, Record):
+    if isinstance(value, (Record, Encoded)):
         return value._depth
     if type(value) is tuple:
         return 1 + max((_depth_of(item) for item in value), default=0)
@@ -404,6 +433,8 @@ def _write(out: bytearray, value: Any) -> None:
         out += u32(len(value))
         for item in value:
             _write(out, item)
+    elif type(value) is Encoded:
+        out += value.data
     elif isinstance(value, Record):
         if value._encoded is not None:
             out += value._encoded

@@ -7,7 +7,7 @@ import hmac
 import logging
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django_fsm import can_proceed
 
 from connector import locks
@@ -203,13 +203,24 @@ def _verification_outcome(epoch: ServingEpoch) -> tuple[str, str] | None:
     if [(r.binding.row_id, r.pack_generation.generation_id, bytes(r.owner_receipt)) for r in rows] != [
             (b.row_id, b.pack_generation_id, b.owner_receipt) for b in fresh.bindings]:
         return "EPOCH_OWNER_MISMATCH", "frozen binding proof rows differ from the owners"
-    # two per account: the compared columns only, no model instances (issue 19, D-207)
-    crows = epoch.credential_proofs.order_by("ordinal").values_list("credential_generation__generation_id",
-                                                                   "owner_receipt")
-    if [(generation_id, bytes(receipt)) for generation_id, receipt in crows] != [
-            (p.generation_id, p.owner_receipt) for p in fresh.credentials]:
+    # two per account: the compared columns only, as tuples (issue 19, D-207, D-272)
+    with connection.cursor() as cursor:
+        cursor.execute(CREDENTIAL_PROOF_ROWS_SQL, [epoch.pk])
+        crows = cursor.fetchall()
+    if len(crows) != len(fresh.credentials) or any(
+            generation_id != p.generation_id or bytes(receipt) != p.owner_receipt
+            for (generation_id, receipt), p in zip(crows, fresh.credentials)):
         return "EPOCH_OWNER_MISMATCH", "frozen credential proof rows differ from the owners"
     return None
+
+
+CREDENTIAL_PROOF_ROWS_SQL = """
+SELECT g.generation_id, p.owner_receipt
+  FROM connector_servingepochcredentialproof AS p
+  JOIN connector_credentialgeneration AS g ON g.id = p.credential_generation_id
+ WHERE p.epoch_id = %s
+ ORDER BY p.ordinal
+"""
 
 
 def epoch_owner_drift(*, epoch_pk: int) -> tuple[str, str] | None:
