@@ -324,8 +324,9 @@ def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor:
     each). The first activation of a service cutover (cutover.services.first_activation) runs this same body
     inside its barrier-set transaction.
 
-    Set-based (D-210): the gates move with one UPDATE and their audit rows are one INSERT
-    (gates.gates_bind_epoch), so the statement count does not grow with the account set. Raises
+    Set-based (D-210, D-278, D-279): the gates are locked by one SELECT ... FOR UPDATE read as tuples, and move
+    with their audit rows in one statement (gates.gates_bind_epoch), so the statement count does not grow with
+    the account set. Raises
     ActivationCardinalityExceeded above the declared maximum and TransitionRefused for a missing or unready gate;
     the caller's transaction then rolls back."""
     activation_cardinality_check(accounts=len(account_ids))
