@@ -132,13 +132,15 @@ def _verify_handoff_digests(queryset) -> set[int]:
 # Every handoff of the successor compared with both of its (locked) lanes in one join, returning only the ones
 # that differ (D-280): the predecessor lane must be the predecessor's, frozen at the handoff's fence and high-water
 # with the handoff halt reason; the successor lane the successor's, its baseline and high-water the handoff's,
-# tie byte-equal, no active execution.
+# tie byte-equal, no active execution. Both lanes are joined by primary key only (the epoch is compared in the
+# WHERE): a join condition on the lane's epoch let the planner scan the epoch's lanes once per handoff (quadratic).
 HANDOFF_LANE_MISMATCHES_SQL = """
 SELECT h.id FROM cutover_orderinghandoff AS h
-  LEFT JOIN connector_orderinglane AS o ON o.id = h.predecessor_lane_id AND o.epoch_id = %(pred)s
+  LEFT JOIN connector_orderinglane AS o ON o.id = h.predecessor_lane_id
   LEFT JOIN connector_orderinglane AS n ON n.id = h.successor_lane_id
  WHERE h.successor_epoch_id = %(succ)s
-   AND (o.id IS NULL OR n.id IS NULL OR o.fence IS DISTINCT FROM h.predecessor_lane_fence
+   AND (o.id IS NULL OR n.id IS NULL OR o.epoch_id IS DISTINCT FROM %(pred)s
+        OR o.fence IS DISTINCT FROM h.predecessor_lane_fence
         OR o.high_water IS DISTINCT FROM h.high_water OR o.halt_reason IS DISTINCT FROM %(halt_reason)s
         OR n.epoch_id IS DISTINCT FROM %(succ)s OR n.baseline IS DISTINCT FROM h.high_water
         OR n.high_water IS DISTINCT FROM h.high_water OR n.high_water_tie IS DISTINCT FROM h.high_water_tie
