@@ -33,5 +33,12 @@ def gates_for_share(account_ids: Iterable[int]) -> list[AccountServingGate]:
     return list(AccountServingGate.objects.raw(sql + " FOR SHARE", params))
 
 
-def lanes_for_update(lane_pks: Iterable[int]) -> list[OrderingLane]:
-    return list(OrderingLane.objects.filter(pk__in=set(lane_pks)).order_by("pk").select_for_update(of=("self",)))
+def lanes_for_update(lane_pks: Iterable[int]) -> list[int]:
+    """Every listed OrderingLane FOR UPDATE, ascending pk, in one statement; returns the pks locked (ascending).
+    The successor activation compares the locked lanes with their handoffs in SQL afterwards (D-280), so no lane
+    instance is built here."""
+    ordered = sorted(set(lane_pks))
+    if not ordered:
+        return []
+    return list(OrderingLane.objects.filter(pk__in=ordered).order_by("pk").select_for_update(of=("self",))
+                .values_list("pk", flat=True))

@@ -1,6 +1,7 @@
 """The audit write path. Called inside the transaction of the state change it records (STYLE R12)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from django.db import transaction
@@ -20,6 +21,21 @@ SELECT %(at)s::timestamptz, %(actor)s, %(actor_user_id)s::bigint, %(entity_type)
  ORDER BY v.ordinal
 """
 
+# The audit rows of the rows a data-modifying statement moves, written by that same statement (D-279): `moved` is
+# an `UPDATE ... RETURNING` whose rows name `id` (the entity pk) and `fence` (the new fence); one audit row per
+# moved row, in `ORDER BY moved.<order_by>`. The UPDATE's row triggers fire before the INSERT reads its rows, and a
+# trigger's refusal aborts the one statement: nothing of either half is written.
+AUDIT_MOVED_SQL = """
+WITH moved AS ({moved})
+INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                   fence, evidence_digest, reason)
+SELECT %(at)s::timestamptz, %(actor)s, %(actor_user_id)s::bigint, %(entity_type)s, moved.id::text, %(action)s,
+       %(from_state)s, %(to_state)s, moved.fence, %(evidence_digest)s::bytea, %(reason)s
+  FROM moved
+ ORDER BY moved.{order_by}
+"""
+_COLUMN = re.compile(r"^[a-z_][a-z0-9_]*$")
+
 
 def audit_record(*, actor: Actor, entity, action: str, from_state: str = "", to_state: str = "",
                  fence: int | None = None, evidence_digest: bytes | None = None, reason: str = "") -> AuditRecord:
@@ -29,21 +45,34 @@ def audit_record(*, actor: Actor, entity, action: str, from_state: str = "", to_
         from_state=from_state, to_state=to_state, fence=fence, evidence_digest=evidence_digest, reason=reason)
 
 
-def audit_records(*, actor: Actor, model, rows: Sequence[tuple[int, int | None]], action: str, from_state: str = "",
-                  to_state: str = "", evidence_digest: bytes | None = None, reason: str = "") -> int:
+def audit_records(*, actor: Actor, model, rows: Sequence[tuple[int, int | None]] = (), action: str,
+                  from_state: str = "", to_state: str = "", evidence_digest: bytes | None = None, reason: str = "",
+                  moved: tuple[str, dict, str] | None = None) -> int:
     """The rows `audit_record` would write for each (entity pk, fence) of `rows` (same actor, action, states,
     evidence and reason), in that order, with one INSERT ... SELECT. Returns the number of rows written. Used by
-    whole-service transitions that move N rows of `model` with one statement."""
+    whole-service transitions that move N rows of `model` with one statement.
+
+    With `moved` = (UPDATE ... RETURNING id, fence, ..., its parameters, the returned column to order by) instead
+    of `rows`, the UPDATE and the INSERT of its audit rows are ONE statement (AUDIT_MOVED_SQL, D-279): the count
+    returned is then the number of rows the UPDATE moved, which the caller compares with what it expected."""
     assert transaction.get_connection().in_atomic_block, "audit rows are written inside the audited transaction"
     assert AuditRecord._meta.db_table == "connector_auditrecord"
+    params = {"at": timezone.now(), "actor": str(actor), "actor_user_id": getattr(actor.user, "pk", None),
+              "entity_type": model._meta.label, "action": action, "from_state": from_state, "to_state": to_state,
+              "evidence_digest": evidence_digest, "reason": reason}
+    if moved is not None:
+        assert not rows, "either the rows or the statement that moves them"
+        statement, moved_params, order_by = moved
+        assert _COLUMN.match(order_by) and not set(moved_params) & set(params), "a column name; distinct parameters"
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute(AUDIT_MOVED_SQL.format(moved=statement.strip(), order_by=order_by),
+                           {**moved_params, **params})
+            return cursor.rowcount
     if not rows:
         return 0
     with transaction.get_connection().cursor() as cursor:
-        cursor.execute(AUDIT_INSERT_MANY_SQL, {
-            "at": timezone.now(), "actor": str(actor), "actor_user_id": getattr(actor.user, "pk", None),
-            "entity_type": model._meta.label, "action": action, "from_state": from_state, "to_state": to_state,
-            "evidence_digest": evidence_digest, "reason": reason,
-            "entity_ids": [str(pk) for pk, _ in rows], "fences": [fence for _, fence in rows]})
+        cursor.execute(AUDIT_INSERT_MANY_SQL, {**params, "entity_ids": [str(pk) for pk, _ in rows],
+                                               "fences": [fence for _, fence in rows]})
         written = cursor.rowcount
     if written != len(rows):
         raise AssertionError(f"{written} audit rows written for {len(rows)} transitions")

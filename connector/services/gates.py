@@ -125,15 +125,16 @@ def fsm_edge(method) -> tuple[str, str]:
     return str(declared[0].source), str(declared[0].target)
 
 
-def gates_bind_epoch(*, gates: list[AccountServingGate], action: str, epoch: ServingEpoch, actor: Actor,
-                     evidence_digest: bytes) -> list[tuple[int, int, int]]:
+def gates_bind_epoch(*, gates: list[locks.GateRow], action: str, epoch: ServingEpoch, actor: Actor,
+                     evidence_digest: bytes) -> int:
     """Apply the binding transition `action` (BINDING_ACTIONS) to every gate of `gates`, which the caller holds
-    FOR UPDATE (locks.gates_for_update, ascending account id) and has checked: ONE UPDATE moves them all from the
-    transition's source to its target naming `epoch` with a new fence each, and ONE INSERT writes the audit row
-    `gate_<action>` of each (from, to, new fence, evidence digest), in account order. Returns (account id, gate pk,
-    new fence) in account order. Raises TransitionRefused before any write if a gate is not in the source mode,
-    and after the UPDATE if a gate changed under its lock (impossible while the caller holds the locks): the
-    caller's transaction then rolls back and nothing commits. The instances in `gates` are not refreshed."""
+    FOR UPDATE (locks.gates_for_update, ascending account id) and has checked: ONE statement (D-279) moves them all
+    from the transition's source to its target naming `epoch` with a new fence each (GATES_BIND_SQL) and writes,
+    from the rows it moved, the audit row `gate_<action>` of each (from, to, new fence, evidence digest), in
+    account order (audit.AUDIT_MOVED_SQL). Returns the number of gates moved. Raises TransitionRefused before any
+    write if a gate is not in the source mode, and after the statement if fewer gates moved than were given (a
+    gate changed under its lock: impossible while the caller holds the locks): the caller's transaction then rolls
+    back and nothing commits."""
     assert transaction.get_connection().in_atomic_block, "runs inside the activation transaction"
     if action not in BINDING_ACTIONS:
         raise TransitionRefused(f"{action!r} is not a binding transition; allowed: {', '.join(BINDING_ACTIONS)}")
@@ -143,18 +144,18 @@ def gates_bind_epoch(*, gates: list[AccountServingGate], action: str, epoch: Ser
         raise TransitionRefused(f"{action} is not allowed from "
                                 + ", ".join(f"{g.account_id}={g.mode}" for g in wrong[:10]))
     if not gates:
-        return []
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(GATES_BIND_SQL, {
-            "source": source, "target": target, "epoch_pk": epoch.pk, "epoch_digest": bytes(epoch.digest),
-            "changed_at": timezone.now(), "ids": [g.pk for g in gates], "fences": [g.fence for g in gates]})
-        moved = sorted(cursor.fetchall())
-    if len(moved) != len(gates):
+        return 0
+    bind = {"source": source, "target": target, "epoch_pk": epoch.pk, "epoch_digest": bytes(epoch.digest),
+            "changed_at": timezone.now(), "ids": [g.pk for g in gates], "fences": [g.fence for g in gates]}
+    # from_state/to_state of the audit rows are the edge's: the UPDATE's WHERE and the transition trigger hold
+    # every moved row to exactly that edge.
+    written = audit_records(actor=actor, model=AccountServingGate, action=f"gate_{action}", from_state=source,
+                            to_state=target, evidence_digest=evidence_digest,
+                            moved=(GATES_BIND_SQL, bind, "account_id"))
+    if written != len(gates):
         # Cannot happen under the caller's FOR UPDATE; raising rolls the whole activation back.
-        raise TransitionRefused(f"{len(gates) - len(moved)} gate(s) changed under their lock; nothing moved")
-    audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _, pk, fence in moved],
-                  action=f"gate_{action}", from_state=source, to_state=target, evidence_digest=evidence_digest)
-    return moved
+        raise TransitionRefused(f"{len(gates) - written} gate(s) changed under their lock; nothing moved")
+    return written
 
 
 def gates_advance(*, gates: list[AccountServingGate], action: str, actor: Actor, evidence_digest: bytes | None,

@@ -328,20 +328,24 @@ def activation_cardinality_check(*, accounts: int) -> None:
                                             f"{limit} (CONNECTOR_ACTIVATION_MAX_ACCOUNTS)")
 
 
-def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor: Actor, observed: bytes) -> None:
+def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor: Actor, observed: bytes,
+                          gates: list[locks.GateRow] | None = None) -> None:
     """Inside the caller's transaction, with the epoch already locked FOR UPDATE and checked `verified` with the
     observed digest: lock every gate of the exhaustive account set (ascending account id), require each
     `v2_validating`, and move the epoch `verified -> active` and every gate to `v2_serving` naming it (new fence
     each). The first activation of a service cutover (cutover.services.first_activation) runs this same body
-    inside its barrier-set transaction.
+    inside its barrier-set transaction; it passes `gates` it already holds (locks.gates_for_update of exactly
+    `account_ids`, after the set and the epoch) when it has read them for its evidence.
 
-    Set-based (D-210): the gates move with one UPDATE and their audit rows are one INSERT
-    (gates.gates_bind_epoch), so the statement count does not grow with the account set. Raises
+    Set-based (D-210, D-278, D-279): the gates are locked by one SELECT ... FOR UPDATE read as tuples, and move
+    with their audit rows in one statement (gates.gates_bind_epoch), so the statement count does not grow with
+    the account set. Raises
     ActivationCardinalityExceeded above the declared maximum and TransitionRefused for a missing or unready gate;
     the caller's transaction then rolls back."""
     activation_cardinality_check(accounts=len(account_ids))
-    gates = locks.gates_for_update(account_ids)
-    if len(gates) != len(account_ids):
+    if gates is None:  # else the caller locked them already, in this transaction, in the canonical order
+        gates = locks.gates_for_update(account_ids)
+    if [g.account_id for g in gates] != sorted(set(account_ids)) or len(gates) != len(account_ids):
         raise TransitionRefused("an account of the configuration has no serving gate")
     source, _ = fsm_edge(AccountServingGate.activate_first)
     not_ready = [g for g in gates if g.mode != source]

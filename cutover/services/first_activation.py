@@ -37,12 +37,19 @@ from connector.services import approvals, serving
 from connector.services.audit import audit_record
 from cutover import locks
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, DecisionState
-from cutover.errors import ActivationLost, BarrierSetRefused, CutoverPhaseRefused, PublicationBarrierHeld
+from cutover.errors import (
+    ActivationLost,
+    BarrierSetRefused,
+    CutoverPhaseRefused,
+    PublicationBarrierHeld,
+    RestorePointInvalid,
+)
 from cutover.models import (
     AttemptOutcome,
     CutoverReadinessCertificate,
     ServiceCutoverAttempt,
     ServingPublicationBarrierSet,
+    V1RestorePoint,
     V1ShutdownCertificate,
 )
 from cutover.services import decision as decisions
@@ -65,21 +72,27 @@ def _account_ids(attempt: ServiceCutoverAttempt) -> list[int]:
     return sorted(attempt.configuration.accounts.values_list("account_id", flat=True))
 
 
-def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch) -> bytes:
+def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, gates=None,
+                        point: V1RestorePoint | None = None) -> bytes:
     """The combined digest the held set freezes and the activation transaction recomputes: the candidate's owner
     receipts, the readiness certificate, the V1ShutdownCertificate, the V1RestorePoint and the exhaustive gate set
-    (account, gate row, mode). Any difference is drift (CV2-12-064/067)."""
-    readiness = CutoverReadinessCertificate.objects.filter(attempt=attempt).first()
-    shutdown = V1ShutdownCertificate.objects.filter(attempt=attempt).first()
+    (account, gate row, mode). Any difference is drift (CV2-12-064/067).
+
+    The activation transaction passes the gates it holds FOR UPDATE (connector GateRow tuples, ascending account
+    id) and the restore point it verified just before its locks (D-280); otherwise both are read here. The gate
+    set is read as (account, pk, mode) tuples either way: the digest's bytes are the same."""
+    readiness = CutoverReadinessCertificate.objects.filter(attempt=attempt).values_list("digest", flat=True).first()
+    shutdown = V1ShutdownCertificate.objects.filter(attempt=attempt).values_list("digest", flat=True).first()
     if readiness is None or shutdown is None:
         raise CutoverPhaseRefused("the readiness or shutdown certificate is missing")
-    point = rehearsed_restore_point(attempt.attempt_key)
-    gates = [[g.account_id, g.pk, g.mode] for g in
-             AccountServingGate.objects.filter(account_id__in=_account_ids(attempt)).order_by("account_id")]
+    point = point if point is not None else rehearsed_restore_point(attempt.attempt_key)
+    rows = ([(g.account_id, g.pk, g.mode) for g in gates] if gates is not None else
+            AccountServingGate.objects.filter(account_id__in=_account_ids(attempt)).order_by("account_id")
+            .values_list("account_id", "pk", "mode"))
     return evidence_digest("first_activation_evidence", {
         "owners": succession._owner_receipts_digest(epoch).hex(), "epoch": bytes(epoch.digest).hex(),
-        "readiness": bytes(readiness.digest).hex(), "shutdown": bytes(shutdown.digest).hex(),
-        "restore_point": bytes(point.digest).hex(), "gates": gates,
+        "readiness": bytes(readiness).hex(), "shutdown": bytes(shutdown).hex(),
+        "restore_point": bytes(point.digest).hex(), "gates": [[a, pk, mode] for a, pk, mode in rows],
         "account_set": bytes(attempt.account_set_digest).hex()})[1]
 
 
@@ -159,6 +172,15 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
 def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor) -> None:
     # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
     serving.activation_cardinality_check(accounts=attempt.account_count)
+    # Read before the locks (D-280): the frozen account set (immutable rows) and the restore point, whose dump file
+    # is hashed here (a file is under no PostgreSQL lock: hashing it inside them only lengthened the locked window).
+    # A failure is raised where it was, under the locks once the decision is won; the point's digest is compared
+    # there with the rest of the evidence.
+    account_ids = _account_ids(attempt)
+    try:
+        point, point_refused = rehearsed_restore_point(attempt.attempt_key), None
+    except RestorePointInvalid as exc:
+        point, point_refused = None, exc
     with transaction.atomic():
         row = locks.barrier_set_for_update(set_pk)
         if row.state == BarrierSetState.ACTIVATION_COMMITTED:
@@ -182,15 +204,21 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
             if epoch.state != EpochState.VERIFIED or not hmac.compare_digest(bytes(epoch.digest),
                                                                               bytes(row.successor_digest)):
                 raise CutoverPhaseRefused(f"candidate {epoch.epoch_id} is {epoch.state} or changed")
-            if not hmac.compare_digest(activation_evidence(attempt, epoch), bytes(row.owner_receipts_digest)):
+            if point_refused is not None:
+                raise point_refused
+            # The gates in the canonical order (after the set and the epoch), read once: the evidence's gate set
+            # is the locked rows themselves, and activate_first_locked moves them (D-280).
+            gates = connector_locks.gates_for_update(account_ids)
+            if not hmac.compare_digest(activation_evidence(attempt, epoch, gates=gates, point=point),
+                                       bytes(row.owner_receipts_digest)):
                 raise CutoverPhaseRefused("owner, certificate, restore point or gate-set drift under the held "
                                           "barriers; nothing moved")
             row.commit_activation()
             row.save()
             audit_record(actor=actor, entity=row, action="barrier_set_commit_activation",
                          from_state=BarrierSetState.HELD, to_state=row.state, fence=row.fence)
-            serving.activate_first_locked(epoch=epoch, account_ids=_account_ids(attempt), actor=actor,
-                                          observed=bytes(row.successor_digest))
+            serving.activate_first_locked(epoch=epoch, account_ids=account_ids, actor=actor,
+                                          observed=bytes(row.successor_digest), gates=gates)
             fault_point("activation.before_commit")
     if lost:
         raise ActivationLost(f"a RestoreAttempt won the CutoverDecision of {attempt.attempt_key}; the barrier "

@@ -99,13 +99,54 @@ def _owner_receipts_digest(epoch: ServingEpoch) -> bytes:
     return hashlib.sha256(json.dumps(parts).encode()).digest()
 
 
-def _handoff_digest(h: OrderingHandoff) -> bytes:
-    body = [h.predecessor_epoch_id, h.successor_epoch_id, h.account_id, h.predecessor_lane_id,
-            h.predecessor_lane_fence, h.successor_lane_id, h.route, h.predecessor_route_version,
-            h.successor_route_version, h.partition, h.contract, bytes(h.contract_digest).hex(),
-            None if h.high_water is None else str(h.high_water),
-            None if h.high_water_tie is None else bytes(h.high_water_tie).hex(), h.derived_from_id]
+# The columns a handoff's digest covers, in the digest's order (byte-identical for an instance and a values_list row).
+HANDOFF_DIGEST_FIELDS = ("predecessor_epoch_id", "successor_epoch_id", "account_id", "predecessor_lane_id",
+                         "predecessor_lane_fence", "successor_lane_id", "route", "predecessor_route_version",
+                         "successor_route_version", "partition", "contract", "contract_digest", "high_water",
+                         "high_water_tie", "derived_from_id")
+
+
+def _handoff_digest_of(values) -> bytes:
+    *head, contract_digest, high_water, tie, derived_from = values
+    body = [*head, bytes(contract_digest).hex(), None if high_water is None else str(high_water),
+            None if tie is None else bytes(tie).hex(), derived_from]
     return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).digest()
+
+
+def _handoff_digest(h: OrderingHandoff) -> bytes:
+    return _handoff_digest_of([getattr(h, f) for f in HANDOFF_DIGEST_FIELDS])
+
+
+def _verify_handoff_digests(queryset) -> set[int]:
+    """Recompute each handoff's digest from its columns (tuples, not instances); refuse on a difference. Returns the
+    pks verified. Handoff rows are append-only (trigger `cutover_orderinghandoff_append_only`), so a digest verified
+    before the activation transaction still holds inside it (D-280)."""
+    verified = set()
+    for pk, digest, *values in queryset.values_list("pk", "handoff_digest", *HANDOFF_DIGEST_FIELDS).order_by("pk"):
+        if not _same(digest, _handoff_digest_of(values)):
+            raise SuccessorActivationRefused(f"OrderingHandoff #{pk} does not byte-match its recomputed digest")
+        verified.add(pk)
+    return verified
+
+
+# Every handoff of the successor compared with both of its (locked) lanes in one join, returning only the ones
+# that differ (D-280): the predecessor lane must be the predecessor's, frozen at the handoff's fence and high-water
+# with the handoff halt reason; the successor lane the successor's, its baseline and high-water the handoff's,
+# tie byte-equal, no active execution. Both lanes are joined by primary key only (the epoch is compared in the
+# WHERE): a join condition on the lane's epoch let the planner scan the epoch's lanes once per handoff (quadratic).
+HANDOFF_LANE_MISMATCHES_SQL = """
+SELECT h.id FROM cutover_orderinghandoff AS h
+  LEFT JOIN connector_orderinglane AS o ON o.id = h.predecessor_lane_id
+  LEFT JOIN connector_orderinglane AS n ON n.id = h.successor_lane_id
+ WHERE h.successor_epoch_id = %(succ)s
+   AND (o.id IS NULL OR n.id IS NULL OR o.epoch_id IS DISTINCT FROM %(pred)s
+        OR o.fence IS DISTINCT FROM h.predecessor_lane_fence
+        OR o.high_water IS DISTINCT FROM h.high_water OR o.halt_reason IS DISTINCT FROM %(halt_reason)s
+        OR n.epoch_id IS DISTINCT FROM %(succ)s OR n.baseline IS DISTINCT FROM h.high_water
+        OR n.high_water IS DISTINCT FROM h.high_water OR n.high_water_tie IS DISTINCT FROM h.high_water_tie
+        OR n.active_execution_id IS NOT NULL)
+ ORDER BY h.id LIMIT 10
+"""
 
 
 # -- barrier set ----------------------------------------------------------------------------------------------
@@ -361,12 +402,13 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
     account id; all `v2_halted` on the predecessor), every predecessor and successor lane FOR UPDATE (ascending
     pk). Requires every RemoteEffect, Execution and window of the predecessor terminal, and one handoff per
-    predecessor lane, each byte-equal to its recomputed digest, its frozen predecessor lane and its successor
-    lane baseline. Then records barrier set `held -> activation_committed`, predecessor `active -> draining`,
-    successor `verified -> active`, and every gate `v2_halted -> v2_serving` naming the successor with a new
-    fence (one UPDATE for every gate and one INSERT of their audit rows, D-210), with audit rows. Any refusal moves
-    nothing. Idempotent once
-    committed (returns the active successor)."""
+    predecessor lane, each byte-equal to its recomputed digest (checked before the transaction: handoff rows are
+    append-only; a handoff written since is checked under the locks, D-280), its frozen predecessor lane and its
+    successor lane baseline (one join under the locks). Then records barrier set `held -> activation_committed`,
+    predecessor `active -> draining`, successor `verified -> active`, and every gate `v2_halted -> v2_serving`
+    naming the successor with a new fence (one statement moves every gate and writes their audit rows, D-210,
+    D-279), with audit rows. Any refusal moves nothing. Idempotent once committed (returns the active
+    successor)."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
         pk=barrier_set_pk)
@@ -377,6 +419,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
     accounts = _accounts(current.predecessor_epoch)
     serving.activation_cardinality_check(accounts=len(accounts))
+    verified = _verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch_id=current.successor_epoch_id))
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)
         _fence(row, expected_fence)
@@ -411,22 +454,25 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
             epoch=pred, state="open").order_by("pk").values_list("pk", flat=True)[:10]]
         if open_inbound:
             raise SuccessorActivationRefused("predecessor inbound work is not terminal: " + ", ".join(open_inbound))
-        handoffs = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(successor_epoch=succ)}
+        # Handoffs and lanes as columns, not instances (D-280): the pks, one lock statement, one comparing join.
+        handoffs = list(OrderingHandoff.objects.filter(successor_epoch=succ)
+                        .values_list("pk", "predecessor_lane_id", "successor_lane_id"))
         pred_lane_pks = set(OrderingLane.objects.filter(epoch=pred).values_list("pk", flat=True))
-        missing = sorted(pred_lane_pks - set(handoffs))
+        missing = sorted(pred_lane_pks - {old for _, old, _ in handoffs})
         if missing:
             raise SuccessorActivationRefused(f"{len(missing)} predecessor lane(s) have no OrderingHandoff: "
                                              + ", ".join(map(str, missing[:10])))
-        lanes = {lane.pk: lane for lane in locks.lanes_for_update(
-            [*pred_lane_pks, *(h.successor_lane_id for h in handoffs.values())])}
-        for h in handoffs.values():
-            old, new = lanes.get(h.predecessor_lane_id), lanes.get(h.successor_lane_id)
-            if (old is None or new is None or not _same(h.handoff_digest, _handoff_digest(h))
-                    or old.fence != h.predecessor_lane_fence or old.high_water != h.high_water
-                    or old.halt_reason != HANDOFF_HALT_REASON
-                    or new.epoch_id != succ.pk or new.baseline != h.high_water or new.high_water != h.high_water
-                    or not _same(new.high_water_tie, h.high_water_tie) or new.active_execution_id is not None):
-                raise SuccessorActivationRefused(f"OrderingHandoff #{h.pk} does not byte-match its lanes")
+        locks.lanes_for_update([*pred_lane_pks, *(new for _, _, new in handoffs)])
+        late = [pk for pk, _, _ in handoffs if pk not in verified]
+        if late:  # written after the reread above: verified here, under the locks
+            _verify_handoff_digests(OrderingHandoff.objects.filter(pk__in=late))
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute(HANDOFF_LANE_MISMATCHES_SQL, {"pred": pred.pk, "succ": succ.pk,
+                                                         "halt_reason": HANDOFF_HALT_REASON})
+            mismatched = [pk for (pk,) in cursor.fetchall()]
+        if mismatched:
+            raise SuccessorActivationRefused("OrderingHandoff " + ", ".join(f"#{pk}" for pk in mismatched)
+                                             + " does not byte-match its lanes")
         row.commit_activation()
         row.save()
         audit_record(actor=actor, entity=row, action="successor_activate", from_state=BarrierSetState.HELD,
@@ -439,8 +485,8 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
         audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
                      to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
-        # Set-based (D-210): one UPDATE moves every gate v2_halted -> v2_serving naming the successor (the edge read
-        # from the django-fsm declaration, the triggers judging each row) and one INSERT writes their audit rows.
+        # Set-based (D-210, D-279): one statement moves every gate v2_halted -> v2_serving naming the successor (the
+        # edge read from the django-fsm declaration, the triggers judging each row) and writes their audit rows.
         gate_services.gates_bind_epoch(gates=gates, action="activate_successor", epoch=succ, actor=actor,
                                        evidence_digest=bytes(succ.digest))
         fault_point("succession.before_commit")

@@ -200,13 +200,32 @@ def _statements(accounts: int, prefix: str) -> int:
     return len(queries)
 
 
-# Measured: the gate locks, the epoch UPDATE and its audit INSERT, the gates' UPDATE and their audit INSERT.
-ACTIVATION_STATEMENTS = 5
+# Measured: the gate locks, the epoch UPDATE and its audit INSERT, the gates' UPDATE with their audit INSERT as one
+# statement (D-279; 5 before).
+ACTIVATION_STATEMENTS = 4
 
 
 def test_activation_statement_count_does_not_grow_with_the_account_set(db):
     """activate_first_locked runs the same number of statements for 3 and for 30 accounts (R27, R31)."""
     assert _statements(3, "q3-") == _statements(30, "q30-") <= ACTIVATION_STATEMENTS
+
+
+def test_a_gate_that_does_not_move_rolls_the_whole_set_based_statement_back(db):
+    """The gates' UPDATE and their audit INSERT are one statement (D-279), and its row count is still checked: a
+    gate whose fence differs from the one read under the lock matches nothing, the call raises TransitionRefused
+    after the statement, and the caller's transaction rolls back the gates that did move and their audit rows.
+    (CV2-02-039, CV2-14-007)"""
+    world, epoch = _activation_world("rc-", 3)
+    ids = [a.pk for a in world.accounts]
+    before = {g.pk: (g.mode, g.fence) for g in AccountServingGate.objects.filter(account_id__in=ids)}
+    with pytest.raises(TransitionRefused, match="1 gate\\(s\\) changed under their lock"), transaction.atomic():
+        locked = locks.epoch_for_update(epoch.pk)
+        gates = locks.gates_for_update(ids)
+        gates[1] = gates[1]._replace(fence=gates[1].fence - 1)  # as if it had moved under the lock
+        gate_services.gates_bind_epoch(gates=gates, action="activate_first", epoch=locked, actor=ACTOR,
+                                       evidence_digest=bytes(locked.digest))
+    assert {g.pk: (g.mode, g.fence) for g in AccountServingGate.objects.filter(account_id__in=ids)} == before
+    assert not AuditRecord.objects.filter(action="gate_activate_first").exists()
 
 
 def test_an_activation_above_the_declared_maximum_is_refused_before_anything_is_written(db, settings):
@@ -253,7 +272,7 @@ def test_set_based_advance_agrees_with_the_per_gate_transition_table_on_every_pa
             try:
                 with transaction.atomic():
                     (gate,) = locks.gates_for_update([account_id])
-                    expected = copy.deepcopy(gate)
+                    expected = AccountServingGate.objects.get(pk=gate.pk)  # the locked row, as an instance
                     fsm_allows = mode in getattr(AccountServingGate, action)._django_fsm.transitions
                     if fsm_allows:
                         getattr(expected, action)()
