@@ -51,6 +51,8 @@ class Phases:
     gate_update_ms: float  # every gate moved: one UPDATE and one audit INSERT for all (D-210)
     commit_ms: float  # the gate move -> COMMIT acknowledged
     transaction_ms: float  # first lock -> COMMIT acknowledged: how long the locks are held
+    committed_ms: float = 0.0  # the call's start -> the activation's COMMIT acknowledged (cutover: before the
+    #                           readback, v2_committed and the release that follow it, D-285)
 
 
 def _ms(seconds: float) -> float:
@@ -143,7 +145,8 @@ def phases_from(marks: dict[str, float], began: float, ended: float) -> Phases:
     return Phases(call_ms=_ms(ended - began), reread_ms=_ms(transaction - began),
                   epoch_lock_ms=_ms(gate_lock - transaction), gate_lock_ms=_ms(gates_locked - gate_lock),
                   epoch_update_ms=_ms(bind_start - gates_locked), gate_update_ms=_ms(bind_end - bind_start),
-                  commit_ms=_ms(txn_end - bind_end), transaction_ms=_ms(txn_end - transaction))
+                  commit_ms=_ms(txn_end - bind_end), transaction_ms=_ms(txn_end - transaction),
+                  committed_ms=_ms(txn_end - began))
 
 
 def child_main() -> None:

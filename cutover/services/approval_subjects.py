@@ -20,7 +20,8 @@ DOMAIN = "nexuscrm.cutover.approval-subject.v1"
 
 
 def activation_decision(subject_key: str) -> tuple[bytes, str]:
-    epoch = ServingEpoch.objects.select_related("configuration").filter(epoch_id=subject_key).first()
+    epoch = (ServingEpoch.objects.select_related("configuration").defer("preimage", "configuration__payload")
+             .filter(epoch_id=subject_key).first())
     if epoch is None:
         raise EpochNotFound(f"no ServingEpoch {subject_key!r}")
     accounts = list(epoch.configuration.accounts.order_by("account__account_key")

@@ -27,6 +27,7 @@ from connector.selectors.rows import (
     OrderingLane,
     Projection,
     ProjectionWindow,
+    ServiceConfigurationGeneration,
     ServingEpoch,
     ServingEpochBindingProof,
     ServingEpochCredentialProof,
@@ -80,7 +81,9 @@ def _epoch(epoch_id: str) -> ServingEpoch:
 
 
 def _accounts(epoch: ServingEpoch) -> list[int]:
-    return sorted(epoch.configuration.accounts.values_list("account_id", flat=True))
+    # By the configuration's key: loading `epoch.configuration` would read its payload (about 500 B per account).
+    configuration = ServiceConfigurationGeneration(pk=epoch.configuration_id)
+    return sorted(configuration.accounts.values_list("account_id", flat=True))
 
 
 def contract_digest(*, contract: str, ordering: dict) -> bytes:
@@ -198,23 +201,25 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
 
 
 def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingPublicationBarrierSet:
-    """`acquiring -> held`: reread every owner of the successor (before the transaction), then lock the set
-    (FOR UPDATE) and the successor epoch (FOR SHARE), require the same verified bytes and no owner drift, and
-    freeze the owner receipts digest (CV2-11-013/035). Drift raises SuccessorDrifted and writes nothing.
+    """`acquiring -> held`: lock the set (FOR UPDATE, after every owner barrier exclusive) and the successor
+    epoch (FOR SHARE), reread every owner of the successor under those locks (the final reread, D-285), require the
+    same verified bytes and no owner drift, and freeze the owner receipts digest (CV2-11-013/035). Drift raises SuccessorDrifted and writes nothing.
     Idempotent on a set already held."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.HELD:
         return current
-    drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
     with transaction.atomic():
-        row = locks.barrier_set_for_update(barrier_set_pk)
+        row = locks.barrier_set_for_update(barrier_set_pk)  # every owner barrier exclusive first (D-284)
         _fence(row, expected_fence)
         if row.state != BarrierSetState.ACQUIRING:
             raise BarrierSetRefused(f"{row} is {row.state}, not acquiring")
         successor = connector_locks.epoch_for_share(row.successor_epoch_id)
         if successor.state != EpochState.VERIFIED or not _same(successor.digest, row.successor_digest):
             raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state} or not the bound bytes")
+        # The final owner reread, under the held fences (CV2-11-013, CV2-02-039; D-285): no owner write can commit
+        # between it and the set's release, so the activation does not reread.
+        drift = serving.epoch_owner_drift(epoch_pk=row.successor_epoch_id)
         if drift is not None:
             raise SuccessorDrifted(f"successor owners changed under the barrier: {drift[0]}: {drift[1]}")
         row.hold(owner_receipts_digest=_owner_receipts_digest(successor))
@@ -396,7 +401,8 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
 # -- activation -----------------------------------------------------------------------------------------------
 
 def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingEpoch:
-    """The one successor activation transaction (CV2-11-023/024/057). Owners are reread first (drift refuses).
+    """The one successor activation transaction (CV2-11-023/024/057). The owners were reread by the hold under
+    the held fences (D-285); the frozen owner receipts are compared again.
 
     Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
     UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
@@ -410,14 +416,18 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     D-279), with audit rows. Any refusal moves nothing. Idempotent once committed (returns the active
     successor)."""
     _require_perm(actor)
-    current = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration").get(
-        pk=barrier_set_pk)
+    current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.ACTIVATION_COMMITTED:
         return ServingEpoch.objects.get(pk=current.successor_epoch_id)
     if current.successor_class != SuccessorClass.REQUIRES_DRAIN:
         raise SuccessorClassUnsupported()
-    drift = serving.epoch_owner_drift(epoch_pk=current.successor_epoch_id)
-    accounts = _accounts(current.predecessor_epoch)
+    # No owner reread here (D-285): the hold reread every owner under the held fences, owner generations and
+    # proofs are immutable, and every owner write is refused while the set is held. The frozen receipts are
+    # compared again (immutable rows: before the transaction, like the handoff digests, D-280).
+    successor = ServingEpoch.objects.defer("preimage").get(pk=current.successor_epoch_id)
+    frozen = _owner_receipts_digest(successor)
+    predecessor = ServingEpoch.objects.defer("preimage").get(pk=current.predecessor_epoch_id)
+    accounts = _accounts(predecessor)
     serving.activation_cardinality_check(accounts=len(accounts))
     verified = _verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch_id=current.successor_epoch_id))
     with transaction.atomic():
@@ -432,8 +442,9 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
             raise SuccessorActivationRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
         if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
             raise SuccessorDrifted(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
-        if drift is not None:
-            raise SuccessorDrifted(f"successor owners changed: {drift[0]}: {drift[1]}")
+        if row.owner_receipts_digest is None or not _same(frozen, row.owner_receipts_digest):
+            raise SuccessorDrifted(f"successor {succ.epoch_id}: owner receipts differ from those frozen when the "
+                                   "barrier set was held")
         gates = connector_locks.gates_for_update(accounts)
         bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk
                or not _same(g.epoch_digest, pred.digest)]

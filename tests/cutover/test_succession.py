@@ -2,7 +2,6 @@
 OrderingHandoff, the one activation transaction, the forward-only cutoff, and the database rules behind them."""
 from __future__ import annotations
 
-from contextlib import nullcontext
 from unittest import mock
 
 import pytest
@@ -151,12 +150,21 @@ def test_activation_refusal_moves_nothing(sworld, failure):
                     "owner_drift": SuccessorDrifted, "stale_fence": FenceStale}[failure]
         if failure == "successor_rejected":
             serving.epoch_reject(epoch_pk=sworld.successor.pk, reason="abandoned", actor=ACTOR)
+        if failure == "owner_drift":
+            # Owner writes are refused while the set is held and the hold reread them under its locks (D-285):
+            # only corruption can change the successor's frozen owner receipts now; the activation still refuses.
+            with connection.cursor() as cursor:
+                dbroles.admin_on(cursor)
+                cursor.execute("SET session_replication_role = replica")
+                cursor.execute("UPDATE connector_servingepochcredentialproof SET owner_receipt_digest = %s "
+                               "WHERE id = (SELECT min(id) FROM connector_servingepochcredentialproof "
+                               "WHERE epoch_id = %s)", [b"\x00" * 32, sworld.successor.pk])
+                cursor.execute("SET session_replication_role = DEFAULT")
+                dbroles.admin_off(cursor)
     before = state_of(sworld)
     audits = AuditRecord.objects.count()
     fence = barrier.fence - 1 if failure == "stale_fence" else barrier.fence
-    patch = (mock.patch.object(serving, "epoch_owner_drift", return_value=("EPOCH_OWNER_MISMATCH", "changed"))
-             if failure == "owner_drift" else nullcontext())
-    with patch, pytest.raises(expected):
+    with pytest.raises(expected):
         succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=fence, actor=ACTOR)
     assert state_of(sworld) == before
     assert AuditRecord.objects.count() == audits
