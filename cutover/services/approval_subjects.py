@@ -26,8 +26,8 @@ def activation_decision(subject_key: str) -> tuple[bytes, str]:
         raise EpochNotFound(f"no ServingEpoch {subject_key!r}")
     accounts = list(epoch.configuration.accounts.order_by("account__account_key")
                     .values_list("account__account_key", "account_id"))
-    gates = dict(AccountServingGate.objects.filter(account_id__in=[a for _, a in accounts])
-                 .values_list("account_id", "pk"))
+    gates = dict(AccountServingGate.objects.filter(account_id__in=epoch.configuration.accounts.values("account_id"))
+                 .values_list("account_id", "pk"))  # a subquery: no N-value parameter list to compile
     value = Record([("kind", "activation_decision"), ("epoch_id", epoch.epoch_id),
                     ("epoch_digest", bytes(epoch.digest)), ("epoch_state", epoch.state),
                     ("configuration", epoch.configuration.generation_id),

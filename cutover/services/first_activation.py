@@ -171,10 +171,13 @@ def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicati
 
 def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
     epoch = ServingEpoch.objects.defer("preimage").get(pk=epoch_pk)
-    gates = list(AccountServingGate.objects.filter(account_id__in=_account_ids(attempt)))
+    configuration = ServiceConfigurationGeneration(pk=attempt.configuration_id)
+    gates = list(AccountServingGate.objects.filter(account_id__in=configuration.accounts.values("account_id"))
+                 .values_list("mode", "epoch_id", "epoch_digest"))  # tuples: the compared columns only
+    digest = bytes(epoch.digest)
     return (epoch.state == EpochState.ACTIVE and len(gates) == attempt.account_count
-            and all(g.mode == GateMode.V2_SERVING and g.epoch_id == epoch.pk
-                    and bytes(g.epoch_digest) == bytes(epoch.digest) for g in gates))
+            and all(mode == GateMode.V2_SERVING and epoch_id == epoch.pk and epoch_digest is not None
+                    and bytes(epoch_digest) == digest for mode, epoch_id, epoch_digest in gates))
 
 
 def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor) -> None:

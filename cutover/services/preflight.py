@@ -66,7 +66,10 @@ def _require(actor: Actor) -> None:
 
 
 def attempt_get(attempt_key: str, *, lock: bool = False) -> ServiceCutoverAttempt:
-    rows = ServiceCutoverAttempt.objects.select_related("configuration", "candidate_epoch")
+    # Neither the configuration's payload nor the epoch's preimage (both grow with the account set: 170 MB
+    # together at 100,000 accounts) is read by a phase; a reader that needs one loads it (deferred, D-285).
+    rows = ServiceCutoverAttempt.objects.select_related("configuration", "candidate_epoch").defer(
+        "configuration__payload", "candidate_epoch__preimage")
     attempt = (rows.select_for_update(of=("self",)) if lock else rows).filter(attempt_key=attempt_key).first()
     if attempt is None:
         raise CutoverPhaseRefused(f"no service cutover attempt {attempt_key!r}")
