@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q
+from django.utils import timezone
 
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.selectors import locks as connector_locks
+from connector.selectors.routes import ChannelNotFound, routes_for_accounts
 from connector.selectors.rows import AccountServingGate, Execution, OrderingLane, Projection, ServingEpoch
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services.audit import audit_records_each
@@ -36,7 +38,6 @@ from cutover.services.succession import (
     _accounts,
     _handoff_digest,
     _require_perm,
-    _route,
     _same,
     contract_digest,
 )
@@ -51,15 +52,25 @@ class HandoffChunk:
 
 
 def _contracts(lanes: list[dict], predecessor: ServingEpoch, successor: ServingEpoch, out: HandoffChunk) -> dict:
-    """Before the transaction, as the single-lane path: each lane's route in both epochs and the contract digest
-    (routes are cached per epoch digest and account). Returns {lane pk: (old digest, successor route version)}."""
+    """Before the transaction, as the single-lane path: each lane's route in both epochs (`routes_for_accounts`:
+    one query per epoch and route for the accounts' enabled routes, the compiled program cached per epoch digest)
+    and the contract digest. Returns {lane pk: (old digest, successor route version)}."""
+    routes: dict[tuple[int, int, str], object] = {}
+    for epoch in (predecessor, successor):
+        for channel in sorted({lane["route"] for lane in lanes}):
+            accounts = sorted({lane["account_id"] for lane in lanes if lane["route"] == channel})
+            for account_id, program in routes_for_accounts(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest),
+                                                           account_ids=accounts, channel=channel).items():
+                routes[(epoch.pk, account_id, channel)] = program
     found = {}
     for lane in lanes:
-        try:
-            old_route = _route(predecessor, lane["account_id"], lane["route"])
-            new_route = _route(successor, lane["account_id"], lane["route"])
-        except HandoffRefused as exc:
-            out.refused[lane["pk"]] = exc.detail
+        old_route, new_route = (routes[(epoch.pk, lane["account_id"], lane["route"])]
+                                for epoch in (predecessor, successor))
+        absent = next(((epoch, route) for epoch, route in ((predecessor, old_route), (successor, new_route))
+                       if isinstance(route, ChannelNotFound)), None)
+        if absent is not None:
+            out.refused[lane["pk"]] = (f"epoch {absent[0].epoch_id} has no route {lane['route']} for account "
+                                       f"{lane['account_id']}: {absent[1].detail}")
             continue
         old_digest = contract_digest(contract=old_route.contract, ordering=old_route.ordering)
         if old_digest != contract_digest(contract=new_route.contract, ordering=new_route.ordering):
@@ -106,7 +117,8 @@ def _succession_locked(row: ServingPublicationBarrierSet, accounts: list[int], c
     return pred, succ
 
 
-def _lane_refusals(lanes: list[OrderingLane], succ: ServingEpoch, out: HandoffChunk) -> dict[int, OrderingHandoff]:
+def _lane_refusals(lanes: list[OrderingLane], succ: ServingEpoch, versions: dict[int, int],
+                   out: HandoffChunk) -> dict[int, OrderingHandoff]:
     """The lane checks of the single-lane path for the locked lanes, one query per kind: refused lanes go to
     `out.refused`; returns {lane pk: prior handoff} of the lanes frozen for a rejected successor."""
     pks = [lane.pk for lane in lanes]
@@ -120,7 +132,7 @@ def _lane_refusals(lanes: list[OrderingLane], succ: ServingEpoch, out: HandoffCh
     pending = set(Projection.objects.filter(lane_id__in=pks, lane_status="pending")
                   .values_list("lane_id", flat=True))
     taken = set(OrderingLane.objects.filter(epoch=succ, account_id__in={lane.account_id for lane in lanes})
-                .values_list("account_id", "route", "partition"))
+                .values_list("account_id", "route", "route_version", "partition"))
     derived = {}
     for lane in lanes:
         if lane.halt_reason == HANDOFF_HALT_REASON:
@@ -139,9 +151,86 @@ def _lane_refusals(lanes: list[OrderingLane], succ: ServingEpoch, out: HandoffCh
             out.refused[lane.pk] = f"lane {lane.pk} ({lane.route}/{lane.partition}) has a nonterminal execution"
         elif lane.pk in pending:
             out.refused[lane.pk] = f"lane {lane.pk} ({lane.route}/{lane.partition}) has pending positions"
-        if lane.pk not in out.refused and (lane.account_id, lane.route, lane.partition) in taken:
+        if lane.pk not in out.refused and (lane.account_id, lane.route, versions[lane.pk], lane.partition) in taken:
             out.refused[lane.pk] = f"the successor lane of {lane.route}/{lane.partition} already exists"
     return derived
+
+
+# The successor lanes of a chunk, one statement: the columns `OrderingLane.objects.create` writes (the model's
+# defaults spelled out: no active execution, `open`, no halt reason, no gap, fence 1, changed_at now).
+_STAGE_LANES_SQL = """
+INSERT INTO connector_orderinglane (epoch_id, account_id, route, route_version, partition, contract, baseline,
+                                    baseline_origin, high_water, high_water_tie, active_execution_id, state,
+                                    halt_reason, gap_since, fence, changed_at)
+SELECT %(epoch)s, v.account_id, v.route, v.route_version, v.partition, v.contract, v.high_water, %(origin)s,
+       v.high_water, v.tie, NULL, %(state)s, '', NULL, 1, %(now)s::timestamptz
+  FROM unnest(%(accounts)s::bigint[], %(routes)s::text[], %(versions)s::int[], %(partitions)s::text[],
+              %(contracts)s::text[], %(high_waters)s::numeric[], %(ties)s::bytea[]) WITH ORDINALITY
+       AS v(account_id, route, route_version, partition, contract, high_water, tie, ordinal)
+ ORDER BY v.ordinal
+RETURNING id, account_id, route, route_version, partition"""
+
+# The handoffs of a chunk, one statement (created_at as auto_now_add).
+_INSERT_HANDOFFS_SQL = """
+INSERT INTO cutover_orderinghandoff (barrier_set_id, predecessor_epoch_id, successor_epoch_id, account_id,
+                                     predecessor_lane_id, predecessor_lane_fence, successor_lane_id, route,
+                                     predecessor_route_version, successor_route_version, partition, contract,
+                                     contract_digest, high_water, high_water_tie, derived_from_id, handoff_digest,
+                                     created_at)
+SELECT %(barrier_set)s, %(predecessor)s, %(successor)s, v.account_id, v.lane_id, v.fence, v.successor_lane_id,
+       v.route, v.old_version, v.new_version, v.partition, v.contract, v.contract_digest, v.high_water, v.tie,
+       v.derived_from_id, v.digest, %(now)s::timestamptz
+  FROM unnest(%(accounts)s::bigint[], %(lanes)s::bigint[], %(fences)s::bigint[], %(successor_lanes)s::bigint[],
+              %(routes)s::text[], %(old_versions)s::int[], %(new_versions)s::int[], %(partitions)s::text[],
+              %(contracts)s::text[], %(contract_digests)s::bytea[], %(high_waters)s::numeric[], %(ties)s::bytea[],
+              %(derived)s::bigint[], %(digests)s::bytea[]) WITH ORDINALITY
+       AS v(account_id, lane_id, fence, successor_lane_id, route, old_version, new_version, partition, contract,
+            contract_digest, high_water, tie, derived_from_id, digest, ordinal)
+ ORDER BY v.ordinal
+RETURNING id, predecessor_lane_id"""
+
+
+def _stage_lanes(succ: ServingEpoch, lanes: list[OrderingLane], versions: dict[int, int],
+                 ties: dict[int, bytes | None]) -> dict[int, int]:
+    """Insert the successor lane of every lane (baseline = high-water = the frozen high-water, origin
+    ORDERING_HANDOFF); returns {predecessor lane pk: successor lane pk}. A concurrent insert of the same lane
+    refuses the chunk."""
+    assert OrderingLane._meta.db_table == "connector_orderinglane"
+    try:
+        with transaction.atomic(), transaction.get_connection().cursor() as cursor:
+            cursor.execute(_STAGE_LANES_SQL, {
+                "epoch": succ.pk, "origin": HANDOFF_BASELINE_ORIGIN, "state": LaneState.OPEN, "now": timezone.now(),
+                "accounts": [lane.account_id for lane in lanes], "routes": [lane.route for lane in lanes],
+                "versions": [versions[lane.pk] for lane in lanes], "partitions": [lane.partition for lane in lanes],
+                "contracts": [lane.contract for lane in lanes], "high_waters": [lane.high_water for lane in lanes],
+                "ties": [ties[lane.pk] for lane in lanes]})
+            created = {tuple(rest): pk for pk, *rest in cursor.fetchall()}
+    except IntegrityError as exc:
+        raise HandoffRefused("a successor lane of this chunk already exists (created concurrently); nothing was "
+                             "handed off: rerun the phase") from exc
+    return {lane.pk: created[(lane.account_id, lane.route, versions[lane.pk], lane.partition)] for lane in lanes}
+
+
+def _insert_handoffs(handoffs: list[OrderingHandoff]) -> None:
+    """Insert the handoffs (built and digested by the caller) in one statement and give each its pk."""
+    assert OrderingHandoff._meta.db_table == "cutover_orderinghandoff"
+    first = handoffs[0]
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_INSERT_HANDOFFS_SQL, {
+            "barrier_set": first.barrier_set_id, "predecessor": first.predecessor_epoch_id,
+            "successor": first.successor_epoch_id, "now": timezone.now(),
+            "accounts": [h.account_id for h in handoffs], "lanes": [h.predecessor_lane_id for h in handoffs],
+            "fences": [h.predecessor_lane_fence for h in handoffs],
+            "successor_lanes": [h.successor_lane_id for h in handoffs], "routes": [h.route for h in handoffs],
+            "old_versions": [h.predecessor_route_version for h in handoffs],
+            "new_versions": [h.successor_route_version for h in handoffs],
+            "partitions": [h.partition for h in handoffs], "contracts": [h.contract for h in handoffs],
+            "contract_digests": [bytes(h.contract_digest) for h in handoffs],
+            "high_waters": [h.high_water for h in handoffs], "ties": [h.high_water_tie for h in handoffs],
+            "derived": [h.derived_from_id for h in handoffs], "digests": [bytes(h.handoff_digest) for h in handoffs]})
+        created = {lane: pk for pk, lane in cursor.fetchall()}
+    for handoff in handoffs:
+        handoff.pk = created[handoff.predecessor_lane_id]
 
 
 def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> HandoffChunk:
@@ -174,7 +263,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> 
             successor_epoch=succ, predecessor_lane_id__in=[lane.pk for lane in locked])}
         out.done.update(existing)
         todo = [lane for lane in locked if lane.pk not in existing]
-        derived = _lane_refusals(todo, succ, out)
+        derived = _lane_refusals(todo, succ, {pk: version for pk, (_digest, version) in contracts.items()}, out)
         todo = [lane for lane in todo if lane.pk not in out.refused]
         if not todo:
             return out
@@ -184,22 +273,13 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> 
         if frozen != len(fresh):
             raise HandoffRefused(f"{len(fresh) - frozen} lane(s) changed under their lock; nothing was handed off")
         ties = {lane.pk: None if lane.high_water_tie is None else bytes(lane.high_water_tie) for lane in todo}
-        try:
-            with transaction.atomic():
-                staged = OrderingLane.objects.bulk_create([OrderingLane(
-                    epoch=succ, account_id=lane.account_id, route=lane.route, route_version=contracts[lane.pk][1],
-                    partition=lane.partition, contract=lane.contract, baseline=lane.high_water,
-                    baseline_origin=HANDOFF_BASELINE_ORIGIN, high_water=lane.high_water, high_water_tie=ties[lane.pk])
-                    for lane in todo])
-        except IntegrityError as exc:
-            raise HandoffRefused("a successor lane of this chunk already exists (created concurrently); nothing "
-                                 "was handed off: rerun the phase") from exc
+        staged = _stage_lanes(succ, todo, {pk: version for pk, (_digest, version) in contracts.items()}, ties)
         handoffs = []
-        for lane, successor_lane in zip(todo, staged, strict=True):
+        for lane in todo:
             prior = derived.get(lane.pk)
             handoff = OrderingHandoff(
                 barrier_set=row, predecessor_epoch=pred, successor_epoch=succ, account_id=lane.account_id,
-                predecessor_lane=lane, successor_lane=successor_lane,
+                predecessor_lane=lane, successor_lane_id=staged[lane.pk],
                 predecessor_lane_fence=lane.fence + 1 if prior is None else prior.predecessor_lane_fence,
                 route=lane.route, predecessor_route_version=lane.route_version,
                 successor_route_version=contracts[lane.pk][1], partition=lane.partition, contract=lane.contract,
@@ -207,7 +287,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> 
                 derived_from=prior)
             handoff.handoff_digest = _handoff_digest(handoff)
             handoffs.append(handoff)
-        OrderingHandoff.objects.bulk_create(handoffs)
+        _insert_handoffs(handoffs)
         audit_records_each(actor=actor, model=OrderingHandoff, action="ordering_handoff", rows=[
             (h.pk, h.predecessor_lane_fence, bytes(h.handoff_digest),
              f"lane {h.predecessor_lane_id} frozen at high-water {h.high_water}" if h.derived_from is None else
