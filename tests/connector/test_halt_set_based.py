@@ -172,3 +172,16 @@ HALT_CHUNK_STATEMENTS = 10
 def test_halt_chunk_statement_count_does_not_grow_with_the_chunk(db):
     """halt_chunk runs the same number of statements for 3 and for 30 accounts (R27, R31)."""
     assert _chunk_statements("s3-", 3) == _chunk_statements("s30-", 30) <= HALT_CHUNK_STATEMENTS
+
+
+def test_the_set_based_confirm_refuses_a_declaration_it_does_not_evaluate(monkeypatch):
+    """If confirm_halted's declaration gained a condition (or lost halt_clear), the set-based confirm would not
+    evaluate it: `confirm_edge` then refuses, so the statement cannot drift from the django-fsm table. (R31)"""
+    (declared,) = AccountServingGate.confirm_halted._django_fsm.transitions.values()
+    assert gate_sets.confirm_edge() == (declared.source, declared.target)
+    monkeypatch.setattr(declared, "conditions", [*declared.conditions, lambda gate: gate.fence > 0])
+    with pytest.raises(TransitionRefused, match="halt_clear"):
+        gate_sets.confirm_edge()
+    monkeypatch.setattr(declared, "conditions", [])
+    with pytest.raises(TransitionRefused, match="halt_clear"):
+        gate_sets.confirm_edge()
