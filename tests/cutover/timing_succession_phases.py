@@ -1,7 +1,7 @@
 """Timing of the successor phases halt_all and handoff_all (issue 19, D-281/D-282), per-gate/per-lane paths vs the
 set-based chunks, side by side in one run on two identical worlds. Not part of the suite (no `test_` file name):
 
-    TIMING_ACCOUNTS=1000 /work/t.sh WORKTREE _SUFFIX REDISDB tests/cutover/timing_succession_phases.py -s -q \
+    TIMING_ACCOUNTS=1000 [TIMING_PER_ROW=0] /work/t.sh WORKTREE _SUFFIX REDISDB tests/cutover/timing_succession_phases.py -s -q \
         --timeout 3600
 
 Each world: TIMING_ACCOUNTS accounts through the owner services (pack A, one epoch active, a successor verified),
@@ -28,6 +28,7 @@ from tests.cutover.succession_helpers import ACTOR, WEBHOOK, held_barrier
 
 ACCOUNTS = int(os.environ.get("TIMING_ACCOUNTS", "20"))
 PARTITIONS = int(os.environ.get("TIMING_PARTITIONS", "4"))
+PER_ROW = os.environ.get("TIMING_PER_ROW", "1") == "1"  # 0: the set-based phases only (larger N)
 
 
 def _world(prefix: str):
@@ -44,38 +45,46 @@ def _world(prefix: str):
 
 @pytest.mark.django_db
 def test_timing_halt_all_and_handoff_all():
-    per_row, chunked = _world("tp-"), _world("tc-")
+    per_row, chunked = _world("tp-") if PER_ROW else None, _world("tc-")
     seconds: dict[str, float] = {}
 
     def note(name: str, began: float) -> None:
         seconds[name] = time.monotonic() - began
         print(f"TIMING {name:24} {seconds[name]:8.2f} s (load {os.getloadavg()[0]:.2f})", flush=True)
 
-    began = time.monotonic()
-    for account in per_row.accounts:
-        for action in ("halt_v2", "confirm_halted"):
-            gate_services.gate_transition(account_id=account.pk, action=action, expected_fence=None, actor=ACTOR,
-                                          reason=succession_phases.REASON)
-    note("halt per gate", began)
-    barrier = held_barrier(per_row)
-    began = time.monotonic()
-    for lane_pk in OrderingLane.objects.filter(epoch=per_row.epoch).order_by("pk").values_list("pk", flat=True):
-        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR)
-    note("handoff per lane", began)
-
-    began = time.monotonic()
-    halted = succession_phases.halt_all(predecessor=chunked.epoch, actor=ACTOR)
-    note("halt_all set-based", began)
-    barrier = held_barrier(chunked)
-    began = time.monotonic()
-    handed = succession_phases.handoff_all(barrier_set=barrier, actor=ACTOR)
-    note("handoff_all set-based", began)
-
-    assert halted.complete and handed.complete and handed.total == ACCOUNTS * PARTITIONS
-    for world in (per_row, chunked):
+    if PER_ROW:
+        _per_row(per_row, note)
+    _set_based(chunked, note)
+    for world in (per_row, chunked) if PER_ROW else (chunked,):
         assert set(AccountServingGate.objects.filter(account__in=world.accounts).values_list("mode", flat=True)) == {
             GateMode.V2_HALTED}
         assert OrderingHandoff.objects.filter(successor_epoch=world.successor).count() == ACCOUNTS * PARTITIONS
     print(f"\nTIMING accounts={ACCOUNTS} partitions={PARTITIONS} load={os.getloadavg()[0]:.2f}")
-    print(f"TIMING halt ratio {seconds['halt per gate'] / seconds['halt_all set-based']:.1f}x, handoff ratio "
-          f"{seconds['handoff per lane'] / seconds['handoff_all set-based']:.1f}x")
+    if PER_ROW:
+        print(f"TIMING halt ratio {seconds['halt per gate'] / seconds['halt_all set-based']:.1f}x, handoff ratio "
+              f"{seconds['handoff per lane'] / seconds['handoff_all set-based']:.1f}x")
+
+
+def _per_row(world, note) -> None:
+    began = time.monotonic()
+    for account in world.accounts:
+        for action in ("halt_v2", "confirm_halted"):
+            gate_services.gate_transition(account_id=account.pk, action=action, expected_fence=None, actor=ACTOR,
+                                          reason=succession_phases.REASON)
+    note("halt per gate", began)
+    barrier = held_barrier(world)
+    began = time.monotonic()
+    for lane_pk in OrderingLane.objects.filter(epoch=world.epoch).order_by("pk").values_list("pk", flat=True):
+        succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR)
+    note("handoff per lane", began)
+
+
+def _set_based(world, note) -> None:
+    began = time.monotonic()
+    halted = succession_phases.halt_all(predecessor=world.epoch, actor=ACTOR)
+    note("halt_all set-based", began)
+    barrier = held_barrier(world)
+    began = time.monotonic()
+    handed = succession_phases.handoff_all(barrier_set=barrier, actor=ACTOR)
+    note("handoff_all set-based", began)
+    assert halted.complete and handed.complete and handed.total == ACCOUNTS * PARTITIONS
