@@ -2,8 +2,9 @@
 
 Each phase is a loop of set-based chunk transactions (`gate_sets.halt_chunk`,
 `succession_handoffs.handoff_chunk`; issue 19, D-281/D-282), each its own fenced transaction over the gates or
-lanes of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts, so a phase is idempotent and resumable: rerunning it skips what is done
-and retries what was refused. `on_step(i, n, text)` reports progress (a progress bar in the command, nothing on the console).
+lanes of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts, so a phase is idempotent and resumable: rerunning it
+skips what is done and retries what was refused. `on_step(i, n, text)` reports progress once per chunk (a
+progress bar in the command, nothing on the console).
 """
 from __future__ import annotations
 
@@ -71,15 +72,18 @@ def handoff_all(*, barrier_set: ServingPublicationBarrierSet, actor: Actor, on_s
                .values_list("predecessor_lane_id", flat=True))
     outcome = PhaseOutcome(total=len(lanes))
     outcome.done = sum(1 for _account, pk in lanes if pk in done)
-    todo = [(account_id, pk) for account_id, pk in lanes if pk not in done]
-    accounts = sorted({account_id for account_id, _pk in todo})
+    todo: dict[int, list[int]] = {}
+    for account_id, pk in lanes:
+        if pk not in done:
+            todo.setdefault(account_id, []).append(pk)
+    accounts = sorted(todo)
     size = gate_sets.halt_chunk_accounts()
     seen = outcome.done
     if seen:
         on_step(seen, len(lanes), f"{seen} lane(s) already handed off")
     for start in range(0, len(accounts), size):
-        chunk = set(accounts[start:start + size])
-        lane_pks = [pk for account_id, pk in todo if account_id in chunk]
+        chunk = accounts[start:start + size]
+        lane_pks = [pk for account_id in chunk for pk in todo[account_id]]
         try:
             result = succession_handoffs.handoff_chunk(barrier_set_pk=barrier_set.pk, lane_pks=lane_pks, actor=actor)
         except ConnectorError as exc:
@@ -89,7 +93,7 @@ def handoff_all(*, barrier_set: ServingPublicationBarrierSet, actor: Actor, on_s
             outcome.done += len(result.done)
             outcome.refused += [f"lane {pk}: {detail}" for pk, detail in sorted(result.refused.items())]
         seen += len(lane_pks)
-        on_step(seen, len(lanes), f"accounts {min(chunk)}..{max(chunk)}: {len(lane_pks)} lanes" + "".join(
+        on_step(seen, len(lanes), f"accounts {chunk[0]}..{chunk[-1]}: {len(lane_pks)} lanes" + "".join(
             f"; lane {pk} frozen at high-water {h.high_water}" for pk, h in sorted(result.done.items())[:3]))
     return outcome
 

@@ -1,8 +1,8 @@
 """Timing of the successor phases halt_all and handoff_all (issue 19, D-281/D-282), per-gate/per-lane paths vs the
 set-based chunks, side by side in one run on two identical worlds. Not part of the suite (no `test_` file name):
 
-    TIMING_ACCOUNTS=1000 [TIMING_PER_ROW=0] /work/t.sh WORKTREE _SUFFIX REDISDB tests/cutover/timing_succession_phases.py -s -q \
-        --timeout 3600
+    TIMING_ACCOUNTS=1000 [TIMING_PER_ROW=0] /work/t.sh WORKTREE _SUFFIX REDISDB \
+        tests/cutover/timing_succession_phases.py -s -q --timeout 3600
 
 Each world: TIMING_ACCOUNTS accounts through the owner services (pack A, one epoch active, a successor verified),
 TIMING_PARTITIONS open lanes per account on the predecessor (bulk-inserted: lanes with a high-water, no work on
@@ -36,10 +36,10 @@ def _world(prefix: str):
     world.successor = serving.epoch_verify(epoch_pk=serving.epoch_prepare_from_owners(
         epoch_id=f"{prefix}epoch-2", configuration_generation_id=world.configuration.generation_id, actor=ACTOR).pk,
         actor=ACTOR)
-    route_version = 1
     OrderingLane.objects.bulk_create([OrderingLane(
-        epoch=world.epoch, account=account, route=WEBHOOK, route_version=route_version, partition=f"rec-{p}",
-        contract="latest_source_position", high_water=100 + p) for account in world.accounts for p in range(PARTITIONS)])
+        epoch=world.epoch, account=account, route=WEBHOOK, route_version=1, partition=f"rec-{p}",
+        contract="latest_source_position", high_water=100 + p)
+        for account in world.accounts for p in range(PARTITIONS)])
     return world
 
 
