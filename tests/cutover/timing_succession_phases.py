@@ -43,7 +43,9 @@ def _world(prefix: str):
     return world
 
 
-@pytest.mark.django_db
+# transaction=True: every phase transaction really commits (inside the default test transaction the per-gate and
+# per-lane paths would pay no commit, and their xact advisory locks would pile up until the test ends).
+@pytest.mark.django_db(transaction=True)
 def test_timing_halt_all_and_handoff_all():
     per_row, chunked = _world("tp-") if PER_ROW else None, _world("tc-")
     seconds: dict[str, float] = {}
