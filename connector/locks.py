@@ -352,3 +352,26 @@ def account_executions_lease(*, account_id: int, epoch_pk: int, execution_pks: l
                                                    "epoch": epoch_pk, "holder": holder, "now": now,
                                                    "expires": expires})
         return sorted((int(pk), int(ordinal), int(fence)) for pk, ordinal, fence in cursor.fetchall())
+
+
+# The per-gate fair advisory locks of `gate_for_update`, for several gates, taken exclusively one after the other in
+# the array's (ascending) order: the aggregate consumes the function scan of unnest row by row, in array order.
+_GATES_FAIR_SQL = ("SELECT count(pg_advisory_xact_lock(%s, (a.id %% 2147483647)::int)) "
+                   "FROM unnest(%s::bigint[]) AS a(id)")
+
+
+def gates_fair_for_update(account_ids: Iterable[int]) -> list[AccountServingGate]:
+    """`gate_for_update` for a chunk of gates in two statements (the whole-service halt, D-281): each gate's fair
+    advisory lock exclusive, in ascending account id (one statement), then the gates FOR UPDATE in ascending
+    account id (one statement). The same locks, in the same order, as `gate_for_update` called per account, so a
+    writer holding a gate FOR SHARE with its advisory lock shared is waited for, and later writers queue behind.
+    The caller bounds the chunk (CONNECTOR["HALT_CHUNK_ACCOUNTS"]): one advisory lock per gate fills PostgreSQL's
+    shared lock table beyond ~12,800 (D-209)."""
+    forget_serving()
+    ordered = sorted(set(account_ids))
+    if not ordered:
+        return []
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_GATES_FAIR_SQL, [ADVISORY_LOCK_KEYS["account_gate"], ordered])
+    return list(AccountServingGate.objects.filter(account_id__in=ordered).order_by("account_id")
+                .select_for_update(of=("self",)))

@@ -12,8 +12,10 @@ class EffectsConfig(AppConfig):
         from effects import selectors
         from effects.services import dispatch, identity, runtime_bridge
 
-        # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate).
-        hooks.register_halt_blocker(dispatch.open_permit_reasons)
+        # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate); the set
+        # form serves the whole-service halt (D-281).
+        hooks.register_halt_blocker(dispatch.open_permit_reasons,
+                                    of_gates=selectors.open_permit_reasons_of)
         # draining -> retired requires every RemoteEffect authored under the epoch terminal (D-267).
         hooks.register_retention_blocker(selectors.effect_retention_blockers)
         # Runtime authors outbound commands in its application transaction through this bridge.

@@ -1,7 +1,9 @@
 """Read paths of the effects app that other apps may use (apps meet only through services and selectors)."""
 from __future__ import annotations
 
-from effects.choices import EFFECT_TERMINAL
+from django.db import connection
+
+from effects.choices import EFFECT_TERMINAL, PermitState
 from effects.models import (
     DeliveryOperation,
     DispatchPermit,
@@ -17,7 +19,7 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
            "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "effect_retention_blockers",
-           "nonterminal_effects_of_epoch"]
+           "nonterminal_effects_of_epoch", "open_permit_reasons_of"]
 
 
 def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]:
@@ -57,3 +59,25 @@ def destination_limiter_overview(limiter) -> dict:
             "rate": f"{recent / RATE_WINDOW_SECONDS:.1f}/s over {RATE_WINDOW_SECONDS} s",
             "in_flight": permits.filter(state__in=("granted", "sending")).count(),
             "deferrals": limiter.deferrals_total}
+
+
+# `dispatch.open_permit_reasons` for several gates in one statement: each gate's first 20 open permits, pk order.
+_OPEN_PERMITS_OF_GATES_SQL = """
+SELECT gate_id, id, state FROM (
+    SELECT p.gate_id, p.id, p.state, row_number() OVER (PARTITION BY p.gate_id ORDER BY p.id) AS n
+      FROM effects_dispatchpermit p
+     WHERE p.gate_id = ANY(%(gates)s::bigint[]) AND p.state = ANY(%(states)s::text[])
+) AS open_permits WHERE n <= 20 ORDER BY gate_id, id"""
+
+
+def open_permit_reasons_of(gates: list) -> dict[int, list[str]]:
+    """`dispatch.open_permit_reasons` of every gate of `gates` in one query, {gate pk: reasons} (clear gates
+    absent): the set form of the halt blocker, for the whole-service halt (D-281)."""
+    assert DispatchPermit._meta.db_table == "effects_dispatchpermit"
+    found: dict[int, list[str]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_OPEN_PERMITS_OF_GATES_SQL, {"gates": sorted({g.pk for g in gates}),
+                                                    "states": [PermitState.GRANTED, PermitState.SENDING]})
+        for gate_pk, pk, state in cursor.fetchall():
+            found.setdefault(gate_pk, []).append(f"open dispatch permit #{pk} ({state})")
+    return found

@@ -8,6 +8,10 @@ CONNECTOR = {
     # account set is refused with ACTIVATION_CARDINALITY_EXCEEDED before any barrier closes. The bench measured
     # 100,000 (docs/benchmarks.md, "Whole-service activation at scale").
     "ACTIVATION_MAX_ACCOUNTS": env_int("CONNECTOR_ACTIVATION_MAX_ACCOUNTS", 100_000),
+    # Accounts one transaction of the whole-service halt and of the successor's handoffs covers (issue 19,
+    # D-281/D-282): each halted gate holds its fair advisory lock until the chunk commits, and PostgreSQL's shared
+    # lock table holds ~12,800 of them (D-209), so the chunk stays far below that.
+    "HALT_CHUNK_ACCOUNTS": env_int("CONNECTOR_HALT_CHUNK_ACCOUNTS", 256),
     "SIGNATURE_TOLERANCE_SECONDS": env_int("CONNECTOR_SIGNATURE_TOLERANCE_SECONDS", 300),
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
     # Executions one worker step claims in one transaction (D-204); the lease above must cover running them all.

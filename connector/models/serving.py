@@ -134,6 +134,12 @@ class ServingEpochCredentialProof(models.Model):
         ]
 
 
+def halt_clear(gate) -> bool:
+    """The one condition of `confirm_halted`: no halt blocker (the open-permit set is empty). Named, so the
+    whole-service halt can check it is the condition it evaluates set-based (connector.services.gate_sets, D-281)."""
+    return not hooks.halt_blockers(gate)
+
+
 class AccountServingGate(ConcurrentTransitionMixin, models.Model):
     """The one fenced per-account serving gate. Invariants: one per account; `fence` advances by exactly one on
     every transition; the gate names an exact epoch (ID and digest) in the V2 modes and none otherwise; the
@@ -221,7 +227,7 @@ class AccountServingGate(ConcurrentTransitionMixin, models.Model):
 
     @transition(field=mode, source=GateMode.HALTING_V2, target=GateMode.V2_HALTED,
                 permission="connector.operate_accountservinggate",
-                conditions=[lambda gate: not hooks.halt_blockers(gate)])
+                conditions=[halt_clear])
     def confirm_halted(self) -> None:
         self._advance()
 

@@ -77,3 +77,34 @@ def audit_records(*, actor: Actor, model, rows: Sequence[tuple[int, int | None]]
     if written != len(rows):
         raise AssertionError(f"{written} audit rows written for {len(rows)} transitions")
     return written
+
+
+# `AUDIT_INSERT_MANY_SQL` where each row carries its own evidence digest and reason (handoffs, D-282).
+AUDIT_INSERT_EACH_SQL = """
+INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                   fence, evidence_digest, reason)
+SELECT %(at)s::timestamptz, %(actor)s, %(actor_user_id)s::bigint, %(entity_type)s, v.entity_id, %(action)s,
+       %(from_state)s, %(to_state)s, v.fence, v.evidence_digest, v.reason
+  FROM unnest(%(entity_ids)s::text[], %(fences)s::bigint[], %(evidence)s::bytea[], %(reasons)s::text[])
+       WITH ORDINALITY AS v(entity_id, fence, evidence_digest, reason, ordinal)
+ ORDER BY v.ordinal
+"""
+
+
+def audit_records_each(*, actor: Actor, model, rows: Sequence[tuple[int, int | None, bytes | None, str]], action: str,
+                       from_state: str = "", to_state: str = "") -> int:
+    """The rows `audit_record` would write for each (entity pk, fence, evidence digest, reason) of `rows`, in that
+    order, with one INSERT ... SELECT. Returns the number of rows written."""
+    assert transaction.get_connection().in_atomic_block, "audit rows are written inside the audited transaction"
+    if not rows:
+        return 0
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(AUDIT_INSERT_EACH_SQL, {
+            "at": timezone.now(), "actor": str(actor), "actor_user_id": getattr(actor.user, "pk", None),
+            "entity_type": model._meta.label, "action": action, "from_state": from_state, "to_state": to_state,
+            "entity_ids": [str(r[0]) for r in rows], "fences": [r[1] for r in rows],
+            "evidence": [None if r[2] is None else bytes(r[2]) for r in rows], "reasons": [r[3] for r in rows]})
+        written = cursor.rowcount
+    if written != len(rows):
+        raise AssertionError(f"{written} audit rows written for {len(rows)} records")
+    return written

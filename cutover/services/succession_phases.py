@@ -1,8 +1,10 @@
 """The multi-row phases of a successor activation, shared by `manage.py succession` and the cutover console.
 
-Each phase is a loop of single-row service calls (`gate_transition`, `ordering_handoff`), each its own fenced
-transaction, so a phase is idempotent and resumable: rerunning it skips what is done and retries what was
-refused. `on_step(i, n, text)` reports progress (a progress bar in the command, nothing on the console).
+Each phase is a loop of set-based chunk transactions (`gate_sets.halt_chunk`,
+`succession_handoffs.handoff_chunk`; issue 19, D-281/D-282), each its own fenced transaction over the gates or
+lanes of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts, so a phase is idempotent and resumable: rerunning it
+skips what is done and retries what was refused. `on_step(i, n, text)` reports progress once per chunk (a
+progress bar in the command, nothing on the console).
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from dataclasses import dataclass, field
 from connector.actors import Actor
 from connector.choices import GateMode
 from connector.errors import ConnectorError
-from connector.selectors.rows import AccountServingGate, OrderingLane, ServingEpoch
-from connector.services import gates as gate_services
+from connector.selectors.rows import OrderingLane, ServingEpoch
+from connector.services import gate_sets
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
-from cutover.services import succession
+from cutover.services import succession, succession_handoffs
 
 Step = Callable[[int, int, str], None]
 REASON = "successor activation (requires_drain)"
@@ -37,48 +39,62 @@ class PhaseOutcome:
 
 
 def halt_all(*, predecessor: ServingEpoch, actor: Actor, on_step: Step = _quiet) -> PhaseOutcome:
-    """Move every gate of the predecessor's account set v2_serving -> halting_v2 -> v2_halted. An open permit keeps
-    a gate `halting_v2` (the halt blocker); that account is listed as refused and the phase can be rerun."""
+    """Move every gate of the predecessor's account set v2_serving -> halting_v2 -> v2_halted, set-based: one
+    transaction per chunk of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts (`gate_sets.halt_chunk`, D-281),
+    on_step once per chunk. An open permit keeps a gate `halting_v2` (the halt blocker); that account is listed as
+    refused and the phase can be rerun."""
     accounts = sorted(predecessor.configuration.accounts.values_list("account_id", flat=True))
     outcome = PhaseOutcome(total=len(accounts))
-    for i, account_id in enumerate(accounts, 1):
-        gate = AccountServingGate.objects.get(account_id=account_id)
+    size = gate_sets.halt_chunk_accounts()
+    for start in range(0, len(accounts), size):
+        chunk = accounts[start:start + size]
         try:
-            if gate.mode == GateMode.V2_SERVING:
-                gate = gate_services.gate_transition(account_id=account_id, action="halt_v2",
-                                                     expected_fence=gate.fence, actor=actor, reason=REASON)
-            if gate.mode == GateMode.HALTING_V2:
-                gate = gate_services.gate_transition(account_id=account_id, action="confirm_halted",
-                                                     expected_fence=gate.fence, actor=actor, reason=REASON)
+            result = gate_sets.halt_chunk(account_ids=chunk, actor=actor, reason=REASON)
         except ConnectorError as exc:
-            outcome.refused.append(f"account {account_id}: {exc.detail}")
-        if gate.mode == GateMode.V2_HALTED:
-            outcome.done += 1
-        on_step(i, len(accounts), f"account {account_id}: {gate.mode}")
+            outcome.refused += [f"account {account_id}: {exc.detail}" for account_id in chunk]
+            on_step(start + len(chunk), len(accounts), f"accounts {chunk[0]}..{chunk[-1]}: REFUSED")
+            continue
+        outcome.refused += [f"account {a}: {detail}" for a, detail in sorted(result.refused.items())]
+        outcome.done += sum(1 for mode in result.modes.values() if mode == GateMode.V2_HALTED)
+        on_step(start + len(chunk), len(accounts),
+                f"accounts {chunk[0]}..{chunk[-1]}: {result.halted} halted, {result.confirmed} confirmed, "
+                f"{len(result.refused)} refused")
     return outcome
 
 
 def handoff_all(*, barrier_set: ServingPublicationBarrierSet, actor: Actor, on_step: Step = _quiet) -> PhaseOutcome:
-    """One OrderingHandoff per predecessor lane not yet handed off. A lane with nonterminal work is refused and
-    listed; rerun after it drained."""
-    lanes = list(OrderingLane.objects.filter(epoch_id=barrier_set.predecessor_epoch_id).order_by("pk")
-                 .values_list("pk", flat=True))
+    """One OrderingHandoff per predecessor lane not yet handed off, set-based: one transaction per chunk of the
+    lanes of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts (`succession_handoffs.handoff_chunk`, D-282),
+    on_step once per chunk. A lane with nonterminal work is refused and listed; rerun after it drained."""
+    lanes = list(OrderingLane.objects.filter(epoch_id=barrier_set.predecessor_epoch_id).order_by("account_id", "pk")
+                 .values_list("account_id", "pk"))
     done = set(OrderingHandoff.objects.filter(successor_epoch_id=barrier_set.successor_epoch_id)
                .values_list("predecessor_lane_id", flat=True))
     outcome = PhaseOutcome(total=len(lanes))
-    for i, lane_pk in enumerate(lanes, 1):
-        if lane_pk in done:
-            outcome.done += 1
-            on_step(i, len(lanes), f"lane {lane_pk}: already handed off")
-            continue
+    outcome.done = sum(1 for _account, pk in lanes if pk in done)
+    todo: dict[int, list[int]] = {}
+    for account_id, pk in lanes:
+        if pk not in done:
+            todo.setdefault(account_id, []).append(pk)
+    accounts = sorted(todo)
+    size = gate_sets.halt_chunk_accounts()
+    seen = outcome.done
+    if seen:
+        on_step(seen, len(lanes), f"{seen} lane(s) already handed off")
+    for start in range(0, len(accounts), size):
+        chunk = accounts[start:start + size]
+        lane_pks = [pk for account_id in chunk for pk in todo[account_id]]
         try:
-            handoff = succession.ordering_handoff(barrier_set_pk=barrier_set.pk, lane_pk=lane_pk, actor=actor)
+            result = succession_handoffs.handoff_chunk(barrier_set_pk=barrier_set.pk, lane_pks=lane_pks, actor=actor)
         except ConnectorError as exc:
-            outcome.refused.append(f"lane {lane_pk}: {exc.detail}")
-            on_step(i, len(lanes), f"lane {lane_pk}: REFUSED")
-            continue
-        outcome.done += 1
-        on_step(i, len(lanes), f"lane {lane_pk}: frozen at high-water {handoff.high_water}")
+            result = succession_handoffs.HandoffChunk()
+            outcome.refused += [f"lane {pk}: {exc.detail}" for pk in lane_pks]
+        else:
+            outcome.done += len(result.done)
+            outcome.refused += [f"lane {pk}: {detail}" for pk, detail in sorted(result.refused.items())]
+        seen += len(lane_pks)
+        on_step(seen, len(lanes), f"accounts {chunk[0]}..{chunk[-1]}: {len(lane_pks)} lanes" + "".join(
+            f"; lane {pk} frozen at high-water {h.high_water}" for pk, h in sorted(result.done.items())[:3]))
     return outcome
 
 
