@@ -163,8 +163,8 @@ def gates_for_update(account_ids: Iterable[int]) -> list[GateRow]:
     """Whole-service transitions (activation) lock every gate row; they take no per-gate advisory lock: one per
     gate would exhaust PostgreSQL's shared lock table beyond ~12,800 accounts (bench activation), and no guarded
     writer holds a gate in the modes these transitions start from (v2_validating, v2_halted, and the V1 modes of
-    V1 shutdown's set-based steps, D-208). halt_v2 (from v2_serving, where writers hold the gate) stays per gate
-    through gate_for_update and its advisory lock (D-209).
+    V1 shutdown's set-based steps, D-208). halt_v2 (from v2_serving, where writers hold the gate) takes each
+    gate's advisory lock too, per chunk of at most HALT_CHUNK_ACCOUNTS gates (gates_fair_for_update, D-209, D-281).
 
     One `SELECT ... FOR UPDATE` in ascending account id (the same rows and order as before) returning GateRow
     tuples of the compared columns, not model instances (D-278: building N instances was a third of the lock
