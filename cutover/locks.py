@@ -52,3 +52,14 @@ def lanes_for_update(lane_pks: Iterable[int]) -> list[int]:
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(LANES_FOR_UPDATE_SQL, [ordered])
         return [pk for (pk,) in cursor.fetchall()]
+
+
+def lane_rows_for_update(lane_pks: Iterable[int]) -> list[OrderingLane]:
+    """Every listed OrderingLane FOR UPDATE, ascending pk, in one statement, as instances: the set-based handoffs
+    (cutover.services.succession_handoffs, at most HALT_CHUNK_ACCOUNTS accounts' lanes) freeze and copy them."""
+    ordered = sorted(set(lane_pks))
+    if not ordered:
+        return []
+    sql = (f"SELECT * FROM {OrderingLane._meta.db_table} WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE")
+    return list(OrderingLane.objects.raw(sql, [ordered]))
+

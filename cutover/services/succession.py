@@ -81,7 +81,6 @@ def _epoch(epoch_id: str) -> ServingEpoch:
 
 
 def _accounts(epoch: ServingEpoch) -> list[int]:
-    # By the configuration's key: loading `epoch.configuration` would read its payload (about 500 B per account).
     configuration = ServiceConfigurationGeneration(pk=epoch.configuration_id)
     return sorted(configuration.accounts.values_list("account_id", flat=True))
 
@@ -217,8 +216,7 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
         successor = connector_locks.epoch_for_share(row.successor_epoch_id)
         if successor.state != EpochState.VERIFIED or not _same(successor.digest, row.successor_digest):
             raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state} or not the bound bytes")
-        # The final owner reread, under the held fences (CV2-11-013, CV2-02-039; D-285): no owner write can commit
-        # between it and the set's release, so the activation does not reread.
+        # The final owner reread, under the held fences (CV2-11-013, CV2-02-039, D-285): the activation does not.
         drift = serving.epoch_owner_drift(epoch_pk=row.successor_epoch_id)
         if drift is not None:
             raise SuccessorDrifted(f"successor owners changed under the barrier: {drift[0]}: {drift[1]}")
@@ -401,8 +399,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
 # -- activation -----------------------------------------------------------------------------------------------
 
 def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingEpoch:
-    """The one successor activation transaction (CV2-11-023/024/057). The owners were reread by the hold under
-    the held fences (D-285); the frozen owner receipts are compared again.
+    """The one successor activation transaction (CV2-11-023/024/057); the hold reread the owners (D-285).
 
     Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
     UPDATE (ascending pk; `active` and `verified` with the bound digests), every gate FOR UPDATE (ascending
@@ -421,9 +418,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         return ServingEpoch.objects.get(pk=current.successor_epoch_id)
     if current.successor_class != SuccessorClass.REQUIRES_DRAIN:
         raise SuccessorClassUnsupported()
-    # No owner reread here (D-285): the hold reread every owner under the held fences, owner generations and
-    # proofs are immutable, and every owner write is refused while the set is held. The frozen receipts are
-    # compared again (immutable rows: before the transaction, like the handoff digests, D-280).
+    # No owner reread (D-285: the hold's, under its locks, is final); the frozen receipts are compared again.
     successor = ServingEpoch.objects.defer("preimage").get(pk=current.successor_epoch_id)
     frozen = _owner_receipts_digest(successor)
     predecessor = ServingEpoch.objects.defer("preimage").get(pk=current.predecessor_epoch_id)

@@ -258,7 +258,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> 
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
         pred, succ = _succession_locked(row, accounts, sorted({lane["account_id"] for lane in lanes}))
-        locked = locks.lanes_for_update(contracts)
+        locked = locks.lane_rows_for_update(contracts)
         existing = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(
             successor_epoch=succ, predecessor_lane_id__in=[lane.pk for lane in locked])}
         out.done.update(existing)

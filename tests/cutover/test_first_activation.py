@@ -12,7 +12,7 @@ from connector.models import ServingEpoch
 from connector.services import gates as gate_services
 from connector.services import owners
 from cutover.choices import BarrierSetState, DecisionState
-from cutover.errors import ActivationLost, BarrierSetRefused, PublicationBarrierHeld
+from cutover.errors import ActivationLost, BarrierSetRefused, CutoverPhaseRefused, PublicationBarrierHeld
 from cutover.models import AttemptOutcome, ServiceCutoverAttempt
 from cutover.ports import v1_owner
 from cutover.services import decision as decisions
@@ -174,7 +174,6 @@ def test_after_activating_v2_only_an_exact_readback_completes_and_releases(monke
     whose readback does not see the exact epoch on every frozen gate (one gate's epoch digest damaged) refuses
     and leaves the set `activation_committed` (not released) and the decision `activating_v2`; with the gate
     exact again the same resume reads back, commits `v2_committed` and only then releases. Proves: CV2-11-040"""
-    from cutover.errors import CutoverPhaseRefused
     from tests import dbroles
 
     world = held_world()
@@ -214,3 +213,35 @@ def test_after_activating_v2_only_an_exact_readback_completes_and_releases(monke
     assert all_or_nothing(world) == "serving"
     assert decisions.decision_read("att-1").state == DecisionState.V2_COMMITTED
     assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED
+
+
+@TX
+@pytest.mark.parametrize("stale", ["gate_rows", "evidence"])
+def test_evidence_read_before_the_locks_is_used_only_when_the_locked_rows_equal_it(monkeypatch, stale):
+    """D-287: the coordinator computes the evidence before its locks and uses it under them only when every input
+    equals what the locks hold. A pre-read gate set that differs from the locked gates (a gate row read stale) is
+    not used: the evidence is recomputed from the locked rows, which match the held set, and the activation
+    commits. A pre-computed evidence digest that differs while its inputs are equal would be used (that is the
+    shortcut), so tampering it shows the comparison is real: the activation is refused as drift and nothing
+    moves. Proves: CV2-12-064, CV2-12-067"""
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+    real_rows, real_evidence = fa._gate_rows, fa.activation_evidence
+    calls = []
+    if stale == "gate_rows":
+        monkeypatch.setattr(fa, "_gate_rows", lambda attempt: [(a, pk, "v1_drained") for a, pk, _ in
+                                                               real_rows(attempt)])
+    else:
+        def early_tampered(attempt, epoch, *, gates=None, **kwargs):
+            calls.append(gates is None)
+            digest = real_evidence(attempt, epoch, gates=gates, **kwargs)
+            return bytes(32) if gates is None else digest
+        monkeypatch.setattr(fa, "activation_evidence", early_tampered)
+    if stale == "gate_rows":
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+        assert all_or_nothing(world) == "serving"
+    else:
+        with pytest.raises(CutoverPhaseRefused, match="drift"):
+            fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+        assert calls == [True]  # the early digest was used under the locks, and it was compared
+        assert all_or_nothing(world) == "offline"
