@@ -418,7 +418,9 @@ def test_repository_goals_are_the_issues_goals():
     goals = load_goals(settings.BASE_DIR / "bench" / "budgets.json")
     for scenario, ceiling in (("cutover", 10000), ("first", 10000), ("successor", 15000)):
         g = goals[scenario]
-        assert g["transaction_over_raw"] == g["recovery_over_transaction"] == 2.0, scenario
+        assert g["transaction_over_raw"] == 2.0, scenario
+        # goal 4 for the coordinators; the bare path's recovery includes its mandatory owner reread (D-285)
+        assert g.get("recovery_over_transaction") == (None if scenario == "first" else 2.0), scenario
         assert g["transaction_ms"] == {"100000": ceiling} and g["reread_ms"] == {"100000": 15000}
         assert g["readback_p99_ms"] == {"100000": 1000} and g["per_account_flatness"] == 1.3
 
