@@ -179,9 +179,11 @@ class Accounts:
     def handle(self, command, options: dict) -> None:
         from django.core.management.base import CommandError
 
-        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases, _sizes
+        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.options import integer_list
 
-        sizes = _sizes(options["accounts"])
+        sizes = integer_list(options["accounts"], "--accounts", low=0,
+                             needs="--accounts needs at least one non-negative size")
         if len(sizes) < 2 or options["iterations"] < 1 or options["block"] < 1 or options["warmup"] < 0:
             raise CommandError("two sizes at least, --iterations and --block at least 1, --warmup not negative")
         base = options["database_name"]

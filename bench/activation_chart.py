@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.chart import save
+
 SERIES = (("transaction", "transaction (lock -> COMMIT)", "o"), ("raw", "raw set-based shape", "s"),
           ("reread_ms", "owner reread (before the lock)", "^"), ("recovery", "recovery after SIGKILL", "v"))
 TITLES = {"first": "first: epoch_activate_first", "cutover": "cutover: first_activation_commit",
@@ -61,9 +63,4 @@ def draw(report: dict, out: Path) -> Path:
         ax.set_title(TITLES.get(scenario, scenario), fontsize="small")
         ax.grid(True, which="both", linewidth=0.3)
         ax.legend(fontsize="x-small")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format=out.suffix.lstrip(".") or "svg", metadata={"Date": None} if out.suffix == ".svg" else None)
-    plt.close(fig)
-    return out
+    return save(fig, out)

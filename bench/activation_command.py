@@ -36,18 +36,10 @@ from bench.activation_goals import (
     load_goals,
     suggest_budgets,
 )
+from bench.options import integer_list
 
 
-def _accounts(value: str) -> list[int]:
-    from django.core.management.base import CommandError
 
-    try:
-        counts = sorted({int(v.replace("_", "")) for v in value.split(",") if v.strip()})
-    except ValueError as exc:
-        raise CommandError(f"--accounts must be comma-separated integers, not {value!r}") from exc
-    if not counts or counts[0] < 1:
-        raise CommandError("--accounts needs at least one cardinality, each at least 1")
-    return counts
 
 
 def add_arguments(parser) -> None:
@@ -117,7 +109,8 @@ def run(options: dict, say: Progress) -> ActivationReport:
     from connector.errors import ConnectorError
     from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
-    counts = _accounts(options["accounts"])
+    counts = integer_list(options["accounts"], "--accounts", low=1,
+                          needs="--accounts needs at least one cardinality, each at least 1")
     base = options["database_name"]
     for n in counts:
         for name in (f"{base}_{n}", f"{base}_{n}_journal"):

@@ -127,6 +127,14 @@ def draw(report: dict, out: Path) -> Path:
     if batch:
         fig.text(0.01, 0.01, f"batch receipts: {batch['events_per_s']:,.0f} events/s at 1 client "
                              f"(goal {GOAL_BATCH_EVENTS_PER_S:,.0f})", fontsize="small")
+    return save(fig, out)
+
+
+def save(fig, out: Path) -> Path:
+    """Lay out and write a matplotlib figure to `out` (its suffix names the format, SVG by default; an SVG carries
+    no date, so a redraw from the same JSON is byte-identical), close it, and return the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from bench import BUDGETS_PATH, load_budgets
 from bench.cpu import busy_percent, cpu_sample
+from bench.options import integer_list
 
 Progress = Callable[[str], None]
 
@@ -1330,16 +1331,7 @@ def write_budget_section(path: Path, section: dict) -> None:
 # the subcommand
 # =================================================================================================================
 
-def _client_counts(value: str) -> list[int]:
-    from django.core.management.base import CommandError
 
-    try:
-        counts = sorted({int(v) for v in value.split(",") if v.strip()})
-    except ValueError as exc:
-        raise CommandError(f"--clients must be comma-separated integers, not {value!r}") from exc
-    if not counts or counts[0] < 1 or counts[-1] > 32:
-        raise CommandError("--clients needs client counts between 1 and 32")
-    return counts
 
 
 class HotAccount:
@@ -1435,7 +1427,8 @@ class HotAccount:
         from connector.demo import build_world
         from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
 
-        clients = [1, 2] if options["quick"] else _client_counts(options["clients"])
+        clients = [1, 2] if options["quick"] else integer_list(options["clients"], "--clients", low=1, high=32,
+                                                               needs="--clients needs client counts between 1 and 32")
         if options["batch_only"]:
             if not options["batch_events"]:
                 raise CommandError("--batch-only needs --batch-events above 0")

@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from connector import hooks, locks
 from connector.actors import Actor
 from connector.errors import PermissionRefused, TransitionRefused
 from connector.models import AccountServingGate
 from connector.models.serving import halt_clear
-from connector.services.audit import audit_records
-from connector.services.gates import GATES_ADVANCE_SQL, fsm_edge
+from connector.services.gates import fsm_edge, gates_move
 
 DEFAULT_HALT_CHUNK_ACCOUNTS = 256
 
@@ -55,24 +53,6 @@ class HaltChunk:
     refused: dict[int, str] = field(default_factory=dict)
     halted: int = 0
     confirmed: int = 0
-
-
-def _advance(gates: list[AccountServingGate], *, action: str, source: str, target: str, actor: Actor,
-             reason: str) -> int:
-    """ONE UPDATE moving `gates` (locked, in `source`) to `target` with fence + 1, ONE audit INSERT. Returns how many
-    moved. The instances are not refreshed (django-fsm protects `mode`)."""
-    if not gates:
-        return 0
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(GATES_ADVANCE_SQL, {"source": source, "target": target, "changed_at": timezone.now(),
-                                           "ids": [g.pk for g in gates], "fences": [g.fence for g in gates]})
-        moved = sorted(cursor.fetchall())
-    if len(moved) != len(gates):
-        # Cannot happen under the locks this transaction holds; raising rolls the chunk back.
-        raise TransitionRefused(f"{len(gates) - len(moved)} gate(s) changed under their lock; nothing moved")
-    audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _account, pk, fence in moved],
-                  action=f"gate_{action}", from_state=source, to_state=target, reason=reason)
-    return len(moved)
 
 
 def _permitted(actor: Actor, action: str, source: str, gate: AccountServingGate) -> None:
@@ -110,8 +90,8 @@ def halt_chunk(*, account_ids: list[int], actor: Actor, reason: str = "") -> Hal
     to_halt = [g for g in usable if g.mode == halt_source]
     if to_halt:
         _permitted(actor, "halt_v2", halt_source, to_halt[0])
-    out.halted = _advance(to_halt, action="halt_v2", source=halt_source, target=halt_target, actor=actor,
-                          reason=reason)
+    out.halted = len(gates_move(gates=to_halt, action="halt_v2", source=halt_source, target=halt_target,
+                                actor=actor, reason=reason))
     # The halting gates as stored now (the ones just moved included), read under the locks held.
     halting = list(AccountServingGate.objects.filter(pk__in=[g.pk for g in usable], mode=confirm_source)
                    .order_by("account_id")) if out.halted or any(g.mode == confirm_source for g in usable) else []
@@ -122,8 +102,8 @@ def halt_chunk(*, account_ids: list[int], actor: Actor, reason: str = "") -> Hal
     clear = [g for g in halting if not blockers[g.pk]]
     if clear:
         _permitted(actor, "confirm_halted", confirm_source, clear[0])
-    out.confirmed = _advance(clear, action="confirm_halted", source=confirm_source, target=confirm_target,
-                             actor=actor, reason=reason)
+    out.confirmed = len(gates_move(gates=clear, action="confirm_halted", source=confirm_source,
+                                   target=confirm_target, actor=actor, reason=reason))
     modes = {g.account_id: g.mode for g in gates}
     modes.update({g.account_id: confirm_source for g in halting})
     modes.update({g.account_id: confirm_target for g in clear})

@@ -171,15 +171,25 @@ def gates_advance(*, gates: list[AccountServingGate], action: str, actor: Actor,
     if action not in ADVANCE_ACTIONS:
         raise TransitionRefused(f"{action!r} is not a set-based advance; allowed: {', '.join(ADVANCE_ACTIONS)}")
     source, target = fsm_edge(getattr(AccountServingGate, action))
-    todo = [g for g in gates if g.mode == source]
-    if not todo:
+    return gates_move(gates=[g for g in gates if g.mode == source], action=action, source=source, target=target,
+                      actor=actor, evidence_digest=evidence_digest, reason=reason)
+
+
+def gates_move(*, gates, action: str, source: str, target: str, actor: Actor, evidence_digest: bytes | None = None,
+               reason: str = "") -> list[tuple[int, int, int]]:
+    """ONE UPDATE moving `gates` (held FOR UPDATE by the caller's transaction, all in `source`) to `target` with
+    fence + 1, and ONE INSERT of their audit rows `gate_<action>`, in account order; the caller has read the edge
+    from its django-fsm declaration and judged any condition. Returns (account id, gate pk, new fence). Raises
+    TransitionRefused if a gate changed under its lock (impossible while the caller holds it): the caller's
+    transaction then rolls back. Used by gates_advance (V1 shutdown, D-208) and gate_sets.halt_chunk (D-281)."""
+    if not gates:
         return []
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(GATES_ADVANCE_SQL, {"source": source, "target": target, "changed_at": timezone.now(),
-                                           "ids": [g.pk for g in todo], "fences": [g.fence for g in todo]})
+                                           "ids": [g.pk for g in gates], "fences": [g.fence for g in gates]})
         moved = sorted(cursor.fetchall())
-    if len(moved) != len(todo):
-        raise TransitionRefused(f"{len(todo) - len(moved)} gate(s) changed under their lock; nothing moved")
+    if len(moved) != len(gates):
+        raise TransitionRefused(f"{len(gates) - len(moved)} gate(s) changed under their lock; nothing moved")
     audit_records(actor=actor, model=AccountServingGate, rows=[(pk, fence) for _, pk, fence in moved],
                   action=f"gate_{action}", from_state=source, to_state=target, evidence_digest=evidence_digest,
                   reason=reason)

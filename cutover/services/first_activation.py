@@ -68,12 +68,6 @@ def barrier_set_of(attempt: ServiceCutoverAttempt) -> ServingPublicationBarrierS
             .order_by("-pk").first())
 
 
-def _candidate(attempt: ServiceCutoverAttempt) -> ServingEpoch:
-    """The attempt's candidate epoch without its preimage (about 1.2 KB per account: 120 MB at 100,000), which no
-    phase here reads; the owner reread loads it where it compares it."""
-    return ServingEpoch.objects.defer("preimage").get(pk=attempt.candidate_epoch_id)
-
-
 def _account_ids(attempt: ServiceCutoverAttempt) -> list[int]:
     # By the configuration's key: `attempt.configuration` would load its payload (about 500 bytes per account).
     configuration = ServiceConfigurationGeneration(pk=attempt.configuration_id)
@@ -125,7 +119,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublic
     existing = barrier_set_of(attempt)
     if existing is not None and existing.state in BARRIER_SET_OPEN:
         return existing
-    epoch = _candidate(attempt)
+    epoch = attempt.candidate_epoch
     serving.activation_cardinality_check(accounts=attempt.account_count)  # before the barrier set exists (D-210)
     with transaction.atomic():
         connector_locks.epoch_for_share(epoch.pk)
@@ -205,7 +199,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
         point, point_refused = None, exc
     # The evidence computed before the locks too (D-287): its canonical encoding is linear Python (40% of the
     # transaction at 10,000 accounts). Under the locks it is used only if every input equals what the locks hold.
-    candidate = _candidate(attempt)
+    candidate = attempt.candidate_epoch  # preimage deferred by attempt_get (D-285)
     owners = succession._owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
     try:
         certificates, early_rows = _certificate_digests(attempt), _gate_rows(attempt)
@@ -272,7 +266,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
     row = barrier_set_of(attempt)
     if row is None:
         raise BarrierSetRefused(f"attempt {attempt_key} has no first-activation barrier set")
-    epoch = _candidate(attempt)
+    epoch = attempt.candidate_epoch
     if row.state == BarrierSetState.HELD:
         digest, _ = activation_decision(epoch.epoch_id)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)

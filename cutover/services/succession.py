@@ -1,12 +1,11 @@
 """V2 -> V2 successor activation, `requires_drain` only (CV2-11): the publication barrier set, the per-lane
 OrderingHandoff, and the one activation transaction.
 
-Phases, each a resumable service: `barrier_set_acquire` (row `acquiring`), `barrier_set_hold` (owners reread,
-receipts frozen: `held`), gates `v2_serving -> halting_v2 -> v2_halted` (connector `gate_transition`),
-`ordering_handoff` per predecessor lane, `successor_activate`, `barrier_set_release` (after readback).
-
-Lock order (docs/locking.md): barrier set, epochs (ascending pk), gates (ascending account id), lanes
-(ascending pk), entity rows. Slow reads (the owner reread) happen before the transactions.
+Phases, each a resumable service: `barrier_set_acquire` (`acquiring`), `barrier_set_hold` (the owners reread
+under its locks, receipts frozen: `held`, D-285), the whole-service halt and handoffs (`succession_phases`, one
+transaction per chunk), `successor_activate`, `barrier_set_release` (after readback). Lock order
+(docs/locking.md): owner barriers, barrier set, epochs (ascending pk), gates (ascending account id), lanes
+(ascending pk), entity rows.
 """
 from __future__ import annotations
 
@@ -21,17 +20,9 @@ from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
 from connector.faults import fault_point
 from connector.selectors import locks as connector_locks
-from connector.selectors.rows import (
-    AccountServingGate,
-    Execution,
-    OrderingLane,
-    Projection,
-    ProjectionWindow,
-    ServiceConfigurationGeneration,
-    ServingEpoch,
-    ServingEpochBindingProof,
-    ServingEpochCredentialProof,
-)
+from connector.selectors.rows import (AccountServingGate, Execution, OrderingLane, Projection, ProjectionWindow,
+                                     ServiceConfigurationGeneration, ServingEpoch, ServingEpochBindingProof,
+                                     ServingEpochCredentialProof)
 from connector.selectors.routes import route_for
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services import gates as gate_services
@@ -39,13 +30,8 @@ from connector.services import serving
 from connector.services.audit import audit_record
 from cutover import locks
 from cutover.choices import SUPPORTED_SUCCESSOR_CLASSES, BarrierSetState, SuccessorClass
-from cutover.errors import (
-    BarrierSetRefused,
-    HandoffRefused,
-    SuccessorActivationRefused,
-    SuccessorClassUnsupported,
-    SuccessorDrifted,
-)
+from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivationRefused, SuccessorClassUnsupported,
+                            SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from effects.selectors import nonterminal_effects_of_epoch
 
@@ -202,8 +188,8 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
 def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingPublicationBarrierSet:
     """`acquiring -> held`: lock the set (FOR UPDATE, after every owner barrier exclusive) and the successor
     epoch (FOR SHARE), reread every owner of the successor under those locks (the final reread, D-285), require the
-    same verified bytes and no owner drift, and freeze the owner receipts digest (CV2-11-013/035). Drift raises SuccessorDrifted and writes nothing.
-    Idempotent on a set already held."""
+    same verified bytes and no owner drift, and freeze the owner receipts digest (CV2-11-013/035). Drift raises
+    SuccessorDrifted and writes nothing. Idempotent on a set already held."""
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.HELD:
@@ -286,6 +272,20 @@ def _route(epoch: ServingEpoch, account_id: int, channel: str):
                              f"{exc.detail}") from exc
 
 
+def handoff_epochs_for_share(row: ServingPublicationBarrierSet) -> tuple[ServingEpoch, ServingEpoch]:
+    """Under a held set's share lock: both epochs FOR SHARE, ascending pk, each the bound state and bytes."""
+    if row.state != BarrierSetState.HELD:
+        raise HandoffRefused(f"{row} is {row.state}; handoffs run under a held barrier set")
+    epochs = {pk: connector_locks.epoch_for_share(pk)
+              for pk in sorted({row.predecessor_epoch_id, row.successor_epoch_id})}
+    pred, succ = epochs[row.predecessor_epoch_id], epochs[row.successor_epoch_id]
+    if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
+        raise HandoffRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
+    if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
+        raise HandoffRefused(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
+    return pred, succ
+
+
 def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> OrderingHandoff:
     """Freeze one predecessor lane and stage its successor lane (CV2-11-014/015/018/046).
 
@@ -321,15 +321,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
     accounts = _accounts(predecessor)
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
-        if row.state != BarrierSetState.HELD:
-            raise HandoffRefused(f"{row} is {row.state}; handoffs run under a held barrier set")
-        epochs = {e.pk: e for e in (connector_locks.epoch_for_share(pk)
-                                    for pk in sorted({predecessor.pk, successor.pk}))}
-        pred, succ = epochs[predecessor.pk], epochs[successor.pk]
-        if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
-            raise HandoffRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
-        if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
-            raise HandoffRefused(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
+        pred, succ = handoff_epochs_for_share(row)
         gates = locks.gates_for_share(accounts)
         bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk]
         if bad or len(gates) != len(accounts):

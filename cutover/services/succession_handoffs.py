@@ -23,13 +23,11 @@ from django.utils import timezone
 
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
-from connector.selectors import locks as connector_locks
 from connector.selectors.routes import ChannelNotFound, routes_for_accounts
 from connector.selectors.rows import AccountServingGate, Execution, OrderingLane, Projection, ServingEpoch
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services.audit import audit_records_each
 from cutover import locks
-from cutover.choices import BarrierSetState
 from cutover.errors import HandoffRefused
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services.succession import (
@@ -38,8 +36,8 @@ from cutover.services.succession import (
     _accounts,
     _handoff_digest,
     _require_perm,
-    _same,
     contract_digest,
+    handoff_epochs_for_share,
 )
 
 
@@ -83,15 +81,7 @@ def _contracts(lanes: list[dict], predecessor: ServingEpoch, successor: ServingE
 
 def _succession_locked(row: ServingPublicationBarrierSet, accounts: list[int], chunk_accounts: list[int]):
     """The checks of the whole succession under their locks (raise HandoffRefused for the chunk)."""
-    if row.state != BarrierSetState.HELD:
-        raise HandoffRefused(f"{row} is {row.state}; handoffs run under a held barrier set")
-    epochs = {e.pk: e for e in (connector_locks.epoch_for_share(pk)
-                                for pk in sorted({row.predecessor_epoch_id, row.successor_epoch_id}))}
-    pred, succ = epochs[row.predecessor_epoch_id], epochs[row.successor_epoch_id]
-    if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
-        raise HandoffRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
-    if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
-        raise HandoffRefused(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
+    pred, succ = handoff_epochs_for_share(row)
     cutoff_committed = OrderingHandoff.objects.filter(predecessor_epoch_id=pred.pk).exists()
     locked = chunk_accounts if cutoff_committed else accounts
     gates = locks.gates_for_share(locked)

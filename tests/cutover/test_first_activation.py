@@ -168,6 +168,18 @@ class _Stopped(Exception):
     crash of `activation.after_commit`, so the test can tamper before resuming)."""
 
 
+def stop_after_commit(monkeypatch) -> None:
+    """Run first_activation_commit of `att-1` until just after its activation COMMIT (`_Stopped` there)."""
+    def stop(name):
+        if name == "activation.after_commit":
+            raise _Stopped(name)
+
+    monkeypatch.setattr(fa, "fault_point", stop)
+    with pytest.raises(_Stopped):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    monkeypatch.undo()
+
+
 @TX
 def test_after_activating_v2_only_an_exact_readback_completes_and_releases(monkeypatch):
     """Once the decision is `activating_v2` and the activation committed, recovery goes on only forward: a resume
@@ -178,15 +190,7 @@ def test_after_activating_v2_only_an_exact_readback_completes_and_releases(monke
 
     world = held_world()
     approve_activation(world.epoch.epoch_id)
-
-    def stop(name):
-        if name == "activation.after_commit":
-            raise _Stopped(name)
-
-    monkeypatch.setattr(fa, "fault_point", stop)
-    with pytest.raises(_Stopped):
-        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
-    monkeypatch.undo()
+    stop_after_commit(monkeypatch)
     attempt = ServiceCutoverAttempt.objects.get(attempt_key="att-1")
     assert fa.barrier_set_of(attempt).state == BarrierSetState.ACTIVATION_COMMITTED
     assert decisions.decision_read("att-1").state == DecisionState.ACTIVATING_V2

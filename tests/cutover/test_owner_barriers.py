@@ -38,7 +38,7 @@ from cutover.services import first_activation as fa
 from cutover.services import succession
 from tests.concurrency import backend_pid_waiting, run_concurrently, start, wait_until
 from tests.cutover.succession_helpers import ACTOR, build_succession_world, halt_all, held_barrier
-from tests.cutover.test_first_activation import _Stopped, env, held_world  # noqa: F401 - env: the V1 world's fixture
+from tests.cutover.test_first_activation import env, held_world, stop_after_commit  # noqa: F401 - env: the V1 world's fixture
 from tests.cutover.v1_world import approve_activation, build_v1_world, to_validating
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
@@ -192,15 +192,7 @@ def test_an_urgent_revocation_no_longer_aborts_once_the_activation_won(monkeypat
     revocation commits. Proves: CV2-11-034, CV2-11-055"""
     world = held_world()
     approve_activation(world.epoch.epoch_id)
-
-    def stop(name):
-        if name == "activation.after_commit":
-            raise _Stopped(name)
-
-    monkeypatch.setattr(fa, "fault_point", stop)
-    with pytest.raises(_Stopped):
-        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
-    monkeypatch.undo()
+    stop_after_commit(monkeypatch)
     attempt = ServiceCutoverAttempt.objects.get()
     generation_id = world.configuration.credential_mappings.first().credential_generation.generation_id
     gate = CredentialGenerationDispatchGate.objects.get(credential_generation__generation_id=generation_id)

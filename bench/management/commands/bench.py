@@ -37,6 +37,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
+from bench.options import integer_list
 from connector.demo import DEMO_CHANNEL, HISTORY_BODY_SQL, demo_event_body
 
 CHANNEL = DEMO_CHANNEL
@@ -532,14 +533,7 @@ class ThrowawayDatabases:
 
 # -- subcommands --------------------------------------------------------------------------------------------------
 
-def _sizes(value: str) -> list[int]:
-    try:
-        sizes = sorted({int(v.replace("_", "")) for v in value.split(",") if v.strip()})
-    except ValueError as exc:
-        raise CommandError(f"--sizes must be comma-separated integers, not {value!r}") from exc
-    if not sizes or sizes[0] < 0:
-        raise CommandError("--sizes needs at least one non-negative size")
-    return sizes
+
 
 
 class Subcommand(abc.ABC):
@@ -583,7 +577,7 @@ class History(Subcommand):
                                  f"{CHECK_TOLERANCE:.0%}% above the smallest size's (limit from bench/budgets.json)")
 
     def handle(self, command: Command, options: dict) -> None:
-        sizes = _sizes(options["sizes"])
+        sizes = integer_list(options["sizes"], "--sizes", low=0, needs="--sizes needs at least one non-negative size")
         if options["iterations"] < 1:
             raise CommandError("--iterations must be at least 1")
         if options["check"] and len(sizes) < 2:
