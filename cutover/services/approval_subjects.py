@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from connector.canonical.encoding import Record
 from connector.canonical.encoding import digest as canonical_digest
+from connector.canonical.shapes import text_list
 from connector.errors import EpochNotFound, TransitionRefused
 from connector.selectors.rows import AccountServingGate, ServingEpoch
 
@@ -31,7 +32,8 @@ def activation_decision(subject_key: str) -> tuple[bytes, str]:
     value = Record([("kind", "activation_decision"), ("epoch_id", epoch.epoch_id),
                     ("epoch_digest", bytes(epoch.digest)), ("epoch_state", epoch.state),
                     ("configuration", epoch.configuration.generation_id),
-                    ("gate_set", [[key, gates.get(account_id, -1)] for key, account_id in accounts])])
+                    # one Encoded list (the generic encoding's bytes, a fifth of its time: D-289)
+                    ("gate_set", text_list([key, gates.get(account_id, -1)] for key, account_id in accounts))])
     summary = (f"Activate ServingEpoch {epoch.epoch_id} ({epoch.state}, digest {bytes(epoch.digest).hex()[:16]}…) "
                f"for configuration {epoch.configuration.generation_id}: {len(accounts)} accounts, "
                f"{len(gates)} gates")

@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from connector.actors import Actor
+from connector.canonical.shapes import text_list
 from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
@@ -88,7 +89,7 @@ def _gate_rows(attempt: ServiceCutoverAttempt) -> list[tuple[int, int, str]]:
                 .order_by("account_id").values_list("account_id", "pk", "mode"))
 
 
-def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, gates=None,
+def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, gates=None, rows=None,
                         point: V1RestorePoint | None = None, certificates: tuple[bytes, bytes] | None = None,
                         owners: bytes | None = None) -> bytes:
     """The combined digest the held set freezes and the activation transaction recomputes: the candidate's owner
@@ -96,16 +97,20 @@ def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, 
     (account, gate row, mode). Any difference is drift (CV2-12-064/067).
 
     The activation transaction passes the gates it holds FOR UPDATE (connector GateRow tuples, ascending account
-    id) and the restore point it verified just before its locks (D-280); otherwise both are read here. The gate
-    set is read as (account, pk, mode) tuples either way: the digest's bytes are the same."""
+    id) and the restore point it verified just before its locks (D-280); the early evidence before the locks
+    passes the (account, pk, mode) tuples it read (`rows`, D-287); otherwise both are read here. The digest's bytes
+    are the same either way. The gate list is
+    encoded once by `connector.canonical.shapes.text_list` (the bytes of the generic encoding, a fifth of its
+    time: D-289)."""
     readiness, shutdown = certificates if certificates is not None else _certificate_digests(attempt)
     point = point if point is not None else rehearsed_restore_point(attempt.attempt_key)
-    rows = [(g.account_id, g.pk, g.mode) for g in gates] if gates is not None else _gate_rows(attempt)
+    if rows is None:
+        rows = [(g.account_id, g.pk, g.mode) for g in gates] if gates is not None else _gate_rows(attempt)
     owners = owners if owners is not None else succession._owner_receipts_digest(epoch)
     return evidence_digest("first_activation_evidence", {
         "owners": owners.hex(), "epoch": bytes(epoch.digest).hex(),
         "readiness": bytes(readiness).hex(), "shutdown": bytes(shutdown).hex(),
-        "restore_point": bytes(point.digest).hex(), "gates": [[a, pk, mode] for a, pk, mode in rows],
+        "restore_point": bytes(point.digest).hex(), "gates": text_list([a, pk, mode] for a, pk, mode in rows),
         "account_set": bytes(attempt.account_set_digest).hex()})[1]
 
 
@@ -204,7 +209,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
     try:
         certificates, early_rows = _certificate_digests(attempt), _gate_rows(attempt)
         early = (None if point is None else
-                 activation_evidence(attempt, candidate, gates=None, point=point, certificates=certificates,
+                 activation_evidence(attempt, candidate, rows=early_rows, point=point, certificates=certificates,
                                      owners=owners))
     except CutoverPhaseRefused:
         certificates, early_rows, early = None, None, None  # raised again under the locks

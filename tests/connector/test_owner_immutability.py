@@ -69,10 +69,17 @@ def test_generation_referenced_by_an_active_epoch_cannot_be_deleted(world, model
 
 @pytest.mark.django_db
 def test_epoch_frozen_columns_cannot_change(world):
-    """Only the state columns of a ServingEpoch change; its preimage and digest are immutable.
+    """Only the state columns of a ServingEpoch change; its preimage and digest are immutable. The two large
+    columns have their own trigger (`BEFORE UPDATE OF`, D-289): naming one with its own value passes, changing it
+    is refused with the same constraint, alone or next to a state change.
     Proves: CV2-01-015, CV2-02-023"""
     epoch = world.active_epoch
+    _raw("UPDATE connector_servingepoch SET preimage = preimage, configuration_receipt = configuration_receipt "
+         "WHERE id=%s", [epoch.pk])
     for sql in ("UPDATE connector_servingepoch SET preimage = '\\x00'::bytea WHERE id=%s",
+                "UPDATE connector_servingepoch SET configuration_receipt = '\\x00'::bytea WHERE id=%s",
+                "UPDATE connector_servingepoch SET state = 'draining', preimage = preimage || '\\x00'::bytea "
+                "WHERE id=%s",
                 "UPDATE connector_servingepoch SET digest = '\\x00'::bytea WHERE id=%s",
                 "UPDATE connector_servingepoch SET profile_id = 'nexuscrm.connector-digest-profile.v1' WHERE id=%s"):
         with pytest.raises(IntegrityError) as info:

@@ -30,10 +30,10 @@ from tests.cutover.succession_helpers import (
     state_of,
 )
 
-# Measured: barrier set lock, both epochs, the gates, effects, executions, receipts, windows, handoff pks, predecessor
-# lane pks, the lane locks, the handoff/lane join, the barrier set's UPDATE + audit, each epoch's UPDATE + audit,
+# Measured: barrier set lock, both epochs, the gates, effects, executions, receipts, windows, the lane locks with
+# the handoff/lane comparison (one statement, D-288), the barrier set's UPDATE + audit, each epoch's UPDATE + audit,
 # the gates' UPDATE with their audit rows (one statement, D-279).
-SUCCESSOR_TRANSACTION_STATEMENTS = 18
+SUCCESSOR_TRANSACTION_STATEMENTS = 16
 
 
 def _ready(prefix: str, records: int):
@@ -131,7 +131,7 @@ def test_a_handoff_written_after_the_reread_is_verified_under_the_locks(db, monk
 
     def reread_sees_none(queryset):
         calls.append(queryset)
-        return set() if len(calls) == 1 else real(queryset)
+        return 0 if len(calls) == 1 else real(queryset)
 
     monkeypatch.setattr(succession, "_verify_handoff_digests", reread_sees_none)
     handoff = OrderingHandoff.objects.order_by("pk").first()
