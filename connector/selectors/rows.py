@@ -27,6 +27,7 @@ from connector.models import (
     Receipt,
     ReceiptComponent,
     ReplayRequest,
+    ServiceConfigurationAccount,
     ServiceConfigurationCredentialMapping,
     ServiceConfigurationGeneration,
     ServingEpoch,
@@ -43,7 +44,8 @@ __all__ = [
     "APPROVAL_LIVE", "AccountServingGate", "ApplicationResult", "ApprovalKind", "AuditRecord", "ConnectorAccount",
     "CredentialGenerationDispatchGate", "DualApprovalRequest", "Event", "Execution",
     "GapDecision", "LaneResumption", "MaterializationDue", "OrderingLane", "Projection", "ProjectionWindow",
-    "Receipt", "ReceiptComponent", "ReplayRequest", "RoutedSaveMixin", "ServiceConfigurationCredentialMapping",
+    "Receipt", "ReceiptComponent", "ReplayRequest", "RoutedSaveMixin", "ServiceConfigurationAccount",
+    "ServiceConfigurationCredentialMapping",
     "ServiceConfigurationGeneration", "ServingEpoch", "ServingEpochBindingProof", "ServingEpochCredentialProof",
     "StepFailure", "TraceCarrier", "V1AcceptanceTombstone",
 ]

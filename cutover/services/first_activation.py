@@ -33,7 +33,8 @@ from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
 from connector.selectors import locks as connector_locks
-from connector.selectors.rows import AccountServingGate, ServiceConfigurationGeneration, ServingEpoch
+from connector.selectors.rows import (AccountServingGate, ServiceConfigurationAccount, ServiceConfigurationGeneration,
+                                      ServingEpoch)
 from connector.services import approvals, serving
 from connector.services.audit import audit_record
 from cutover import locks
@@ -75,9 +76,16 @@ def _account_ids(attempt: ServiceCutoverAttempt) -> list[int]:
     return sorted(configuration.accounts.values_list("account_id", flat=True))
 
 
+CERTIFICATE_DIGESTS_SQL = f"""
+SELECT (SELECT digest FROM {CutoverReadinessCertificate._meta.db_table} WHERE attempt_id = %(a)s ORDER BY id LIMIT 1),
+       (SELECT digest FROM {V1ShutdownCertificate._meta.db_table} WHERE attempt_id = %(a)s ORDER BY id LIMIT 1)
+"""
+
+
 def _certificate_digests(attempt: ServiceCutoverAttempt) -> tuple[bytes, bytes]:
-    readiness = CutoverReadinessCertificate.objects.filter(attempt=attempt).values_list("digest", flat=True).first()
-    shutdown = V1ShutdownCertificate.objects.filter(attempt=attempt).values_list("digest", flat=True).first()
+    with transaction.get_connection().cursor() as cursor:  # both in one round trip (D-289)
+        cursor.execute(CERTIFICATE_DIGESTS_SQL, {"a": attempt.pk})
+        readiness, shutdown = cursor.fetchone()
     if readiness is None or shutdown is None:
         raise CutoverPhaseRefused("the readiness or shutdown certificate is missing")
     return bytes(readiness), bytes(shutdown)
@@ -87,6 +95,22 @@ def _gate_rows(attempt: ServiceCutoverAttempt) -> list[tuple[int, int, str]]:
     configuration = ServiceConfigurationGeneration(pk=attempt.configuration_id)
     return list(AccountServingGate.objects.filter(account_id__in=configuration.accounts.values("account_id"))
                 .order_by("account_id").values_list("account_id", "pk", "mode"))
+
+
+ACCOUNT_GATES_SQL = f"""
+SELECT c.account_id, g.id, g.mode FROM {ServiceConfigurationAccount._meta.db_table} AS c
+  LEFT JOIN {AccountServingGate._meta.db_table} AS g ON g.account_id = c.account_id
+ WHERE c.generation_id = %s ORDER BY c.account_id
+"""
+
+
+def _account_gates(attempt: ServiceCutoverAttempt) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """The frozen account set (ascending) and its gates as (account, gate pk, mode), in one statement: what
+    `_account_ids` and `_gate_rows` read in two (D-289)."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(ACCOUNT_GATES_SQL, [attempt.configuration_id])
+        rows = cursor.fetchall()
+    return [a for a, _, _ in rows], [(a, pk, mode) for a, pk, mode in rows if pk is not None]
 
 
 def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, gates=None, rows=None,
@@ -197,7 +221,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
     # is hashed here (a file is under no PostgreSQL lock: hashing it inside them only lengthened the locked window).
     # A failure is raised where it was, under the locks once the decision is won; the point's digest is compared
     # there with the rest of the evidence.
-    account_ids = _account_ids(attempt)
+    account_ids, early_rows = _account_gates(attempt)
     try:
         point, point_refused = rehearsed_restore_point(attempt.attempt_key), None
     except RestorePointInvalid as exc:
@@ -207,7 +231,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
     candidate = attempt.candidate_epoch  # preimage deferred by attempt_get (D-285)
     owners = succession._owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
     try:
-        certificates, early_rows = _certificate_digests(attempt), _gate_rows(attempt)
+        certificates = _certificate_digests(attempt)
         early = (None if point is None else
                  activation_evidence(attempt, candidate, rows=early_rows, point=point, certificates=certificates,
                                      owners=owners))

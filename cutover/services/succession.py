@@ -77,13 +77,24 @@ def contract_digest(*, contract: str, ordering: dict) -> bytes:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
+OWNER_RECEIPTS_SQL = f"""
+SELECT 0 AS kind, ordinal, encode(owner_receipt_digest, 'hex') FROM {ServingEpochBindingProof._meta.db_table}
+ WHERE epoch_id = %(e)s
+UNION ALL
+SELECT 1, ordinal, encode(owner_receipt_digest, 'hex') FROM {ServingEpochCredentialProof._meta.db_table}
+ WHERE epoch_id = %(e)s
+ORDER BY 1, 2
+"""
+
+
 def _owner_receipts_digest(epoch: ServingEpoch) -> bytes:
-    """The frozen owner receipts of the successor: configuration, every binding and credential proof, in order."""
-    parts = [bytes(epoch.configuration_receipt_digest or b"").hex()]
-    parts += [bytes(d).hex() for d in ServingEpochBindingProof.objects.filter(epoch=epoch).order_by("ordinal")
-              .values_list("owner_receipt_digest", flat=True)]
-    parts += [bytes(d).hex() for d in ServingEpochCredentialProof.objects.filter(epoch=epoch).order_by("ordinal")
-              .values_list("owner_receipt_digest", flat=True)]
+    """The frozen owner receipts of the successor: configuration, every binding and credential proof, in order
+    (both proof lists in one statement, their digests as hex from PostgreSQL: encode(..., 'hex') is bytes.hex(),
+    D-289)."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(OWNER_RECEIPTS_SQL, {"e": epoch.pk})
+        proofs = cursor.fetchall()
+    parts = [bytes(epoch.configuration_receipt_digest or b"").hex()] + [hex_digest for _, _, hex_digest in proofs]
     return hashlib.sha256(json.dumps(parts).encode()).digest()
 
 

@@ -230,11 +230,13 @@ def test_evidence_read_before_the_locks_is_used_only_when_the_locked_rows_equal_
     moves. Proves: CV2-12-064, CV2-12-067"""
     world = held_world()
     approve_activation(world.epoch.epoch_id)
-    real_rows, real_evidence = fa._gate_rows, fa.activation_evidence
+    real_rows, real_evidence = fa._account_gates, fa.activation_evidence
     calls = []
     if stale == "gate_rows":
-        monkeypatch.setattr(fa, "_gate_rows", lambda attempt: [(a, pk, "v1_drained") for a, pk, _ in
-                                                               real_rows(attempt)])
+        def stale_rows(attempt):
+            accounts, rows = real_rows(attempt)
+            return accounts, [(a, pk, "v1_drained") for a, pk, _ in rows]
+        monkeypatch.setattr(fa, "_account_gates", stale_rows)
     else:
         def early_tampered(attempt, epoch, *, gates=None, **kwargs):
             calls.append(gates is None)
