@@ -23,29 +23,38 @@ from connector.selectors.rows import (AccountServingGate, ConnectorAccount, Serv
 DOMAIN = "nexuscrm.cutover.approval-subject.v1"
 
 
-# The configuration's accounts in account-key order with their gate (NULL: none), as the digest lists them.
+# The configuration's accounts in account-key order with their gate (NULL: none) and its mode: the digest lists
+# (key, gate); the first-activation coordinator reads its account set and gates from the same rows (D-289).
 ACCOUNT_GATE_SET_SQL = f"""
-SELECT a.account_key, g.id FROM {ServiceConfigurationAccount._meta.db_table} AS c
+SELECT c.account_id, a.account_key, g.id, g.mode FROM {ServiceConfigurationAccount._meta.db_table} AS c
   JOIN {ConnectorAccount._meta.db_table} AS a ON a.id = c.account_id
   LEFT JOIN {AccountServingGate._meta.db_table} AS g ON g.account_id = c.account_id
  WHERE c.generation_id = %s ORDER BY a.account_key
 """
 
 
-def activation_decision(subject_key: str) -> tuple[bytes, str]:
+def account_gate_rows(configuration_pk: int) -> list[tuple[int, str, int | None, str | None]]:
+    """(account id, account key, gate pk or None, gate mode or None) of every account of the configuration, in
+    account-key order, one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(ACCOUNT_GATE_SET_SQL, [configuration_pk])
+        return cursor.fetchall()
+
+
+def activation_decision(subject_key: str, *, rows=None) -> tuple[bytes, str]:
+    """The subject's digest and summary. `rows`: the epoch configuration's `account_gate_rows`, when the caller
+    read them already."""
     epoch = (ServingEpoch.objects.select_related("configuration").defer("preimage", "configuration__payload")
              .filter(epoch_id=subject_key).first())
     if epoch is None:
         raise EpochNotFound(f"no ServingEpoch {subject_key!r}")
-    with connection.cursor() as cursor:  # the accounts and their gates in one statement (D-289)
-        cursor.execute(ACCOUNT_GATE_SET_SQL, [epoch.configuration_id])
-        rows = cursor.fetchall()
-    gate_count = sum(1 for _, pk in rows if pk is not None)
+    rows = rows if rows is not None else account_gate_rows(epoch.configuration_id)
+    gate_count = sum(1 for _, _, pk, _ in rows if pk is not None)
     value = Record([("kind", "activation_decision"), ("epoch_id", epoch.epoch_id),
                     ("epoch_digest", bytes(epoch.digest)), ("epoch_state", epoch.state),
                     ("configuration", epoch.configuration.generation_id),
                     # one Encoded list (the generic encoding's bytes, a fifth of its time: D-289)
-                    ("gate_set", text_list([key, -1 if pk is None else pk] for key, pk in rows))])
+                    ("gate_set", text_list([key, -1 if pk is None else pk] for _, key, pk, _ in rows))])
     summary = (f"Activate ServingEpoch {epoch.epoch_id} ({epoch.state}, digest {bytes(epoch.digest).hex()[:16]}…) "
                f"for configuration {epoch.configuration.generation_id}: {len(rows)} accounts, "
                f"{gate_count} gates")

@@ -33,8 +33,7 @@ from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale, TransitionRefused
 from connector.faults import fault_point
 from connector.selectors import locks as connector_locks
-from connector.selectors.rows import (AccountServingGate, ServiceConfigurationAccount, ServiceConfigurationGeneration,
-                                      ServingEpoch)
+from connector.selectors.rows import AccountServingGate, ServiceConfigurationGeneration, ServingEpoch
 from connector.services import approvals, serving
 from connector.services.audit import audit_record
 from cutover import locks
@@ -56,7 +55,7 @@ from cutover.models import (
 )
 from cutover.services import decision as decisions
 from cutover.services import succession
-from cutover.services.approval_subjects import activation_decision
+from cutover.services.approval_subjects import account_gate_rows, activation_decision
 from cutover.services.restore_point import rehearsed_restore_point
 from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest
 
@@ -97,20 +96,11 @@ def _gate_rows(attempt: ServiceCutoverAttempt) -> list[tuple[int, int, str]]:
                 .order_by("account_id").values_list("account_id", "pk", "mode"))
 
 
-ACCOUNT_GATES_SQL = f"""
-SELECT c.account_id, g.id, g.mode FROM {ServiceConfigurationAccount._meta.db_table} AS c
-  LEFT JOIN {AccountServingGate._meta.db_table} AS g ON g.account_id = c.account_id
- WHERE c.generation_id = %s ORDER BY c.account_id
-"""
-
-
-def _account_gates(attempt: ServiceCutoverAttempt) -> tuple[list[int], list[tuple[int, int, str]]]:
-    """The frozen account set (ascending) and its gates as (account, gate pk, mode), in one statement: what
-    `_account_ids` and `_gate_rows` read in two (D-289)."""
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(ACCOUNT_GATES_SQL, [attempt.configuration_id])
-        rows = cursor.fetchall()
-    return [a for a, _, _ in rows], [(a, pk, mode) for a, pk, mode in rows if pk is not None]
+def _account_gates(rows) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """The frozen account set (ascending) and its gates as (account, gate pk, mode) from the configuration's
+    `approval_subjects.account_gate_rows`: the rows the activation decision's digest is computed from (D-289)."""
+    ordered = sorted(rows)
+    return [a for a, _, _, _ in ordered], [(a, pk, mode) for a, _, pk, mode in ordered if pk is not None]
 
 
 def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, gates=None, rows=None,
@@ -214,14 +204,16 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
                     and bytes(epoch_digest) == digest for mode, epoch_id, epoch_digest in gates))
 
 
-def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor) -> None:
+def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None) -> None:
+    """`rows`: the configuration's `account_gate_rows`, when the caller read them for the approval's digest."""
     # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
     serving.activation_cardinality_check(accounts=attempt.account_count)
     # Read before the locks (D-280): the frozen account set (immutable rows) and the restore point, whose dump file
     # is hashed here (a file is under no PostgreSQL lock: hashing it inside them only lengthened the locked window).
     # A failure is raised where it was, under the locks once the decision is won; the point's digest is compared
     # there with the rest of the evidence.
-    account_ids, early_rows = _account_gates(attempt)
+    rows = rows if rows is not None else account_gate_rows(attempt.configuration_id)
+    account_ids, early_rows = _account_gates(rows)
     try:
         point, point_refused = rehearsed_restore_point(attempt.attempt_key), None
     except RestorePointInvalid as exc:
@@ -297,9 +289,13 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
         raise BarrierSetRefused(f"attempt {attempt_key} has no first-activation barrier set")
     epoch = attempt.candidate_epoch
     if row.state == BarrierSetState.HELD:
-        digest, _ = activation_decision(epoch.epoch_id)
+        # The account set and its gates read once for the decision's digest and the transaction (one configuration:
+        # an epoch's configuration is immutable, connector migration 0006).
+        rows = account_gate_rows(attempt.configuration_id)
+        digest, _ = activation_decision(epoch.epoch_id,
+                                        rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
-        _activation_transaction(attempt, row.pk, actor)
+        _activation_transaction(attempt, row.pk, actor, rows=rows)
         fault_point("activation.after_commit")
         row.refresh_from_db()
     if row.state == BarrierSetState.RELEASED and not _readback(attempt, epoch.pk):

@@ -233,9 +233,9 @@ def test_evidence_read_before_the_locks_is_used_only_when_the_locked_rows_equal_
     real_rows, real_evidence = fa._account_gates, fa.activation_evidence
     calls = []
     if stale == "gate_rows":
-        def stale_rows(attempt):
-            accounts, rows = real_rows(attempt)
-            return accounts, [(a, pk, "v1_drained") for a, pk, _ in rows]
+        def stale_rows(rows):
+            accounts, gates = real_rows(rows)
+            return accounts, [(a, pk, "v1_drained") for a, pk, _ in gates]
         monkeypatch.setattr(fa, "_account_gates", stale_rows)
     else:
         def early_tampered(attempt, epoch, *, gates=None, **kwargs):
