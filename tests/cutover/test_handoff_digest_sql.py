@@ -1,5 +1,5 @@
 """The successor activation's handoff digest check in PostgreSQL (D-289) computes the bytes of
-`succession._handoff_digest_of` exactly: every integer, hex, null and numeric high-water as Python writes it, and a
+`handoff_digests._handoff_digest_of` exactly: every integer, hex, null and numeric high-water as Python writes it, and a
 text PostgreSQL cannot escape as `json.dumps` does (a quote, a backslash, a control character, DEL, anything
 outside ASCII) is left to Python, whose recomputation from the parts is again the same bytes. A stored digest that
 differs is never confirmed.
@@ -14,9 +14,9 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 
-from cutover.services import succession
+from cutover.services import handoff_digests
 
-COLUMNS = ("id", "handoff_digest", *succession.HANDOFF_DIGEST_FIELDS)
+COLUMNS = ("id", "handoff_digest", *handoff_digests.HANDOFF_DIGEST_FIELDS)
 TYPES = {"id": "bigint", "handoff_digest": "bytea", "predecessor_epoch_id": "bigint", "successor_epoch_id": "bigint",
          "account_id": "bigint", "predecessor_lane_id": "bigint", "predecessor_lane_fence": "bigint",
          "successor_lane_id": "bigint", "route": "varchar", "predecessor_route_version": "integer",
@@ -35,7 +35,7 @@ def _row(pk: int, route: str, partition: str, contract: str, rng: random.Random)
               rng.randrange(0, 2 ** 63), rng.randrange(1, 10 ** 9), route, rng.randrange(0, 2 ** 31),
               rng.randrange(0, 2 ** 31), partition, contract, bytes(rng.randrange(256) for _ in range(32)), high_water,
               tie, rng.choice([None, rng.randrange(1, 10 ** 9)])]
-    return [pk, succession._handoff_digest_of(values), *values]
+    return [pk, handoff_digests._handoff_digest_of(values), *values]
 
 
 def _relation(rows: list[list]) -> tuple[str, list]:
@@ -60,10 +60,10 @@ def test_postgres_recomputes_python_digest_or_leaves_the_row_to_python():
             + [("crm", "p", u) for u in UNSAFE], start=1):
         rows.append(_row(pk, route, partition, contract, rng))
         expect_judged[pk] = all(t in SAFE for t in (route, partition, contract))
-    checked = dict(_run(succession.HANDOFF_DIGEST_CHECK_SQL, rows))
+    checked = dict(_run(handoff_digests.HANDOFF_DIGEST_CHECK_SQL, rows))
     assert {pk: ok is not None for pk, ok in checked.items()} == expect_judged
     assert all(ok for ok in checked.values() if ok is not None)  # every judged digest is Python's
-    parts = succession.handoff_digests_from_parts(_run(succession.HANDOFF_PREIMAGE_PARTS_SQL, rows))
+    parts = handoff_digests.handoff_digests_from_parts(_run(handoff_digests.HANDOFF_PREIMAGE_PARTS_SQL, rows))
     assert [(pk, bytes(stored)) for pk, stored, _ in parts] == [(row[0], row[1]) for row in rows]
     assert all(bytes(stored) == recomputed for _, stored, recomputed in parts)
 
@@ -74,6 +74,6 @@ def test_a_stored_digest_that_differs_is_never_confirmed():
     rows = [_row(1, "crm.contact", "p-0", "ordering.v1", rng), _row(2, "caf\u00e9", "p-1", "ordering.v1", rng)]
     for row in rows:
         row[1] = bytes([row[1][0] ^ 1]) + row[1][1:]
-    assert dict(_run(succession.HANDOFF_DIGEST_CHECK_SQL, rows)) == {1: False, 2: None}
-    parts = succession.handoff_digests_from_parts(_run(succession.HANDOFF_PREIMAGE_PARTS_SQL, rows))
+    assert dict(_run(handoff_digests.HANDOFF_DIGEST_CHECK_SQL, rows)) == {1: False, 2: None}
+    parts = handoff_digests.handoff_digests_from_parts(_run(handoff_digests.HANDOFF_PREIMAGE_PARTS_SQL, rows))
     assert all(bytes(stored) != recomputed for _, stored, recomputed in parts)
