@@ -24,9 +24,10 @@ ID = re.compile(r"CV2-\d{2}-\d{3}")
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R3 = ("the abort of a first activation by urgent revocation while rollback is open is proven "
-       "(tests/cutover/test_first_activation.py); its wait through activation and readback once activating_v2 "
-       "wins, and the successor's ordering against its local activation transaction, are not")
+_R3 = ("a successor's barrier set is not aborted by an urgent credential revocation before its local activation "
+       "transaction: cutover.services.first_activation.revocation_guard refuses (retryable) for every held set "
+       "without an attempt key instead of releasing it, and releasing a held successor set after its handoffs "
+       "needs its own rules (the first activation's abort and wait are proven: CV2-11-041)")
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
@@ -91,7 +92,7 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
     # reason 3
-    "CV2-11-041": (_R3, 22), "CV2-11-042": (_R3, 22),
+    "CV2-11-042": (_R3, 22),
     # reason 4
     "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
     "CV2-09-024": (_R4, 22),

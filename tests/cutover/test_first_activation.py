@@ -251,3 +251,65 @@ def test_evidence_read_before_the_locks_is_used_only_when_the_locked_rows_equal_
             fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
         assert calls == [True]  # the early digest was used under the locks, and it was compared
         assert all_or_nothing(world) == "offline"
+
+
+class _StoppedAt(Exception):
+    """The coordinator stopped at a named fault point (in process, so the test can act in between)."""
+
+
+def run_until(monkeypatch, point: str) -> None:
+    """Run first_activation_commit of `att-1` until the fault point `point`, where it raises `_StoppedAt` (inside
+    the activation transaction, which then rolls back; or after it, once committed)."""
+    def stop(name):
+        if name == point:
+            raise _StoppedAt(name)
+
+    monkeypatch.setattr(fa, "fault_point", stop)
+    with pytest.raises(_StoppedAt):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    monkeypatch.undo()
+
+
+@TX
+def test_once_activation_won_an_urgent_revocation_waits_through_activation_and_readback(monkeypatch):
+    """After `activating_v2` wins the CutoverDecision, an urgent credential revocation no longer aborts the
+    activation: it is refused (retryable, nothing changes: the credential gate keeps its mode and fence) while the
+    set is still held with the decision won (the local transaction not yet committed), again once the activation
+    committed but is not read back, and it applies only after the readback, `v2_committed` and the release; the
+    activation itself completes untouched. Proves: CV2-11-041"""
+    from connector.models import CredentialGenerationDispatchGate
+
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+    generation_id = world.configuration.credential_mappings.first().credential_generation.generation_id
+
+    def credential_gate():
+        gate = CredentialGenerationDispatchGate.objects.get(credential_generation__generation_id=generation_id)
+        return gate.mode, gate.fence
+
+    def revoke():
+        return gate_services.credential_gate_transition(generation_id=generation_id, action="revoke",
+                                                        expected_fence=None, actor=ACTOR, reason="key leaked")
+
+    before = credential_gate()
+    attempt = ServiceCutoverAttempt.objects.get(attempt_key="att-1")
+    run_until(monkeypatch, "activation.after_decision")  # decision won in the journal, local transaction gone
+    assert decisions.decision_read("att-1").state == DecisionState.ACTIVATING_V2
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.HELD
+    with pytest.raises(PublicationBarrierHeld):
+        revoke()
+    assert credential_gate() == before and fa.barrier_set_of(attempt).state == BarrierSetState.HELD
+
+    run_until(monkeypatch, "activation.after_commit")  # activation committed, not read back
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.ACTIVATION_COMMITTED
+    with pytest.raises(PublicationBarrierHeld):
+        revoke()
+    assert credential_gate() == before
+
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)  # readback, v2_committed, release
+    assert all_or_nothing(world) == "serving"
+    assert decisions.decision_read("att-1").state == DecisionState.V2_COMMITTED
+    assert fa.barrier_set_of(attempt).state == BarrierSetState.RELEASED
+    revoke()
+    mode, fence = credential_gate()
+    assert mode != before[0] and fence == before[1] + 1
