@@ -19,15 +19,11 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R1 was closed by D-284, _R6 by D-267) the product does not show yet, each saying precisely what is missing
+# (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267) the product does not show yet, each saying precisely what is missing
 # (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R3 = ("a successor's barrier set is not aborted by an urgent credential revocation before its local activation "
-       "transaction: cutover.services.first_activation.revocation_guard refuses (retryable) for every held set "
-       "without an attempt key instead of releasing it, and releasing a held successor set after its handoffs "
-       "needs its own rules (the first activation's abort and wait are proven: CV2-11-041)")
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
@@ -91,8 +87,6 @@ _R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activa
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
-    # reason 3
-    "CV2-11-042": (_R3, 22),
     # reason 4
     "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
     "CV2-09-024": (_R4, 22),

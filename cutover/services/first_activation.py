@@ -342,17 +342,27 @@ def publication_guard(owner: str) -> None:
 
 
 def revocation_guard(credential_gate) -> None:
-    """An urgent revocation: while a first-activation set is held and its decision still rollback_open, abort the
-    activation (release the set) and let the revocation commit; once activation won, refuse (retryable). The owner
-    barriers are taken exclusive before any set is read or locked (the order of every set transition, D-284)."""
+    """An urgent revocation aborts an activation that has not begun and waits for one that has (CV2-11-041/042):
+    - a first-activation set held while its decision is still `rollback_open`: the set is released (the
+      activation aborts) and the revocation commits; once `activating_v2` won, refused (retryable) until the
+      activation is read back, `v2_committed` and released;
+    - a successor's set held: its local activation transaction has not begun (`successor_activate` holds the set
+      FOR UPDATE until `activation_committed`, and the FOR SHARE read below waits for it), so the set is released
+      (`succession.barrier_set_abort_for_revocation`) and the revocation commits;
+    - a set `activation_committed` (either kind): refused (retryable) until its readback and release.
+    The owner barriers are taken exclusive before any set is read or locked (the order of every set transition,
+    D-284)."""
     connector_locks.owner_barriers_lock(exclusive=True)
+    reason = f"urgent revocation of credential generation #{credential_gate.credential_generation_id}"
     for row in _held_sets():
+        if row.state == BarrierSetState.HELD and not row.attempt_key and row.predecessor_epoch_id is not None:
+            succession.barrier_set_abort_for_revocation(locks.barrier_set_for_update(row.pk), reason=reason,
+                                                        actor=Actor.system("revocation"))
+            continue
         decision = decisions.decision_read(row.attempt_key) if row.attempt_key else None
         if row.attempt_key and row.state == BarrierSetState.HELD and decision is not None and \
                 decision.state == DecisionState.ROLLBACK_OPEN:
             locked = locks.barrier_set_for_update(row.pk)
-            _release(locked, f"urgent revocation of credential generation #{credential_gate.credential_generation_id}"
-                             " while rollback was open", Actor.system("revocation"))
+            _release(locked, reason + " while rollback was open", Actor.system("revocation"))
             continue
         raise PublicationBarrierHeld(f"{row} is committing an activation; the revocation is retried after it")
-

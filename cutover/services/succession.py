@@ -217,6 +217,28 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
     return row
 
 
+def barrier_set_abort_for_revocation(row: ServingPublicationBarrierSet, *, reason: str,
+                                     actor: Actor) -> ServingPublicationBarrierSet:
+    """An urgent credential revocation before the successor's local activation transaction (CV2-11-042): the held
+    set is released. Before the predecessor's first OrderingHandoff that is the ordinary abort (the gates may
+    resume the predecessor, CV2-11-019/038); after it, the release of the candidate (CV2-11-039/022): every gate
+    stays `v2_halted` (after the cutoff no gate leaves `v2_halted` but by the activation, which needs this set
+    held) and a replacement successor derives from the frozen handoffs. Called by the revocation guard
+    (`first_activation.revocation_guard`) with every owner barrier exclusive and `row` locked FOR UPDATE; it
+    locks nothing more (the revocation already holds its credential gate: the documented exception to the lock
+    order, docs/locking.md "Owner barriers")."""
+    if row.state != BarrierSetState.HELD:
+        raise BarrierSetRefused(f"{row} is {row.state}; only a held set is aborted by a revocation")
+    cut_off = OrderingHandoff.objects.filter(predecessor_epoch_id=row.predecessor_epoch_id).exists()
+    row.release(reason=reason)
+    row.save()
+    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=BarrierSetState.HELD,
+                 to_state=row.state, fence=row.fence,
+                 reason=reason + (" before the successor's activation (replacement: gates stay v2_halted)"
+                                  if cut_off else " before the successor's activation"))
+    return row
+
+
 # -- ordering handoff -----------------------------------------------------------------------------------------
 
 def _route(epoch: ServingEpoch, account_id: int, channel: str):

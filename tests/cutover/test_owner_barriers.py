@@ -164,24 +164,22 @@ def test_every_owner_write_fails_while_a_barrier_set_is_held_and_runs_after_rele
 
 
 @TX
-def test_revocation_is_refused_under_a_held_successor_set_and_writes_nothing():
-    """An urgent credential revocation is an owner write too: under a held successor set it is refused
-    (PUBLICATION_BARRIER_HELD) and the credential gate keeps its mode and fence; after the release it commits.
-    (Its abort of a first activation while rollback is open: tests/cutover/test_first_activation.py.)
-    Proves: CV2-11-034, CV2-11-055"""
-    world, release = successor_held()
+def test_a_revocation_under_a_held_successor_set_aborts_the_succession_then_applies():
+    """A credential revocation is the design's urgent revocation (D-290): under a held successor set, before the
+    successor's activation transaction, it does not wait for the barriers: it releases the set (the succession
+    aborts, no gate moves) and commits, with the credential gate's fence advanced by one; a credential
+    publication stays refused while a set is held (the test above). Before D-290 this test proved the opposite
+    (refused until the release). Proves: CV2-11-042, CV2-11-055"""
+    world, _release = successor_held()
     generation_id = world.configuration.credential_mappings.first().credential_generation.generation_id
     gate = CredentialGenerationDispatchGate.objects.get(credential_generation__generation_id=generation_id)
-    audits = AuditRecord.objects.count()
-    with pytest.raises(PublicationBarrierHeld):
-        gate_services.credential_gate_transition(generation_id=generation_id, action="revoke", expected_fence=None,
-                                                 actor=ACTOR, reason="key leaked")
-    after = CredentialGenerationDispatchGate.objects.get(pk=gate.pk)
-    assert (after.mode, after.fence, AuditRecord.objects.count()) == (gate.mode, gate.fence, audits)
-    release()
+    modes = sorted(AccountServingGate.objects.filter(account__in=world.accounts).values_list("mode", "fence"))
     revoked = gate_services.credential_gate_transition(generation_id=generation_id, action="revoke",
                                                        expected_fence=None, actor=ACTOR, reason="key leaked")
     assert revoked.mode != gate.mode and revoked.fence == gate.fence + 1
+    assert ServingPublicationBarrierSet.objects.get(holder="coord-1").state == BarrierSetState.RELEASED
+    assert sorted(AccountServingGate.objects.filter(account__in=world.accounts)
+                  .values_list("mode", "fence")) == modes
 
 
 @TX
