@@ -96,3 +96,32 @@ def test_once_activation_committed_a_revocation_waits_for_readback_and_release(s
     mode, fence = _credential_gate(sworld)
     assert mode != before[0] and fence == before[1] + 1
     assert gate_modes(sworld) == {GateMode.V2_SERVING}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("round_", range(3))
+def test_a_revocation_racing_the_activation_transaction_either_aborts_it_or_waits_for_it(round_):
+    """The revocation and `successor_activate` on two connections released together: exactly one order wins. The
+    revocation first: it commits, the set is released and the activation is refused with every gate still
+    v2_halted. The activation first: it commits `activation_committed` with every gate v2_serving and the
+    revocation is refused (retryable), the credential gate unchanged. Never both, never neither, no deadlock."""
+    from tests.concurrency import run_concurrently
+
+    world = build_succession_world(f"rr{round_}-")
+    send(world, "evt-1", 10)
+    drain()
+    halt_all(world)
+    barrier = held_barrier(world)
+    handoff_all(world, barrier)
+    before = _credential_gate(world)
+    activated, revoked = run_concurrently(
+        [lambda: succession.successor_activate(barrier_set_pk=barrier.pk, expected_fence=None, actor=ACTOR),
+         lambda: _revoke(world)],
+        expect=(SuccessorActivationRefused, PublicationBarrierHeld))
+    state = ServingPublicationBarrierSet.objects.get(pk=barrier.pk).state
+    if isinstance(revoked, PublicationBarrierHeld):
+        assert not isinstance(activated, Exception) and state == BarrierSetState.ACTIVATION_COMMITTED
+        assert gate_modes(world) == {GateMode.V2_SERVING} and _credential_gate(world) == before
+    else:
+        assert isinstance(activated, SuccessorActivationRefused) and state == BarrierSetState.RELEASED
+        assert gate_modes(world) == {GateMode.V2_HALTED} and _credential_gate(world)[1] == before[1] + 1
