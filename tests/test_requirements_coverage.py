@@ -19,7 +19,7 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267) the product does not show yet, each saying precisely what is missing
+# (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
 # (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
@@ -70,12 +70,6 @@ _R15 = ("preflight measures backlog, open partitions, live leases, ambiguous eff
 _R16 = ("before maintenance the attempt requires the candidate epoch verified for exactly the configuration "
         "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest or "
         "conformance proof is verified offline or frozen in the readiness certificate")
-_R17 = ("the authoring barrier is a V1 owner barrier: while it is closed the L2 owner "
-        "(connector.services.owners) still creates accounts and configuration generations "
-        "(tests/cutover/test_v1_shutdown.py creates a stray account after it closed; only the shutdown "
-        "certification catches it); one gate per account holds (created with the account, unique), but L2 "
-        "itself does not freeze account creation, removal, enablement or cutover configuration at one "
-        "generation")
 _R18 = ("the first activation transaction itself moves every gate to v2_serving, which is what opens admission, "
         "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
         "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
@@ -113,8 +107,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-12-016": (_R15, 22),
     # reason 16
     "CV2-12-019": (_R16, 22),
-    # reason 17
-    "CV2-12-024": (_R17, 22),
     # reason 18
     "CV2-12-071": (_R18, 22),
     # reason 19

@@ -57,7 +57,7 @@ from cutover.services import decision as decisions
 from cutover.services import succession
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
 from cutover.services.restore_point import rehearsed_restore_point
-from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest
+from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest, l2_frozen_by
 
 __all__ = ["first_activation_acquire", "first_activation_hold", "first_activation_commit", "activation_evidence",
            "barrier_set_of"]
@@ -334,11 +334,18 @@ def _held_sets():
 def publication_guard(owner: str) -> None:
     """An owner write holds its owner barrier shared (connector.services.owners, D-284) before it gets here; every
     set transition holds all of them exclusive (locks.barrier_set_for_update), so the states read here are the
-    committed ones and stay so until the write commits."""
+    committed ones and stay so until the write commits. The configuration owner (accounts, configuration
+    generations) is also refused while an open cutover attempt's V1 authoring barrier is closed (D-291): the
+    receipt of that closure is written under the configuration barrier held exclusive."""
     held = _held_sets()
     if held:
         raise PublicationBarrierHeld(f"the {owner} publication barrier is held by {held[0]}; retry after the "
                                      "activation is released")
+    if owner == "configuration":
+        frozen = l2_frozen_by()
+        if frozen is not None:
+            raise PublicationBarrierHeld(f"the L2 configuration owner is frozen by cutover attempt {frozen} (its V1 "
+                                         "authoring barrier is closed); retry after the attempt closes or aborts")
 
 
 def revocation_guard(credential_gate) -> None:

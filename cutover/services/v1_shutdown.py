@@ -24,12 +24,14 @@ import hmac
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from connector.actors import Actor
 from connector.choices import EpochState, GateMode
 from connector.faults import fault_point
 from connector.selectors.rows import AccountServingGate, ConnectorAccount, Receipt, ServingEpoch, V1AcceptanceTombstone
+from connector.selectors.locks import owner_barriers_lock
 from connector.services.audit import audit_record
 from connector.services.tombstones import tombstones_import
 from cutover.errors import CutoverPhaseRefused, DrainBlocked
@@ -81,6 +83,17 @@ def _barrier_receipt(attempt, kind: BarrierKind, action: str, receipt: OwnerRece
                   "digest": receipt.digest})
 
 
+def l2_frozen_by() -> str | None:
+    """The key of the open cutover attempt whose V1 authoring barrier is closed (and not reopened), if any: while
+    it is, the L2 configuration owner is frozen at the attempt's generation (CV2-12-024, D-291): no account is
+    created and no configuration generation published (`first_activation.publication_guard`). It thaws when
+    the barrier is reopened (the halting abort) or the attempt closes (aborted, restored, v2_committed)."""
+    closed = MaintenanceBarrierReceipt.objects.filter(attempt_id=OuterRef("pk"), barrier=BarrierKind.AUTHORING.value)
+    return (ServiceCutoverAttempt.objects.filter(outcome=AttemptOutcome.OPEN)
+            .filter(Exists(closed.filter(action="closed")), ~Exists(closed.filter(action="reopened")))
+            .values_list("attempt_key", flat=True).first())
+
+
 def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
     """Requires the dual approval of the readiness certificate. Close every owner barrier (each close waits for the transactions crossing it), store the receipts, then
     halt every frozen gate `v1_serving -> halting_v1`. Returns the gates moved now."""
@@ -92,6 +105,10 @@ def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
     for kind in BARRIER_ORDER:
         receipt = owner.close_barrier(kind, attempt.attempt_key)
         with transaction.atomic():
+            if kind == BarrierKind.AUTHORING:
+                # The L2 freeze starts with this receipt (D-291): an account or configuration write already past
+                # its owner barrier commits first, every later one reads the closed barrier and is refused.
+                owner_barriers_lock(["configuration"], exclusive=True)
             _barrier_receipt(attempt, kind, "closed", receipt)
     with transaction.atomic():
         certificate = certificate_locked(attempt)

@@ -155,6 +155,40 @@ def test_abort_restores_v1_serving_and_is_refused_after_termination(provider):
 
 
 @pytest.mark.django_db
+def test_a_closed_authoring_barrier_freezes_the_l2_owner_until_the_abort_reopens_it(provider):
+    """While an open attempt's V1 authoring barrier is closed, the L2 owner creates no account and publishes no
+    configuration generation (PUBLICATION_BARRIER_HELD, retryable; nothing written); the gate repository keeps
+    exactly one gate per frozen account and none for an unknown one. The halting abort reopens the barrier and the
+    same account write commits, with its one gate. Proves: CV2-12-024"""
+    from connector.models import AccountServingGate, ConnectorAccount, ServiceConfigurationGeneration
+    from cutover.errors import PublicationBarrierHeld
+
+    world = build_v1_world()
+    opened(world)
+    assert sd.l2_frozen_by() is None
+    sd.maintenance_close(attempt_key="att-1", actor=ACTOR)
+    assert sd.l2_frozen_by() == "att-1"
+    counts = (ConnectorAccount.objects.count(), AccountServingGate.objects.count(),
+              ServiceConfigurationGeneration.objects.count(), AuditRecord.objects.count())
+    with pytest.raises(PublicationBarrierHeld, match="frozen by cutover attempt att-1"):
+        owners.account_create(account_key="c-frozen", provider_scope="demo-provider", actor=ACTOR)
+    configuration = world.configuration
+    with pytest.raises(PublicationBarrierHeld, match="frozen"):
+        owners.service_configuration_create(
+            generation_id="frozen.g2", catalog_view_key=configuration.catalog_view.view_key,
+            catalog_revision=configuration.catalog_view.revision, accounts=[], credential_relation=[], actor=ACTOR)
+    assert (ConnectorAccount.objects.count(), AccountServingGate.objects.count(),
+            ServiceConfigurationGeneration.objects.count(), AuditRecord.objects.count()) == counts
+    keys = set(ConnectorAccount.objects.values_list("account_key", flat=True))
+    assert AccountServingGate.objects.filter(account__account_key__in=keys).count() == len(keys)
+    assert not AccountServingGate.objects.filter(account__account_key="c-frozen").exists()
+    sd.cutover_abort(attempt_key="att-1", reason="operator", actor=ACTOR)
+    assert sd.l2_frozen_by() is None
+    account = owners.account_create(account_key="c-frozen", provider_scope="demo-provider", actor=ACTOR)
+    assert AccountServingGate.objects.filter(account=account).count() == 1
+
+
+@pytest.mark.django_db
 def test_stop_waits_for_the_drain_then_terminates_and_isolates(provider):
     """Stop is refused (DRAIN_BLOCKED, retryable) while accepted V1 work is unfinished; after the drain it stores
     the termination and isolation receipts of the exact generation and moves every gate to v1_stopped.
@@ -236,12 +270,14 @@ def test_certification_rejects_an_account_outside_the_set_and_missing_identities
     with pytest.raises(DrainBlocked, match="no exact tombstone"):
         sd.v1_certify_drained(attempt_key="att-1", actor=ACTOR)
     sd.v1_export(attempt_key="att-1", actor=ACTOR)
-    stray = owners.account_create(account_key="c-stray", provider_scope="demo-provider", display_name="x",
-                                  actor=ACTOR)
+    # The L2 owner refuses the account while the authoring barrier is closed (D-291); one written around it (a
+    # direct row, as a bypassing writer would) is still caught by the certification.
+    from connector.models import AccountServingGate, ConnectorAccount
+    stray = ConnectorAccount.objects.create(account_key="c-stray", provider_scope="demo-provider", display_name="x")
+    AccountServingGate.objects.create(account=stray)
     with pytest.raises(CutoverPhaseRefused, match="outside the frozen set"):
         sd.v1_certify_drained(attempt_key="att-1", actor=ACTOR)
     assert not V1ShutdownCertificate.objects.exists() and world.modes() == {GateMode.V1_STOPPED}
-    del stray
 
 
 @TX
