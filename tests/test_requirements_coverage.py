@@ -52,11 +52,9 @@ _R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_ha
         "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
         "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
         "barriers refuse new roots")
-_R13 = ("after v2_committed the restore is refused (tests/cutover/test_restore.py) and V1 keeps its barriers "
-        "closed and its generation terminated, but V1 is never retired as such: its operational tables are not "
-        "made read-only (no privilege revoke or trigger), and nothing refuses a new V1 generation, a barrier "
-        "reopen or a V1 row write once V2 committed, so the one-step retirement at first v2_serving (and any "
-        "later removal of V1 tables) is not implemented")
+_R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
+        "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
+        "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
 _R14 = ("no closed inventory of the V2 paths (route, partition, account, gate, ingress, replay, "
         "materialization, claim, execution, outbound, dispatch) with the authority selected for each is built "
         "or checked before activation; the guarantee rests on every such path taking the one serving guard "
@@ -100,7 +98,7 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 12
     "CV2-11-005": (_R12, 22),
     # reason 13
-    "CV2-12-069": (_R13, 22), "CV2-12-077": (_R13, 22), "CV2-12-078": (_R13, 22),
+    "CV2-12-078": (_R13, 22),
     # reason 14
     "CV2-12-010": (_R14, 22),
     # reason 15

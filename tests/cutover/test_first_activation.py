@@ -313,3 +313,40 @@ def test_once_activation_won_an_urgent_revocation_waits_through_activation_and_r
     revoke()
     mode, fence = credential_gate()
     assert mode != before[0] and fence == before[1] + 1
+
+
+@TX
+def test_after_v2_committed_every_v1_table_is_terminal_read_only():
+    """Once the first activation is read back and `v2_committed`, V1 is retired in one step: every V1 operational
+    table refuses inserts, updates and deletes (constraint `cutover_v1_retired`, by trigger, whatever path writes):
+    no new V1 generation, no barrier reopened, no work accepted, no row touched; the rows stay readable as
+    evidence. Before that commit V1 wrote freely (the world accepted work and drained). Proves: CV2-12-069,
+    CV2-12-077"""
+    from django.db import IntegrityError, transaction
+
+    from tests import dbroles
+    from v1 import runtime
+    from v1.models import V1Barrier, V1HighWater, V1OutboundEffect, V1ProcessGeneration, V1SourceCursor, V1WorkItem
+
+    world = held_world()
+    approve_activation(world.epoch.epoch_id)
+    fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    assert ServiceCutoverAttempt.objects.get(attempt_key="att-1").outcome == AttemptOutcome.V2_COMMITTED
+    counts = {m: m.objects.count() for m in (V1ProcessGeneration, V1Barrier, V1SourceCursor, V1WorkItem,
+                                             V1OutboundEffect, V1HighWater)}
+    assert counts[V1WorkItem] and counts[V1Barrier]  # evidence kept and readable
+
+    def refused(write) -> None:
+        with pytest.raises(IntegrityError) as info, transaction.atomic():
+            write()
+        assert info.value.__cause__.diag.constraint_name == "cutover_v1_retired"
+
+    refused(lambda: runtime.generation_start(started_by="late"))
+    refused(lambda: V1WorkItem.objects.update(lease_generation="late"))  # past V1's own barrier checks
+    refused(lambda: V1OutboundEffect.objects.update(state="abandoned"))
+    refused(lambda: V1Barrier.objects.update(closed=False))
+    refused(lambda: V1SourceCursor.objects.create(source_key="late"))
+    with dbroles.as_admin():  # the application role may not delete V1 rows at all; the administrator is refused too
+        refused(lambda: connections["default"].cursor().execute("DELETE FROM v1_v1workitem"))
+        refused(lambda: connections["default"].cursor().execute("TRUNCATE v1_v1highwater CASCADE"))
+    assert {m: m.objects.count() for m in counts} == counts
