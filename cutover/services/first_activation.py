@@ -69,12 +69,6 @@ def barrier_set_of(attempt: ServiceCutoverAttempt) -> ServingPublicationBarrierS
             .order_by("-pk").first())
 
 
-def _account_ids(attempt: ServiceCutoverAttempt) -> list[int]:
-    # By the configuration's key: `attempt.configuration` would load its payload (about 500 bytes per account).
-    configuration = ServiceConfigurationGeneration(pk=attempt.configuration_id)
-    return sorted(configuration.accounts.values_list("account_id", flat=True))
-
-
 CERTIFICATE_DIGESTS_SQL = f"""
 SELECT (SELECT digest FROM {CutoverReadinessCertificate._meta.db_table} WHERE attempt_id = %(a)s ORDER BY id LIMIT 1),
        (SELECT digest FROM {V1ShutdownCertificate._meta.db_table} WHERE attempt_id = %(a)s ORDER BY id LIMIT 1)
@@ -88,12 +82,6 @@ def _certificate_digests(attempt: ServiceCutoverAttempt) -> tuple[bytes, bytes]:
     if readiness is None or shutdown is None:
         raise CutoverPhaseRefused("the readiness or shutdown certificate is missing")
     return bytes(readiness), bytes(shutdown)
-
-
-def _gate_rows(attempt: ServiceCutoverAttempt) -> list[tuple[int, int, str]]:
-    configuration = ServiceConfigurationGeneration(pk=attempt.configuration_id)
-    return list(AccountServingGate.objects.filter(account_id__in=configuration.accounts.values("account_id"))
-                .order_by("account_id").values_list("account_id", "pk", "mode"))
 
 
 def _account_gates(rows) -> tuple[list[int], list[tuple[int, int, str]]]:
@@ -119,7 +107,8 @@ def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, 
     readiness, shutdown = certificates if certificates is not None else _certificate_digests(attempt)
     point = point if point is not None else rehearsed_restore_point(attempt.attempt_key)
     if rows is None:
-        rows = [(g.account_id, g.pk, g.mode) for g in gates] if gates is not None else _gate_rows(attempt)
+        rows = ([(g.account_id, g.pk, g.mode) for g in gates] if gates is not None
+                else _account_gates(account_gate_rows(attempt.configuration_id))[1])
     owners = owners if owners is not None else succession._owner_receipts_digest(epoch)
     return evidence_digest("first_activation_evidence", {
         "owners": owners.hex(), "epoch": bytes(epoch.digest).hex(),
@@ -142,10 +131,11 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublic
     serving.activation_cardinality_check(accounts=attempt.account_count)  # before the barrier set exists (D-210)
     with transaction.atomic():
         connector_locks.epoch_for_share(epoch.pk)
-        modes = set(AccountServingGate.objects.filter(account_id__in=_account_ids(attempt))
-                    .values_list("mode", flat=True))
+        # every frozen account's gate (None: an account without one)
+        modes = {mode for _, _, _, mode in account_gate_rows(attempt.configuration_id)}
         if modes != {GateMode.V2_VALIDATING}:
-            raise BarrierSetRefused("every frozen gate must be v2_validating; modes: " + ", ".join(sorted(modes)))
+            raise BarrierSetRefused("every frozen gate must be v2_validating; modes: "
+                                    + ", ".join(sorted(map(str, modes))))
         row = ServingPublicationBarrierSet.objects.create(
             successor_epoch=epoch, successor_key=epoch.epoch_id, successor_digest=bytes(epoch.digest),
             scope_digest=bytes(epoch.serving_scope_digest), holder=f"cutover:{attempt_key}",
@@ -153,14 +143,6 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublic
         audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
                      evidence_digest=bytes(epoch.digest), reason=f"first activation of {attempt_key}")
     return row
-
-
-def _release(row: ServingPublicationBarrierSet, reason: str, actor: Actor) -> None:
-    from_state = row.state
-    row.release(reason=reason)
-    row.save()
-    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
-                 fence=row.fence, reason=reason)
 
 
 def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicationBarrierSet:
@@ -184,7 +166,7 @@ def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicati
         if drift is not None:
             problems.append(f"owner drift {drift[0]}: {drift[1]}")
         if problems:
-            _release(row, "mismatch under the held fences: " + "; ".join(problems), actor)
+            succession.record_release(row, "mismatch under the held fences: " + "; ".join(problems), actor)
             return row
         row.hold(owner_receipts_digest=activation_evidence(attempt, epoch))
         row.save()
@@ -242,7 +224,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
             except (FenceStale, TransitionRefused):
                 decision = decisions.decision_read(attempt.attempt_key)
         if decision is None or decision.state != DecisionState.ACTIVATING_V2:
-            _release(row, f"restore won the CutoverDecision ({decision.state if decision else 'absent'}); "
+            succession.record_release(row, f"restore won the CutoverDecision ({decision.state if decision else 'absent'}); "
                           "no activation recorded", actor)
             lost = True
         else:
@@ -311,7 +293,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
     with transaction.atomic():
         row = locks.barrier_set_for_update(row.pk)
         if row.state == BarrierSetState.ACTIVATION_COMMITTED:
-            _release(row, "first activation read back and v2_committed", actor)
+            succession.record_release(row, "first activation read back and v2_committed", actor)
         locked = attempt_get(attempt_key, lock=True)
         if locked.outcome == AttemptOutcome.OPEN:
             locked.outcome, locked.closed_at = AttemptOutcome.V2_COMMITTED, timezone.now()
@@ -370,6 +352,6 @@ def revocation_guard(credential_gate) -> None:
         if row.attempt_key and row.state == BarrierSetState.HELD and decision is not None and \
                 decision.state == DecisionState.ROLLBACK_OPEN:
             locked = locks.barrier_set_for_update(row.pk)
-            _release(locked, reason + " while rollback was open", Actor.system("revocation"))
+            succession.record_release(locked, reason + " while rollback was open", Actor.system("revocation"))
             continue
         raise PublicationBarrierHeld(f"{row} is committing an activation; the revocation is retried after it")

@@ -169,6 +169,17 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
     return row
 
 
+def record_release(row: ServingPublicationBarrierSet, reason: str, actor: Actor) -> ServingPublicationBarrierSet:
+    """`row` (locked FOR UPDATE by the caller, its release already judged legal) -> `released`, with its audit row:
+    the one write of every release path, successor and first activation alike."""
+    from_state = row.state
+    row.release(reason=reason)
+    row.save()
+    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
+                 fence=row.fence, reason=reason)
+    return row
+
+
 @transaction.atomic
 def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reason: str, actor: Actor,
                         replacement: bool = False) -> ServingPublicationBarrierSet:
@@ -210,11 +221,7 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
                 or any(g.mode != GateMode.V2_SERVING or g.epoch_id != successor.pk
                        or not _same(g.epoch_digest, row.successor_digest) for g in gates)):
             raise BarrierSetRefused("activation readback does not show the exact successor serving every gate")
-    row.release(reason=reason)
-    row.save()
-    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
-                 fence=row.fence, reason=reason + (" (replacement)" if replacement else ""))
-    return row
+    return record_release(row, reason + (" (replacement)" if replacement else ""), actor)
 
 
 def barrier_set_abort_for_revocation(row: ServingPublicationBarrierSet, *, reason: str,
@@ -230,13 +237,8 @@ def barrier_set_abort_for_revocation(row: ServingPublicationBarrierSet, *, reaso
     if row.state != BarrierSetState.HELD:
         raise BarrierSetRefused(f"{row} is {row.state}; only a held set is aborted by a revocation")
     cut_off = OrderingHandoff.objects.filter(predecessor_epoch_id=row.predecessor_epoch_id).exists()
-    row.release(reason=reason)
-    row.save()
-    audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=BarrierSetState.HELD,
-                 to_state=row.state, fence=row.fence,
-                 reason=reason + (" before the successor's activation (replacement: gates stay v2_halted)"
-                                  if cut_off else " before the successor's activation"))
-    return row
+    return record_release(row, reason + (" before the successor's activation (replacement: gates stay v2_halted)"
+                                         if cut_off else " before the successor's activation"), actor)
 
 
 # -- ordering handoff -----------------------------------------------------------------------------------------

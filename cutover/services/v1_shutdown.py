@@ -30,8 +30,8 @@ from django.utils import timezone
 from connector.actors import Actor
 from connector.choices import EpochState, GateMode
 from connector.faults import fault_point
-from connector.selectors.rows import AccountServingGate, ConnectorAccount, Receipt, ServingEpoch, V1AcceptanceTombstone
 from connector.selectors.locks import owner_barriers_lock
+from connector.selectors.rows import AccountServingGate, ConnectorAccount, Receipt, ServingEpoch, V1AcceptanceTombstone
 from connector.services.audit import audit_record
 from connector.services.tombstones import tombstones_import
 from cutover.errors import CutoverPhaseRefused, DrainBlocked

@@ -163,21 +163,27 @@ def test_a_held_set_refuses_publications_and_an_urgent_revocation_aborts_only_wh
     assert decisions.decision_read("att-1").state == DecisionState.ROLLBACK_OPEN
 
 
-class _Stopped(Exception):
-    """The coordinator stops right after the activation transaction committed (an in-process stand-in for the
-    crash of `activation.after_commit`, so the test can tamper before resuming)."""
+class _StoppedAt(Exception):
+    """The coordinator stopped at a named fault point (an in-process stand-in for a crash there, so the test can
+    act before resuming)."""
+
+
+def run_until(monkeypatch, point: str) -> None:
+    """Run first_activation_commit of `att-1` until the fault point `point`, where it raises `_StoppedAt` (inside
+    the activation transaction, which then rolls back; or after it, once committed)."""
+    def stop(name):
+        if name == point:
+            raise _StoppedAt(name)
+
+    monkeypatch.setattr(fa, "fault_point", stop)
+    with pytest.raises(_StoppedAt):
+        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
+    monkeypatch.undo()
 
 
 def stop_after_commit(monkeypatch) -> None:
-    """Run first_activation_commit of `att-1` until just after its activation COMMIT (`_Stopped` there)."""
-    def stop(name):
-        if name == "activation.after_commit":
-            raise _Stopped(name)
-
-    monkeypatch.setattr(fa, "fault_point", stop)
-    with pytest.raises(_Stopped):
-        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
-    monkeypatch.undo()
+    """Run first_activation_commit of `att-1` until just after its activation COMMIT."""
+    run_until(monkeypatch, "activation.after_commit")
 
 
 @TX
@@ -251,23 +257,6 @@ def test_evidence_read_before_the_locks_is_used_only_when_the_locked_rows_equal_
             fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
         assert calls == [True]  # the early digest was used under the locks, and it was compared
         assert all_or_nothing(world) == "offline"
-
-
-class _StoppedAt(Exception):
-    """The coordinator stopped at a named fault point (in process, so the test can act in between)."""
-
-
-def run_until(monkeypatch, point: str) -> None:
-    """Run first_activation_commit of `att-1` until the fault point `point`, where it raises `_StoppedAt` (inside
-    the activation transaction, which then rolls back; or after it, once committed)."""
-    def stop(name):
-        if name == point:
-            raise _StoppedAt(name)
-
-    monkeypatch.setattr(fa, "fault_point", stop)
-    with pytest.raises(_StoppedAt):
-        fa.first_activation_commit(attempt_key="att-1", actor=ACTOR)
-    monkeypatch.undo()
 
 
 @TX
