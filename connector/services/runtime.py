@@ -24,7 +24,7 @@ from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
 from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
 from connector.receipts import rec
 from connector.selectors.routes import mapping_for, route_for
-from connector.services.guard import lock_serving
+from connector.services.guard import lock_serving, lock_serving_accounts
 
 RESULT_RECEIPT_PROTOCOL = "nexuscrm.runtime.result-receipt.v1"
 
@@ -178,6 +178,8 @@ class _Planned:
     ref_digest: bytes
     record_key: str
     values: dict
+    epoch: ServingEpoch | None = None
+    push: dict | None = None  # the route's frozen definition when its applied change authors outbound (D-293)
 
 
 # The CrmRecords of a batch, locked FOR UPDATE in one statement in the canonical order of the table's unique key
@@ -226,6 +228,10 @@ SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM ins), (SELECT count(*) 
 # like the route cache: a restore may bring back primary keys seen before (D-220).
 _EPOCHS: dict[bytes, ServingEpoch] = {}
 
+# Account keys by pk, per process: an account's key and pk never change (accounts are not renamed, and their rows
+# are referenced by PROTECT foreign keys); cleared with the epochs whenever this process opens a database session.
+_ACCOUNT_KEYS: dict[int, str] = {}
+
 
 def _epochs_by_digest(digests) -> dict[bytes, ServingEpoch]:
     missing = [d for d in digests if d not in _EPOCHS]
@@ -237,22 +243,23 @@ def _epochs_by_digest(digests) -> dict[bytes, ServingEpoch]:
 
 def _forget_epochs(**_signal) -> None:
     _EPOCHS.clear()
+    _ACCOUNT_KEYS.clear()
 
 
 connection_created.connect(_forget_epochs, weak=False, dispatch_uid="connector.services.runtime._forget_epochs")
 
 
 def _plan(command: RuntimeCommand, fields: dict, epochs: dict[bytes, ServingEpoch]) -> _Planned | None:
-    """The command's one CRM change if it is the common case the batch path applies (a single item, a route that
-    does not push, a mapping that resolves, a record key), else None: the command takes the per-command path.
-    `fields`: the command's decoded ExecutionRef."""
+    """The command's one CRM change if it is the common case the batch path applies (a single item, a mapping that
+    resolves, a record key), else None: the command takes the per-command path. A route that pushes keeps its
+    frozen definition: the batch authors its outbound command under the guard (D-293). `fields`: the command's
+    decoded ExecutionRef."""
     epoch = epochs.get(bytes(fields["epoch_digest"]))
     if epoch is None:
         return None  # the per-command path raises RuntimeResultMismatch
     route = route_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), account_id=command.account_id,
                       channel=fields["route"])
-    if bool(route.definition.get("push")) and not bool(fields.get("suppress_external_effects")):
-        return None  # authoring needs the guard and the author hook in the application transaction
+    pushes = bool(route.definition.get("push")) and not bool(fields.get("suppress_external_effects"))
     mapping = mapping_for(epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest), business_key=route.mapping_key) \
         if route.mapping_key else None
     data = json.loads(bytes(command.input))
@@ -263,7 +270,8 @@ def _plan(command: RuntimeCommand, fields: dict, epochs: dict[bytes, ServingEpoc
                   if mapping else dict(data["data"]))
     except BodyUnparseable:
         return None
-    return _Planned(command, hashlib.sha256(bytes(command.execution_ref)).digest(), str(data["record_key"]), values)
+    return _Planned(command, hashlib.sha256(bytes(command.execution_ref)).digest(), str(data["record_key"]), values,
+                    epoch, route.definition if pushes else None)
 
 
 def _result_of(command_id: str, ref_digest: bytes, outcome: str) -> tuple[bytes, bytes]:
@@ -283,14 +291,18 @@ def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, Resul
     Returns, per command ID, its ResultReceipt (stored earlier: returned as is, nothing applied again; or applied
     and committed now together with its CRM change), or None: that command takes the per-command path
     (`runtime_command_apply`), which is the only semantics; this is an optimization of its common case. None is
-    returned for a route that pushes outbound (authoring needs the guard and the author hook), a windowed (members)
-    input, an unresolvable mapping or record key, an ExecutionRef naming no epoch, a stored result bound to another
+    returned for a windowed (members) input, an unresolvable mapping or record key, an ExecutionRef naming no epoch, a stored result bound to another
     ExecutionRef digest, a second command of the batch on a record an earlier one changes, and for every command of
     the batch when the batch transaction fails for any reason (it then rolled back: nothing of the batch stands).
 
-    Statements: the epochs named (one read), then BEGIN, the stored results (one read), the CrmRecords FOR UPDATE
-    (one statement, ascending (account, record key)), every change and every ApplicationResult (one statement),
-    COMMIT. `fault_point("runtime.batch_before_commit")` fires before the COMMIT."""
+    A route that pushes outbound is applied here too (D-293): the guard of its accounts is taken before any CRM
+    row, each applied change authors its outbound command through the same author hook and in the same
+    transaction; a refused guard or item rolls the batch back, and the per-command path decides.
+
+    Statements: the epochs named (one read), then BEGIN, the stored results (one read), for pushing routes the
+    guard of their accounts (one statement), the CrmRecords FOR UPDATE (one statement, ascending (account,
+    record key)), for each applied pushing change its outbound command (the author's statements), every change
+    and every ApplicationResult (one statement), COMMIT. `fault_point("runtime.batch_before_commit")` fires before the COMMIT."""
     out: dict[str, ResultReceipt | None] = {c.command_id: None for c in commands}
     if not commands:
         return out
@@ -335,15 +347,50 @@ def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, Resul
     return out
 
 
+def _account_keys(account_ids) -> dict[int, str]:
+    missing = [a for a in account_ids if a not in _ACCOUNT_KEYS]
+    if missing:
+        _ACCOUNT_KEYS.update(ConnectorAccount.objects.filter(pk__in=missing).values_list("pk", "account_key"))
+    return {a: _ACCOUNT_KEYS[a] for a in account_ids}
+
+
+def _guard_pushing(todo: list[_Planned]) -> dict[int, object]:
+    """The serving guard of every account whose batch authors outbound, taken before any CRM row, as the
+    per-command path takes it (CV2-10-005): one statement for all of them (`lock_serving_accounts`, ascending
+    account id), then each command's exact epoch checked against the locked rows (`lock_serving`, no round
+    trip). A refusal raises: the batch rolls back and every command takes the per-command path, which refuses it
+    with its own code."""
+    pushing = [p for p in todo if p.push is not None]
+    if not pushing:
+        return {}
+    lock_serving_accounts(account_ids={p.command.account_id for p in pushing})
+    return {p.command.command_id: lock_serving(account_id=p.command.account_id, epoch_id=p.epoch.epoch_id,
+                                               epoch_digest=bytes(p.epoch.digest)) for p in pushing}
+
+
+def _author(todo: list[_Planned], outcomes: dict[str, str], ctxs: dict[str, object]) -> None:
+    """Author the outbound command of every applied change of a pushing route, in the batch transaction, through
+    the same author hook as `runtime_command_apply`. A refused item (ApplicationItemRejected) or any other error
+    raises: the batch rolls back and the per-command path records the refusal in the item's savepoint."""
+    applied = [p for p in todo if p.push is not None and outcomes[p.command.command_id] == "applied"]
+    keys = _account_keys({p.command.account_id for p in applied}) if applied else {}
+    for p in applied:
+        hooks.author_outbound(ctx=ctxs[p.command.command_id], account_key=keys[p.command.account_id],
+                              route_definition=p.push, command_id=p.command.command_id, record_key=p.record_key,
+                              fields=p.values, suppress_external_effects=False, execution_id=p.command.execution_id)
+
+
 def _apply_planned(todo: list[_Planned], out: dict[str, ResultReceipt | None]) -> None:
-    """Inside the batch transaction: lock the records, decide each outcome like `_apply_record`, write."""
+    """Inside the batch transaction: the guard of pushing accounts, lock the records, decide each outcome like
+    `_apply_record`, author the outbound commands of applied pushing changes, write."""
     conn = transaction.get_connection()
+    ctxs = _guard_pushing(todo)
     ordered = sorted(todo, key=lambda p: (p.command.account_id, p.record_key))
     with conn.cursor() as cursor:
         cursor.execute(_CRM_LOCK_SQL, {"accounts": [p.command.account_id for p in ordered],
                                        "keys": [p.record_key for p in ordered]})
         records = {(int(a), k): (int(pk), json.loads(f), int(v)) for pk, a, k, f, v in cursor.fetchall()}
-    upd, ins, res = [], [], []
+    upd, ins, res, outcomes = [], [], [], {}
     now = timezone.now()
     for p in todo:
         cid = p.command.command_id
@@ -361,8 +408,10 @@ def _apply_planned(todo: list[_Planned], out: dict[str, ResultReceipt | None]) -
                 else:
                     upd.append((record[0], p.command.account_id, json.dumps(merged), cid))
                     outcome = "applied"
+        outcomes[cid] = outcome
         result_digest, receipt = _result_of(cid, p.ref_digest, outcome)
         res.append((cid, p.ref_digest, outcome, result_digest, receipt))
+    _author(todo, outcomes, ctxs)
     with conn.cursor() as cursor:
         cursor.execute(_APPLY_SQL, {
             "now": now,

@@ -23,7 +23,7 @@ def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command
     push = route_definition.get("push")
     if not push:
         return None
-    transaction.on_commit(_wake_dispatch)
+    _wake_after_commit()
     command = outbound_command_author(
         ctx=ctx, account_key=account_key, application_scope="runtime.records",
         effect_root_id=f"{command_id}:{record_key}",
@@ -33,6 +33,16 @@ def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command
         owner_slot=record_key)
     tracing.remember(CommandTrace, command.pk)  # issue 21: the egress request continues this trace after the outbox
     return command
+
+
+def _wake_after_commit() -> None:
+    """One dispatch wake-up per application transaction, however many commands it authors (a batched Runtime
+    authors one per applied change, D-293): registered on commit unless this transaction already holds one.
+    Django drops the callbacks of a savepoint that rolls back, so a registration that could be lost with a
+    sibling's savepoint is never relied on: only one still in the list counts."""
+    connection = transaction.get_connection()
+    if not any(func is _wake_dispatch for _sids, func, _robust in connection.run_on_commit):
+        transaction.on_commit(_wake_dispatch)
 
 
 def _wake_dispatch() -> None:

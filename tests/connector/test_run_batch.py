@@ -229,24 +229,103 @@ def test_a_failing_batch_rolls_back_and_every_item_runs_alone(two_accounts, monk
     assert set(CrmRecord.objects.filter(account=acct).values_list("version", flat=True)) == {1}
 
 
-def test_a_pushing_route_takes_the_per_item_path(transactional_db, monkeypatch):
-    """A route that authors outbound needs the guard and the author hook inside Runtime's transaction: the batch
-    path leaves its commands to `runtime_command_apply` (one OutboundCommand per applied record, as before).
-    Proves: CV2-10-005, CV2-08-005"""
+def _pushing_world(monkeypatch):
+    """The demo world with a pushing route (two accounts), every author hook call recorded, every dispatch
+    wake-up counted."""
+    from connector import hooks
     from connector.demo import build_world
-    from effects.models import OutboundCommand
-    from tests.crash.support import ready_execution
+    from effects.services import runtime_bridge
 
     world = build_world("rp-", push=True)
+    calls, wakes = [], []
+    real = hooks.author_outbound
+    monkeypatch.setattr(hooks, "author_outbound", lambda **kw: calls.append(kw) or real(**kw))
+    monkeypatch.setattr(runtime_bridge, "_wake_dispatch", lambda: wakes.append(1))
+    return world, calls, wakes
+
+
+def _normalized(call: dict, execution_pk_to_name: dict) -> tuple:
+    """An author hook call without what differs per account and per command (their identities)."""
+    return (call["record_key"][-2:], call["route_definition"], call["fields"]["email"][-12:],
+            call["suppress_external_effects"], execution_pk_to_name[call["execution_id"]],
+            call["ctx"].epoch_digest, call["ctx"].fence)
+
+
+def test_a_pushing_route_runs_in_the_batch_with_the_per_item_authoring(transactional_db, monkeypatch, settings):
+    """A route that authors outbound runs through the batch path (D-293): the guard of its accounts is taken in
+    the batch transaction and every applied change calls the same author hook with the same arguments as the
+    per-item path (`runtime_command_apply`) does for the same events; each completed Execution has exactly one
+    OutboundCommand (source execution, exact guarded epoch and fence) and one RemoteEffect, its ApplicationResult
+    commits with them, and the batch sends one dispatch wake-up, not one per command.
+    Proves: CV2-10-005, CV2-08-005, CV2-10-001, CV2-14-001"""
+    from effects.models import OutboundCommand, RemoteEffect
+    from tests.crash.support import ready_execution
+
+    world, calls, wakes = _pushing_world(monkeypatch)
+    batch_acct, item_acct = world.accounts
+    for acct in (batch_acct, item_acct):
+        for i in range(3):
+            ready_execution(acct.account_key, f"p{i}")
+    names = {e.pk: e.lane.partition[-2:] for e in Execution.objects.select_related("lane")}
+    with monkeypatch.context() as m:
+        _no_per_item(m)
+        done = execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[batch_acct.pk])
+    assert [e.state for e in done] == ["completed"] * 3 and len(wakes) == 1
+    batch_calls = [_normalized(c, names) for c in calls]
+    calls.clear()
+    wakes.clear()
+    settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 0}
+    done_items = execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[item_acct.pk])
+    assert [e.state for e in done_items] == ["completed"] * 3 and len(wakes) == 3
+    assert sorted(batch_calls, key=repr) == sorted((_normalized(c, names) for c in calls), key=repr)
+    gate = AccountServingGate.objects.get(account=batch_acct)
+    for e in done:
+        command = OutboundCommand.objects.get(source_execution_id=e.pk)
+        assert (command.account_id, command.epoch_id, command.gate_fence) == (batch_acct.pk, gate.epoch_id,
+                                                                              gate.fence)
+        assert bytes(command.epoch_digest) == bytes(gate.epoch_digest)
+        assert command.effect_root_id == f"{e.command_id}:{e.lane.partition}"
+        assert RemoteEffect.objects.filter(command=command).count() == 1
+        assert ApplicationResult.objects.get(command_id=e.command_id).outcome == "applied"
+    assert OutboundCommand.objects.filter(account=item_acct).count() == 3
+
+
+def test_a_refused_outbound_item_rolls_the_batch_back_and_the_per_item_path_records_it(transactional_db,
+                                                                                      monkeypatch):
+    """An item whose outbound intent the author refuses (ApplicationItemRejected, here OUTBOUND_PATH_UNSAFE for
+    one record) rolls the whole batch back; every command then runs alone: the refused one is recorded
+    `rejected:OUTBOUND_PATH_UNSAFE` with no CRM change and no command (its savepoint, D-172), the others apply
+    and author exactly one command each. Proves: CV2-10-005, CV2-08-005, CV2-02-007"""
+    from effects.errors import OutboundPathUnsafe
+    from effects.models import OutboundCommand
+    from effects.services import outbound
+    from tests.crash.support import ready_execution
+
+    world, calls, _wakes = _pushing_world(monkeypatch)
     acct = world.accounts[0]
-    ready = [ready_execution(acct.account_key, f"p{i}") for i in range(2)]
-    calls = []
-    real = runtime.runtime_command_apply
-    monkeypatch.setattr(runtime, "runtime_command_apply", lambda **kw: calls.append(kw) or real(**kw))
-    done = execution.execution_claim_batch_and_run(holder="w", n=10)
-    assert {e.state for e in done} == {"completed"} and len(calls) == 2
+    ready = [ready_execution(acct.account_key, f"q{i}") for i in range(3)]
+    real_path = outbound.outbound_path
+
+    def unsafe_for_q1(template, params):
+        if str(params.get("record_key", "")).endswith("q1"):
+            raise OutboundPathUnsafe("test: unsafe path")
+        return real_path(template, params)
+
+    monkeypatch.setattr(outbound, "outbound_path", unsafe_for_q1)
+    per_item = []
+    real_run = execution.execution_run
+    monkeypatch.setattr(execution, "execution_run", lambda **kw: per_item.append(kw) or real_run(**kw))
+    done = execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[acct.pk])
+    assert len(per_item) == 3 and {e.state for e in done} == {"completed"}
+    results = {r.command_id: r for r in ApplicationResult.objects.filter(command_id__in=[e.command_id
+                                                                                          for e in ready])}
+    by_key = {e.lane.partition[-2:]: e for e in Execution.objects.filter(pk__in=[e.pk for e in ready])
+              .select_related("lane")}
+    assert results[by_key["q1"].command_id].detail == "rejected:OUTBOUND_PATH_UNSAFE"
+    assert not CrmRecord.objects.filter(account=acct, record_key=by_key["q1"].lane.partition).exists()
+    assert {k: OutboundCommand.objects.filter(source_execution_id=by_key[k].pk).count() for k in by_key} == \
+        {"q0": 1, "q1": 0, "q2": 1}
     assert OutboundCommand.objects.filter(account=acct).count() == 2
-    assert ApplicationResult.objects.filter(command_id__in=[e.command_id for e in ready]).count() == 2
 
 
 def test_results_settle_while_the_gate_halts(two_accounts, monkeypatch):

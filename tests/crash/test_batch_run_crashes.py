@@ -32,8 +32,9 @@ POINTS = {
 
 
 @pytest.mark.django_db(**DB)
+@pytest.mark.parametrize("push", [False, True], ids=["plain", "push"])
 @pytest.mark.parametrize("point", list(POINTS))
-def test_batch_run_killed_at_each_point_loses_and_repeats_nothing(run_child, settings, point):
+def test_batch_run_killed_at_each_point_loses_and_repeats_nothing(run_child, settings, point, push):
     """A worker step over four Executions of two accounts is SIGKILLed at `point`. Before the kill the claim
     committed (Attempt 1, fence 1, the child's lease). At `runtime.batch_before_commit` nothing of Runtime's
     batch stands (no ApplicationResult, no CRM record); at `runtime.batch_after_commit` and
@@ -41,9 +42,13 @@ def test_batch_run_killed_at_each_point_loses_and_repeats_nothing(run_child, set
     completed, no lane advanced. After lease expiry the next batch step re-claims the same four identities with
     fence 2 and completes them: the stored results are returned unchanged (no second application: CRM version
     1), exactly one ApplicationResult per command, each lane's high-water 1 with no active Execution, and
-    check_invariants is clean. Proves: CV2-07-020, CV2-08-010, CV2-08-011, CV2-08-012, CV2-07-021, CV2-02-007,
-    CV2-06-014"""
-    world = build_world("kr-")
+    check_invariants is clean. With a route that pushes outbound (D-293: its commands are authored in Runtime's
+    batch transaction) the OutboundCommands and their RemoteEffects stand or fall with that transaction: none
+    before its commit, one per command after it, and still exactly one per command after the recovery.
+    Proves: CV2-07-020, CV2-08-010, CV2-08-011, CV2-08-012, CV2-07-021, CV2-02-007, CV2-06-014, CV2-10-005"""
+    from effects.models import OutboundCommand, RemoteEffect
+
+    world = build_world("kr-", push=push)
     ready = [ready_execution(account.account_key, f"rec-{n}") for account in world.accounts[:2] for n in (1, 2)]
     lanes_before = {e.pk: OrderingLane.objects.get(pk=e.lane_id).fence for e in ready}
 
@@ -59,6 +64,7 @@ def test_batch_run_killed_at_each_point_loses_and_repeats_nothing(run_child, set
     original = _fingerprints(ready)
     assert len(original) == (4 if committed else 0)
     assert CrmRecord.objects.count() == (4 if committed else 0)
+    assert OutboundCommand.objects.count() == (4 if committed and push else 0)
 
     time.sleep(LEASE_SECONDS + 0.2)
     done = execution_claim_batch_and_run(holder="recovery", n=10, lease_seconds=60)
@@ -69,6 +75,10 @@ def test_batch_run_killed_at_each_point_loses_and_repeats_nothing(run_child, set
     if committed:
         assert after == original  # the stored results, not new ones
     assert set(CrmRecord.objects.values_list("version", flat=True)) == {1} and CrmRecord.objects.count() == 4
+    if push:
+        assert sorted(OutboundCommand.objects.values_list("source_execution_id", flat=True)) == \
+            sorted(e.pk for e in ready)
+        assert RemoteEffect.objects.count() == 4
     for e in ready:
         assert list(ExecutionAttempt.objects.filter(execution=e).values_list("ordinal", "holder")) == [
             (1, "crash-child"), (2, "recovery")]
