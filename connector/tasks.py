@@ -22,7 +22,7 @@ from connector import tracing
 from connector.choices import SweepStep
 from connector.models import ReceiptTrace
 from connector.selectors import materialization
-from connector.services import execution, materialize, poison, sweeper
+from connector.services import execution, materialize, materialize_together, poison, sweeper
 
 log = logging.getLogger(__name__)
 BROKER_ERRORS = (KombuOperationalError, RedisError, OSError)
@@ -217,13 +217,42 @@ def _materialize_one(receipt_pk: int, account_pk: int, claims: _ClaimWakes) -> N
     if out is None:
         return  # transient: still due (the sweeper retries); failed: the receipt is held
     claims.add(len(out.executions))
-    for lane_pk in sorted(out.lanes):  # lane order, as the service opens them
+    _advance_inline(out.lanes, out.account_id, claims)  # lane order, as the service opens them
+
+
+def _advance_inline(lanes, account_id: int, claims: _ClaimWakes) -> None:
+    """Advance materialized lanes inline, in lane order, each isolated (a lane's failure halts that lane)."""
+    for lane_pk in sorted(lanes):
         minted = None
         with poison.isolated(step=SweepStep.LANE_ADVANCE, item=f"lane {lane_pk}",
                              quarantine=partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE)):
-            minted = execution.lane_advance(lane_pk=lane_pk, account_id=out.account_id)
+            minted = execution.lane_advance(lane_pk=lane_pk, account_id=account_id)
         if minted is not None:
             claims.add(1)
+
+
+def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> set[int]:
+    """The due receipts of each account materialized in one transaction where `materialize_together` takes them
+    (D-294), then their lanes advanced inline; returns the receipts it took. A failure of that transaction (it
+    rolled back) is logged and leaves every receipt to the per-receipt path. `MATERIALIZE_TOGETHER` 0 turns it
+    off."""
+    if not int(settings.CONNECTOR.get("MATERIALIZE_TOGETHER", 1)) or len(due) < 2:
+        return set()
+    taken: set[int] = set()
+    by_account: dict[int, list[int]] = {}
+    for receipt_pk, account_pk in due:
+        by_account.setdefault(account_pk, []).append(receipt_pk)
+    for account_pk, pks in sorted(by_account.items()):
+        try:
+            got, out = materialize_together.receipts_materialize(receipt_pks=pks, account_id=account_pk)
+        except Exception:  # noqa: BLE001 - rolled back as a whole: every receipt takes the per-receipt path
+            log.exception("materialize_due: %d receipts of account %s rolled back; per-receipt path", len(pks),
+                          account_pk)
+            continue
+        taken |= got
+        claims.add(len(out.executions))
+        _advance_inline(out.lanes, account_pk, claims)
+    return taken
 
 
 @shared_task(name="connector.tasks.materialize_due", acks_late=True, ignore_result=True)
@@ -249,10 +278,12 @@ def materialize_due(account_id: int | None = None, slot: int = 0) -> int:
                 if account_id is None or not _wake_release(account_id, slot, attempted):
                     return len(attempted)
                 continue
+            together = _materialize_together(due, claims)
             for receipt_pk, account_pk in due:
                 attempted.add(receipt_pk)
-                _materialize_one(receipt_pk, account_pk, claims)
-                holding.refresh()
+                if receipt_pk not in together:
+                    _materialize_one(receipt_pk, account_pk, claims)
+                    holding.refresh()
             if account_id is None:
                 return len(attempted)
         if account_id is not None:  # rounds spent with work left: hand over to a fresh run

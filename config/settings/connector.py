@@ -27,6 +27,9 @@ CONNECTOR = {
     # and how long a receipt may stay due before the sweep materializes it itself although it could wake, when no
     # run of its account is alive (D-270).
     "MATERIALIZE_BATCH": env_int("CONNECTOR_MATERIALIZE_BATCH", 50),
+    # 1: the due receipts a run reads for an account are materialized in one transaction where the common case
+    # allows (D-294), `receipt_materialize` taking the rest one by one; 0: every receipt alone (before D-294).
+    "MATERIALIZE_TOGETHER": env_int("CONNECTOR_MATERIALIZE_TOGETHER", 1),
     # Runs of one account that materialize in parallel, each on its share of the receipts (pk modulo this): as
     # many as the materialize queue's worker processes (scripts/run.py: max(2, cpus)).
     "MATERIALIZE_SLOTS": env_int("CONNECTOR_MATERIALIZE_SLOTS", 2),

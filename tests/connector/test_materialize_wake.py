@@ -25,7 +25,7 @@ from connector.models import (
     ReceiptComponent,
     StepFailure,
 )
-from connector.services import materialize
+from connector.services import materialize, materialize_together
 from tests.concurrency import raised, run_concurrently
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
@@ -119,22 +119,26 @@ def test_a_receipt_admitted_during_a_run_is_taken_by_that_run_or_woken(world, se
     is seen by the run's last look after it drops the key. Proves: CV2-05-017"""
     settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     _admitted(world, 3)
-    real = materialize.receipt_materialize
     extra: list[Receipt] = []
 
-    def during(**kwargs):
-        out = real(**kwargs)
-        if not extra:
-            [receipt] = _burst(world, 1, prefix="during-")
-            extra.append(receipt)
-            _materialization_enqueue(receipt.pk, receipt.account_id)  # suppressed: the key is held
-        return out
+    def during(real):
+        def call(**kwargs):
+            out = real(**kwargs)
+            if not extra:
+                [receipt] = _burst(world, 1, prefix="during-")
+                extra.append(receipt)
+                _materialization_enqueue(receipt.pk, receipt.account_id)  # suppressed: the key is held
+            return out
+        return call
 
-    materialize.receipt_materialize = during
+    # whichever path materializes the first receipts (together, D-294, or one by one)
+    real, together = materialize.receipt_materialize, materialize_together.receipts_materialize
+    materialize.receipt_materialize = during(real)
+    materialize_together.receipts_materialize = during(together)
     try:
         assert tasks.materialize_due(world.account.pk) == 4
     finally:
-        materialize.receipt_materialize = real
+        materialize.receipt_materialize, materialize_together.receipts_materialize = real, together
     assert len(sent["wakes"].calls) == 1
     assert MaterializationDue.objects.count() == 0 and Event.objects.count() == 4
 
@@ -197,8 +201,9 @@ def test_a_receipt_stuck_past_the_bound_is_materialized_by_the_sweep(world, sent
 
 
 def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, sent, monkeypatch, settings):
-    """One receipt of the batch fails deterministically: it is held with MATERIALIZATION_FAILED evidence, the
-    run returns normally and every other receipt of the batch is materialized. Proves: CV2-13-001"""
+    """One receipt of the batch fails deterministically: the shared transaction of the batch (D-294) rolls back,
+    every receipt goes alone, the failing one is held with MATERIALIZATION_FAILED evidence, the run returns
+    normally and every other receipt of the batch is materialized. Proves: CV2-13-001"""
     settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     receipts = _admitted(world, 6)
     bad = receipts[2].pk
@@ -209,7 +214,15 @@ def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, 
             raise ValueError(f"poison receipt {bad}")
         return real(**kwargs)
 
+    real_together = materialize_together.receipts_materialize
+
+    def together(**kwargs):  # the receipt fails the shared transaction too (D-294): it rolls back, all go alone
+        if bad in kwargs["receipt_pks"]:
+            raise ValueError(f"poison receipt {bad}")
+        return real_together(**kwargs)
+
     monkeypatch.setattr(materialize, "receipt_materialize", step)
+    monkeypatch.setattr(materialize_together, "receipts_materialize", together)
     assert tasks.materialize_due(world.account.pk) == 6
     assert MaterializationDue.objects.get(receipt_id=bad).held_reason == "MATERIALIZATION_FAILED"
     assert StepFailure.objects.get(entity_id=str(bad)).step == "receipt_materialize"

@@ -1,0 +1,56 @@
+"""A kill inside the shared materialization transaction (D-294): a real worker process running `materialize_due`
+over several due receipts of one account is SIGKILLed at `materialize.after_components`; nothing of any receipt
+stands, and the next run derives each exactly once."""
+from __future__ import annotations
+
+import pytest
+
+from connector import tasks
+from connector.models import Event, MaterializationDue, Projection, ReceiptComponent
+from tests.conformance.packs import PACK_A
+from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
+from tests.crash.support import DB, assert_killed
+
+MATERIALIZE_DUE_SCRIPT = """
+from django.conf import settings
+from connector import tasks
+settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
+tasks.execution_claim_and_run.delay = lambda *a, **k: None
+from connector.services import materialize
+def alone(**kwargs):  # the kill must come from the shared transaction, not from a receipt materialized alone
+    raise AssertionError("per-receipt path taken")
+materialize.receipt_materialize = alone
+emit(attempted=tasks.materialize_due(ARGS["account_id"]))
+"""
+
+
+@pytest.mark.django_db(**DB)
+def test_a_kill_inside_the_shared_transaction_leaves_nothing_and_the_rerun_derives_each_once(run_child, settings,
+                                                                                             monkeypatch):
+    """Five due receipts (two events in one, a duplicate and a conflict of an earlier key among the others): the
+    child is killed after the shared transaction wrote its Components, before its commit. No Component, Event or
+    Projection of any receipt stands and all five are still due. The next run materializes each exactly once:
+    6 Components (4 events, 1 duplicate, 1 conflict), 4 Events, 4 Projections, nothing due.
+    Proves: CV2-05-017, CV2-02-007, CV2-14-001"""
+    world = build_inbound_world("mk-", [PACK_A])
+    bodies = [
+        webhook_body(webhook_event("ev-a", "rec-a", 1), webhook_event("ev-b", "rec-b", 1)),
+        webhook_body(webhook_event("ev-c", "rec-a", 2)),
+        webhook_body(webhook_event("ev-a", "rec-a", 1)),
+        webhook_body(webhook_event("ev-b", "rec-b", 1, full_name="Someone Else")),
+        webhook_body(webhook_event("ev-d", "rec-d", 1)),
+    ]
+    receipts = [admit(world, "records.webhook", body) for body in bodies]
+    run = run_child(MATERIALIZE_DUE_SCRIPT, "materialize.after_components", account_id=world.account.pk)
+    assert_killed(run)
+    assert (ReceiptComponent.objects.count(), Event.objects.count(), Projection.objects.count()) == (0, 0, 0)
+    assert MaterializationDue.objects.filter(receipt__in=receipts).count() == 5
+
+    monkeypatch.setattr(tasks.execution_claim_and_run, "delay", lambda *a, **k: None)
+    settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
+    assert tasks.materialize_due(world.account.pk) == 5
+    assert MaterializationDue.objects.count() == 0
+    assert sorted(ReceiptComponent.objects.values_list("disposition", flat=True)) == [
+        "duplicate_event", "event", "event", "event", "event", "quarantined"]
+    assert Event.objects.count() == 4 and Projection.objects.count() == 4
+    assert Event.objects.values("source_event_key").distinct().count() == 4
