@@ -22,7 +22,7 @@ from connector import tracing
 from connector.choices import SweepStep
 from connector.models import ReceiptTrace
 from connector.selectors import materialization
-from connector.services import execution, materialize, materialize_together, poison, sweeper
+from connector.services import advance_together, execution, materialize, materialize_together, poison, sweeper
 
 log = logging.getLogger(__name__)
 BROKER_ERRORS = (KombuOperationalError, RedisError, OSError)
@@ -233,7 +233,8 @@ def _advance_inline(lanes, account_id: int, claims: _ClaimWakes) -> None:
 
 def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> set[int]:
     """The due receipts of each account materialized in one transaction where `materialize_together` takes them
-    (D-294), then their lanes advanced inline; returns the receipts it took. A failure of that transaction (it
+    (D-294), then their lanes advanced together where `advance_together` takes them (D-295), the rest inline one
+    by one; returns the receipts it took. A failure of that transaction (it
     rolled back) is logged and leaves every receipt to the per-receipt path. `MATERIALIZE_TOGETHER` 0 turns it
     off."""
     if not int(settings.CONNECTOR.get("MATERIALIZE_TOGETHER", 1)) or len(due) < 2:
@@ -251,7 +252,17 @@ def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> se
             continue
         taken |= got
         claims.add(len(out.executions))
-        _advance_inline(out.lanes, account_pk, claims)
+        lanes = set(out.lanes)
+        if len(lanes) > 1:
+            try:
+                advanced, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=account_pk)
+            except Exception:  # noqa: BLE001 - rolled back as a whole: every lane takes the per-lane path
+                log.exception("materialize_due: %d lanes of account %s rolled back; per-lane path", len(lanes),
+                              account_pk)
+                advanced, minted = set(), []
+            lanes -= advanced
+            claims.add(len(minted))
+        _advance_inline(lanes, account_pk, claims)
     return taken
 
 

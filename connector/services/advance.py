@@ -78,42 +78,52 @@ def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | 
                        .order_by("position", "tie_breaker", "pk"))
         if not pending:
             return None
-        chosen = None
-        hw = lane.high_water
-        if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
-            settle = int(route.ordering.get("settle_seconds", DEFAULT_SETTLE_SECONDS))
-            if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
-                return None  # the settle window is still open
-            top = pending[-1]
-            for p in pending:
-                if hw is not None and p.position <= hw:
-                    _supersede(lane, p, "at_or_below_high_water", None)
-                elif p is not top:
-                    _supersede(lane, p, "lower_than_selected", top.position)
-            if hw is None or top.position > hw:
-                chosen = top
-        else:  # strict_source_sequence
-            expected = (hw + 1) if hw is not None else Decimal(route.ordering.get("first_position", 1))
-            waiting = False
-            for p in pending:
-                if p.position < expected:
-                    _supersede(lane, p, "at_or_below_high_water", None)
-                elif p.position == expected and chosen is None:
-                    chosen = p
-                elif p.position > expected:
-                    waiting = True
-            if chosen is None:
-                # A gap exists only while a later position waits for the missing one; stale duplicates alone
-                # never open (or keep open) a gap.
-                if waiting and lane.gap_since is None:
-                    _lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
-                elif not waiting and lane.gap_since is not None:
-                    _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
-                return None
+        chosen = apply_contract(lane, pending, route)
         if chosen is None:
-            _lane_row(lane).update(fence=lane.fence + 1)
             return None
         return _mint_on_lane(lane, chosen, route, ctx, profile_id)
+
+
+def apply_contract(lane: OrderingLane, pending: list[Projection], route) -> Projection | None:
+    """The lane's ordering contract over its pending Projections (`pending`, non-empty, ordered by position,
+    tie-breaker, pk), on the lane locked `FOR UPDATE`: supersede what the contract supersedes, move the gap
+    marker, and return the Projection to mint, or None (the lane's fence then already advanced where the contract
+    changed anything). Shared by `lane_advance` and the batched advance (D-295), so both decide alike."""
+    chosen = None
+    hw = lane.high_water
+    if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
+        settle = int(route.ordering.get("settle_seconds", DEFAULT_SETTLE_SECONDS))
+        if settle and max(p.created_at for p in pending) > timezone.now() - timedelta(seconds=settle):
+            return None  # the settle window is still open
+        top = pending[-1]
+        for p in pending:
+            if hw is not None and p.position <= hw:
+                _supersede(lane, p, "at_or_below_high_water", None)
+            elif p is not top:
+                _supersede(lane, p, "lower_than_selected", top.position)
+        if hw is None or top.position > hw:
+            chosen = top
+    else:  # strict_source_sequence
+        expected = (hw + 1) if hw is not None else Decimal(route.ordering.get("first_position", 1))
+        waiting = False
+        for p in pending:
+            if p.position < expected:
+                _supersede(lane, p, "at_or_below_high_water", None)
+            elif p.position == expected and chosen is None:
+                chosen = p
+            elif p.position > expected:
+                waiting = True
+        if chosen is None:
+            # A gap exists only while a later position waits for the missing one; stale duplicates alone
+            # never open (or keep open) a gap.
+            if waiting and lane.gap_since is None:
+                _lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
+            elif not waiting and lane.gap_since is not None:
+                _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
+            return None
+    if chosen is None:
+        _lane_row(lane).update(fence=lane.fence + 1)
+    return chosen
 
 
 def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx, profile_id: str) -> Execution:

@@ -1,15 +1,26 @@
-"""Due receipts of one account materialized in one transaction (issue 18 goal 5, D-294): the same rows as one
-receipt after the other, a constant number of statements, and a kill inside the shared transaction leaves nothing
-of any receipt. On real PostgreSQL, with a real process killed."""
+"""Due receipts of one account materialized in one transaction (issue 18 goal 5, D-294) and their lanes advanced in
+one transaction (D-295): the same rows as one receipt and one lane after the other, and a constant number of
+statements. On real PostgreSQL (the kills are in tests/crash/test_materialize_together_crash.py)."""
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from connector import tasks
-from connector.models import Event, MaterializationDue, OrderingLane, Projection, Receipt, ReceiptComponent
-from connector.services import materialize, materialize_together
+from connector.models import (
+    Event,
+    Execution,
+    MaterializationDue,
+    OrderingLane,
+    Projection,
+    Receipt,
+    ReceiptComponent,
+    SupersededDecision,
+)
+from connector.services import advance_together, execution, materialize, materialize_together
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
 
@@ -128,5 +139,68 @@ def test_together_statement_count_does_not_grow_with_the_receipts(two_accounts, 
             taken, out = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in receipts],
                                                                    account_id=account.pk)
         assert len(taken) == n and out.components == n and len(out.lanes) == n
+        counts.append(len(seen.captured_queries))
+    assert counts[0] == counts[1], counts
+
+
+def _lanes_state(account) -> dict:
+    """Every lane of the account after its advance, by partition, without identities."""
+    out = {}
+    for lane in OrderingLane.objects.filter(account=account).order_by("partition"):
+        active = Execution.objects.filter(pk=lane.active_execution_id).select_related("projection__event").first()
+        out[lane.partition] = (
+            lane.fence, lane.state, lane.high_water, lane.gap_since is not None,
+            active and (active.projection.event.source_event_key, active.generation, active.state, active.lane_id == lane.pk,
+                        bytes(active.execution_ref_digest) == hashlib.sha256(bytes(active.execution_ref)).digest()),
+            [(p.event.source_event_key, p.lane_status, p.execution_generation)
+             for p in Projection.objects.filter(lane=lane).select_related("event").order_by("position", "pk")],
+            sorted((d.reason, d.position, d.selected_position) for d in SupersededDecision.objects.filter(lane=lane)))
+    return out
+
+
+def test_lanes_advanced_together_decide_exactly_as_one_lane_after_the_other(two_accounts):
+    """The same deliveries to two accounts, materialized one by one; account 1's lanes are advanced in one
+    transaction (`lanes_advance`), account 2's one lane after the other (`lane_advance`, ascending pk). Every lane
+    (fence, state, high-water, gap, its active Execution and that Execution's ExecutionRef), every Projection's
+    status and generation and every superseded decision are the same, including a lane whose lower position is
+    superseded by a higher one. A second pass finds every lane busy and mints nothing.
+    Proves: CV2-06-001, CV2-06-004, CV2-06-014, CV2-14-001"""
+    together_acct, single_acct = two_accounts.accounts
+    for account in (together_acct, single_acct):
+        for r in _deliveries(two_accounts, account):
+            materialize.receipt_materialize(receipt_pk=r.pk, account_id=account.pk)
+    lanes = list(OrderingLane.objects.filter(account=together_acct).values_list("pk", flat=True))
+    taken, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=together_acct.pk)
+    assert taken == set(lanes) and len(minted) == 3
+    for lane_pk in sorted(OrderingLane.objects.filter(account=single_acct).values_list("pk", flat=True)):
+        execution.lane_advance(lane_pk=lane_pk, account_id=single_acct.pk)
+    state = _lanes_state(together_acct)
+    assert state == _lanes_state(single_acct)
+    assert [d[0] for d in state["rec-a"][6]] == ["lower_than_selected"]  # ev-a (position 1) under ev-c (2)
+    assert [p[1] for p in state["rec-a"][5]] == ["superseded", "minted"]
+    assert advance_together.lanes_advance(lane_pks=lanes, account_id=together_acct.pk) == (set(lanes), [])
+    assert _lanes_state(together_acct) == state
+
+
+#: Statements of `lanes_advance` for any number of fresh lanes that each mint (D-295): BEGIN, the guard, the lanes
+#: FOR UPDATE (with their epoch's compared columns), their pending Projections, the generations, the Executions,
+#: the lanes, COMMIT. One lane through `lane_advance` is 8 (its read, BEGIN, guard, lane, pending, generation,
+#: Execution, lane, COMMIT).
+ADVANCE_TOGETHER = 8
+
+
+def test_lanes_advance_statement_count_does_not_grow_with_the_lanes(two_accounts, django_assert_max_num_queries):
+    """2 and 20 fresh lanes, each with one pending Projection, are advanced with the same, pinned number of
+    statements. Proves: CV2-14-001, STYLE R27"""
+    account = two_accounts.accounts[0]
+    counts = []
+    for n in (2, 20):
+        receipts = [admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"a{n}-{i}", f"rec-a{n}-{i}", 1)))
+                    for i in range(n)]
+        _, out = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in receipts],
+                                                           account_id=account.pk)
+        with django_assert_max_num_queries(ADVANCE_TOGETHER), CaptureQueriesContext(connection) as seen:
+            taken, minted = advance_together.lanes_advance(lane_pks=out.lanes, account_id=account.pk)
+        assert taken == out.lanes and len(minted) == n
         counts.append(len(seen.captured_queries))
     assert counts[0] == counts[1], counts

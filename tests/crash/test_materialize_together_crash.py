@@ -54,3 +54,34 @@ def test_a_kill_inside_the_shared_transaction_leaves_nothing_and_the_rerun_deriv
         "duplicate_event", "event", "event", "event", "event", "quarantined"]
     assert Event.objects.count() == 4 and Projection.objects.count() == 4
     assert Event.objects.values("source_event_key").distinct().count() == 4
+
+
+ADVANCE_SCRIPT = """
+from connector.services import advance_together
+emit(out=advance_together.lanes_advance(lane_pks=ARGS["lanes"], account_id=ARGS["account_id"]))
+"""
+
+
+@pytest.mark.django_db(**DB)
+def test_a_kill_inside_the_shared_advance_mints_nothing_and_the_rerun_mints_each_once(run_child):
+    """Five fresh lanes advanced together (D-295) by a child SIGKILLed at `advance.together_before_commit`: no
+    Execution stands, every Projection is still pending at generation 0, every lane idle at its old fence. The
+    rerun mints exactly one Execution per lane. Proves: CV2-06-014, CV2-02-007, CV2-14-001"""
+    from connector.models import Execution, OrderingLane
+    from connector.services import advance_together, materialize
+
+    world = build_inbound_world("ma-", [PACK_A])
+    for i in range(5):
+        receipt = admit(world, "records.webhook", webhook_body(webhook_event(f"ev-{i}", f"rec-{i}", 1)))
+        materialize.receipt_materialize(receipt_pk=receipt.pk, account_id=world.account.pk)
+    lanes = {lane.pk: lane.fence for lane in OrderingLane.objects.filter(account=world.account)}
+    run = run_child(ADVANCE_SCRIPT, "advance.together_before_commit", lanes=sorted(lanes),
+                    account_id=world.account.pk)
+    assert_killed(run)
+    assert Execution.objects.count() == 0
+    assert set(Projection.objects.values_list("lane_status", "execution_generation")) == {("pending", 0)}
+    assert {lane.pk: (lane.fence, lane.active_execution_id) for lane in OrderingLane.objects.all()} == {
+        pk: (fence, None) for pk, fence in lanes.items()}
+    taken, minted = advance_together.lanes_advance(lane_pks=sorted(lanes), account_id=world.account.pk)
+    assert taken == set(lanes) and len(minted) == 5 and Execution.objects.count() == 5
+    assert {lane.active_execution_id for lane in OrderingLane.objects.all()} == set(minted)
