@@ -73,6 +73,27 @@ def author_outbound(**kwargs) -> list[object]:
     return [fn(**kwargs) for fn in _OUTBOUND_AUTHORS]
 
 
+# The set-based form for a batched Runtime transaction (D-296): each registered author takes the list of the
+# keyword arguments `author_outbound` would have been called with, one per applied change, and authors them all.
+_OUTBOUND_MANY_AUTHORS: list[Callable[..., object]] = []
+
+
+def register_outbound_author_many(fn: Callable[..., object]) -> Callable[..., object]:
+    if fn not in _OUTBOUND_MANY_AUTHORS:
+        _OUTBOUND_MANY_AUTHORS.append(fn)
+    return fn
+
+
+def author_outbound_many(calls: list[dict]) -> bool:
+    """Author every call with the registered set-based authors; False (nothing done) when none is registered
+    for each single author, and the caller then calls `author_outbound` per call."""
+    if len(_OUTBOUND_MANY_AUTHORS) != len(_OUTBOUND_AUTHORS):
+        return False
+    for fn in _OUTBOUND_MANY_AUTHORS:
+        fn(calls)
+    return True
+
+
 # -- revocation evidence ------------------------------------------------------------------------------------------
 # A revocation records which permits were already `sending` under the generation (decision 4); effects provides it.
 _REVOCATION_EVIDENCE: list[Callable[[object], list[str]]] = []

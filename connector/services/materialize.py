@@ -268,6 +268,10 @@ def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",
         return cursor.fetchall()
 
 
+# Public name of the set-based insert for the other owners' set-based writers (outbound authoring, D-296).
+insert_rows = _insert_rows
+
+
 def _server_binding_cursor(connection):
     """A cursor on the connection's open session and transaction that binds its parameters on the server (psycopg's
     `Cursor`, as Django's `OPTIONS["server_side_binding"]` would give every query; D-261), wrapped by Django as

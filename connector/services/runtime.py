@@ -373,11 +373,15 @@ def _author(todo: list[_Planned], outcomes: dict[str, str], ctxs: dict[str, obje
     the same author hook as `runtime_command_apply`. A refused item (ApplicationItemRejected) or any other error
     raises: the batch rolls back and the per-command path records the refusal in the item's savepoint."""
     applied = [p for p in todo if p.push is not None and outcomes[p.command.command_id] == "applied"]
-    keys = _account_keys({p.command.account_id for p in applied}) if applied else {}
-    for p in applied:
-        hooks.author_outbound(ctx=ctxs[p.command.command_id], account_key=keys[p.command.account_id],
-                              route_definition=p.push, command_id=p.command.command_id, record_key=p.record_key,
-                              fields=p.values, suppress_external_effects=False, execution_id=p.command.execution_id)
+    if not applied:
+        return
+    keys = _account_keys({p.command.account_id for p in applied})
+    calls = [dict(ctx=ctxs[p.command.command_id], account_key=keys[p.command.account_id], route_definition=p.push,
+                  command_id=p.command.command_id, record_key=p.record_key, fields=p.values,
+                  suppress_external_effects=False, execution_id=p.command.execution_id) for p in applied]
+    if not hooks.author_outbound_many(calls):  # the set-based author (D-296), else the hook per change
+        for call in calls:
+            hooks.author_outbound(**call)
 
 
 def _apply_planned(todo: list[_Planned], out: dict[str, ResultReceipt | None]) -> None:

@@ -223,6 +223,40 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
     # from an earlier transaction cannot author after the gate moved.
     ctx = lock_serving(account_id=ctx.account_id, epoch_id=ctx.epoch_id, epoch_digest=ctx.epoch_digest,
                        expected_fence=ctx.fence)
+    link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
+    fields, binding_digest, key = _prepare(
+        ctx=ctx, account_key=account_key, application_scope=application_scope, effect_root_id=effect_root_id,
+        effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id, push_contract=push_contract,
+        callout=callout, path_params=path_params, body=body, source_execution_id=source_execution_id,
+        predecessor=predecessor, owner_slot=owner_slot, link=link)
+    # The key is derived from the account key, so naming the account finds the same row; it makes the read
+    # single-shard on the scale-out path (D-241).
+    existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
+                RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
+                return command
+        except IntegrityError:
+            existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
+            if existing is None:
+                raise
+    if not hmac.compare_digest(bytes(existing.binding_digest), binding_digest):
+        raise OutboundConflict(f"logical effect {effect_root_id}/{effect_slot_id}/{effect_generation_id} exists with "
+                               "a different frozen binding")
+    return existing
+
+
+
+
+def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,
+             effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
+             path_params: dict[str, str], body: dict, source_execution_id: int | None,
+             predecessor: OutboundCommand | None, owner_slot: str, link) -> tuple[dict, bytes, bytes]:
+    """Everything an authored command freezes, from the exact guarded epoch `ctx` and the slot's active RemoteLink
+    `link` (read by the caller): (the command's fields, its FrozenDispatchBinding digest, its idempotency key).
+    Shared by `outbound_command_author` and `outbound_commands_author` (D-296), so both freeze the same bytes."""
     try:
         epoch = _epoch_facts(bytes(ctx.epoch_digest), ctx.epoch_pk)
     except _Absent:  # pragma: no cover - the guard just locked this exact epoch
@@ -246,7 +280,6 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                           effect_generation_id=effect_generation_id)
     request_body = canonical_json(body)
     rate = declared_rate_limit(callout_def)
-    link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
     callout_def, path_params = identity.callout_address(callout_def, path_params, link)
     path = outbound_path(callout_def["path_template"], path_params)
     provider_key = key.hex() if push_def.get("idempotency") == "provider_key" else None
@@ -280,25 +313,7 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         credential_generation=credential_generation_id, request_digest=request_digest,
         provider_key=provider_key,
         predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None))
-    # The key is derived from the account key, so naming the account finds the same row; it makes the read
-    # single-shard on the scale-out path (D-241).
-    existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
-    if existing is None:
-        try:
-            with transaction.atomic():
-                command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
-                RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
-                return command
-        except IntegrityError:
-            existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
-            if existing is None:
-                raise
-    if not hmac.compare_digest(bytes(existing.binding_digest), binding_digest):
-        raise OutboundConflict(f"logical effect {effect_root_id}/{effect_slot_id}/{effect_generation_id} exists with "
-                               "a different frozen binding")
-    return existing
-
-
+    return fields, binding_digest, key
 
 
 def outbound_successor_author(*, ctx: ServingContext, predecessor_command_id: int, effect_generation_id: str,

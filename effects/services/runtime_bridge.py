@@ -14,25 +14,45 @@ from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
 from effects.models import CommandTrace, OutboundCommand
 from effects.services.outbound import frozen_binding, outbound_command_author
+from effects.services.outbound_together import outbound_commands_author
 
 
-@tracing.traced("outbound_command_author")
-def author_for_runtime(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str,
-                       fields: dict, suppress_external_effects: bool, execution_id: int | None
-                       ) -> OutboundCommand | None:
+def _author_call(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str, fields: dict,
+                 suppress_external_effects: bool, execution_id: int | None) -> dict | None:
+    """The outbound author's arguments for one applied change of a pushing route (None: the route pushes
+    nothing). One definition for the single and the set-based author, so both author the same commands."""
     push = route_definition.get("push")
     if not push:
         return None
+    return dict(ctx=ctx, account_key=account_key, application_scope="runtime.records",
+                effect_root_id=f"{command_id}:{record_key}", effect_slot_id=f"push:{push['contract']}",
+                effect_generation_id="g1", push_contract=push["contract"], callout=push["callout"],
+                path_params={"record_key": record_key}, body={"record_key": record_key, **fields},
+                suppress_external_effects=suppress_external_effects, source_execution_id=execution_id,
+                owner_slot=record_key)
+
+
+@tracing.traced("outbound_command_author")
+def author_for_runtime(**kwargs) -> OutboundCommand | None:
+    call = _author_call(**kwargs)
+    if call is None:
+        return None
     _wake_after_commit()
-    command = outbound_command_author(
-        ctx=ctx, account_key=account_key, application_scope="runtime.records",
-        effect_root_id=f"{command_id}:{record_key}",
-        effect_slot_id=f"push:{push['contract']}", effect_generation_id="g1", push_contract=push["contract"],
-        callout=push["callout"], path_params={"record_key": record_key}, body={"record_key": record_key, **fields},
-        suppress_external_effects=suppress_external_effects, source_execution_id=execution_id,
-        owner_slot=record_key)
+    command = outbound_command_author(**call)
     tracing.remember(CommandTrace, command.pk)  # issue 21: the egress request continues this trace after the outbox
     return command
+
+
+@tracing.traced("outbound_commands_author")
+def author_many_for_runtime(calls: list[dict]) -> list[int]:
+    """`author_for_runtime` for every applied change of a batched Runtime transaction, set-based (D-296)."""
+    authored = [c for c in (_author_call(**kwargs) for kwargs in calls) if c is not None]
+    if not authored:
+        return []
+    _wake_after_commit()
+    pks = outbound_commands_author(calls=authored)
+    tracing.remember_many(CommandTrace, pks)
+    return pks
 
 
 def _wake_after_commit() -> None:

@@ -17,7 +17,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | the same after issue 23 (D-244: result recording reuses the projection it read before the lock) | 26 | 25 |
 | one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
 | one `execution_claim_batch_and_run` worker step of n Executions: claim, Runtime, completion (D-254..D-256) | 5 + 19n (24 for n = 1, 195 for n = 10) | 18 for any n |
-| the same worker step on a route that pushes outbound (D-293) | 25 for n = 1, 196 for n = 10 (per-command path) | 19 + 6 per applied change |
+| the same worker step on a route that pushes outbound (D-293, D-296) | 25 for n = 1, 196 for n = 10 (per-command path) | 23 for any n (19 + 6 per applied change with D-293 alone) |
 | the same batch claim in the Citus claim scope (`CLAIM_SCOPE` "account", D-264), k accounts claimed from | (new) | 6k, + 1 without a group, + 1 per empty account |
 """
 from __future__ import annotations
@@ -232,17 +232,18 @@ def test_batch_run_statement_count_does_not_grow_with_the_batch(hot_world, djang
 
 
 #: The same worker step on a route that pushes outbound (D-293): the batch path above, + 1 for the guard of the
-#: pushing accounts (one statement for all of them, before the CrmRecords), + per applied change its outbound
-#: command through the author hook: the record's RemoteLink (1), the existing command (1), SAVEPOINT, the command,
-#: its RemoteEffect, RELEASE (4). Before (the per-command path for every pushing route): 25 for n = 1, 196 for 10.
-BATCH_RUN_PUSH_BASE = BATCH_RUN + 1
-BATCH_RUN_PUSH_PER_COMMAND = 6
+#: pushing accounts (one statement for all of them, before the CrmRecords), + the outbound commands of every
+#: applied change, set-based (D-296): the slots' RemoteLinks, the existing commands, the commands, their
+#: RemoteEffects (4 for any n). Before: the per-command path for every pushing route (25 for n = 1, 196 for 10),
+#: then D-293 alone (19 + 6 per applied change: two reads, SAVEPOINT, two inserts, RELEASE).
+BATCH_RUN_PUSH_BASE = BATCH_RUN + 1 + 4
+BATCH_RUN_PUSH_PER_COMMAND = 0
 
 
 def test_batch_run_of_a_pushing_route_statement_count(transactional_db, monkeypatch,
                                                       django_assert_max_num_queries):
     """A worker step of 1 and of 10 Executions of a pushing route over two accounts: the batch's constant
-    statements, the guard once, then the author's statements per applied change, pinned.
+    statements, the guard once, the set-based authoring's four, pinned: the same for 1 and for 10.
     Proves: CV2-14-001, CV2-10-005, STYLE R27"""
     from tests.crash.support import ready_execution
 

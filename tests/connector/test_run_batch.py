@@ -238,8 +238,9 @@ def _pushing_world(monkeypatch):
 
     world = build_world("rp-", push=True)
     calls, wakes = [], []
-    real = hooks.author_outbound
+    real, real_many = hooks.author_outbound, hooks.author_outbound_many
     monkeypatch.setattr(hooks, "author_outbound", lambda **kw: calls.append(kw) or real(**kw))
+    monkeypatch.setattr(hooks, "author_outbound_many", lambda many: calls.extend(many) or real_many(many))
     monkeypatch.setattr(runtime_bridge, "_wake_dispatch", lambda: wakes.append(1))
     return world, calls, wakes
 
@@ -253,8 +254,8 @@ def _normalized(call: dict, execution_pk_to_name: dict) -> tuple:
 
 def test_a_pushing_route_runs_in_the_batch_with_the_per_item_authoring(transactional_db, monkeypatch, settings):
     """A route that authors outbound runs through the batch path (D-293): the guard of its accounts is taken in
-    the batch transaction and every applied change calls the same author hook with the same arguments as the
-    per-item path (`runtime_command_apply`) does for the same events; each completed Execution has exactly one
+    the batch transaction and every applied change is authored (set-based, D-296) with the same arguments as the
+    per-item path (`runtime_command_apply`) passes its author hook for the same events; each completed Execution has exactly one
     OutboundCommand (source execution, exact guarded epoch and fence) and one RemoteEffect, its ApplicationResult
     commits with them, and the batch sends one dispatch wake-up, not one per command.
     Proves: CV2-10-005, CV2-08-005, CV2-10-001, CV2-14-001"""
