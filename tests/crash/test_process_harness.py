@@ -168,8 +168,9 @@ def _send(broker_url: str, task: str, queue: str) -> None:
 
 def test_worker_killed_after_runtime_commit_restart_completes_once(env, children, tmp_path, redis_server,
                                                                   receiver):
-    """A Celery worker dies by SIGKILL at "runtime.after_commit" while running `execution_claim_and_run`: Runtime
-    committed the CRM change, the ApplicationResult and the OutboundCommand, the Execution is still `ready`
+    """A Celery worker dies by SIGKILL at "runtime.batch_after_commit" while running `execution_claim_and_run`
+    (the batched Runtime, which takes pushing routes since D-293): Runtime committed the CRM change, the
+    ApplicationResult and the OutboundCommand, the Execution is still `ready`
     under the dead worker's lease. A restarted worker, woken by the inbound sweep once the lease expired,
     completes the same Execution from the stored result (one ApplicationResult, CRM version 1), then dispatches
     the one RemoteEffect: the receiver applies it exactly once. check_invariants passes."""
@@ -177,7 +178,7 @@ def test_worker_killed_after_runtime_commit_restart_completes_once(env, children
     account = world.accounts[0]
     execution = ready_execution(account.account_key)
 
-    worker = _worker(env, tmp_path, "runtime.after_commit")
+    worker = _worker(env, tmp_path, "runtime.batch_after_commit")
     children.append(worker.start())
     _send(redis_server.url, "connector.tasks.execution_claim_and_run", "claims")
     assert worker.wait(60) == KILLED, worker.output()

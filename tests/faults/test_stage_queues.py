@@ -61,8 +61,10 @@ def broker(settings):
 @pytest.fixture
 def workers(settings, broker, tmp_path):
     """The worker children of scripts/run.py, started and ready; stopped before the database is flushed."""
+    # Materialization reads (and, since D-294, materializes together) 2 due receipts at a time, so the burst spans
+    # many materialization transactions, as a burst larger than the default batch of 50 does.
     env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=broker.url,
-                            **run_database_env())
+                            CONNECTOR_MATERIALIZE_BATCH="2", **run_database_env())
     started = [Child(name, argv, env, tmp_path).start() for name, argv in run_children(0)
                if name.startswith("worker")]
     try:

@@ -73,7 +73,7 @@ def test_two_web_and_two_worker_processes_deliver_every_event_exactly_once(env, 
     ports = [free_port(), free_port()]
     webs = [_web(env, ports[0], tmp_path, "web-a"),
             _web(env, ports[1], tmp_path, "web-b", "admission.after_receipt_commit")]
-    workers = [_worker(env, tmp_path, "worker-1", "runtime.after_commit"), _worker(env, tmp_path, "worker-2")]
+    workers = [_worker(env, tmp_path, "worker-1", "runtime.batch_after_commit"), _worker(env, tmp_path, "worker-2")]
     for child in webs + workers:
         children.append(child.start())
     for port, web in zip(ports, webs):
@@ -151,7 +151,7 @@ def test_two_web_and_two_worker_processes_deliver_every_event_exactly_once(env, 
                "admission_ms_p50": round(statistics.median(latencies), 1),
                "admission_ms_p95": round(sorted(latencies)[int(0.95 * (len(latencies) - 1))], 1),
                "outcomes": dict(outcomes), "lost": 0, "duplicated": 0,
-               "killed": ["web-b at admission.after_receipt_commit", "worker-1 at runtime.after_commit"]}
+               "killed": ["web-b at admission.after_receipt_commit", "worker-1 at runtime.batch_after_commit"]}
     print("\nHORIZONTAL", json.dumps(figures))
     if os.environ.get("HORIZONTAL_REPORT"):
         with open(os.environ["HORIZONTAL_REPORT"], "w") as out:
