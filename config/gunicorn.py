@@ -50,14 +50,5 @@ loglevel = env_str("WEB_LOG_LEVEL", "info")
 
 
 def post_worker_init(worker) -> None:
-    """Warm the worker, then one line per worker once it can serve (gunicorn logs only its fork). Django imports
-    the URLconf (with every API view) and the views import the broker client on their first request: in a burst
-    each new worker's first requests paid that, about 12 % of the web process's CPU in a 2,000-delivery burst
-    (py-spy, docs/benchmarks.md). Importing them here moves it before the worker accepts a connection."""
-    import importlib
-
-    from django.urls import get_resolver
-
-    get_resolver().url_patterns  # noqa: B018 - imports config.urls and the view modules
-    importlib.import_module("connector.tasks")  # the materialization wake-up's module and its Redis client
+    """One line per worker once it has loaded the app and can serve (gunicorn logs only its fork)."""
     worker.log.info("Worker ready (pid: %s)", worker.pid)
