@@ -58,12 +58,13 @@ from connector.api.serializers import (
 from connector.api.transport import idempotency_key_from
 from connector.errors import ConnectorError, GateNotServing
 from connector.models import Event, Execution, Receipt, ReceiptComponent, ReplayRequest
-from connector.selectors.routes import route_for
-from connector.services.admission import Admission, AdmissionHint, account_get, admission_hint_get, receipt_admit
+from connector.selectors.routes import ChannelNotFound, route_for
+from connector.services.admission import (Admission, AdmissionHint, HintStale, account_get, admission_hint_cached,
+                                         admission_hint_get, receipt_admit)
 from connector.selectors.replay import replay_dispositions
 from connector.services.owners import ident
 from connector.services.replay import replay_request_admit, replay_request_settle
-from connector.services.signatures import signature_verify
+from connector.services.signatures import SignatureInvalid, signature_verify
 
 log = logging.getLogger(__name__)
 
@@ -178,17 +179,42 @@ class ReceiptAdmitApi(APIView):
     @tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
     def post(self, request, account: str, channel: str) -> Response:
         body = _raw_body(request)  # the exact bytes, before anything could parse them
-        hint = _channel_check(account, channel)
-        signature_verify(account_id=hint.account_pk, channel=channel,
-                         header=request.META.get("HTTP_CONNECTOR_SIGNATURE"), body=body,
-                         epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest)
-        admission = receipt_admit(account_key=account, channel=channel,
-                                  transport_key=idempotency_key_from(request.META), body=body,
-                                  actor=TRANSPORT, hint=hint)
+        admission = _verified_admission(request, account, channel, body)
         if admission.outcome == "created":
             _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)
         data = self.OutputSerializer(_admission_data(admission)).data
         return Response(data, status=status.HTTP_201_CREATED if admission.outcome == "created" else status.HTTP_200_OK)
+
+
+def _verified_admission(request, account_key: str, channel: str, body: bytes) -> Admission:
+    """Verify the signature with the signing credential of one exact epoch and admit only under that epoch (D-297).
+    The epoch is this process's last hint for the account when it has one (no round trip), else read from the
+    gate. Nothing trusts the cached hint: the admission writes only if the rows it locks are exactly the hint
+    (HintStale otherwise, nothing written), and a refusal of the channel or the signature under a cached hint is
+    only final once the gate's current epoch refuses it too. Either way the request is re-verified against the
+    epoch that admits it, so a body signed for a superseded credential never enters under its successor."""
+    header = request.META.get("HTTP_CONNECTOR_SIGNATURE")
+    hint = admission_hint_cached(account_key)
+    fresh = hint is None
+    if fresh:
+        hint = _channel_check(account_key, channel)
+    for _attempt in range(3):
+        try:
+            if not fresh:
+                route_for(epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest, account_id=hint.account_pk,
+                          channel=channel)
+            signature_verify(account_id=hint.account_pk, channel=channel, header=header, body=body,
+                             epoch_pk=hint.epoch_pk, epoch_digest=hint.epoch_digest)
+            return receipt_admit(account_key=account_key, channel=channel,
+                                 transport_key=idempotency_key_from(request.META), body=body, actor=TRANSPORT,
+                                 hint=hint, hint_fixed=True)
+        except (ChannelNotFound, SignatureInvalid):
+            if fresh:
+                raise
+        except HintStale:
+            pass
+        hint, fresh = _channel_check(account_key, channel), True
+    raise GateNotServing(f"account {account_key!r} gate kept moving between epochs; retry")
 
 
 def _channel_check(account_key: str, channel: str) -> AdmissionHint:

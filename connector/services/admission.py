@@ -25,7 +25,7 @@ from connector.actors import Actor
 from connector import logcontext, tracing
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import EpochState, ReceiptKind
-from connector.errors import ConnectorError
+from connector.errors import ConnectorError, GateNotServing
 from connector.faults import fault_point
 from connector.locks import ServingLock
 from connector.models import (AccountServingGate, ConnectorAccount, MaterializationDue, Receipt,
@@ -117,6 +117,21 @@ _HINTS: dict[str, AdmissionHint] = {}
 _ACCOUNT_PKS: dict[str, int] = {}
 
 
+class HintStale(Exception):
+    """The rows the admission locked are not the hint the caller verified the request against (the gate moved to
+    another epoch since the caller's hint): nothing was written. `hint` is what the admission found (D-297)."""
+
+    def __init__(self, hint: AdmissionHint) -> None:
+        super().__init__(f"the gate serves epoch {hint.epoch_pk}, not the caller's hint")
+        self.hint = hint
+
+
+def admission_hint_cached(account_key: str) -> AdmissionHint | None:
+    """This process's last hint for the account (None: none yet), without a round trip. Never trusted: the
+    admission statement admits only if the rows it locks are exactly this hint (D-202, D-297)."""
+    return _HINTS.get(account_key)
+
+
 def admission_hint_get(account_key: str) -> AdmissionHint | None:
     """The account's pk and its gate's current epoch, read without locking: the gate by the account's pk (known to
     the process after the first admission of the key), else first the account by its key (ACCOUNT_NOT_FOUND when no
@@ -201,9 +216,10 @@ def _admitted(*, account_key: str, channel: str, key: str, body: bytes, digest: 
 
 
 def _admit_hinted(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes,
-                  hint: AdmissionHint | None) -> Admission | None:
+                  hint: AdmissionHint | None, fixed: bool = False) -> Admission | None:
     """The one-statement path: parse against the hint's route, then the statement; a stale hint is replaced by the
-    rows the statement locked and tried once more. None: take the ordered path."""
+    rows the statement locked and tried once more, or, with `fixed` (the caller verified the request against this
+    hint), raises HintStale. None: take the ordered path."""
     for _attempt in range(2):
         if hint is None:
             return None
@@ -226,6 +242,8 @@ def _admit_hinted(*, account_key: str, channel: str, key: str, body: bytes, dige
             return _admitted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
                              count=len(events), out=out)
         if out.outcome == "existing":  # resolved before any lock, as the ordered path does
+            if fixed:
+                _current(account_key, hint)
             account = ConnectorAccount.from_db(transaction.get_connection().alias, ["id", "account_key"],
                                                [out.account_pk, account_key])
             return _existing(account, channel, key, digest)
@@ -237,11 +255,22 @@ def _admit_hinted(*, account_key: str, channel: str, key: str, body: bytes, dige
         ctx = serving_check(out.lock, account_id=out.account_pk)
         hint = AdmissionHint(out.account_pk, ctx.epoch_pk, ctx.epoch_digest)
         _HINTS[account_key] = hint
+        if fixed:
+            raise HintStale(hint)
     return None
 
 
+def _current(account_key: str, hint: AdmissionHint) -> None:
+    """A duplicate is answered before any lock: with a caller-verified hint, the gate must still name exactly
+    that hint's epoch (one read, only on this rare path), else HintStale: the caller verifies again (D-297)."""
+    found = admission_hint_get(account_key)
+    if found != hint:
+        raise HintStale(found) if found is not None else GateNotServing(
+            f"account {account_key!r} gate names no epoch; no epoch serves it")
+
+
 def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes | None, body: bytes,
-                  actor: Actor, hint: AdmissionHint | None = None) -> Admission:
+                  actor: Actor, hint: AdmissionHint | None = None, hint_fixed: bool = False) -> Admission:
     """Admit one transport delivery exactly once.
 
     Validates the key, resolves a duplicate (same bytes: the original Receipt and epoch; a V1 tombstone: already
@@ -256,7 +285,12 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     against the route of `hint` (or this process's last hint for the account, read when there is none), and the
     statement writes only if the rows it locks are exactly the hint's; otherwise nothing is written and the
     answer is the ordered path's. Raises NoncanonicalKey, AccountNotFound, ReceiptDigestMismatch, GateNotServing,
-    ChannelNotFound, BodyUnparseable (and the route's own definition errors)."""
+    ChannelNotFound, BodyUnparseable (and the route's own definition errors).
+
+    `hint_fixed` (the REST view, which verified the request's signature with the credential of `hint`'s epoch,
+    D-297): a new receipt is admitted only under exactly `hint` (account, epoch pk and digest), on either path;
+    if the gate serves another epoch, nothing is written and HintStale says which, so that the caller verifies
+    again against it."""
     key = canonical_key(transport_key)
     body = bytes(body)
     digest = hashlib.sha256(body).digest()
@@ -265,9 +299,10 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     if hint is None:
         hint = _HINTS.get(account_key) or admission_hint_get(account_key)
     admission = _admit_hinted(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
-                              hint=hint)
+                              hint=hint, fixed=hint_fixed)
     if admission is None:
-        admission = _admit_ordered(account_key=account_key, channel=channel, key=key, body=body, digest=digest)
+        admission = _admit_ordered(account_key=account_key, channel=channel, key=key, body=body, digest=digest,
+                                   expected=hint if hint_fixed else None)
     if admission.outcome != "created":
         return admission
     receipt = admission.receipt
@@ -278,17 +313,25 @@ def receipt_admit(*, account_key: str, channel: str, transport_key: str | bytes 
     return admission
 
 
-def _admit_ordered(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes) -> Admission:
+def _admit_ordered(*, account_key: str, channel: str, key: str, body: bytes, digest: bytes,
+                   expected: AdmissionHint | None = None) -> Admission:
     """The ordered path (every check in its documented order, one statement each): the answer for everything the
     one-statement path does not admit: account, duplicate, then in one transaction the serving guard, the route,
-    the parse and the check, and the three rows (`receipt_admit`'s docstring)."""
+    the parse and the check, and the three rows (`receipt_admit`'s docstring). With `expected`, the guard must
+    have locked exactly that hint's account and epoch, else HintStale (nothing written)."""
     account = account_get(account_key)
     found = _existing(account, channel, key, digest)
     if found is not None:
+        if expected is not None:
+            _current(account_key, expected)
         return found
     try:
         with transaction.atomic():
             ctx = lock_serving(account_id=account.pk)
+            found = AdmissionHint(account.pk, ctx.epoch_pk, ctx.epoch_digest)
+            if expected is not None and found != expected:
+                _HINTS[account_key] = found
+                raise HintStale(found)
             route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=account.pk,
                               channel=channel)
             events = route.parse(body)

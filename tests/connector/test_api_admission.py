@@ -389,15 +389,17 @@ def test_admission_query_count_is_pinned_and_independent_of_history(transactiona
     issue 18 (the test then ran in the test's transaction, with savepoints), 13 after its first slice, 2 after
     goal 1 (D-201..D-203: one read of the account and its gate's epoch, whose signing key and route are cached by
     the exact epoch; then `connector_receipt_admit`, which locks, checks, writes the three rows and commits in
-    autocommit). A duplicate: the same read, the statement (it finds the key before any lock), the key's
-    byte comparison; 7 before goal 1. Proves: CV2-14-010"""
+    autocommit), 1 since D-297 (the process's last hint for the account is used without a read; the statement
+    admits only under exactly that hint). A duplicate: the statement (it finds the key before any lock), the
+    gate read that proves the verified hint is still the gate's epoch (D-297), the key's byte comparison; 7
+    before goal 1. Proves: CV2-14-010"""
     build_world("w-")
     for i in range(3):
         admit(client, body(event(f"h-{i}")), f"history-{i}")
     secret = signing_secret()
     one, five = body(event("p-1")), body(*(event(f"p5-{i}", f"r-{i}") for i in range(5)))
     for key, payload in (("pinned-1", one), ("pinned-5", five)):
-        with django_assert_num_queries(2):
+        with django_assert_num_queries(1):
             assert admit(client, payload, key, secret=secret).status_code == 201
     with django_assert_num_queries(3):
         assert admit(client, one, "pinned-1", secret=secret).status_code == 200

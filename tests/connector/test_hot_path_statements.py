@@ -12,6 +12,7 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | --- | --- | --- |
 | HTTP admission of a new one-event receipt (`POST .../receipts`, signed) | 19 | 13 |
 | the same after issue 18 goal 1 (D-201..D-203): one hint read + `connector_receipt_admit` | 13 | 2 |
+| the same with the process's verified hint (D-297): `connector_receipt_admit` only | 2 | 1 |
 | `receipt_materialize` of that receipt | 21, then 16 | 12 |
 | one `execution_claim_and_run` (claim, Runtime, result, completion) | 36 | 26 |
 | the same after issue 23 (D-244: result recording reuses the projection it read before the lock) | 26 | 25 |
@@ -35,7 +36,7 @@ from connector.services.materialize import receipt_materialize
 from connector.services.signatures import sign
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 
-HTTP_ADMISSION = 2
+HTTP_ADMISSION = 1
 MATERIALIZATION = 12
 EXECUTION = 25
 
