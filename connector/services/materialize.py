@@ -313,10 +313,11 @@ def _event_row(receipt: Receipt, n: NormalizedEvent, route: RouteProgram, contra
                 replay_request_id=replay.pk if replay is not None else None, predecessor_id=predecessor_pk)
 
 
-def _events(receipt: Receipt, items: list[_Item], route: RouteProgram, profile_id: str, replay) -> None:
-    """Insert the Events of `items` with one statement, or link a live duplicate (identical bytes) or quarantine
-    a conflict (decision 14), exactly as one insert per component in ordinal order would: the first component
-    of a key in the receipt is the one that may insert; a later one of the same key meets that Event.
+def _events(entries: list[tuple[Receipt, _Item]], route: RouteProgram, profile_id: str, replay) -> None:
+    """Insert the Events of `entries` ((receipt, item) in receipt, then ordinal order; one account) with one
+    statement, or link a live duplicate (identical bytes) or quarantine a conflict (decision 14), exactly as one
+    insert per component in that order would: the first component of a key is the one that may insert; a later
+    one of the same key, in its receipt or a later one (D-294), meets that Event.
 
     Rows are proposed in ascending source event key, so two receipts racing on overlapping keys wait on each
     other's unique-index entries in one order and cannot deadlock (D-217). `ON CONFLICT DO NOTHING` skips only
@@ -325,24 +326,23 @@ def _events(receipt: Receipt, items: list[_Item], route: RouteProgram, profile_i
     contract_digest = _profile(profile_id).digest("ordering-contract", canonical_json(
         {"contract": route.contract, "ordering": route.ordering}))
     predecessor_pk = replay.predecessor_event_id if replay is not None else None
-    first: dict[str, _Item] = {}
-    for item in items:
-        first.setdefault(item.n.source_event_key, item)
+    first: dict[str, tuple[Receipt, _Item]] = {}
+    for entry in entries:
+        first.setdefault(entry[1].n.source_event_key, entry)
     rows = {key: _event_row(receipt, item.n, route, contract_digest, replay, predecessor_pk)
-            for key, item in first.items()}
+            for key, (receipt, item) in first.items()}
     inserted = dict((key, pk) for pk, key in _insert_rows(
         Event, [rows[key] for key in sorted(rows)], returning=("id", "source_event_key"), conflict_nothing=True))
-    others = [item for item in items
-              if first[item.n.source_event_key] is not item or item.n.source_event_key not in inserted]
+    others = {item.n.source_event_key for _, item in entries
+              if first[item.n.source_event_key][1] is not item or item.n.source_event_key not in inserted}
     existing = {}
     if others:
         existing = {e["source_event_key"]: e for e in Event.objects.filter(
-            account_id=receipt.account_id, replay_request=replay,
-            source_event_key__in=sorted({i.n.source_event_key for i in others})).values(
-                "id", "source_event_key", "payload_digest", "partition", "position")}
-    for item in items:
+            account_id=entries[0][0].account_id, replay_request=replay, source_event_key__in=sorted(others))
+            .values("id", "source_event_key", "payload_digest", "partition", "position")}
+    for _, item in entries:
         key = item.n.source_event_key
-        if first[key] is item and key in inserted:
+        if first[key][1] is item and key in inserted:
             item.event_pk, item.disposition = inserted[key], ComponentDisposition.EVENT
             continue
         found = existing[key]
@@ -354,13 +354,13 @@ def _events(receipt: Receipt, items: list[_Item], route: RouteProgram, profile_i
             item.disposition, item.reason = ComponentDisposition.QUARANTINED, "EVENT_KEY_CONFLICT"
 
 
-def _components(receipt: Receipt, items: list[_Item]) -> None:
-    """All the receipt's missing Components, in ordinal order, with one statement."""
+def _components(entries: list[tuple[Receipt, _Item]]) -> None:
+    """The missing Components of `entries` ((receipt, item), in receipt then ordinal order), with one statement."""
     _insert_rows(ReceiptComponent, [dict(
-        receipt_id=receipt.pk, ordinal=i.ordinal, payload=i.n.component,
+        receipt_id=r.pk, ordinal=i.ordinal, payload=i.n.component,
         payload_digest=hashlib.sha256(i.n.component).digest(), disposition=i.disposition,
         event_id=None if i.disposition == ComponentDisposition.QUARANTINED else i.event_pk,
-        reason_code=i.reason) for i in items])
+        reason_code=i.reason) for r, i in entries])
 
 
 # -- lanes and projections, set-based ------------------------------------------------------------------------
@@ -479,8 +479,8 @@ def receipt_materialize(*, receipt_pk: int, account_id: int | None = None) -> Ma
         else:
             normalized = route.parse(bytes(receipt.payload))
         items = [_Item(ordinal, n) for ordinal, n in enumerate(normalized) if ordinal not in done]
-        _events(receipt, items, route, profile_id, replay)
-        _components(receipt, items)
+        _events([(receipt, i) for i in items], route, profile_id, replay)
+        _components([(receipt, i) for i in items])
         out.components += len(items)
         fault_point("materialize.after_components")
         new = [i for i in items if i.disposition == ComponentDisposition.EVENT]

@@ -12,27 +12,15 @@ dependencies, tracing on) stays for `receipt_materialize`; any failure rolls the
 receipt takes that path."""
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-
 from django.db import transaction
 
 from connector import tracing
-from connector.canonical.profiles import profile_for
 from connector.choices import ComponentDisposition, ReceiptKind
 from connector.faults import fault_point
-from connector.interpreters.inbound import RouteProgram
-from connector.models import Event, MaterializationDue, Receipt, ReceiptComponent
-from connector.receipts import canonical_json
+from connector.models import MaterializationDue, Receipt, ReceiptComponent
 from connector.selectors.routes import route_for
 from connector.services.guard import lock_serving
-from connector.services.materialize import Materialized, _event_row, _immediate_batch, _insert_rows, _Item
-
-
-@dataclass
-class _Entry:
-    receipt: Receipt
-    item: _Item
+from connector.services.materialize import Materialized, _components, _events, _immediate_batch, _Item
 
 
 def _locked_receipts(receipt_pks: list[int], account_id: int) -> list[Receipt]:
@@ -44,50 +32,6 @@ def _locked_receipts(receipt_pks: list[int], account_id: int) -> list[Receipt]:
                       "component_count", "replay_request_id", "epoch__id", "epoch__epoch_id", "epoch__digest",
                       "epoch__profile_id", "epoch__state")
                 .filter(account_id=account_id, pk__in=sorted(receipt_pks)).order_by("pk"))
-
-
-def _events(entries: list[_Entry], route: RouteProgram, profile_id: str, account_id: int) -> None:
-    """`materialize._events` over several receipts: the first component of a source event key in (receipt pk,
-    ordinal) order is the one that may insert, a later one meets that Event (duplicate or conflict), as one
-    receipt after the other would. One insert statement, rows proposed in ascending key (D-217), and one read for
-    keys that met an existing Event."""
-    contract_digest = profile_for(profile_id).digest("ordering-contract", canonical_json(
-        {"contract": route.contract, "ordering": route.ordering}))
-    first: dict[str, _Entry] = {}
-    for entry in entries:
-        first.setdefault(entry.item.n.source_event_key, entry)
-    rows = {key: _event_row(e.receipt, e.item.n, route, contract_digest, None, None) for key, e in first.items()}
-    inserted = dict((key, pk) for pk, key in _insert_rows(
-        Event, [rows[key] for key in sorted(rows)], returning=("id", "source_event_key"), conflict_nothing=True))
-    others = [e for e in entries
-              if first[e.item.n.source_event_key] is not e or e.item.n.source_event_key not in inserted]
-    existing = {}
-    if others:
-        existing = {e["source_event_key"]: e for e in Event.objects.filter(
-            account_id=account_id, replay_request=None,
-            source_event_key__in=sorted({e.item.n.source_event_key for e in others})).values(
-                "id", "source_event_key", "payload_digest", "partition", "position")}
-    for entry in entries:
-        item, key = entry.item, entry.item.n.source_event_key
-        if first[key] is entry and key in inserted:
-            item.event_pk, item.disposition = inserted[key], ComponentDisposition.EVENT
-            continue
-        found = existing[key]
-        item.event_pk = found["id"]
-        if (bytes(found["payload_digest"]) == hashlib.sha256(item.n.payload).digest()
-                and found["partition"] == item.n.partition and found["position"] == item.n.position):
-            item.disposition = ComponentDisposition.DUPLICATE_EVENT
-        else:
-            item.disposition, item.reason = ComponentDisposition.QUARANTINED, "EVENT_KEY_CONFLICT"
-
-
-def _components(entries: list[_Entry]) -> None:
-    """Every missing Component of the receipts, in (receipt pk, ordinal) order, with one statement."""
-    _insert_rows(ReceiptComponent, [dict(
-        receipt_id=e.receipt.pk, ordinal=e.item.ordinal, payload=e.item.n.component,
-        payload_digest=hashlib.sha256(e.item.n.component).digest(), disposition=e.item.disposition,
-        event_id=None if e.item.disposition == ComponentDisposition.QUARANTINED else e.item.event_pk,
-        reason_code=e.item.reason) for e in entries])
 
 
 def receipts_materialize(*, receipt_pks: list[int], account_id: int) -> tuple[set[int], Materialized]:
@@ -120,16 +64,16 @@ def receipts_materialize(*, receipt_pks: list[int], account_id: int) -> tuple[se
         for receipt_pk, ordinal in ReceiptComponent.objects.filter(
                 receipt_id__in=[r.pk for r in receipts]).order_by().values_list("receipt_id", "ordinal"):
             done.setdefault(receipt_pk, set()).add(ordinal)
-        entries = [_Entry(r, _Item(ordinal, n)) for r in receipts
+        entries = [(r, _Item(ordinal, n)) for r in receipts
                    if len(done.get(r.pk, ())) != r.component_count
                    for ordinal, n in enumerate(route.parse(bytes(r.payload))) if ordinal not in done.get(r.pk, ())]
         if entries:
             profile_id = receipts[0].epoch.profile_id  # every taken receipt names the guarded epoch
-            _events(entries, route, profile_id, account_id)
+            _events(entries, route, profile_id, None)
             _components(entries)
             out.components += len(entries)
             fault_point("materialize.after_components")
-            new = [e.item for e in entries if e.item.disposition == ComponentDisposition.EVENT]
+            new = [item for _, item in entries if item.disposition == ComponentDisposition.EVENT]
             out.events.extend(i.event_pk for i in new)
             if new:
                 # `_immediate_batch` inserts Projections in (lane pk, ordinal) order; numbered in (receipt pk,

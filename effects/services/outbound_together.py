@@ -53,28 +53,28 @@ def outbound_commands_author(*, calls: list[dict]) -> list[int]:
             source_execution_id=call.get("source_execution_id"), predecessor=call.get("predecessor"),
             owner_slot=slot, link=links.get((ctx.account_id, slot)) if slot else None))
     wanted = sorted({(f["account_id"], key) for f, _, key in prepared})
-    existing = {(c.account_id, bytes(c.idempotency_key)): (c.pk, bytes(c.binding_digest)) for c in
+    existing = {(c.account_id, bytes(c.idempotency_key)): (c.pk, None, bytes(c.binding_digest)) for c in
                 OutboundCommand.objects.filter(account_id__in=sorted({a for a, _ in wanted}),
                                                idempotency_key__in=[k for _, k in wanted])
                 .only("id", "account_id", "idempotency_key", "binding_digest")}
+    # Each call resolves to an existing command's pk or to the index of a new row (a key repeated within the
+    # calls resolves like an existing one, to the first row): (pk, None, digest) or (None, index, digest).
     rows, order, seen = [], [], {}
     for fields, digest, key in prepared:
         ident = (fields["account_id"], key)
         found = existing.get(ident) or seen.get(ident)
-        if found is not None:
-            if not hmac.compare_digest(found[1], digest):
-                raise OutboundConflict(f"logical effect {fields['effect_root_id']}/{fields['effect_slot_id']}/"
-                                       f"{fields['effect_generation_id']} exists with a different frozen binding")
-            order.append(found)
-            continue
-        row = {k: v for k, v in fields.items() if k not in ("predecessor", "target_link")}
-        row["predecessor_id"] = fields["predecessor"].pk if fields["predecessor"] is not None else None
-        row["target_link_id"] = fields["target_link"].pk if fields["target_link"] is not None else None
-        rows.append({**row, "binding_digest": digest})
-        seen[ident] = (len(rows) - 1, digest, "new")
-        order.append(seen[ident])
+        if found is None:
+            row = {k: v for k, v in fields.items() if k not in ("predecessor", "target_link")}
+            row["predecessor_id"] = fields["predecessor"].pk if fields["predecessor"] is not None else None
+            row["target_link_id"] = fields["target_link"].pk if fields["target_link"] is not None else None
+            rows.append({**row, "binding_digest": digest})
+            found = seen[ident] = (None, len(rows) - 1, digest)
+        elif not hmac.compare_digest(found[2], digest):
+            raise OutboundConflict(f"logical effect {fields['effect_root_id']}/{fields['effect_slot_id']}/"
+                                   f"{fields['effect_generation_id']} exists with a different frozen binding")
+        order.append(found)
     pks = [pk for (pk,) in insert_rows(OutboundCommand, rows)] if rows else []
     if rows:
         insert_rows(RemoteEffect, [dict(command_id=pk, logical_effect_digest=row["idempotency_key"],
                                         account_id=row["account_id"]) for pk, row in zip(pks, rows)])
-    return [pks[found[0]] if len(found) == 3 else found[0] for found in order]
+    return [pk if pk is not None else pks[index] for pk, index, _ in order]

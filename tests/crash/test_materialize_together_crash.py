@@ -9,6 +9,7 @@ from connector import tasks
 from connector.models import Event, MaterializationDue, Projection, ReceiptComponent
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
+from tests.connector.test_materialize_together import _deliveries
 from tests.crash.support import DB, assert_killed
 
 MATERIALIZE_DUE_SCRIPT = """
@@ -33,14 +34,7 @@ def test_a_kill_inside_the_shared_transaction_leaves_nothing_and_the_rerun_deriv
     6 Components (4 events, 1 duplicate, 1 conflict), 4 Events, 4 Projections, nothing due.
     Proves: CV2-05-017, CV2-02-007, CV2-14-001"""
     world = build_inbound_world("mk-", [PACK_A])
-    bodies = [
-        webhook_body(webhook_event("ev-a", "rec-a", 1), webhook_event("ev-b", "rec-b", 1)),
-        webhook_body(webhook_event("ev-c", "rec-a", 2)),
-        webhook_body(webhook_event("ev-a", "rec-a", 1)),
-        webhook_body(webhook_event("ev-b", "rec-b", 1, full_name="Someone Else")),
-        webhook_body(webhook_event("ev-d", "rec-d", 1)),
-    ]
-    receipts = [admit(world, "records.webhook", body) for body in bodies]
+    receipts = _deliveries(world, world.account)
     run = run_child(MATERIALIZE_DUE_SCRIPT, "materialize.after_components", account_id=world.account.pk)
     assert_killed(run)
     assert (ReceiptComponent.objects.count(), Event.objects.count(), Projection.objects.count()) == (0, 0, 0)
