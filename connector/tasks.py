@@ -234,9 +234,8 @@ def _advance_inline(lanes, account_id: int, claims: _ClaimWakes) -> None:
 def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> set[int]:
     """The due receipts of each account materialized in one transaction where `materialize_together` takes them
     (D-294), then their lanes advanced together where `advance_together` takes them (D-295), the rest inline one
-    by one; returns the receipts it took. A failure of that transaction (it
-    rolled back) is logged and leaves every receipt to the per-receipt path. `MATERIALIZE_TOGETHER` 0 turns it
-    off."""
+    by one; returns the receipts it took. A failure of that transaction (it rolled back) is logged and leaves
+    every receipt to the per-receipt path. `MATERIALIZE_TOGETHER` 0 turns it off."""
     if not int(settings.CONNECTOR.get("MATERIALIZE_TOGETHER", 1)) or len(due) < 2:
         return set()
     taken: set[int] = set()
