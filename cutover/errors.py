@@ -62,6 +62,18 @@ class CutoverPreflightRefused(ConnectorError):
     operator_action = "Fix the named input and open a NEW attempt; a certificate is never edited."
 
 
+class OrderingPlanRefused(CutoverPreflightRefused):
+    """Preflight refuses the cutover before maintenance: a route has neither a checked order-independence
+    conformance proof nor complete typed source-order facts, an enabled route is unsupported or has no
+    disposition, or a high-water is an enqueue ordinal or arrival order (CV2-06-008/019/021/022; the detail names
+    each route with its cutover.services.ordering_plan reason code)."""
+
+    code = "ORDERING_PLAN_REFUSED"
+    http_status = 422
+    operator_action = ("Attach the route's conformance proof or typed source-order facts, or disable the route in a "
+                       "new configuration generation, then open a NEW attempt.")
+
+
 class CutoverPhaseRefused(ConnectorError):
     """The cutover phase cannot run now: the attempt is closed or unknown, a gate is not in the phase's mode, the
     account/gate set drifted, a receipt does not name the attempt, or the certificate bytes do not verify."""
@@ -69,6 +81,16 @@ class CutoverPhaseRefused(ConnectorError):
     code = "CUTOVER_PHASE_REFUSED"
     http_status = 409
     operator_action = "Read `manage.py cutover status`; run the phase it names next."
+
+
+class OrderingPlanDrifted(CutoverPhaseRefused):
+    """After certification, the recomputed ordering plan (owner route contracts and source-order facts, the frozen
+    configuration's enabled routes, the candidate epoch's routes and proofs) or a captured high-water's comparator
+    differs from the readiness certificate's: the capture never executes a plan that was not proved."""
+
+    code = "ORDERING_PLAN_DRIFTED"
+    http_status = 409
+    operator_action = "Abort the attempt; restore the certified ordering facts or certify a NEW attempt."
 
 
 class DrainBlocked(ConnectorError):

@@ -14,6 +14,8 @@ inside the coordinator's `transaction.atomic()` and under the gate locks it alre
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
@@ -85,16 +87,49 @@ class EgressManifest:
         return not self.untracked and all(e.pre_io_marker for e in self.entries)
 
 
+#: What a V1 position may NOT be: the order rows were enqueued or arrived, or the mere existence of a queue row, is
+#: never a source high-water (CV2-06-021).
+POSITION_SOURCES_REFUSED = ("enqueue_ordinal", "arrival_order", "queue_row")
+POSITION_KINDS = ("integer",)
+
+
+@dataclass(frozen=True)
+class SourceOrderFacts:
+    """The typed durable source-order facts the current V1 owner exposes for one route (CV2-06-019): what its
+    position is (`position_source`: a durable position the source assigned, never one of POSITION_SOURCES_REFUSED),
+    the position's kind, the comparator (name and version), the tie-breaker, how a partition is derived, and
+    whether `high_waters` enumerates every partition (`exhaustive_partitions`). `digest` is what a `v1_high_water`
+    or `provider_snapshot_barrier` disposition's proof digest must equal."""
+
+    position_source: str
+    position_kind: str
+    comparator: str
+    tie_breaker: str
+    partition_key: str
+    exhaustive_partitions: bool
+
+    def as_dict(self) -> dict:
+        return {"position_source": self.position_source, "position_kind": self.position_kind,
+                "comparator": self.comparator, "tie_breaker": self.tie_breaker, "partition_key": self.partition_key,
+                "exhaustive_partitions": self.exhaustive_partitions}
+
+    @property
+    def digest(self) -> bytes:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
 @dataclass(frozen=True)
 class RouteHaltContract:
     """Per route: does it have a lossless root halt contract, and its ordering-migration disposition
-    (`order_independent`, `v1_high_water`, `provider_snapshot_barrier`, `unsupported`) with its proof digest."""
+    (`order_independent`, `v1_high_water`, `provider_snapshot_barrier`, `unsupported`) with its proof digest: the
+    route's conformance proof digest for `order_independent`, `source_order.digest` for the other two."""
 
     route_key: str
     lossless_halt: bool
     ordering_disposition: str
     disposition_proof_digest: bytes
     remediation_owner: str
+    source_order: SourceOrderFacts | None = None
 
 
 @dataclass(frozen=True)

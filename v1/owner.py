@@ -23,6 +23,7 @@ from cutover.ports import (
     InventoryItem,
     Receipt,
     RouteHaltContract,
+    SourceOrderFacts,
     TransportIdentity,
     V1Generation,
     V1Release,
@@ -45,10 +46,14 @@ from v1.models import (
 )
 
 DOMAIN = "nexuscrm.v1.receipt.v1"
+# The webhook's V1 high-water is the source's own record sequence (V1HighWater, advanced only by an applied item),
+# compared as an integer, ties broken by the transport key, one partition per record, every partition enumerated
+# by `high_waters`: the typed facts a `v1_high_water` disposition needs (CV2-06-019).
+WEBHOOK_ORDER = SourceOrderFacts(position_source="source_position", position_kind="integer", comparator="integer",
+                                 tie_breaker="transport_key", partition_key="record_id", exhaustive_partitions=True)
 ROUTES = (RouteHaltContract(route_key="records.webhook", lossless_halt=True, ordering_disposition="v1_high_water",
-                            disposition_proof_digest=hashlib.sha256(b"records.webhook:integer-position:partition="
-                                                                    b"record_id").digest(),
-                            remediation_owner="records-integration-team"),)
+                            disposition_proof_digest=WEBHOOK_ORDER.digest,
+                            remediation_owner="records-integration-team", source_order=WEBHOOK_ORDER),)
 V1_TABLE_PREFIX = "v1_"
 
 

@@ -6,13 +6,16 @@ Owner identities, digests and receipts enter the preimage as exact opaque bytes;
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from connector.canonical.encoding import Record
 from connector.canonical.profiles import EPOCH_AUTHORING_PROFILE_ID, profile_for
 from connector.canonical.shapes import RecordShape, text_list
+from connector.choices import BindingKind
 from connector.errors import OwnerFactInvalid
+from connector.interpreters import ordering_proof
 from connector.receipts import credential_refs_blob, rec
 from connector.selectors import owners as owner_readers
 
@@ -137,6 +140,18 @@ def epoch_preimage(candidate: EpochCandidate) -> bytes:
              p.owner_receipt_digest) for p in candidate.credentials)))
 
 
+def _order_independence_covered(bindings: list, definitions: dict[int, bytes]) -> None:
+    """Every `order_independent` route's proof covers exactly the targets of the mapping it names (D-310)."""
+    mappings = {b.business_key: json.loads(definitions[b.ordinal]) for b in bindings
+                if b.kind == BindingKind.FIELD_MAPPING}
+    for b in bindings:
+        if b.kind != BindingKind.INBOUND_ROUTE:
+            continue
+        route = json.loads(definitions[b.ordinal])
+        if route["ordering_contract"] == "order_independent" and route.get("mapping"):
+            ordering_proof.check_mapping_coverage(b.business_key, route, mappings.get(route["mapping"]))
+
+
 def candidate_from_owners(*, epoch_id: str, configuration_generation_id: str,
                           profile_id: str | None = EPOCH_AUTHORING_PROFILE_ID) -> EpochCandidate:
     """Fresh-read every owner by exact generation: the L2 configuration, the current Catalog view it names, each
@@ -147,16 +162,18 @@ def candidate_from_owners(*, epoch_id: str, configuration_generation_id: str,
         raise OwnerFactInvalid(f"stale owner generation: configuration {config.generation_id} names Catalog "
                                f"{catalog.view_key} r{config.catalog_revision}, the current view is "
                                f"r{catalog.revision}")
-    bindings = []
+    bindings, definitions = [], {}
     for b in catalog.bindings:
         proof = owner_readers.binding_definition_read(
             kind=b.kind, pack_generation_id=b.pack_generation_id, pack_payload_digest=b.pack_payload_digest,
             business_key=b.business_key, definition_version=b.definition_version)
+        definitions[b.ordinal] = proof.definition
         bindings.append(BindingProof(
             b.ordinal, b.row_id, b.identity_digest, b.kind, b.owner_pack, b.pack_installation_id,
             b.pack_payload_digest, b.business_key, b.definition_version, b.credential_refs, b.runtime,
             proof.pack_generation_id, proof.definition_envelope_version, proof.definition_receipt_version,
             proof.canonical_definition_digest, proof.owner_receipt, proof.owner_receipt_digest, profile_id))
+    _order_independence_covered(bindings, definitions)
     # One query per chunk of generations, each checked as credential_generation_read checks it (issue 19).
     # ... read by the configuration's relation statement itself (D-272): the same rows, every check still made.
     facts = owner_readers.credential_generations_read(generation_ids=config.credential_generation_ids(),

@@ -21,7 +21,7 @@ from connector.canonical.encoding import Encoded
 from connector.canonical.shapes import text_list
 from connector.choices import BindingKind
 from connector.errors import CredentialMappingInvalid, OwnerFactInvalid, OwnerUnavailable
-from connector.interpreters import callout
+from connector.interpreters import callout, ordering_proof
 from connector.models import (
     BindingDefinition,
     CatalogBinding,
@@ -91,6 +91,8 @@ def _validate_definition(kind: str, definition: bytes) -> None:
         raise OwnerFactInvalid(f"{kind} definition lacks {', '.join(missing)}")
     if kind == BindingKind.INBOUND_ROUTE and document["ordering_contract"] not in ORDERING_CONTRACTS:
         raise OwnerFactInvalid(f"inbound route ordering contract {document['ordering_contract']!r} is not closed")
+    if kind == BindingKind.INBOUND_ROUTE and document["ordering_contract"] == "order_independent":
+        ordering_proof.check_order_independence(document)  # OrderIndependenceUnproven (an OwnerFactInvalid)
     if kind == BindingKind.CALLOUT_PROFILE:
         callout.parse_template(document["path_template"])  # CalloutTemplateInvalid (an OwnerFactInvalid)
         update = document.get("update")  # the variant addressing a linked remote identity (D-190)

@@ -10,6 +10,7 @@ from django.db.backends.signals import connection_created
 
 from connector.choices import BindingKind
 from connector.errors import ConnectorError
+from connector.interpreters import ordering_proof
 from connector.interpreters.inbound import RouteProgram, compile_route
 from connector.models import ServiceConfigurationAccount, ServingEpochBindingProof
 from connector.selectors.owners import binding_definition_read
@@ -68,6 +69,23 @@ def route_for(*, epoch_pk: int, epoch_digest: bytes, account_id: int, channel: s
     if program is None:
         raise ChannelNotFound(f"channel {channel!r} is not an enabled inbound route of this account's epoch")
     return program
+
+
+def route_ordering_proof(*, epoch_pk: int, epoch_digest: bytes, channel: str) -> tuple[str, bytes | None] | None:
+    """(ordering contract, conformance proof digest) of one inbound route of the epoch, enabled or not; None when
+    the epoch binds no such route. An `order_independent` route's proof is checked again here, never taken from a
+    record (OrderIndependenceUnproven, D-310); an ordered route has no such proof (None)."""
+    program = _program(bytes(epoch_digest), epoch_pk, channel)
+    if program is None:
+        return None
+    if program.contract != "order_independent":
+        return program.contract, None
+    digest = ordering_proof.check_order_independence(program.definition)
+    if program.mapping_key:
+        mapped = _mapping(bytes(epoch_digest), epoch_pk, program.mapping_key)
+        ordering_proof.check_mapping_coverage(channel, program.definition, None if mapped is None else {
+            "fields": [{"source": source, "target": target} for source, target in mapped]})
+    return program.contract, digest
 
 
 def routes_for_accounts(*, epoch_pk: int, epoch_digest: bytes, account_ids: list[int],

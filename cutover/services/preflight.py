@@ -20,10 +20,11 @@ from connector.selectors.rows import AccountServingGate, ConnectorAccount, Servi
 from connector.services import serving
 from connector.services.audit import audit_record
 from connector.services.gates import fsm_edge, gates_advance
-from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused
-from cutover.models import AttemptOutcome, CutoverReadinessCertificate, OrderingDisposition, ServiceCutoverAttempt
+from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, OrderingPlanRefused
+from cutover.models import AttemptOutcome, CutoverReadinessCertificate, ServiceCutoverAttempt
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
 from cutover.reasons import CUTOVER_REASONS
+from cutover.services import ordering_plan
 
 PERMISSION = "cutover.coordinate_cutover"
 DOMAIN = "nexuscrm.cutover.evidence.v1"
@@ -201,10 +202,11 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
     owner = v1_owner()
     problems: list[str] = []
     routes = owner.route_contracts()
+    # Every route's ordering disposition, checked against the frozen configuration and candidate epoch (D-311).
+    entries, ordering = ordering_plan.plan(configuration=attempt.configuration, epoch=attempt.candidate_epoch,
+                                           routes=routes)
+    problems += ordering
     for route in routes:
-        if route.ordering_disposition not in OrderingDisposition.values or \
-                route.ordering_disposition == OrderingDisposition.UNSUPPORTED:
-            problems.append(f"route {route.route_key}: ordering disposition {route.ordering_disposition}")
         if not route.lossless_halt:
             problems.append(f"route {route.route_key}: no lossless root halt contract")
         if not route.remediation_owner:
@@ -223,7 +225,7 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
         problems += [f"projection {p} {projections[p]:.1f}s over budget {budgets[p]}s" for p in BUDGET_PHASES
                      if projections[p] > budgets[p]]
     if problems:
-        raise CutoverPreflightRefused("; ".join(problems))
+        raise (OrderingPlanRefused if ordering else CutoverPreflightRefused)("; ".join(problems))
     release = owner.release()
     value = {
         "attempt": attempt.attempt_key, "epoch_id": attempt.candidate_epoch.epoch_id,
@@ -233,8 +235,7 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
         "v1_release": [release.release_id, release.binary_digest.hex(), release.schema_digest.hex(),
                        release.configuration_digest.hex()],
         "v1_generation": attempt.v1_generation_id, "egress_manifest": manifest.digest.hex(),
-        "routes": [{"route": r.route_key, "disposition": r.ordering_disposition, "lossless_halt": r.lossless_halt,
-                    "proof": r.disposition_proof_digest.hex(), "owner": r.remediation_owner} for r in routes],
+        "routes": entries,
         "budgets": {p: float(budgets[p]) for p in BUDGET_PHASES}, "measurements": _workload_dict(workload),
         "projections": projections, "reason_map": CUTOVER_REASONS,
     }

@@ -34,7 +34,7 @@ from connector.selectors.locks import owner_barriers_lock
 from connector.selectors.rows import AccountServingGate, ConnectorAccount, Receipt, ServingEpoch, V1AcceptanceTombstone
 from connector.services.audit import audit_record
 from connector.services.tombstones import tombstones_import
-from cutover.errors import CutoverPhaseRefused, DrainBlocked
+from cutover.errors import CutoverPhaseRefused, DrainBlocked, OrderingPlanDrifted
 from cutover.models import (
     AttemptOutcome,
     CutoverReadinessCertificate,
@@ -47,7 +47,7 @@ from cutover.models import (
     V1ShutdownCertificate,
 )
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
-from cutover.services import approval_subjects
+from cutover.services import approval_subjects, ordering_plan
 from cutover.services.preflight import (  # noqa: F401  (phase 1 and the shared helpers, re-exported)
     BARRIER_ORDER,
     BUDGET_PHASES,
@@ -269,19 +269,19 @@ def v1_export(*, attempt_key: str, actor: Actor) -> tuple[int, int]:
     keys = _keys(attempt)
     identities = owner.transport_identities(keys)
     waters = owner.high_waters(keys)
-    dispositions = {r["route"]: r["disposition"] for r in
-                    CutoverReadinessCertificate.objects.get(attempt=attempt).routes}
     accounts = dict(ConnectorAccount.objects.filter(account_key__in=keys).values_list("account_key", "pk"))
     with transaction.atomic():
         _stopped_gates(attempt)
+        # The capture executes the certified plan, recomputed and byte-compared first (D-312, CV2-06-023/028).
+        plan = ordering_plan.plan_revalidate(attempt, certificate_locked(attempt))
         imported = tombstones_import(rows=[{
             "account": i.account_key, "channel": i.source_key, "transport_key": i.transport_identity.decode(),
             "payload_digest": i.payload_digest, "predecessor_ref": i.predecessor_ref} for i in identities],
             actor=actor)
         created = 0
         for water in waters:
-            disposition = dispositions.get(water.route_key)
-            if disposition not in (OrderingDisposition.V1_HIGH_WATER, OrderingDisposition.PROVIDER_SNAPSHOT_BARRIER):
+            disposition = _baselined(plan, water)
+            if disposition is None:
                 continue
             _, new = OrderingBaseline.objects.get_or_create(
                 attempt=attempt, account_id=accounts[water.account_key], route_key=water.route_key,
@@ -290,6 +290,21 @@ def v1_export(*, attempt_key: str, actor: Actor) -> tuple[int, int]:
                           "origin": disposition})
             created += new
     return imported.created, created
+
+
+def _baselined(plan: dict[str, dict], water) -> str | None:
+    """The certified disposition of a high-water's route when it needs a baseline (an enabled order-dependent
+    route), else None. A high-water of an uncertified route, or one whose comparator is not the certified one (an
+    enqueue ordinal or arrival order passed off as a position), refuses: never substituted (CV2-06-021)."""
+    entry = plan.get(water.route_key)
+    if entry is None:
+        raise OrderingPlanDrifted(f"high-water of route {water.route_key} has no certified disposition")
+    if entry["disposition"] not in ordering_plan.ORDERED or not entry["enabled"]:
+        return None
+    if water.comparator != entry["source_order"]["comparator"]:
+        raise OrderingPlanDrifted(f"high-water of route {water.route_key}/{water.partition_key.decode()} is "
+                                  f"compared by {water.comparator!r}, certified {entry['source_order']['comparator']!r}")
+    return entry["disposition"]
 
 
 def coverage(attempt: ServiceCutoverAttempt) -> tuple[list[str], bytes, bytes]:
@@ -310,10 +325,9 @@ def coverage(attempt: ServiceCutoverAttempt) -> tuple[list[str], bytes, bytes]:
     baselines = {(b.account.account_key, b.route_key, b.partition): b for b in
                  OrderingBaseline.objects.filter(attempt=attempt).select_related("account")}
     ordered = []
-    dispositions = {r["route"]: r["disposition"] for r in
-                    CutoverReadinessCertificate.objects.get(attempt=attempt).routes}
+    plan = {r["route"]: r for r in CutoverReadinessCertificate.objects.get(attempt=attempt).routes}
     for w in owner.high_waters(keys):
-        if dispositions.get(w.route_key) == OrderingDisposition.ORDER_INDEPENDENT:
+        if _baselined(plan, w) is None:
             continue
         b = baselines.get((w.account_key, w.route_key, w.partition_key.decode()))
         if b is None or str(int(b.high_water)) != w.high_water.decode():
@@ -340,6 +354,7 @@ def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertifica
     with transaction.atomic():
         certificate = certificate_locked(attempt)
         gates = _stopped_gates(attempt)
+        ordering_plan.plan_revalidate(attempt, certificate)  # reverified before the shutdown certificate (D-312)
         problems: list[str] = []
         inventory = owner.inventory(_keys(attempt))
         problems += [f"{b.kind} {b.table}#{b.row_id}" for b in inventory.blocking[:10]]

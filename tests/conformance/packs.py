@@ -17,6 +17,17 @@ from typing import Any
 
 FEED_FIELDS = ["line_id", "seq", "member_ref", "batch_tag", "payee_name", "payee_email"]
 
+
+def versioned_writes(targets: list[str], source_version: str) -> dict[str, Any]:
+    """An `order_independent` route's conformance proof (D-310): every mapped target is replaced only by a newer
+    source version, so no older fact overwrites a newer one whatever the arrival order."""
+    return {"writes": [{"target": t, "operation": "replace_if_newer_source_version"} for t in targets],
+            "source_version": source_version}
+
+
+#: The proof of a route mapped through pack A's `records.webhook.fields` (its components carry `/sequence`).
+WEBHOOK_FIELDS_PROOF = versioned_writes(["display_name", "email"], "/sequence")
+
 PACK_A: dict[str, Any] = {
     "owner_pack": "acme-hooks",
     "label": "batched JSON webhook",
@@ -67,6 +78,7 @@ PACK_B: dict[str, Any] = {
             "window": {"grouping_key": "/batch_tag", "max_members": 3, "max_age_seconds": 60},
             "projection": {"record_key": "/member_ref"},
             "mapping": "ledger.columns",
+            "order_independence": versioned_writes(["display_name", "email"], "/seq"),
         },
     },
     "mappings": {

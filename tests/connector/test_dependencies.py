@@ -20,7 +20,7 @@ from connector.models import (
 )
 from connector.services import dependencies, execution, sweeper
 from tests.concurrency import start, wait_until
-from tests.conformance.packs import PACK_A, with_route
+from tests.conformance.packs import PACK_A, WEBHOOK_FIELDS_PROOF, with_route
 from tests.connector.inbound_helpers import (
     build_inbound_world,
     deliver,
@@ -40,6 +40,7 @@ LINKED_ROUTE = {
     "projection": {"record_key": "/record_id"},
     "depends_on": {"source_event_key": "/parent_evt", "deadline_seconds": DEADLINE},
     "mapping": "records.webhook.fields",
+    "order_independence": WEBHOOK_FIELDS_PROOF,
 }
 PACK = with_route(PACK_A, LINKED, LINKED_ROUTE)
 

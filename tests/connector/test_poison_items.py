@@ -32,7 +32,7 @@ from connector.models import (
     StepFailure,
 )
 from connector.services import dependencies, execution, materialize, storable, sweeper
-from tests.conformance.packs import PACK_A, PACK_B, variant, with_route
+from tests.conformance.packs import PACK_A, PACK_B, WEBHOOK_FIELDS_PROOF, variant, with_route
 from tests.connector.inbound_helpers import (
     admit,
     build_inbound_world,
@@ -53,6 +53,7 @@ LINKED_ROUTE = {
     "projection": {"record_key": "/record_id"},
     "depends_on": {"source_event_key": "/parent_evt", "deadline_seconds": 60},
     "mapping": "records.webhook.fields",
+    "order_independence": WEBHOOK_FIELDS_PROOF,
 }
 PACK_B_NOW = variant(variant(PACK_B, SEQUENCED, ordering={"gap_deadline_seconds": 0}), GROUPED,
                      window={"max_age_seconds": 0})

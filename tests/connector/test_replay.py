@@ -33,7 +33,7 @@ from connector.services.replay import (
     ReplayModeRefused,
     replay_request_admit,
 )
-from tests.conformance.packs import PACK_A, PACK_B, with_route
+from tests.conformance.packs import PACK_A, PACK_B, WEBHOOK_FIELDS_PROOF, with_route
 from tests.connector.inbound_helpers import (
     ACTOR,
     BugReproduced,
@@ -56,6 +56,7 @@ SNAPSHOT_ROUTE = {  # an immediate order-independent route of pack A's body shap
                   "payload": "/attributes"},
     "projection": {"record_key": "/record_id"},
     "mapping": "records.webhook.fields",
+    "order_independence": WEBHOOK_FIELDS_PROOF,
 }
 PACKS = [with_route(PACK_A, SNAPSHOT, SNAPSHOT_ROUTE), PACK_B]
 COUNTED = (ReplayRequest, Receipt, ReceiptComponent, Event, Projection, Execution, ApplicationResult,

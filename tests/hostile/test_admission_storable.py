@@ -22,6 +22,7 @@ from tests.hostile.support import OPERATOR, OPERATOR_PASSWORD, build_api_world, 
 NORMALIZE = {"event_kind": "/kind", "source_event_key": "/id", "source_locator": "/loc", "occurred_at": "/at",
              "payload": "/data"}
 EXTRACT = {"format": "json", "components": "/events"}
+PROOF = {"writes": [{"target": "display_name", "operation": "insert_if_absent"}]}  # D-310
 PACK = {
     "owner_pack": "h2-hooks", "label": "storability probe", "credential_ref": "h2-signing",
     "runtime": ("runtime.h2.apply", 1),
@@ -32,10 +33,10 @@ PACK = {
                        "projection": {"record_key": "/rk"}, "mapping": "h2.fields"},
         "h2.grouped": {"ordering_contract": "order_independent", "extract": EXTRACT, "normalize": NORMALIZE,
                        "window": {"grouping_key": "/group", "max_members": 5, "max_age_seconds": 60},
-                       "projection": {"record_key": "/rk"}, "mapping": "h2.fields"},
+                       "projection": {"record_key": "/rk"}, "mapping": "h2.fields", "order_independence": PROOF},
         "h2.dependent": {"ordering_contract": "order_independent", "extract": EXTRACT, "normalize": NORMALIZE,
                          "depends_on": {"source_event_key": "/after", "deadline_seconds": 60},
-                         "projection": {"record_key": "/rk"}, "mapping": "h2.fields"},
+                         "projection": {"record_key": "/rk"}, "mapping": "h2.fields", "order_independence": PROOF},
     },
     "mappings": {"h2.fields": {"fields": [{"source": "/name", "target": "display_name"}]}},
 }
