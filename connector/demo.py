@@ -66,9 +66,12 @@ CREDENTIAL_REFS = {"inbound": "webhook-signing", "outbound": "crm-api"}
 
 
 def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "globex-us"),
-                 actor: Actor | None = None, push: bool = False, sequenced: bool = False) -> World:
+                 actor: Actor | None = None, push: bool = False, sequenced: bool = False,
+                 extra_routes: dict | None = None, disabled_routes: tuple[str, ...] = ()) -> World:
     """Accounts, packs, Catalog view, credential generations and one configuration generation. `sequenced` adds
-    the strict-sequence channel beside the latest-position one."""
+    the strict-sequence channel beside the latest-position one; `extra_routes` ({business key: definition}) adds
+    more inbound routes of the webhook pack, each bound and enabled unless named in `disabled_routes`."""
+    extra_routes = extra_routes or {}
     actor = actor or Actor.system("demo")
     world = World(prefix=prefix)
     for key in account_keys:
@@ -83,6 +86,8 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
              "definition": MAPPING_DEFINITION},
             *([{"kind": BindingKind.INBOUND_ROUTE, "business_key": SEQUENCED_CHANNEL, "version": 1,
                 "definition": {**SEQUENCED_ROUTE_DEFINITION, **(PUSH if push else {})}}] if sequenced else []),
+            *({"kind": BindingKind.INBOUND_ROUTE, "business_key": key, "version": 1, "definition": definition}
+              for key, definition in extra_routes.items()),
         ], actor=actor))
     world.packs.append(owners.pack_generation_install(
         generation_id=f"{prefix}callout-pack.g1", owner_pack="callout-pack", pack_installation_id=f"{prefix}inst-2",
@@ -105,6 +110,9 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
                 "business_key": SEQUENCED_CHANNEL, "definition_version": 1,
                 "credential_refs": [CREDENTIAL_REFS["inbound"]], "runtime": ("runtime.records.apply", 1)}]
               if sequenced else []),
+            *({"kind": BindingKind.INBOUND_ROUTE, "pack_generation_id": webhook.generation_id, "business_key": key,
+               "definition_version": 1, "credential_refs": [CREDENTIAL_REFS["inbound"]],
+               "runtime": ("runtime.records.apply", 1)} for key in extra_routes),
             {"kind": BindingKind.FIELD_MAPPING, "pack_generation_id": webhook.generation_id,
              "business_key": "records.mapping", "definition_version": 1, "credential_refs": []},
             {"kind": BindingKind.CALLOUT_PROFILE, "pack_generation_id": callout.generation_id,
@@ -128,7 +136,8 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
     world.configuration = owners.service_configuration_create(
         generation_id=f"{prefix}config.g1", catalog_view_key=world.view.view_key, catalog_revision=world.view.revision,
         accounts=[{"account_key": a.account_key,
-                   "enabled_routes": ["records.webhook", *([SEQUENCED_CHANNEL] if sequenced else [])],
+                   "enabled_routes": ["records.webhook", *([SEQUENCED_CHANNEL] if sequenced else []),
+                                      *(k for k in extra_routes if k not in disabled_routes)],
                    "mapping_selections": {"records.mapping": "default"},
                    "policy_values": {"max_batch": 100, "retry_limit": 5}} for a in world.accounts],
         credential_relation=relation, actor=actor)

@@ -88,6 +88,14 @@ def route_ordering_proof(*, epoch_pk: int, epoch_digest: bytes, channel: str) ->
     return program.contract, digest
 
 
+def epoch_ordering_proofs(*, epoch_pk: int, epoch_digest: bytes) -> dict[str, tuple[str, bytes | None]]:
+    """`route_ordering_proof` of every inbound route the epoch binds: {channel: (contract, proof digest)}. Raises
+    OrderIndependenceUnproven for the first `order_independent` route whose proof does not check."""
+    channels = (ServingEpochBindingProof.objects.filter(epoch_id=epoch_pk, binding__kind=BindingKind.INBOUND_ROUTE)
+                .values_list("binding__business_key", flat=True))
+    return {c: route_ordering_proof(epoch_pk=epoch_pk, epoch_digest=epoch_digest, channel=c) for c in sorted(channels)}
+
+
 def routes_for_accounts(*, epoch_pk: int, epoch_digest: bytes, account_ids: list[int],
                         channel: str) -> dict[int, RouteProgram | ChannelNotFound]:
     """`route_for` of one epoch and channel for several accounts, their enabled routes read in one query (not

@@ -22,7 +22,7 @@ from connector.selectors import locks as connector_locks
 from connector.selectors.rows import (AccountServingGate, Execution, OrderingLane, Projection, ProjectionWindow,
                                      ServiceConfigurationGeneration, ServingEpoch, ServingEpochBindingProof,
                                      ServingEpochCredentialProof)
-from connector.selectors.routes import route_for
+from connector.selectors.routes import epoch_ordering_proofs, route_for
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services import gates as gate_services
 from connector.services import serving
@@ -393,6 +393,10 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     # No owner reread (D-285: the hold's, under its locks, is final); the frozen receipts are compared again.
     successor = ServingEpoch.objects.defer("preimage").get(pk=current.successor_epoch_id)
     frozen = _owner_receipts_digest(successor)
+    try:  # an order_independent route needs no lane handoff, only its conformance proof, checked again (D-310)
+        epoch_ordering_proofs(epoch_pk=successor.pk, epoch_digest=bytes(successor.digest))
+    except ConnectorError as exc:
+        raise SuccessorActivationRefused(f"successor {successor.epoch_id}: {exc.code}: {exc.detail}") from exc
     predecessor = ServingEpoch.objects.defer("preimage").get(pk=current.predecessor_epoch_id)
     accounts = _accounts(predecessor)
     serving.activation_cardinality_check(accounts=len(accounts))

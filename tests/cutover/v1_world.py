@@ -39,8 +39,9 @@ class V1World:
                               partition=partition, position=position)
 
 
-def build_v1_world(prefix: str = "c-") -> V1World:
-    owners_world = build_owners(prefix, actor=ACTOR)
+def build_v1_world(prefix: str = "c-", **owners) -> V1World:
+    """`owners`: build_owners' extra_routes / disabled_routes (more inbound routes of the candidate epoch)."""
+    owners_world = build_owners(prefix, actor=ACTOR, **owners)
     world = V1World(prefix, accounts=owners_world.accounts, configuration=owners_world.configuration)
     epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}v2-epoch-1",
                                               configuration_generation_id=world.configuration.generation_id,
