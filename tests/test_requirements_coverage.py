@@ -19,7 +19,7 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
+# (_R1 was closed by D-284, _R3 by D-290, _R5, _R8 and _R9 by D-310..D-312, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
 # (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
@@ -27,19 +27,8 @@ _R2 = ("no crash test at every barrier boundary of the first-activation coordina
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
-_R5 = ("the readiness certificate gives each route a disposition, but its conformance proof attachment, "
-       "the v1_high_water evidence rules, the unsupported-route disabling generation and the "
-       "revalidation at baseline capture are not proven per requirement")
 _R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
        "that meets 'one effect model' needs a decision")
-_R8 = ("a route's order_independent contract is accepted on the pack definition's word: no conformance proof "
-       "that its operations commute (or cannot overwrite newer source state) is attached to the definition, "
-       "checked at epoch verification, or required when a successor gives such a route no lane handoff "
-       "(order-independent routes simply get no lane and so no handoff)")
-_R9 = ("the cutover preflight refuses a route whose V1 owner declares it unsupported "
-       "(tests/cutover/test_v1_shutdown.py), but it takes the declared disposition as given and only records "
-       "the proof digest: it does not itself check the order-independent proof or the completeness of the "
-       "route's source-order facts")
 _R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, principal "
         "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
         "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
@@ -82,15 +71,8 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 4
     "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
     "CV2-09-024": (_R4, 22),
-    # reason 5
-    "CV2-06-018": (_R5, 22), "CV2-06-019": (_R5, 22), "CV2-06-021": (_R5, 22), "CV2-06-022": (_R5, 22),
-    "CV2-06-023": (_R5, 22), "CV2-06-024": (_R5, 22), "CV2-06-026": (_R5, 22), "CV2-06-028": (_R5, 22),
     # reason 7
     "CV2-10-046": (_R7, 22),
-    # reason 8
-    "CV2-06-003": (_R8, 22), "CV2-11-017": (_R8, 22),
-    # reason 9
-    "CV2-06-008": (_R9, 22),
     # reason 10
     "CV2-09-002": (_R10, 22), "CV2-09-014": (_R10, 22),
     # reason 11

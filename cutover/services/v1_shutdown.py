@@ -40,7 +40,6 @@ from cutover.models import (
     CutoverReadinessCertificate,
     MaintenanceBarrierReceipt,
     OrderingBaseline,
-    OrderingDisposition,
     ServiceCutoverAttempt,
     V1GenerationReceipt,
     V1Reconciliation,
