@@ -79,7 +79,7 @@ def test_preflight_checks_each_disposition_before_maintenance(provider, monkeypa
     (even with a self-consistent digest), a proof digest that is not its facts', and an enabled route with no
     disposition; each by its stable reason code, writing nothing, V1 still serving. The exact conformance proof
     digest is attached to the certified `order_independent` entry. Proves: CV2-06-003, CV2-06-008, CV2-06-018,
-    CV2-06-019, CV2-06-021"""
+    CV2-06-019, CV2-06-021, CV2-06-028"""
     world = build_v1_world(extra_routes={SNAPSHOT: SNAPSHOT_ROUTE})
     sd.cutover_open(attempt_key="att-1", configuration_generation_id=world.configuration.generation_id,
                     candidate_epoch_id=world.epoch.epoch_id, actor=ACTOR)
