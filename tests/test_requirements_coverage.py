@@ -30,8 +30,6 @@ _R4 = ("no operator-authorized intentional new remote call that reconciles prede
 _R5 = ("the readiness certificate gives each route a disposition, but its conformance proof attachment, "
        "the v1_high_water evidence rules, the unsupported-route disabling generation and the "
        "revalidation at baseline capture are not proven per requirement")
-_R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
-       "that meets 'one effect model' needs a decision")
 _R8 = ("a route's order_independent contract is accepted on the pack definition's word: no conformance proof "
        "that its operations commute (or cannot overwrite newer source state) is attached to the definition, "
        "checked at epoch verification, or required when a successor gives such a route no lane handoff "
@@ -40,10 +38,6 @@ _R9 = ("the cutover preflight refuses a route whose V1 owner declares it unsuppo
        "(tests/cutover/test_v1_shutdown.py), but it takes the declared disposition as given and only records "
        "the proof digest: it does not itself check the order-independent proof or the completeness of the "
        "route's source-order facts")
-_R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, principal "
-        "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
-        "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
-        "evidence only, cannot be expressed")
 _R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
         "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
         "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
@@ -85,14 +79,10 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 5
     "CV2-06-018": (_R5, 22), "CV2-06-019": (_R5, 22), "CV2-06-021": (_R5, 22), "CV2-06-022": (_R5, 22),
     "CV2-06-023": (_R5, 22), "CV2-06-024": (_R5, 22), "CV2-06-026": (_R5, 22), "CV2-06-028": (_R5, 22),
-    # reason 7
-    "CV2-10-046": (_R7, 22),
     # reason 8
     "CV2-06-003": (_R8, 22), "CV2-11-017": (_R8, 22),
     # reason 9
     "CV2-06-008": (_R9, 22),
-    # reason 10
-    "CV2-09-002": (_R10, 22), "CV2-09-014": (_R10, 22),
     # reason 11
     "CV2-09-019": (_R11, 22),
     # reason 12

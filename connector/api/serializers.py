@@ -107,6 +107,7 @@ class V1PredecessorRefSerializer(serializers.Serializer):
     result_digest = HexDigestField(help_text="SHA-256 of the V1 result evidence of that item.")
 
 
+@extend_schema_serializer(component_name="V1PredecessorInput")
 class V1PredecessorInputSerializer(V1PredecessorRefSerializer):
     """The ref plus the exact V1 item bytes (a tombstone keeps none); they must hash to `payload_digest`."""
 
