@@ -27,12 +27,6 @@ _R2 = ("no crash test at every barrier boundary of the first-activation coordina
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
-_R7 = ("REST bulk delivery keeps its own operation model beside OutboundCommand/RemoteEffect; whether "
-       "that meets 'one effect model' needs a decision")
-_R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload digest, with reason, principal "
-        "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
-        "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
-        "evidence only, cannot be expressed")
 _R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
         "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
         "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
@@ -71,10 +65,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 4
     "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
     "CV2-09-024": (_R4, 22),
-    # reason 7
-    "CV2-10-046": (_R7, 22),
-    # reason 10
-    "CV2-09-002": (_R10, 22), "CV2-09-014": (_R10, 22),
     # reason 11
     "CV2-09-019": (_R11, 22),
     # reason 12

@@ -41,6 +41,7 @@ from connector.models import (
     ReplayRequest,
     SupersededDecision,
     V1AcceptanceTombstone,
+    V1PredecessorRef,
     WindowMember,
 )
 
@@ -152,6 +153,20 @@ class V1AcceptanceTombstoneAdmin(FactAdmin):
     fieldsets = ((None, {"fields": ("account", "channel", "transport_key", "predecessor_ref", "digest",
                                     "imported_at")}),)
     digest = digest_col("payload_digest", "payload digest")
+
+
+@admin.register(V1PredecessorRef)
+class V1PredecessorRefAdmin(FactAdmin):
+    fact_description = "The typed V1 predecessor ref of a replay: read-only evidence bound to its V1 tombstone; its " \
+                       "V1 epoch is evidence only, the replay runs under its V2 target epoch (D-331)."
+    list_display = ("v1_work_item_id", "v1_receipt_transport_key", "original_epoch", "created_at")
+    search_fields = ("v1_work_item_id", "v1_receipt_transport_key", "original_epoch")
+    fieldsets = ((None, {"fields": ("tombstone_link", "protocol_version", "v1_receipt_channel",
+                                    "v1_receipt_transport_key", "v1_event_id", "v1_work_item_id", "original_epoch",
+                                    "payload", "result", "created_at")}),)
+    tombstone_link = admin.display(description="V1 tombstone")(lambda self, o: admin_link(o.tombstone))
+    payload = digest_col("payload_digest", "payload digest")
+    result = digest_col("result_digest", "result digest")
 
 
 class ExecutionLinkMixin:
@@ -343,9 +358,11 @@ class ReplayRequestAdmin(FactAdmin):
     list_display = ("request_id", "account", "principal", "mode", "created_at")
     search_fields = ("request_id", "principal")
     fieldsets = ((None, {"fields": ("account", "request_id", "target_epoch", "principal", "reason", "mode",
-                                    "predecessor_link", "gate_fence", "request", "created_at")}),)
+                                    "predecessor_link", "v1_predecessor_link", "gate_fence", "request",
+                                    "created_at")}),)
     request = digest_col("request_digest", "request digest")
     predecessor_link = admin.display(description="predecessor event")(lambda self, o: admin_link(o.predecessor_event))
+    v1_predecessor_link = admin.display(description="V1 predecessor")(lambda self, o: admin_link(o.v1_predecessor))
 
 
 @admin.register(ApplicationResult)

@@ -53,7 +53,11 @@ API_ERROR_CODES = MappingProxyType({
     "IDENTITY_INVALID": (400, "An identity (replay request_id, principal) is not canonical."),
     "REPLAY_MODE_REFUSED": (400, "Only `suppress_external_effects` replays are accepted."),
     "REPLAY_MISMATCH": (409, "The replay request ID exists with different bytes."),
-    "REPLAY_PREDECESSOR_INVALID": (422, "The predecessor event and payload digest do not match exactly."),
+    "REPLAY_PREDECESSOR_INVALID": (422, "The predecessor event and payload digest do not match exactly, both or "
+                                        "neither predecessor form was given, or the V1 predecessor ref is malformed "
+                                        "(protocol, identities, V1 epoch, digests or bytes)."),
+    "REPLAY_V1_PREDECESSOR_UNKNOWN": (422, "The V1 predecessor ref matches no V1 acceptance tombstone of the account "
+                                           "exactly (V1 receipt, work item and authorized payload digest)."),
     "REPLAY_REQUEST_INVALID": (409, "The replay has no reason, or its target epoch is not the account's serving "
                                     "epoch (not retryable: correct the request)."),
     "SIGNING_CREDENTIAL_UNAVAILABLE": (503, "The account's signing credential cannot be read right now (server "

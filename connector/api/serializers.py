@@ -2,6 +2,8 @@
 its own nested InputSerializer/OutputSerializer (STYLE R14); nothing here saves anything."""
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
@@ -66,6 +68,50 @@ class ReplayPredecessorSerializer(serializers.Serializer):
 
     event_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The V2 Event to replay.")
     payload_digest = HexDigestField(help_text="SHA-256 of the exact component bytes that produced the Event.")
+
+
+@extend_schema_field({"type": "string", "format": "byte",
+                      "description": "Bytes as standard base64 (RFC 4648, padded, no line breaks)."})
+class Base64BytesField(serializers.Field):
+    """Exact bytes as strict base64: anything but the standard alphabet with its padding is refused."""
+
+    default_error_messages = {"invalid": "Expected bytes as standard base64."}
+
+    def to_internal_value(self, data: object) -> bytes:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            return base64.b64decode(data.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            self.fail("invalid")
+
+    def to_representation(self, value: bytes | memoryview) -> str:
+        return base64.b64encode(bytes(value)).decode("ascii")
+
+
+@extend_schema_serializer(component_name="V1PredecessorRef")
+class V1PredecessorRefSerializer(serializers.Serializer):
+    """The typed V1 predecessor ref (decision D-331): read-only evidence of one V1-accepted item, bound to its V1
+    acceptance tombstone. Its original epoch is evidence only; the replay runs under the target V2 epoch."""
+
+    protocol_version = ExactTextField(allow_blank=True,
+                                      help_text="Must be `nexuscrm.connector.v1-predecessor-ref.v1`.")
+    receipt_channel = ExactTextField(allow_blank=True, help_text="The V1 Receipt: the channel V1 accepted it on.")
+    receipt_transport_key = ExactTextField(allow_blank=True, help_text="The V1 Receipt: its transport key.")
+    event_id = ExactTextField(allow_blank=True, help_text="The V1 Event identity, `v1:event:<n>`.")
+    work_item_id = ExactTextField(allow_blank=True, help_text="The V1 WorkItem identity, `v1:workitem:<n>` (the "
+                                                              "tombstone's predecessor ref).")
+    original_epoch = ExactTextField(allow_blank=True, help_text="The V1 epoch it was accepted under, "
+                                                                "`v1:release:<id>` or `v1:generation:<id>`.")
+    payload_digest = HexDigestField(help_text="SHA-256 of the V1 item bytes, as the tombstone authorized it.")
+    result_digest = HexDigestField(help_text="SHA-256 of the V1 result evidence of that item.")
+
+
+@extend_schema_serializer(component_name="V1PredecessorInput")
+class V1PredecessorInputSerializer(V1PredecessorRefSerializer):
+    """The ref plus the exact V1 item bytes (a tombstone keeps none); they must hash to `payload_digest`."""
+
+    payload = Base64BytesField(help_text="The exact V1 item bytes, base64.")
 
 
 @extend_schema_serializer(component_name="ReplayExecution")

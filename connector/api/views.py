@@ -54,6 +54,8 @@ from connector.api.serializers import (
     ReceiptEventSerializer,
     ReplayedEventSerializer,
     ReplayPredecessorSerializer,
+    V1PredecessorInputSerializer,
+    V1PredecessorRefSerializer,
 )
 from connector.api.transport import idempotency_key_from
 from connector.errors import ConnectorError, GateNotServing
@@ -61,9 +63,10 @@ from connector.models import Event, Execution, Receipt, ReceiptComponent, Replay
 from connector.selectors.routes import ChannelNotFound, route_for
 from connector.services.admission import (Admission, AdmissionHint, HintStale, account_get, admission_hint_cached,
                                          admission_hint_get, receipt_admit)
-from connector.selectors.replay import replay_dispositions
+from connector.selectors.replay import replay_data
 from connector.services.owners import ident
 from connector.services.replay import replay_request_admit, replay_request_settle
+from connector.services.replay_v1 import V1Predecessor
 from connector.services.signatures import SignatureInvalid, signature_verify
 
 log = logging.getLogger(__name__)
@@ -251,7 +254,8 @@ class ReplayRequestAdmitApi(APIView):
     class InputSerializer(serializers.Serializer):
         request_id = ExactTextField(allow_blank=True, help_text="Stable replay request ID (canonical identity).")
         target_epoch = EpochRefSerializer()
-        predecessor = ReplayPredecessorSerializer()
+        predecessor = ReplayPredecessorSerializer(required=False, help_text="A V2 Event, or give `v1_predecessor`.")
+        v1_predecessor = V1PredecessorInputSerializer(required=False, help_text="A V1 item (D-331), or `predecessor`.")
         reason = ExactTextField(allow_blank=True)
         principal = ExactTextField(allow_blank=True, help_text="The authorizing principal, bound into the request.")
         mode = ExactTextField(allow_blank=True, help_text="Must be `suppress_external_effects`.")
@@ -263,6 +267,7 @@ class ReplayRequestAdmitApi(APIView):
         receipt = serializers.IntegerField(help_text="The replay Receipt's id.")
         admission = serializers.ChoiceField(choices=["created", "duplicate"])
         target_epoch = EpochRefSerializer()
+        v1_predecessor = V1PredecessorRefSerializer(allow_null=True, help_text="The V1 predecessor evidence, if any.")
         events = ReplayedEventSerializer(many=True, help_text="The disposition of each replayed event.")
 
     @extend_schema(
@@ -288,7 +293,7 @@ class ReplayRequestAdmitApi(APIView):
             409: error_response("`REPLAY_MISMATCH`."),
             413: error_response("`BODY_TOO_LARGE`."),
             415: error_response("`UNSUPPORTED_MEDIA_TYPE`: send `application/json`."),
-            422: error_response("`REPLAY_PREDECESSOR_INVALID`."),
+            422: error_response("`REPLAY_PREDECESSOR_INVALID`, `REPLAY_V1_PREDECESSOR_UNKNOWN`."),
             503: error_response("`GATE_NOT_SERVING` (also when `target_epoch` is not the gate's exact active epoch)."),
             **COMMON_ERRORS,
         },
@@ -299,26 +304,20 @@ class ReplayRequestAdmitApi(APIView):
         s = self.InputSerializer(data=request.data)
         s.is_valid(raise_exception=True)
         data = s.validated_data
+        v2, v1 = data.get("predecessor") or {}, data.get("v1_predecessor")
         admission = replay_request_admit(
             account_key=account, request_id=data["request_id"], target_epoch_id=data["target_epoch"]["id"],
-            target_epoch_digest=data["target_epoch"]["digest"], predecessor_event_id=data["predecessor"]["event_id"],
-            predecessor_payload_digest=data["predecessor"]["payload_digest"], reason=data["reason"],
-            principal=data["principal"], mode=data["mode"], actor=Actor.for_user(request.user))
+            target_epoch_digest=data["target_epoch"]["digest"], predecessor_event_id=v2.get("event_id"),
+            predecessor_payload_digest=v2.get("payload_digest"), v1_predecessor=V1Predecessor(**v1) if v1 else None,
+            reason=data["reason"], principal=data["principal"], mode=data["mode"], actor=Actor.for_user(request.user))
         if admission.outcome == "created":
             if replay_request_settle(request_pk=admission.request.pk):
                 _claims_wake()
             else:
                 _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)  # the gate moved meanwhile: a worker retries
-        out = self.OutputSerializer(_replay_data(admission.request, admission=admission.outcome))
+        out = self.OutputSerializer(replay_data(admission.request, admission=admission.outcome))
         return Response(out.data, status=status.HTTP_201_CREATED if admission.outcome == "created"
                         else status.HTTP_200_OK)
-
-
-def _replay_data(replay: ReplayRequest, *, admission: str | None = None) -> dict:
-    data = {"request": replay.pk, "request_id": replay.request_id, "receipt": replay.receipt.pk,
-            "target_epoch": {"id": replay.target_epoch.epoch_id, "digest": bytes(replay.target_epoch_digest)},
-            "events": replay_dispositions(replay)}
-    return {**data, "admission": admission} if admission else data
 
 
 class ReplayRequestDetailApi(APIView):
@@ -334,6 +333,7 @@ class ReplayRequestDetailApi(APIView):
         request_id = serializers.CharField()
         receipt = serializers.IntegerField()
         target_epoch = EpochRefSerializer()
+        v1_predecessor = V1PredecessorRefSerializer(allow_null=True, help_text="The V1 predecessor evidence, if any.")
         events = ReplayedEventSerializer(many=True)
 
     @extend_schema(
@@ -356,7 +356,7 @@ class ReplayRequestDetailApi(APIView):
                   .filter(account=owner, request_id=canonical).first()) if canonical == request_id else None
         if replay is None:
             raise NotFound(f"no replay request {request_id!r} in account {account!r}")
-        return Response(self.OutputSerializer(_replay_data(replay)).data)
+        return Response(self.OutputSerializer(replay_data(replay)).data)
 
 
 # -- reads ---------------------------------------------------------------------------------------------------------

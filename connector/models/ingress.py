@@ -11,8 +11,8 @@ from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode, Ste
 from connector.models.owners import ConnectorAccount
 from connector.models.serving import ServingEpoch
 
-__all__ = ["V1AcceptanceTombstone", "ReplayRequest", "Receipt", "ReceiptAdmissionKey", "ReceiptComponent",
-           "Event", "MaterializationDue"]
+__all__ = ["V1AcceptanceTombstone", "V1PredecessorRef", "ReplayRequest", "Receipt", "ReceiptAdmissionKey",
+           "ReceiptComponent", "Event", "MaterializationDue"]
 
 
 class V1AcceptanceTombstone(models.Model):
@@ -35,6 +35,41 @@ class V1AcceptanceTombstone(models.Model):
         return f"V1 tombstone {self.transport_key!r}"
 
 
+class V1PredecessorRef(models.Model):
+    """The typed V1 predecessor ref of a replay (CV2-09-002, D-331): read-only lineage evidence of one V1-accepted
+    item, never an owner. It names the V1 Receipt (the tombstone's channel and transport key), the V1 Event and
+    WorkItem identities, the original V1 epoch (evidence only: no descendant executes under it, CV2-09-014), the
+    authorized payload digest and the V1 result digest, under one protocol version. It has no state, lease, fence
+    or claim column, and nothing but its ReplayRequest and the replay's Events refers to it. Invariants:
+    immutable (the database refuses UPDATE); bound to the exact V1 acceptance tombstone whose identities and
+    payload digest it repeats; the original epoch is a V1 identity (`v1:` prefix), never a V2 ServingEpoch."""
+
+    tombstone = models.ForeignKey(V1AcceptanceTombstone, on_delete=models.PROTECT, related_name="+")
+    protocol_version = models.CharField(max_length=64)
+    v1_receipt_channel = models.CharField(max_length=255)
+    v1_receipt_transport_key = models.CharField(max_length=255)
+    v1_event_id = models.CharField(max_length=255)
+    v1_work_item_id = models.CharField(max_length=255)
+    original_epoch = models.CharField(max_length=255)
+    payload_digest = models.BinaryField(max_length=32)
+    result_digest = models.BinaryField(max_length=32)
+    ref_digest = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.CheckConstraint(condition=Q(original_epoch__startswith="v1:"),
+                                   name="connector_v1predecessorref_v1_epoch"),
+            models.CheckConstraint(condition=Q(v1_event_id__startswith="v1:event:")
+                                   & Q(v1_work_item_id__startswith="v1:workitem:"),
+                                   name="connector_v1predecessorref_v1_identities"),
+        ]
+
+    def __str__(self) -> str:
+        return f"V1 predecessor {self.v1_work_item_id} ({self.original_epoch})"
+
+
 class ReplayRequest(models.Model):
     """Immutable operator authorization of one replay, never an Event state. Invariant: one per (account,
     request ID); a duplicate submission must byte-match `request_digest`."""
@@ -43,7 +78,10 @@ class ReplayRequest(models.Model):
     request_id = models.CharField(max_length=255)
     target_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="replay_requests")
     target_epoch_digest = models.BinaryField(max_length=32)
-    predecessor_event = models.ForeignKey("connector.Event", on_delete=models.PROTECT, related_name="+")
+    predecessor_event = models.ForeignKey("connector.Event", on_delete=models.PROTECT, null=True, blank=True,
+                                          related_name="+")
+    v1_predecessor = models.OneToOneField(V1PredecessorRef, on_delete=models.PROTECT, null=True, blank=True,
+                                          related_name="replay_request")
     predecessor_payload_digest = models.BinaryField(max_length=32)
     reason = models.TextField()
     principal = models.CharField(max_length=255)
@@ -57,6 +95,9 @@ class ReplayRequest(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["account", "request_id"], name="connector_replayrequest_unique_id"),
             models.CheckConstraint(condition=Q(mode__in=ReplayMode.values), name="connector_replayrequest_mode"),
+            models.CheckConstraint(condition=(Q(predecessor_event__isnull=False, v1_predecessor__isnull=True)
+                                              | Q(predecessor_event__isnull=True, v1_predecessor__isnull=False)),
+                                   name="connector_replayrequest_one_predecessor"),
         ]
 
     def __str__(self) -> str:
@@ -174,6 +215,8 @@ class Event(models.Model):
     replay_request = models.ForeignKey(ReplayRequest, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="events")
     predecessor = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    v1_predecessor = models.ForeignKey(V1PredecessorRef, on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -184,7 +227,11 @@ class Event(models.Model):
             models.UniqueConstraint(fields=["account", "source_event_key", "replay_request"],
                                     condition=Q(replay_request__isnull=False),
                                     name="connector_event_one_replay_generation"),
-            models.CheckConstraint(condition=Q(replay_request__isnull=True) | Q(predecessor__isnull=False),
+            models.CheckConstraint(condition=(Q(replay_request__isnull=True, v1_predecessor__isnull=True)
+                                              | Q(replay_request__isnull=False, predecessor__isnull=False,
+                                                  v1_predecessor__isnull=True)
+                                              | Q(replay_request__isnull=False, predecessor__isnull=True,
+                                                  v1_predecessor__isnull=False)),
                                    name="connector_event_replay_has_predecessor"),
         ]
 

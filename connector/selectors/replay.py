@@ -59,3 +59,22 @@ def _disposition(event) -> dict:
     else:
         detail = "waits for the next lane step (settle window or sweep)"
     return {**out, "disposition": "waiting", "detail": detail, "high_water": hw}
+
+
+def v1_predecessor_evidence(replay: ReplayRequest) -> dict | None:
+    """The replay's V1 predecessor ref as read-only evidence (D-331), or None for a V2 predecessor."""
+    ref = replay.v1_predecessor
+    if ref is None:
+        return None
+    return {"protocol_version": ref.protocol_version, "receipt_channel": ref.v1_receipt_channel,
+            "receipt_transport_key": ref.v1_receipt_transport_key, "event_id": ref.v1_event_id,
+            "work_item_id": ref.v1_work_item_id, "original_epoch": ref.original_epoch,
+            "payload_digest": bytes(ref.payload_digest), "result_digest": bytes(ref.result_digest)}
+
+
+def replay_data(replay: ReplayRequest, *, admission: str | None = None) -> dict:
+    """The replay API's body for one request: ids, target epoch, V1 predecessor evidence, dispositions."""
+    data = {"request": replay.pk, "request_id": replay.request_id, "receipt": replay.receipt.pk,
+            "target_epoch": {"id": replay.target_epoch.epoch_id, "digest": bytes(replay.target_epoch_digest)},
+            "v1_predecessor": v1_predecessor_evidence(replay), "events": replay_dispositions(replay)}
+    return {**data, "admission": admission} if admission else data

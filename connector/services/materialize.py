@@ -302,7 +302,7 @@ class _Item:
 
 
 def _event_row(receipt: Receipt, n: NormalizedEvent, route: RouteProgram, contract_digest: bytes, replay,
-               predecessor_pk: int | None) -> dict:
+               predecessor_pk: int | None, v1_predecessor_pk: int | None = None) -> dict:
     return dict(account_id=receipt.account_id, epoch_id=receipt.epoch_id, receipt_id=receipt.pk,
                 route=route.business_key, event_kind=n.event_kind, source_locator=n.source_locator,
                 occurred_at=n.occurred_at, source_event_key=n.source_event_key, payload=n.payload,
@@ -310,7 +310,8 @@ def _event_row(receipt: Receipt, n: NormalizedEvent, route: RouteProgram, contra
                 contract_digest=contract_digest, partition=n.partition,
                 position_kind="integer" if n.position is not None else "", position=n.position,
                 position_bytes=n.position_bytes, tie_breaker=n.tie_breaker, grouping_key=n.grouping_key,
-                replay_request_id=replay.pk if replay is not None else None, predecessor_id=predecessor_pk)
+                replay_request_id=replay.pk if replay is not None else None, predecessor_id=predecessor_pk,
+                v1_predecessor_id=v1_predecessor_pk)
 
 
 def _events(entries: list[tuple[Receipt, _Item]], route: RouteProgram, profile_id: str, replay) -> None:
@@ -326,10 +327,11 @@ def _events(entries: list[tuple[Receipt, _Item]], route: RouteProgram, profile_i
     contract_digest = _profile(profile_id).digest("ordering-contract", canonical_json(
         {"contract": route.contract, "ordering": route.ordering}))
     predecessor_pk = replay.predecessor_event_id if replay is not None else None
+    v1_predecessor_pk = replay.v1_predecessor_id if replay is not None else None  # evidence only (D-331)
     first: dict[str, tuple[Receipt, _Item]] = {}
     for entry in entries:
         first.setdefault(entry[1].n.source_event_key, entry)
-    rows = {key: _event_row(receipt, item.n, route, contract_digest, replay, predecessor_pk)
+    rows = {key: _event_row(receipt, item.n, route, contract_digest, replay, predecessor_pk, v1_predecessor_pk)
             for key, (receipt, item) in first.items()}
     inserted = dict((key, pk) for pk, key in _insert_rows(
         Event, [rows[key] for key in sorted(rows)], returning=("id", "source_event_key"), conflict_nothing=True))

@@ -19,6 +19,7 @@ from connector.services.admission import account_get
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.owners import ident
+from connector.services.replay_v1 import ReplayPredecessorInvalid, V1Predecessor, v1_predecessor_check
 
 REPLAY_PROTOCOL = "nexuscrm.connector.replay-request.v1"
 
@@ -44,13 +45,6 @@ class ReplayRequestInvalid(ConnectorError):
     http_status = 409
 
 
-class ReplayPredecessorInvalid(ConnectorError):
-    """The predecessor ref does not name an exact event with the authorized payload digest."""
-
-    code = "REPLAY_PREDECESSOR_INVALID"
-    http_status = 422
-
-
 @dataclass(frozen=True)
 class ReplayAdmission:
     outcome: str  # "created" | "duplicate"
@@ -58,20 +52,19 @@ class ReplayAdmission:
     receipt: Receipt
 
 
-def _request_digest(*, account_key: str, request_id: str, epoch_id: str, epoch_digest: bytes,
-                    predecessor_event_id: int, predecessor_payload_digest: bytes, reason: str, principal: str,
-                    mode: str) -> bytes:
-    return hashlib.sha256(encode(REPLAY_PROTOCOL, rec(
-        account_key=account_key, request_id=request_id, target_epoch_id=epoch_id, target_epoch_digest=epoch_digest,
-        predecessor_event_id=predecessor_event_id, predecessor_payload_digest=predecessor_payload_digest,
-        reason=reason, principal=principal, mode=mode))).digest()
+def _request_digest(**fields) -> bytes:
+    return hashlib.sha256(encode(REPLAY_PROTOCOL, rec(**fields))).digest()
 
 
 def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: str, target_epoch_digest: bytes,
-                         predecessor_event_id: int, predecessor_payload_digest: bytes, reason: str, principal: str,
+                         predecessor_event_id: int | None = None, predecessor_payload_digest: bytes | None = None,
+                         v1_predecessor: V1Predecessor | None = None, reason: str, principal: str,
                          mode: str, actor: Actor) -> ReplayAdmission:
-    """Admit one ReplayRequest and its replay Receipt, which copies the exact predecessor component bytes whose
-    digest was authorized. The request and Receipt are inert until materialized under the same guard."""
+    """Admit one ReplayRequest and its replay Receipt, which copies the exact predecessor bytes whose digest was
+    authorized: the component bytes of a V2 Event (`predecessor_event_id`, `predecessor_payload_digest`), or the
+    V1 item bytes of a typed V1 predecessor ref (`v1_predecessor`, D-331) bound to its V1 acceptance tombstone.
+    Exactly one form. The request and Receipt are inert until materialized under the same guard, and always
+    under the locked V2 serving epoch: a V1 ref's original epoch is evidence only (CV2-09-014)."""
     request_id = ident(request_id, "request_id")
     principal = ident(principal, "principal")
     if mode != ReplayMode.SUPPRESS_EXTERNAL_EFFECTS:
@@ -80,38 +73,57 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
     if not reason.strip():
         raise ReplayRequestInvalid("a replay needs a reason")
     account = account_get(account_key)
-    if not isinstance(predecessor_event_id, int) or not 0 < predecessor_event_id < 2 ** 63:
-        raise ReplayPredecessorInvalid("predecessor event id is not an exact event identity")
-    digest = _request_digest(account_key=account.account_key, request_id=request_id, epoch_id=target_epoch_id,
-                             epoch_digest=bytes(target_epoch_digest), predecessor_event_id=predecessor_event_id,
-                             predecessor_payload_digest=bytes(predecessor_payload_digest), reason=reason,
-                             principal=principal, mode=mode)
+    common = dict(account_key=account.account_key, request_id=request_id, target_epoch_id=target_epoch_id,
+                  target_epoch_digest=bytes(target_epoch_digest))
+    if (v1_predecessor is None) == (predecessor_event_id is None):
+        raise ReplayPredecessorInvalid("name exactly one predecessor: a V2 event or a V1 predecessor ref")
+    if v1_predecessor is not None:
+        checked = v1_predecessor_check(v1_predecessor, account=account)
+        payload_digest = checked.ref.payload_digest
+        digest = _request_digest(**common, v1_predecessor_ref_digest=checked.ref_digest,
+                                 predecessor_payload_digest=payload_digest, reason=reason, principal=principal,
+                                 mode=mode)
+    else:
+        if not isinstance(predecessor_event_id, int) or not 0 < predecessor_event_id < 2 ** 63:
+            raise ReplayPredecessorInvalid("predecessor event id is not an exact event identity")
+        payload_digest = bytes(predecessor_payload_digest or b"")
+        digest = _request_digest(**common, predecessor_event_id=predecessor_event_id,
+                                 predecessor_payload_digest=payload_digest, reason=reason, principal=principal,
+                                 mode=mode)
     existing = ReplayRequest.objects.select_related("receipt").filter(account=account, request_id=request_id).first()
     if existing is not None:
         if not hmac.compare_digest(bytes(existing.request_digest), digest):
             raise ReplayMismatch(f"replay request {request_id} exists with different bytes")
         return ReplayAdmission("duplicate", existing, existing.receipt)
-    component = (ReceiptComponent.objects.filter(event_id=predecessor_event_id, event__account=account,
-                                                 disposition=ComponentDisposition.EVENT)
-                 .select_related("event").first())
-    if component is None or not hmac.compare_digest(hashlib.sha256(bytes(component.payload)).digest(),
-                                                    bytes(predecessor_payload_digest)):
-        raise ReplayPredecessorInvalid("predecessor event and authorized payload digest do not match exactly")
+    if v1_predecessor is not None:
+        event, channel, payload = None, checked.ref.receipt_channel, checked.ref.payload
+    else:
+        component = (ReceiptComponent.objects.filter(event_id=predecessor_event_id, event__account=account,
+                                                     disposition=ComponentDisposition.EVENT)
+                     .select_related("event").first())
+        if component is None or not hmac.compare_digest(hashlib.sha256(bytes(component.payload)).digest(),
+                                                        payload_digest):
+            raise ReplayPredecessorInvalid("predecessor event and authorized payload digest do not match exactly")
+        event, channel, payload = component.event, component.event.route, bytes(component.payload)
     try:
         with transaction.atomic():
             ctx = lock_serving(account_id=account.pk)
             if ctx.epoch_id != target_epoch_id or not hmac.compare_digest(ctx.epoch_digest,
                                                                           bytes(target_epoch_digest)):
                 raise ReplayRequestInvalid(f"target epoch {target_epoch_id} is not the account's serving epoch")
+            v1_ref = None
+            if v1_predecessor is not None:
+                v1_ref = checked.row()
+                v1_ref.save()
             request = ReplayRequest.objects.create(
                 account=account, request_id=request_id, target_epoch_id=ctx.epoch_pk,
-                target_epoch_digest=ctx.epoch_digest, predecessor_event=component.event,
-                predecessor_payload_digest=bytes(predecessor_payload_digest), reason=reason, principal=principal,
+                target_epoch_digest=ctx.epoch_digest, predecessor_event=event, v1_predecessor=v1_ref,
+                predecessor_payload_digest=payload_digest, reason=reason, principal=principal,
                 mode=mode, request_digest=digest, gate_fence=ctx.fence)
             receipt = Receipt.objects.create(
                 account=account, epoch_id=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, gate_fence=ctx.fence,
-                kind=ReceiptKind.REPLAY, channel=component.event.route, payload=bytes(component.payload),
-                payload_digest=bytes(predecessor_payload_digest), component_count=1, replay_request=request)
+                kind=ReceiptKind.REPLAY, channel=channel, payload=payload, payload_digest=payload_digest,
+                component_count=1, replay_request=request)
             MaterializationDue.objects.create(receipt=receipt)
             audit_record(actor=actor, entity=request, action="replay_request_admit", fence=ctx.fence,
                          evidence_digest=digest, reason=reason)
@@ -124,8 +136,6 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
             raise ReplayMismatch(f"replay request {request_id} exists with different bytes") from None
         return ReplayAdmission("duplicate", existing, existing.receipt)
     return ReplayAdmission("created", request, receipt)
-
-
 
 
 # -- after admission: run it, and remediate a quarantined execution by replay ------------------------------------

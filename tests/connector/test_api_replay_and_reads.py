@@ -125,7 +125,7 @@ def test_replay_admits_request_and_inert_receipt_and_repeats_return_the_same_ids
     answer = first.json()
     assert {k: v for k, v in answer.items() if k != "events"} == {
         "request": request.pk, "request_id": "rr-1", "receipt": receipt.pk, "admission": "created",
-        "target_epoch": data["target_epoch"]}
+        "target_epoch": data["target_epoch"], "v1_predecessor": None}
     assert answer["events"] == [{
         "event": replayed.pk, "partition": "r-1", "position": "2", "disposition": "execution", "high_water": None,
         "detail": f"runs as execution #{execution_row.pk} (generation 1 of the replay projection "
@@ -566,5 +566,5 @@ def test_schema_is_served_at_api_schema():
 def test_docs_error_catalog_matches_the_handler_catalog():
     """docs/api.md lists exactly the codes and statuses of connector.api.exceptions.API_ERROR_CODES."""
     text = (Path(django_settings.BASE_DIR) / "docs" / "api.md").read_text()
-    table = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d{3}) \|", text, flags=re.MULTILINE))
+    table = dict(re.findall(r"^\| `([A-Z0-9_]+)` \| (\d{3}) \|", text, flags=re.MULTILINE))
     assert table == {code: str(status) for code, (status, _) in API_ERROR_CODES.items()}

@@ -196,8 +196,9 @@ def test_live_admission_has_one_event_generation_and_replay_mints_its_own(world,
 
 
 def test_a_replay_reuses_no_v1_identity(world, original):
-    """A replay can name only a V2 Event as its predecessor: V1 work accepted before the upgrade exists here only
-    as an acceptance tombstone (no Event), so it cannot be replayed; a replay request gets a new V2 Receipt, Event,
+    """V1 work accepted before the upgrade exists here only as an acceptance tombstone (no Event): upgrade
+    replays nothing, and a replay (even one naming a V1 predecessor as evidence, D-331, test_replay_v1_predecessor)
+    never reuses a V1 identity; a replay request gets a new V2 Receipt, Event,
     Projection and Execution under the V2 target epoch, takes no admission key (so never a tombstone) and leaves
     the tombstone as it was. Proves: CV2-09-003"""
     from connector.models import V1AcceptanceTombstone
