@@ -19,14 +19,11 @@ NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
 # The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
-# (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
-# an entry that is also cited or justified.
+# (_R1 was closed by D-284, _R3 by D-290, _R4 and _R11 by D-305..D-309, _R6 by D-267, _R17 by D-291) the product
+# does not show yet, each saying precisely what is missing (issue 22 triaged every ID: none is left unread).
+# Remove an entry when a test proves the ID: the check fails on an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
-       "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
-       "after proven no_effect)")
 _R5 = ("the readiness certificate gives each route a disposition, but its conformance proof attachment, "
        "the v1_high_water evidence rules, the unsupported-route disabling generation and the "
        "revalidation at baseline capture are not proven per requirement")
@@ -44,10 +41,6 @@ _R10 = ("a replay's predecessor ref can name only a V2 Event (its ID and payload
         "and the replay protocol); there is no form of it that carries V1 Receipt/Event/WorkItem identities, "
         "the original (V1) epoch or a result digest, so a V1 predecessor, and the rule that its epoch is "
         "evidence only, cannot be expressed")
-_R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
-        "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
-        "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
-        "from the Runtime command ID, which a replay changes)")
 _R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
         "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
         "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
@@ -79,9 +72,6 @@ _R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activa
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
-    # reason 4
-    "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
-    "CV2-09-024": (_R4, 22),
     # reason 5
     "CV2-06-018": (_R5, 22), "CV2-06-019": (_R5, 22), "CV2-06-021": (_R5, 22), "CV2-06-022": (_R5, 22),
     "CV2-06-023": (_R5, 22), "CV2-06-024": (_R5, 22), "CV2-06-026": (_R5, 22), "CV2-06-028": (_R5, 22),
@@ -93,8 +83,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-06-008": (_R9, 22),
     # reason 10
     "CV2-09-002": (_R10, 22), "CV2-09-014": (_R10, 22),
-    # reason 11
-    "CV2-09-019": (_R11, 22),
     # reason 12
     "CV2-11-005": (_R12, 22),
     # reason 13

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+from datetime import datetime
 
 from django.db import transaction
 
 from connector.actors import Actor
 from connector.canonical.encoding import encode
-from connector.errors import PermissionRefused
+from connector.errors import FenceStale, PermissionRefused
 from connector.receipts import canonical_json, rec
 from connector.services.admission import account_get
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from connector.services.owners import ident
+from effects import locks
 from effects.choices import EffectState
 from effects.errors import RemoteCallBlocked, RemoteCallEffectOccurred, RemoteCallRefused
 from effects.models import OutboundCommand, RemoteCallIntent, RemoteEffect, ReplayEffectCorrelation
@@ -46,36 +49,34 @@ def successor_generation_id(intent_id: str) -> str:
 
 
 def _request_digest(*, account_key: str, intent_id: str, application_scope: str, effect_root_id: str,
-                    effect_slot_id: str, body: dict, path_params: dict, reason: str, principal: str) -> bytes:
+                    effect_slot_id: str, body: dict | None, path_params: dict | None, reason: str,
+                    principal: str) -> bytes:
     return hashlib.sha256(encode(INTENT_PROTOCOL, rec(
         account_key=account_key, intent_id=intent_id, application_scope=application_scope,
         effect_root_id=effect_root_id, effect_slot_id=effect_slot_id, body=canonical_json(body),
         path_params=canonical_json(path_params), reason=reason, principal=principal))).digest()
 
 
-def _lock_predecessors(*, account_id: int, application_scope: str, effect_root_id: str,
-                       effect_slot_id: str) -> list[RemoteEffect]:
-    """Every RemoteEffect of the root and slot, locked FOR UPDATE in pk order (entity rows, after the serving
-    guard). A racer that committed a successor while this transaction waited for a predecessor's lock is not in
-    the locking statement's snapshot: the set is read again after the locks are held and locked again until it
-    is stable, so the decision is made on every effect that exists."""
-    rows = RemoteEffect.objects.filter(account_id=account_id, command__account_id=account_id,
-                                       command__application_scope=application_scope,
-                                       command__effect_root_id=effect_root_id,
-                                       command__effect_slot_id=effect_slot_id)
-    while True:
-        locked = list(rows.select_for_update(of=("self",)).select_related("command").order_by("pk"))
-        if {e.pk for e in locked} == set(rows.values_list("pk", flat=True)):
-            return locked
+def _same_request(command: OutboundCommand) -> tuple[dict, dict]:
+    """The body and path parameters that author the predecessor's call again: the canonical body bytes it froze,
+    and the path parameter the runtime bridge fills from the record key, which is the command's owner slot
+    (`runtime_bridge._author_call`). Only for commands that name their owner slot; others need them given."""
+    if not command.owner_slot:
+        raise RemoteCallRefused(f"command #{command.pk} names no owner slot: give the body and path parameters")
+    return json.loads(bytes(command.request_body)), {"record_key": command.owner_slot}
 
 
 @transaction.atomic
 def remote_call_authorize(*, account_key: str, intent_id: str, application_scope: str, effect_root_id: str,
-                          effect_slot_id: str, body: dict, path_params: dict, reason: str,
-                          actor: Actor) -> RemoteCallIntent:
+                          effect_slot_id: str, reason: str, actor: Actor, body: dict | None = None,
+                          path_params: dict | None = None,
+                          shown: tuple[int, datetime] | None = None) -> RemoteCallIntent:
     """Admit an operator's intentional new remote call for an EffectRoot and slot that already has effects (see
     the module docstring for the four dispositions). Lock order: the account's serving guard (epoch, gate) first,
-    then the predecessor effects. Repeating the same intent ID with the same bytes returns the recorded intent;
+    then the predecessor effects. Without `body` and `path_params` the successor repeats the latest predecessor's
+    request (re-frozen under the current epoch); an operator may give them instead. `shown` = (effect pk, its
+    `changed_at` as the page showed it): a screen's state token, compared under the lock (FenceStale if moved).
+    Repeating the same intent ID with the same bytes returns the recorded intent;
     different bytes raise RemoteCallRefused. Raises PermissionRefused, RemoteCallRefused, RemoteCallEffectOccurred,
     RemoteCallBlocked and every outbound authoring refusal; a refusal writes nothing."""
     intent_id = ident(intent_id, "intent_id")
@@ -89,8 +90,12 @@ def remote_call_authorize(*, account_key: str, intent_id: str, application_scope
                              application_scope=application_scope, effect_root_id=effect_root_id,
                              effect_slot_id=effect_slot_id, body=body, path_params=path_params, reason=reason,
                              principal=actor.principal)
-    effects = _lock_predecessors(account_id=account.pk, application_scope=application_scope,
-                                 effect_root_id=effect_root_id, effect_slot_id=effect_slot_id)
+    effects = locks.root_slot_effects_for_update(account_id=account.pk, application_scope=application_scope,
+                                                 effect_root_id=effect_root_id, effect_slot_id=effect_slot_id)
+    if shown is not None:
+        seen = next((e for e in effects if e.pk == shown[0]), None)
+        if seen is None or not isinstance(shown[1], datetime) or seen.changed_at != shown[1]:
+            raise FenceStale(f"effect #{shown[0]} changed since the page was shown; reload and decide again")
     existing = RemoteCallIntent.objects.filter(account=account, intent_id=intent_id).first()
     if existing is not None:
         if not hmac.compare_digest(bytes(existing.request_digest), digest):
@@ -125,6 +130,8 @@ def remote_call_authorize(*, account_key: str, intent_id: str, application_scope
         if len(latest) != 1:  # pragma: no cover - the locks above make the chain's tail exactly one effect
             raise RemoteCallRefused(f"{effect_root_id}/{effect_slot_id} has no single latest generation")
         latest = latest[0]
+        if body is None or path_params is None:
+            body, path_params = _same_request(latest.command)
         command = outbound.outbound_successor_author(
             ctx=ctx, predecessor_command_id=latest.command_id,
             effect_generation_id=successor_generation_id(intent_id), body=body, path_params=path_params,
@@ -137,6 +144,24 @@ def remote_call_authorize(*, account_key: str, intent_id: str, application_scope
     audit_record(actor=actor, entity=intent, action=f"remote_call_authorize_{intent.disposition}",
                  to_state=intent.disposition, fence=ctx.fence, evidence_digest=digest, reason=reason)
     return intent
+
+
+def remote_call_for_effect(*, effect_pk: int, reason: str, actor: Actor, expected_changed_at) -> RemoteCallIntent:
+    """The governance screen's form on an effect page: an intent for that effect's root and slot repeating the
+    latest predecessor's request. Its intent ID is derived from the effect and the state token the page showed,
+    so posting the same page again returns the same intent; a page shown before the effect moved is FenceStale."""
+    row = (RemoteEffect.objects.filter(pk=effect_pk)
+           .values_list("account__account_key", "command__application_scope", "command__effect_root_id",
+                        "command__effect_slot_id").first())
+    if row is None:
+        raise RemoteCallRefused(f"no effect #{effect_pk}")
+    if not isinstance(expected_changed_at, datetime):
+        raise FenceStale(f"the request carried no change time of effect #{effect_pk}; reload and decide again")
+    account_key, scope, root, slot = row
+    return remote_call_authorize(
+        account_key=account_key, intent_id=f"effect-{effect_pk}-{int(expected_changed_at.timestamp() * 1e6)}",
+        application_scope=scope, effect_root_id=root, effect_slot_id=slot, reason=reason, actor=actor,
+        shown=(effect_pk, expected_changed_at))
 
 
 # -- replay correlation (CV2-09-019) ------------------------------------------------------------------------------

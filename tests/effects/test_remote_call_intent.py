@@ -45,6 +45,30 @@ def _proven_no_effect(account, receiver, root: str = "order-1") -> OutboundComma
     return command
 
 
+def _runtime_no_effect(account, receiver) -> OutboundCommand:
+    """An event whose Runtime transaction authors the command (owner slot r1), refused until terminal no_effect."""
+    import json
+
+    from connector.services import admission, execution, materialize
+
+    body = json.dumps({"events": [{"id": "e1", "type": "t", "record_id": "r1", "sequence": 1,
+                                   "occurred_at": "2026-01-01T00:00:00Z",
+                                   "data": {"name": "Ann", "email": "ann@example.com"}}]}).encode()
+    adm = admission.receipt_admit(account_key=account.account_key, channel="records.webhook", transport_key="k",
+                                  body=body, actor=Actor.system("t"))
+    for lane in materialize.receipt_materialize(receipt_pk=adm.receipt.pk).lanes:
+        execution.lane_advance(lane_pk=lane)
+    execution.execution_run(token=execution.execution_claim(holder="w"))
+    command = OutboundCommand.objects.get()
+    assert command.owner_slot == "r1"
+    receiver.default_mode = "refuse"
+    while RemoteEffect.objects.get(command=command).state == "prepared":
+        _dispatch(account)
+    receiver.default_mode = "ok"
+    assert RemoteEffect.objects.get(command=command).state == "no_effect"
+    return command
+
+
 def _nothing_written(before: tuple[int, int, int]) -> None:
     assert (RemoteCallIntent.objects.count(), OutboundCommand.objects.count(), AuditRecord.objects.count()) == before
 
@@ -241,3 +265,42 @@ def test_two_operators_racing_for_one_root_and_slot_mint_exactly_one_successor(t
     assert loser.resumed_effect_id == RemoteEffect.objects.get(command=minted.get()).pk
     assert {e["generation"] for e in RemoteCallIntent.objects.get(pk=loser.pk).reconciled} == {"g1",
                                                                                                minted.get().effect_generation_id}
+
+
+@pytest.mark.django_db
+def test_the_governance_effect_page_authorizes_through_the_service_with_the_operator_role(push_world, receiver):
+    """On a `no_effect` effect's governance page, an operator (the role, no superuser) sees the form, posts a
+    reason with the state token the page showed: the same admission mints one successor repeating the
+    predecessor's request (same body and path, re-frozen), attributed to the user; posting the same page again
+    returns the same intent. An auditor sees no form and a forged POST is 403; a page shown before the effect
+    moved is FENCE_STALE; nothing is written by either. Proves: CV2-09-020, CV2-09-024"""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+    from django.urls import reverse
+
+    acme = push_world.accounts[0]
+    g1 = _runtime_no_effect(acme, receiver)
+    effect = RemoteEffect.objects.get(command=g1)
+    clients = {}
+    for role in ("auditor", "operator"):
+        user = User.objects.create_user(f"{role}-1", password="pw")
+        user.groups.add(Group.objects.get(name=role))
+        clients[role] = Client()
+        clients[role].force_login(user)
+    page = reverse("governance:effect", args=[effect.pk])
+    url = reverse("governance:effect_remote_call", args=[effect.pk])
+    assert url.encode() in clients["operator"].get(page).content
+    assert url.encode() not in clients["auditor"].get(page).content
+    post = {"reason": "the customer fixed the record; send it again", "changed_at": effect.changed_at.isoformat()}
+    assert clients["auditor"].post(url, post).status_code == 403
+    stale = clients["operator"].post(url, {**post, "changed_at": "2026-01-01T00:00:00+00:00"}, follow=True)
+    assert "FENCE_STALE" in stale.content.decode()
+    assert RemoteCallIntent.objects.count() == 0 and OutboundCommand.objects.count() == 1
+    for _ in range(2):
+        done = clients["operator"].post(url, post, follow=True).content.decode()
+        assert "successor generation intent:effect-" in done, done[-3000:]
+    intent = RemoteCallIntent.objects.get()
+    successor = intent.successor_command
+    assert (intent.disposition, intent.principal) == ("successor", "user:operator-1")
+    assert successor.predecessor_id == g1.pk and bytes(successor.request_body) == bytes(g1.request_body)
+    assert successor.path == g1.path and OutboundCommand.objects.count() == 2

@@ -1,5 +1,5 @@
 """Operator command for an intentional new remote call (D-305): `remote_call authorize ACCOUNT INTENT_ID --root
-ROOT --slot SLOT --reason TEXT --principal NAME [--scope SCOPE] [--body JSON] [--path-params JSON]`, or `remote_call
+ROOT --slot SLOT --reason TEXT --principal NAME [--scope SCOPE] [--body JSON --path-params JSON]`, or `remote_call
 list ACCOUNT ROOT` to read every effect of a root with the intents recorded for it."""
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ class Command(BaseCommand):
         authorize.add_argument("--scope", default="runtime.records", help="the application scope")
         authorize.add_argument("--reason", required=True)
         authorize.add_argument("--principal", required=True, help="the operator who authorizes the call")
-        authorize.add_argument("--body", default="{}", help="the request body (JSON object)")
-        authorize.add_argument("--path-params", default="{}", help="the callout path parameters (JSON object)")
+        authorize.add_argument("--body", help="the request body (JSON object; with --path-params; omitted: the "
+                               "latest predecessor's request again)")
+        authorize.add_argument("--path-params", help="the callout path parameters (JSON object)")
         listing = sub.add_parser("list")
         listing.add_argument("account")
         listing.add_argument("root")
@@ -51,8 +52,9 @@ class Command(BaseCommand):
             intent = intents.remote_call_authorize(
                 account_key=options["account"], intent_id=options["intent_id"], application_scope=options["scope"],
                 effect_root_id=options["root"], effect_slot_id=options["slot"],
-                body=_json_object(options["body"], "body"),
-                path_params=_json_object(options["path_params"], "path-params"), reason=options["reason"],
+                body=_json_object(options["body"], "body") if options["body"] is not None else None,
+                path_params=(_json_object(options["path_params"], "path-params")
+                             if options["path_params"] is not None else None), reason=options["reason"],
                 actor=Actor(principal=f"operator:{options['principal']}"))
         except ConnectorError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
