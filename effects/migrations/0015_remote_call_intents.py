@@ -58,6 +58,11 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('replay_request', 'predecessor_command'), name='effects_replaycorrelation_once')],
             },
         ),
+        # One chain head per (account, scope, EffectRoot, EffectSlot): further generations only as successors.
+        migrations.AddConstraint(
+            model_name='outboundcommand',
+            constraint=models.UniqueConstraint(condition=models.Q(('predecessor__isnull', True)), fields=('account', 'application_scope', 'effect_root_id', 'effect_slot_id'), name='effects_command_one_chain_head'),
+        ),
         # Both are append-only evidence (D-305, D-309): PostgreSQL refuses UPDATE, DELETE and TRUNCATE.
         *(migrations.RunSQL(create, drop, hints={"target_db": "default"}) for create, drop in (
             dbrules.append_only("effects_remotecallintent"), dbrules.append_only("effects_replayeffectcorrelation"))),

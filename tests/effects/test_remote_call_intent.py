@@ -10,12 +10,14 @@ import time
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
 from connector.models import AccountServingGate, AuditRecord
 from effects.errors import RemoteCallBlocked, RemoteCallEffectOccurred, RemoteCallRefused
 from effects.models import OutboundCommand, RemoteCallIntent, RemoteEffect
-from effects.services import dispatch, intents, worker
+from connector.services.guard import lock_serving
+from effects.services import dispatch, intents, outbound, worker
 from tests.concurrency import run_concurrently
 from tests.effects.helpers import acquire, author, build_push_world, refused_by, send
 
@@ -173,8 +175,9 @@ def test_a_successor_generation_only_after_proven_no_effect_linked_and_newly_fro
     `intent:i-1`: same scope, root and slot, explicit predecessor linkage (FK and the predecessor's binding
     digest), a new frozen binding bound to the gate's current fence and epoch, a `prepared` effect that the normal
     worker sends through the egress adapter and finalizes. A successor that again ends `no_effect` admits the next
-    generation, linked to it (not to g1); once a generation is finalized, further intents are rejected. The
-    intent row is append-only in PostgreSQL. Proves: CV2-09-020, CV2-09-024"""
+    generation, linked to it (not to g1); once a generation is finalized, further intents are rejected. PostgreSQL
+    refuses a second chain head for the root and slot and a second successor of one predecessor; the intent row
+    is append-only. Proves: CV2-09-020, CV2-09-024"""
     acme = push_world.accounts[0]
     g1 = _proven_no_effect(acme, receiver)
     receiver.default_mode = "refuse"
@@ -190,6 +193,17 @@ def test_a_successor_generation_only_after_proven_no_effect_linked_and_newly_fro
     assert (successor.gate_fence, successor.epoch_id) == (gate.fence, gate.epoch_id)
     assert RemoteEffect.objects.get(command=successor).state == "prepared"
     assert _intent(acme, "i-1").pk == first.pk and OutboundCommand.objects.count() == 2
+    # In PostgreSQL: a second chain head for the root and slot (a new generation without predecessor linkage) and a
+    # second successor of the same predecessor are refused, whoever writes them.
+    with pytest.raises(IntegrityError, match="effects_command_one_chain_head"):
+        author(acme, generation="g-unlinked")
+    with pytest.raises(IntegrityError, match="successor|predecessor_id"), transaction.atomic():
+        ctx = lock_serving(account_id=acme.pk)
+        outbound.outbound_command_author(
+            ctx=ctx, account_key=acme.account_key, application_scope=g1.application_scope, effect_root_id="order-1",
+            effect_slot_id=SLOT, effect_generation_id="g-second-successor", push_contract=g1.effect_definition,
+            callout=g1.callout, path_params={"record_id": "r1", "record_key": "r1"}, body={"record_key": "r1"},
+            suppress_external_effects=False, predecessor=g1)
 
     while RemoteEffect.objects.get(command=successor).state == "prepared":
         _dispatch(acme)
