@@ -94,6 +94,25 @@ def author_outbound_many(calls: list[dict]) -> bool:
     return True
 
 
+# -- replay correlation ------------------------------------------------------------------------------------------
+# A replay authors no outbound command (suppress_external_effects), yet it preserves the predecessor's EffectRootID
+# for correlation (CV2-09-019): `effects` records, in the replay-admission transaction, the EffectRoots the
+# predecessor event authored (D-309).
+_REPLAY_ADMITTED: list[Callable[[object], object]] = []
+
+
+def register_replay_admitted(fn: Callable[[object], object]) -> Callable[[object], object]:
+    if fn not in _REPLAY_ADMITTED:
+        _REPLAY_ADMITTED.append(fn)
+    return fn
+
+
+def replay_admitted(request) -> None:
+    """Called once per new ReplayRequest, inside its admission transaction, after the request row is written."""
+    for fn in _REPLAY_ADMITTED:
+        fn(request)
+
+
 # -- revocation evidence ------------------------------------------------------------------------------------------
 # A revocation records which permits were already `sending` under the generation (decision 4); effects provides it.
 _REVOCATION_EVIDENCE: list[Callable[[object], list[str]]] = []

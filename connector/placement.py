@@ -143,6 +143,10 @@ DEFAULT: dict[str, Placement] = {
     "effects_remotelinkresolution": _acct("operator resolutions of one effect's links", hot=False,
                                           via=("effect_id", "effects_remoteeffect")),
     "effects_destinationlimiter": _acct("per-account destination rate limiter"),
+    "effects_remotecallintent": _acct("operator intents for a new remote call of one account's effect roots",
+                                      hot=False),
+    "effects_replayeffectcorrelation": _acct("a replay's correlation with its predecessor's effect roots", hot=False,
+                                             via=("replay_request_id", "connector_replayrequest")),
     "effects_commandtrace": _acct("trace context of one command", via=("command_id", "effects_outboundcommand")),
     # -- REST bulk delivery: its own co-location group, by domain ----------------------------------------------
     "effects_deliveryapprovalreceipt": _ref("the delivery contract's approval receipt (one per contract digest)"),

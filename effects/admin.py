@@ -17,6 +17,8 @@ from effects.models import (
     RemoteEffectAttempt,
     RemoteLink,
     RemoteLinkResolution,
+    RemoteCallIntent,
+    ReplayEffectCorrelation,
 )
 from effects import selectors
 from effects.services import dispatch
@@ -188,6 +190,32 @@ class RemoteLinkResolutionAdmin(FactAdmin):
     search_fields = ("owner_slot", "proven_identity")
     fieldsets = ((None, {"fields": ("effect", "decision", "owner_slot", "proven_identity", "kept_link", "new_link",
                                     "retired_links", "approval", "evidence", "decided_by", "created_at")}),)
+
+
+@admin.register(RemoteCallIntent)
+class RemoteCallIntentAdmin(FactAdmin):
+    fact_description = ("Append-only: an operator-authorized intentional new remote call for an EffectRoot and slot, "
+                        "with every predecessor effect its admission reconciled and its disposition: resumed (an "
+                        "open effect continues; nothing new) or successor (a new generation after proven no_effect). "
+                        "A rejected or blocked intent is not recorded (D-305).")
+    list_display = ("intent_id", "account", "effect_root_id", "effect_slot_id", "disposition", "principal",
+                    "created_at")
+    list_filter = ("disposition",)
+    search_fields = ("intent_id", "effect_root_id")
+    fieldsets = ((None, {"fields": ("account", "intent_id", "application_scope", "effect_root_id", "effect_slot_id",
+                                    "principal", "reason", "epoch", "gate_fence", "disposition", "reconciled",
+                                    "resumed_effect", "predecessor_effect", "successor_command", "created_at")}),)
+
+
+@admin.register(ReplayEffectCorrelation)
+class ReplayEffectCorrelationAdmin(FactAdmin):
+    fact_description = ("Append-only: a replay's correlation with an EffectRoot its predecessor event authored. The "
+                        "replay itself authored no command and minted no EffectGenerationID (D-309).")
+    list_display = ("replay_request", "effect_root_id", "effect_slot_id", "predecessor_generation_id",
+                    "predecessor_command", "created_at")
+    search_fields = ("effect_root_id",)
+    fieldsets = ((None, {"fields": ("replay_request", "predecessor_command", "application_scope", "effect_root_id",
+                                    "effect_slot_id", "predecessor_generation_id", "created_at")}),)
 
 
 from effects import admin_delivery  # noqa: E402,F401  (registers the delivery facts)

@@ -10,7 +10,7 @@ class EffectsConfig(AppConfig):
         from connector import hooks
         from connector.services import approvals
         from effects import selectors
-        from effects.services import dispatch, identity, runtime_bridge
+        from effects.services import dispatch, identity, intents, runtime_bridge
 
         # halting_v2 -> v2_halted requires an empty open-permit set (the open permits referencing the gate); the set
         # form serves the whole-service halt (D-281).
@@ -27,3 +27,5 @@ class EffectsConfig(AppConfig):
         hooks.register_admission_check(runtime_bridge.admission_problems)
         # Relinking an owner slot to another remote identity needs two approvers of exactly that change (D-191).
         approvals.register_subject(identity.APPROVAL_KIND, identity.relink_subject)
+        # A replay preserves its predecessor's EffectRootIDs as correlation evidence and mints nothing (D-309).
+        hooks.register_replay_admitted(intents.replay_correlate)

@@ -79,3 +79,34 @@ class DestinationDeferred(ConnectorError):
     code = "DESTINATION_DEFERRED"
     http_status = 429
     retryable = True
+
+
+class RemoteCallRefused(ConnectorError):
+    """An intentional new remote call cannot be admitted as asked: no reason, no RemoteEffect exists for the
+    EffectRoot and slot (a first call is Runtime's, not an operator intent), or the intent ID exists with different
+    bytes. Nothing was written (D-305)."""
+
+    code = "REMOTE_CALL_REFUSED"
+    http_status = 409
+    operator_action = ("Name an EffectRoot and slot that already has effects, give a reason, and use a new intent ID "
+                       "for a different request.")
+
+
+class RemoteCallEffectOccurred(ConnectorError):
+    """A predecessor RemoteEffect of the EffectRoot and slot is `remote_confirmed` or `finalized`: the effect
+    occurred, so no new EffectGenerationID is authorized. Nothing was written (CV2-09-022, D-306)."""
+
+    code = "REMOTE_CALL_EFFECT_OCCURRED"
+    http_status = 409
+    operator_action = "The remote call happened; a different business change is a new application intent."
+
+
+class RemoteCallBlocked(ConnectorError):
+    """A predecessor RemoteEffect of the EffectRoot and slot is `uncertain` (or `quarantined`, whose outcome was
+    never proven): no successor until reconciliation proves it confirmed or terminal `no_effect`. Nothing was
+    written; time never unblocks it (CV2-09-023, D-306)."""
+
+    code = "REMOTE_CALL_BLOCKED"
+    http_status = 409
+    operator_action = ("Reconcile the uncertain effect with the provider's evidence (effect_reconcile); then ask "
+                       "again.")

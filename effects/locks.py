@@ -16,6 +16,21 @@ def effect_for_update(effect_pk: int, *, skip_locked: bool = False, account_id: 
     return queryset.filter(pk=effect_pk).first()
 
 
+def root_slot_effects_for_update(*, account_id: int, application_scope: str, effect_root_id: str,
+                                 effect_slot_id: str) -> list[RemoteEffect]:
+    """Every RemoteEffect of one (account, application scope, EffectRoot, EffectSlot), `FOR UPDATE` in ascending pk,
+    with its command (an intentional new remote call's admission, D-305). A successor committed by a racer while
+    this transaction waited for a predecessor's lock is not in the locking statement's snapshot: the set is read
+    again once the locks are held, and locked again until it is stable, so the caller decides on every effect."""
+    rows = RemoteEffect.objects.filter(account_id=account_id, command__account_id=account_id,
+                                       command__application_scope=application_scope,
+                                       command__effect_root_id=effect_root_id, command__effect_slot_id=effect_slot_id)
+    while True:
+        locked = list(rows.select_for_update(of=("self",)).select_related("command").order_by("pk"))
+        if {e.pk for e in locked} == set(rows.values_list("pk", flat=True)):
+            return locked
+
+
 def limiter_for_update(limiter_pk: int) -> DestinationLimiter:
     """A destination's limiter row: after the effect, before any permit (docs/locking.md)."""
     return DestinationLimiter.objects.select_for_update(of=("self",)).get(pk=limiter_pk)

@@ -11,6 +11,7 @@ from effects.models import (
     OutboundCommand,
     ReceiverCertification,
     RemoteEffect,
+    ReplayEffectCorrelation,
 )
 from effects.models.delivery.operations import RECONCILIATION_WAITING
 
@@ -19,7 +20,7 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
            "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "effect_retention_blockers",
-           "nonterminal_effects_of_epoch", "open_permit_reasons_of"]
+           "effect_root_chain", "nonterminal_effects_of_epoch", "open_permit_reasons_of", "replay_effect_roots"]
 
 
 def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]:
@@ -81,3 +82,21 @@ def open_permit_reasons_of(gates: list) -> dict[int, list[str]]:
         for gate_pk, pk, state in cursor.fetchall():
             found.setdefault(gate_pk, []).append(f"open dispatch permit #{pk} ({state})")
     return found
+
+
+def effect_root_chain(*, account_key: str, effect_root_id: str) -> list[tuple]:
+    """Every effect of an EffectRoot (all slots), oldest first: (slot, generation, command pk, effect pk, state,
+    predecessor command pk, authorizing intent ID or ""), for the operator deciding an intentional new remote call
+    (D-305)."""
+    rows = (OutboundCommand.objects.filter(account__account_key=account_key, effect_root_id=effect_root_id)
+            .order_by("effect_slot_id", "pk")
+            .values_list("effect_slot_id", "effect_generation_id", "pk", "effect__pk", "effect__state",
+                         "predecessor_id", "authorizing_intent__intent_id"))
+    return [(*row[:6], row[6] or "") for row in rows]
+
+
+def replay_effect_roots(*, replay_request_pk: int) -> list[tuple[str, str, str]]:
+    """The (EffectRootID, EffectSlotID, predecessor EffectGenerationID) a replay correlates with: the roots its
+    predecessor event authored, recorded at its admission; the replay itself minted none (CV2-09-019, D-309)."""
+    return list(ReplayEffectCorrelation.objects.filter(replay_request_id=replay_request_pk).order_by("pk")
+                .values_list("effect_root_id", "effect_slot_id", "predecessor_generation_id"))

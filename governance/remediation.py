@@ -33,7 +33,7 @@ from connector.selectors.replay import remediation_request_id, replay_dispositio
 from connector.services import execution as execution_services
 from connector.services import lanes, replay
 from effects.selectors import RemoteEffect
-from effects.services import identity
+from effects.services import identity, intents
 
 from .reasons import reason
 from .access import _audit, screen
@@ -100,6 +100,41 @@ def effect_link(request, pk: int):
         return redirect("governance:effect", pk=pk)
     done = {"keep_link": "the link was kept", "relink_apply": "the slot was relinked"}[action]
     messages.success(request, f"Effect #{pk}: {done} with your evidence; the effect is {result.state}.")
+    return redirect("governance:queue")
+
+
+# -- an intentional new remote call (D-305) ------------------------------------------------------------------------
+
+def remote_call_context(effect: RemoteEffect, user) -> dict:
+    """The effect page's offer of an intentional new remote call: only on a proven terminal `no_effect` effect
+    (the one state from which the admission can mint a successor); the admission itself decides."""
+    if effect.state != "no_effect":
+        return {"remote_call": None}
+    return {"remote_call": {"may_authorize": user.has_perm(intents.PERMISSION)}}
+
+
+@screen
+@require_POST
+def effect_remote_call(request, pk: int):
+    """Authorize an intentional new remote call for the effect's root and slot, with a reason and the page's
+    state token (`intents.remote_call_for_effect`)."""
+    get_object_or_404(RemoteEffect, pk=pk)
+    if not request.user.has_perm(intents.PERMISSION):
+        raise PermissionDenied(f"authorizing a new remote call needs {intents.PERMISSION}")
+    try:
+        intent = intents.remote_call_for_effect(effect_pk=pk, reason=request.POST.get("reason", "").strip(),
+                                                actor=Actor.for_user(request.user),
+                                                expected_changed_at=_shown(request))
+    except ConnectorError as error:
+        messages.error(request, f"{error.code}: {error.detail}")
+        return redirect("governance:effect", pk=pk)
+    if intent.disposition == "resumed":
+        messages.success(request, f"Intent {intent.intent_id}: effect #{intent.resumed_effect_id} is still open and "
+                                  "resumes; no new effect was authored.")
+    else:
+        messages.success(request, f"Intent {intent.intent_id}: successor generation "
+                                  f"{intent.successor_command.effect_generation_id} authorized; it is sent like any "
+                                  "outbound effect.")
     return redirect("governance:queue")
 
 

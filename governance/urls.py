@@ -12,6 +12,7 @@ urlpatterns = [
     path("queue/execution/<int:pk>/", views.execution, name="execution"),
     path("queue/execution/<int:pk>/replay/", remediation.execution_replay, name="execution_replay"),
     path("queue/effect/<int:pk>/link/", remediation.effect_link, name="effect_link"),
+    path("queue/effect/<int:pk>/remote-call/", remediation.effect_remote_call, name="effect_remote_call"),
     path("queue/lane/<int:pk>/", remediation.lane, name="lane"),
     path("attestations/", views.attestations, name="attestations"),
     path("attestations/certification/<int:pk>/", views.attestation, name="attestation"),

@@ -132,12 +132,13 @@ def effect(request, pk: int):
         return redirect("governance:effect", pk=pk)
     attempts = list(effect_.attempts.order_by("ordinal"))
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
-    from .remediation import link_context
+    from .remediation import link_context, remote_call_context
 
     return render(request, "governance/effect.html", {
         "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
-        "command": effect_.command, **link_context(effect_, request.user)})
+        "command": effect_.command, **link_context(effect_, request.user),
+        **remote_call_context(effect_, request.user)})
 
 
 # -- a quarantined execution ---------------------------------------------------------------------------------------

@@ -18,19 +18,12 @@ DECISIONS = ROOT / "docs" / "decisions.md"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
-# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 are real gaps
-# (_R1 was closed by D-284, _R3 by D-290, _R5, _R8 and _R9 by D-310..D-312, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
-# (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
+# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 were real gaps
+# the product did not show (issue 22 triaged every ID: none is left unread); each closed reason is gone with the
+# decisions that closed it named in docs/decisions.md. Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
-       "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
-       "after proven no_effect)")
-_R11 = ("a replay authors no outbound command at all (suppress_external_effects; "
-        "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
-        "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
-        "from the Runtime command ID, which a replay changes)")
 _R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
         "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
         "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
@@ -62,11 +55,6 @@ _R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activa
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
-    # reason 4
-    "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
-    "CV2-09-024": (_R4, 22),
-    # reason 11
-    "CV2-09-019": (_R11, 22),
     # reason 12
     "CV2-11-005": (_R12, 22),
     # reason 13

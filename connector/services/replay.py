@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
+from connector import hooks
 from connector.actors import Actor
 from connector.canonical.encoding import encode
 from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode
@@ -125,6 +126,7 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
                 kind=ReceiptKind.REPLAY, channel=channel, payload=payload, payload_digest=payload_digest,
                 component_count=1, replay_request=request)
             MaterializationDue.objects.create(receipt=receipt)
+            hooks.replay_admitted(request)  # the predecessor's EffectRoots, as correlation evidence (D-309)
             audit_record(actor=actor, entity=request, action="replay_request_admit", fence=ctx.fence,
                          evidence_digest=digest, reason=reason)
     except IntegrityError:

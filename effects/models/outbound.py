@@ -16,7 +16,8 @@ __all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPe
 class OutboundCommand(models.Model):
     """Runtime's immutable outbox intent, inserted in the application transaction that requested the effect, with
     its complete FrozenDispatchBinding. Invariants: one per (account, application scope, EffectRoot, EffectSlot,
-    EffectGeneration); `idempotency_key` (the canonical tuple digest) unique; never updated; no secret bytes."""
+    EffectGeneration); `idempotency_key` (the canonical tuple digest) unique; one chain head (no predecessor) per
+    (account, application scope, EffectRoot, EffectSlot); never updated; no secret bytes."""
 
     account = models.ForeignKey("connector.ConnectorAccount", on_delete=models.PROTECT,
                                 related_name="outbound_commands")
@@ -72,6 +73,12 @@ class OutboundCommand(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["account", "application_scope", "effect_root_id", "effect_slot_id",
                                             "effect_generation_id"], name="effects_command_unique_logical_effect"),
+            # One chain per EffectRoot and slot: a further generation exists only as the successor of another
+            # (`predecessor` is one-to-one, so the chain is linear with one tail). With successors admitted only
+            # after the tail is proven no_effect (effects.services.intents, D-305), at most one effect of a root and
+            # slot is ever non-terminal.
+            models.UniqueConstraint(fields=["account", "application_scope", "effect_root_id", "effect_slot_id"],
+                                    condition=Q(predecessor__isnull=True), name="effects_command_one_chain_head"),
             models.CheckConstraint(condition=Q(predecessor__isnull=True, predecessor_digest__isnull=True)
                                    | Q(predecessor__isnull=False, predecessor_digest__isnull=False),
                                    name="effects_command_predecessor_whole"),

@@ -248,8 +248,6 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
     return existing
 
 
-
-
 def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,
              effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
              path_params: dict[str, str], body: dict, source_execution_id: int | None,
@@ -322,7 +320,9 @@ def outbound_successor_author(*, ctx: ServingContext, predecessor_command_id: in
     admitted only when the predecessor effect is proven terminal `no_effect`. `prepared`/`dispatching` must be
     resumed, `remote_confirmed`/`finalized` proves the effect happened, `uncertain` and `quarantined` block
     until reconciled (seed "Replay and external effects"; decision 12). The successor carries explicit linkage
-    (predecessor and its binding digest) and a newly frozen dispatch binding."""
+    (predecessor and its binding digest), the predecessor's owner slot, and a newly frozen dispatch binding. The
+    operator-facing admission that reconciles every predecessor of the root and slot under their row locks is
+    `effects.services.intents.remote_call_authorize` (D-305)."""
     assert transaction.get_connection().in_atomic_block
     predecessor = OutboundCommand.objects.select_related("effect").get(pk=predecessor_command_id)
     state = predecessor.effect.state
@@ -336,5 +336,5 @@ def outbound_successor_author(*, ctx: ServingContext, predecessor_command_id: in
         effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
         effect_generation_id=effect_generation_id, push_contract=predecessor.effect_definition,
         callout=predecessor.callout, path_params=path_params, body=body, suppress_external_effects=False,
-        predecessor=predecessor)
+        predecessor=predecessor, owner_slot=predecessor.owner_slot)
 

@@ -37,7 +37,7 @@ def author_for_runtime(**kwargs) -> OutboundCommand | None:
     call = _author_call(**kwargs)
     if call is None:
         return None
-    _wake_after_commit()
+    wake_after_commit()
     command = outbound_command_author(**call)
     tracing.remember(CommandTrace, command.pk)  # issue 21: the egress request continues this trace after the outbox
     return command
@@ -49,13 +49,13 @@ def author_many_for_runtime(calls: list[dict]) -> list[int]:
     authored = [c for c in (_author_call(**kwargs) for kwargs in calls) if c is not None]
     if not authored:
         return []
-    _wake_after_commit()
+    wake_after_commit()
     pks = outbound_commands_author(calls=authored)
     tracing.remember_many(CommandTrace, pks)
     return pks
 
 
-def _wake_after_commit() -> None:
+def wake_after_commit() -> None:
     """One dispatch wake-up per application transaction, however many commands it authors (a batched Runtime
     authors one per applied change, D-293): registered on commit unless this transaction already holds one.
     Django drops the callbacks of a savepoint that rolls back, so a registration that could be lost with a
