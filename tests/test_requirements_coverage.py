@@ -48,10 +48,6 @@ _R11 = ("a replay authors no outbound command at all (suppress_external_effects;
         "tests/connector/test_api_replay_dispositions.py), so it never mints an EffectGenerationID; but nothing "
         "carries the predecessor's EffectRootID into the replay's records for correlation (the root is derived "
         "from the Runtime command ID, which a replay changes)")
-_R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
-        "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
-        "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
-        "barriers refuse new roots")
 _R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
         "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
         "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
@@ -96,7 +92,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 11
     "CV2-09-019": (_R11, 22),
     # reason 12
-    "CV2-11-005": (_R12, 22),
     # reason 13
     "CV2-12-078": (_R13, 22),
     # reason 14
