@@ -147,6 +147,30 @@ class GateNotServing(ConnectorError):
     operator_action = "Wait for the gate to serve again or check the cutover console."
 
 
+
+# The constraint name of the trigger (cutover migration 0014) that refuses a new root of a predecessor epoch while
+# its succession drain is open (CV2-11-005, D-315): a new Receipt, or an OutboundCommand no Execution authored.
+SUCCESSION_ROOTS_CLOSED_CONSTRAINT = "cutover_succession_roots_closed"
+
+
+class SuccessionRootsClosed(ConnectorError):
+    """A successor activation is draining this epoch: new roots (a new Receipt by transport or replay admission, an
+    OutboundCommand not authored by an Execution of already admitted work) are refused; continuation work of
+    roots already admitted still completes. Nothing was written."""
+
+    code = "SUCCESSION_ROOTS_CLOSED"
+    http_status = 503
+    retryable = True
+    operator_action = "Retry after the successor serves (or the succession is aborted); the source retries."
+
+
+def roots_closed(exc: BaseException) -> SuccessionRootsClosed | None:
+    """The SuccessionRootsClosed an IntegrityError raised by the roots-closed trigger stands for, else None."""
+    name = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+    if name != SUCCESSION_ROOTS_CLOSED_CONSTRAINT:
+        return None
+    return SuccessionRootsClosed(str(getattr(getattr(exc.__cause__, "diag", None), "message_primary", "") or exc))
+
 class PermissionRefused(ConnectorError):
     """The actor lacks the permission this transition requires."""
 
@@ -215,6 +239,6 @@ ERROR_CATALOG = MappingProxyType({
                 ApplicationItemRejected, CredentialMappingInvalid,
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, EpochRetentionUnmet,
                 ActivationCardinalityExceeded, FenceStale,
-                GateNotServing, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
+                GateNotServing, SuccessionRootsClosed, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
                 StateTokenInvalid, FormInvalid, ApproverNotIndependent)
 })

@@ -23,6 +23,8 @@ POINTS = (
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
+    "succession.drain_open_before_commit",  # the succession drain row written (roots closed), not committed
+    "succession.drain_complete_before_commit",  # the drain `draining -> drained` written, not committed
     "succession.before_commit",  # successor activation wrote every transition, not yet committed
     "succession.after_commit",  # successor activation committed, barrier set not yet released
     "restore.after_restoring_v1",  # CutoverDecision restoring_v1 and the RestoreAttempt durable, nothing restored

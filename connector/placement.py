@@ -175,6 +175,9 @@ DEFAULT: dict[str, Placement] = {
     # -- cutover and V1: coordinator operations ----------------------------------------------------------------
     "cutover_servingpublicationbarrierset": _ref("service-wide barrier set, first in the canonical lock order; "
                                                  "locked only by activation and cutover"),
+    "cutover_successiondrain": _ref("the drain of one successor attempt (rare writes); a reference table because "
+                                    "the roots-closed insert trigger of receipts and outbound commands reads it on "
+                                    "every node (D-315)"),
     "cutover_servicecutoverattempt": _ref("the cutover attempt (one per service, rare writes); a reference table "
                                           "because the per-account ordering baselines reference it"),
     "cutover_v1shutdowncertificate": _local("certificates of one cutover attempt"),

@@ -34,6 +34,24 @@ BARRIER_SET_TRANSITIONS = (
 BARRIER_SET_OPEN = (BarrierSetState.ACQUIRING, BarrierSetState.HELD, BarrierSetState.ACTIVATION_COMMITTED)
 
 
+class SuccessionDrainState(models.TextChoices):
+    """The drain phase of one successor attempt (CV2-11-005, D-315): continuation work of the predecessor drains
+    under `v2_serving` gates while new roots of the predecessor are refused. No state changes because time passed."""
+
+    DRAINING = "draining"  # initial (succession_drain_open, under a held barrier set; new roots refused)
+    DRAINED = "drained"  # draining -> drained (succession_drain_complete: the inventory measured empty)
+    RELEASED = "released"  # draining|drained -> released (the barrier set's release: roots reopen); terminal
+
+
+SUCCESSION_DRAIN_TRANSITIONS = (
+    (SuccessionDrainState.DRAINING, SuccessionDrainState.DRAINED),
+    (SuccessionDrainState.DRAINING, SuccessionDrainState.RELEASED),
+    (SuccessionDrainState.DRAINED, SuccessionDrainState.RELEASED),
+)
+# The states in which the predecessor's new roots are refused (the trigger of migration 0014 names them too).
+SUCCESSION_DRAIN_CLOSED = (SuccessionDrainState.DRAINING, SuccessionDrainState.DRAINED)
+
+
 class SuccessorClass(models.TextChoices):
     """The closed set of successor transition classes. Only `requires_drain` is authorized (CV2-11-002/003);
     `online_compatible` is named so that it can be refused by name (CV2-11-058)."""

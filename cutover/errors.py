@@ -50,6 +50,27 @@ class SuccessorActivationRefused(ConnectorError):
     operator_action = "Complete the missing phase (`manage.py succession status` names it) and retry."
 
 
+class SuccessionDrainRefused(ConnectorError):
+    """The succession drain cannot open or complete: no held barrier set, a gate not `v2_serving` on the active
+    predecessor, the drain in another state, or continuation work of the predecessor not yet terminal (the
+    inventory is listed). Nothing moved; the drain never completes because time passed (D-316)."""
+
+    code = "SUCCESSION_DRAIN_REFUSED"
+    http_status = 409
+    retryable = True
+    operator_action = ("Let the listed continuation work finish under v2_serving and rerun `manage.py succession "
+                       "drain`, or release the barrier set to abort.")
+
+
+class SuccessionNotDrained(ConnectorError):
+    """The succession coordinator's halt needs the attempt's drain `drained` first (CV2-11-005): gates enter
+    `halting_v2` only after continuation work drained under `v2_serving`."""
+
+    code = "SUCCESSION_NOT_DRAINED"
+    http_status = 409
+    operator_action = "Run `manage.py succession drain` until it reports drained, then halt."
+
+
 # -- V1 -> V2 service cutover up to v1_drained ------------------------------------------------------------------
 
 class CutoverPreflightRefused(ConnectorError):

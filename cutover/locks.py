@@ -61,3 +61,17 @@ def lane_rows_for_update(lane_pks: Iterable[int]) -> list[OrderingLane]:
     sql = (f"SELECT * FROM {OrderingLane._meta.db_table} WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE")
     return list(OrderingLane.objects.raw(sql, [ordered]))
 
+
+
+# The advisory-lock namespace of the succession roots barrier (CV2-11-005, D-315), next to connector's
+# (connector.locks.ADVISORY_LOCK_KEYS; 0x43563206 is unused there). Keyed by the predecessor epoch pk. Every new
+# root bound to the epoch takes it shared in its insert trigger (migration 0014) until its commit; opening the
+# epoch's succession drain takes it exclusive, at order 0 (before every row lock, like the owner barriers).
+SUCCESSION_ROOTS_LOCK_KEY = 0x43563206
+
+
+def succession_roots_lock(epoch_pk: int) -> None:
+    """Close the epoch's roots barrier for this transaction: wait for every root writer that already passed it."""
+    assert transaction.get_connection().in_atomic_block, "the roots lock is held until the transaction ends"
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [SUCCESSION_ROOTS_LOCK_KEY, int(epoch_pk) % 2_147_483_647])

@@ -12,13 +12,14 @@ from cutover.models import (
     OrderingHandoff,
     ServiceCutoverAttempt,
     ServingPublicationBarrierSet,
+    SuccessionDrain,
     V1GenerationReceipt,
 )
 
 # The cutover model classes other apps may name, as types and as the subject of their own read queries (D-259).
 # `cutover.models` is private to this app (an import-linter contract holds it); every write is a cutover service.
 __all__ = ["CutoverDecision", "OrderingHandoff", "ServiceCutoverAttempt", "ServingPublicationBarrierSet",
-           "SuccessionStatus", "V1GenerationReceipt", "barrier_set_open_for", "barrier_set_retention_blockers",
+           "SuccessionDrain", "SuccessionStatus", "V1GenerationReceipt", "barrier_set_open_for", "barrier_set_retention_blockers",
            "predecessor_resume_blockers",
            "succession_status"]
 
@@ -63,6 +64,7 @@ class SuccessionStatus:
     lanes: int = 0
     handoffs: int = 0
     next_phase: str = ""
+    drain: str = ""
 
 
 def succession_status(*, predecessor_epoch_id: str, successor_epoch_id: str | None = None) -> SuccessionStatus:
@@ -86,7 +88,9 @@ def succession_status(*, predecessor_epoch_id: str, successor_epoch_id: str | No
     elif barrier_set.state == "acquiring":
         status.next_phase = "barriers"
     elif set(modes) != {"v2_halted"}:
-        status.next_phase = "halt"
+        drain = SuccessionDrain.objects.filter(barrier_set=barrier_set).values_list("state", flat=True).first()
+        status.drain = drain or ""
+        status.next_phase = "halt" if drain == "drained" else "drain"
     elif handoffs < lanes:
         status.next_phase = "handoffs"
     else:

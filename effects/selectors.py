@@ -20,7 +20,15 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
            "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "effect_retention_blockers",
-           "effect_root_chain", "nonterminal_effects_of_epoch", "open_permit_reasons_of", "replay_effect_roots"]
+           "effect_root_chain", "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of",
+           "replay_effect_roots"]
+
+
+def open_effects_of_epoch(*, epoch_pk: int):
+    """The RemoteEffects of OutboundCommands authored under the epoch that are not terminal, as a queryset of their
+    pks (the succession drain counts them in one statement with the epoch's other continuation work, D-316)."""
+    return (RemoteEffect.objects.filter(command__epoch_id=epoch_pk).exclude(state__in=EFFECT_TERMINAL)
+            .values_list("pk", flat=True))
 
 
 def nonterminal_effects_of_epoch(*, epoch_pk: int, limit: int = 10) -> list[str]:

@@ -23,14 +23,15 @@ from connector.selectors.rows import (AccountServingGate, ApprovalKind, DualAppr
 from connector.selectors.rows import APPROVAL_LIVE
 from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
-from cutover.selectors import CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet
+from cutover.selectors import (CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet,
+                               SuccessionDrain)
 from cutover.services import succession, succession_phases
 
 from .forms import SuccessionActionForm, parse
 from .access import screen
 
 COORDINATE = "cutover.coordinate_succession"
-PHASES = ("barriers", "halt", "handoffs", "activate", "release")
+PHASES = ("barriers", "drain", "halt", "handoffs", "activate", "release")
 
 
 @dataclass
@@ -54,7 +55,7 @@ def _gates(epoch: ServingEpoch) -> list[AccountServingGate]:
 
 
 def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
-    """The five phases of one successor activation, read from the durable facts only."""
+    """The six phases of one successor activation, read from the durable facts only."""
     successor, predecessor = row.successor_epoch, row.predecessor_epoch
     committed = row.state == BarrierSetState.ACTIVATION_COMMITTED or successor.state == EpochState.ACTIVE
     gates = _gates(predecessor)
@@ -77,6 +78,17 @@ def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
     modes: dict[str, int] = {}
     for gate in gates:
         modes[gate.mode] = modes.get(gate.mode, 0) + 1
+    drain_row = SuccessionDrain.objects.filter(barrier_set=row).first()
+    drain = Phase("drain", "Drain continuation work under v2_serving (the predecessor's new roots refused)",
+                  receipts=[("drain", f"#{drain_row.pk} {drain_row.state}, fence {drain_row.fence}"
+                             if drain_row else "not open")]
+                  + ([("drained inventory", str(drain_row.drained_inventory))]
+                     if drain_row and drain_row.drained_inventory is not None else []))
+    if committed or (drain_row is not None and drain_row.state == "drained"):
+        drain.status = "done"
+    elif barriers.status == "done" and is_open and row.state == BarrierSetState.HELD:
+        drain.status = "current"
+        drain.actions = [("drain", "Close new roots and drain (rerun until the inventory is empty)")]
     halt = Phase("halt", "Halt the predecessor's gates (v2_serving → halting_v2 → v2_halted)",
                  receipts=[("gate modes", ", ".join(f"{m}: {n}" for m, n in sorted(modes.items())))])
     if committed or set(modes) == {GateMode.V2_HALTED}:
@@ -84,8 +96,8 @@ def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
     else:
         halt.blockers = [f"account {g.account}: {reason}" for g in gates if g.mode == GateMode.HALTING_V2
                          for reason in hooks.halt_blockers(g)]
-        halt.status = "blocked" if halt.blockers else ("current" if barriers.status == "done" else "pending")
-        if is_open and barriers.status == "done":
+        halt.status = "blocked" if halt.blockers else ("current" if drain.status == "done" else "pending")
+        if is_open and drain.status == "done":
             halt.actions = [("halt", "Halt every gate (rerun after open permits settle)")]
 
     handoff = Phase("handoffs", "Ordering handoffs (one per predecessor lane; the first is the forward-only cutoff)",
@@ -117,7 +129,7 @@ def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
     elif is_open:
         release.actions = [("release", "Abort: release the barriers" if not handoffs
                             else "Release to replace the candidate (after the cutoff)")]
-    return [barriers, halt, handoff, activate, release]
+    return [barriers, drain, halt, handoff, activate, release]
 
 
 @screen
@@ -148,8 +160,12 @@ def _act(request, row: ServingPublicationBarrierSet, action: str, reason: str = 
     if action == "hold":
         row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=actor)
         return f"Barrier set #{row.pk} is {row.state}."
+    if action == "drain":
+        drain, inventory = succession_phases.drain_all(barrier_set=row, actor=actor)
+        return (f"Drain #{drain.pk} is {drain.state}"
+                + (f"; still open: {inventory.describe()}." if drain.state != "drained" else "."))
     if action == "halt":
-        outcome = succession_phases.halt_all(predecessor=row.predecessor_epoch, actor=actor)
+        outcome = succession_phases.halt_drained(barrier_set=row, actor=actor)
         return (f"{outcome.done} of {outcome.total} gates v2_halted"
                 + (f"; still halting: {'; '.join(outcome.refused)}" if outcome.refused else "."))
     if action == "handoffs":

@@ -24,10 +24,6 @@ ID = re.compile(r"CV2-\d{2}-\d{3}")
 # an entry that is also cited or justified.
 _R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
        "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
-_R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_halted) and finishes predecessor "
-        "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
-        "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
-        "barriers refuse new roots")
 _R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
         "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
         "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
@@ -56,7 +52,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     # reason 2
     "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
     # reason 12
-    "CV2-11-005": (_R12, 22),
     # reason 13
     "CV2-12-078": (_R13, 22),
     # reason 14

@@ -25,7 +25,7 @@ from connector.actors import Actor
 from connector import logcontext, tracing
 from connector.canonical.identity import IdentityRejected, canonical_identity
 from connector.choices import EpochState, ReceiptKind
-from connector.errors import ConnectorError, GateNotServing
+from connector.errors import ConnectorError, GateNotServing, roots_closed
 from connector.faults import fault_point
 from connector.locks import ServingLock
 from connector.models import (AccountServingGate, ConnectorAccount, MaterializationDue, Receipt,
@@ -234,6 +234,8 @@ def _admit_hinted(*, account_key: str, channel: str, key: str, body: bytes, dige
             out = _admit_statement(account_key=account_key, hint=hint, channel=channel, key=key, body=body,
                                    digest=digest, component_count=len(events))
         except IntegrityError as exc:
+            if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
+                raise closed from None
             name = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "")
             if name != "connector_admissionkey_unique_key":
                 raise
@@ -349,6 +351,8 @@ def _admit_ordered(*, account_key: str, channel: str, key: str, body: bytes, dig
             receipt.epoch = ServingEpoch.from_db(receipt._state.db, ["id", "epoch_id", "digest", "state"],
                                                  [ctx.epoch_pk, ctx.epoch_id, ctx.epoch_digest, EpochState.ACTIVE])
     except IntegrityError as exc:
+        if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
+            raise closed from None
         name = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "")
         if name != "connector_admissionkey_unique_key":
             raise

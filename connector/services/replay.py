@@ -13,7 +13,7 @@ from connector import hooks
 from connector.actors import Actor
 from connector.canonical.encoding import encode
 from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode
-from connector.errors import ConnectorError
+from connector.errors import ConnectorError, roots_closed
 from connector.models import MaterializationDue, Receipt, ReceiptComponent, ReplayRequest
 from connector.receipts import rec
 from connector.services.admission import account_get
@@ -129,7 +129,9 @@ def replay_request_admit(*, account_key: str, request_id: str, target_epoch_id: 
             hooks.replay_admitted(request)  # the predecessor's EffectRoots, as correlation evidence (D-309)
             audit_record(actor=actor, entity=request, action="replay_request_admit", fence=ctx.fence,
                          evidence_digest=digest, reason=reason)
-    except IntegrityError:
+    except IntegrityError as exc:
+        if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
+            raise closed from None
         existing = ReplayRequest.objects.select_related("receipt").filter(account=account,
                                                                           request_id=request_id).first()
         if existing is None:

@@ -12,9 +12,10 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, SuccessorClass
+from cutover.choices import (BARRIER_SET_OPEN, SUCCESSION_DRAIN_CLOSED, BarrierSetState, SuccessionDrainState,
+                             SuccessorClass)
 
-__all__ = ["ServingPublicationBarrierSet", "OrderingHandoff"]
+__all__ = ["ServingPublicationBarrierSet", "OrderingHandoff", "SuccessionDrain"]
 
 
 class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
@@ -130,3 +131,50 @@ class OrderingHandoff(models.Model):
 
     def __str__(self) -> str:
         return f"handoff {self.route}/{self.partition} hw={self.high_water} -> epoch #{self.successor_epoch_id}"
+
+
+class SuccessionDrain(ConcurrentTransitionMixin, models.Model):
+    """The drain phase of one successor attempt (CV2-11-005, D-315/D-316): opened under the attempt's held barrier
+    set while every gate is still `v2_serving` on the active predecessor. While it is `draining` or `drained`, a
+    trigger (migration 0014) refuses every new root bound to the predecessor (a Receipt; an OutboundCommand with
+    no source Execution) with SUCCESSION_ROOTS_CLOSED; continuation work of admitted roots proceeds. It becomes
+    `drained` only when the predecessor's continuation inventory, measured in the database, is empty; the
+    coordinator's halt requires that. Invariants: one per barrier set; at most one closing the roots of an epoch;
+    `fence` advances by one on every transition; `released` (the barrier set's release) is terminal; no time column
+    decides anything."""
+
+    barrier_set = models.OneToOneField(ServingPublicationBarrierSet, on_delete=models.PROTECT,
+                                       related_name="drain")
+    predecessor_epoch = models.ForeignKey("connector.ServingEpoch", on_delete=models.PROTECT, related_name="+")
+    state = FSMField(default=SuccessionDrainState.DRAINING, choices=SuccessionDrainState.choices, protected=True)
+    fence = models.BigIntegerField(default=1)
+    # The inventory measured when it completed (empty, with the counts per kind), kept as evidence.
+    drained_inventory = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["predecessor_epoch"], condition=Q(state__in=SUCCESSION_DRAIN_CLOSED),
+                                    name="cutover_successiondrain_one_closed_per_epoch",
+                                    violation_error_code="succession_drain_open"),
+            models.CheckConstraint(condition=Q(state__in=SuccessionDrainState.values),
+                                   name="cutover_successiondrain_state"),
+            models.CheckConstraint(condition=~Q(state=SuccessionDrainState.DRAINED)
+                                   | Q(drained_inventory__isnull=False),
+                                   name="cutover_successiondrain_drained_has_inventory"),
+        ]
+
+    def __str__(self) -> str:
+        return f"succession drain #{self.pk} of barrier set #{self.barrier_set_id} ({self.state}, fence {self.fence})"
+
+    @transition(field=state, source=SuccessionDrainState.DRAINING, target=SuccessionDrainState.DRAINED)
+    def complete(self, *, inventory: dict) -> None:
+        self.drained_inventory = inventory
+        self.fence += 1
+
+    @transition(field=state, source=[SuccessionDrainState.DRAINING, SuccessionDrainState.DRAINED],
+                target=SuccessionDrainState.RELEASED)
+    def release(self) -> None:
+        self.fence += 1

@@ -32,6 +32,7 @@ from cutover.choices import SUPPORTED_SUCCESSOR_CLASSES, BarrierSetState, Succes
 from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivationRefused, SuccessorClassUnsupported,
                             SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
+from cutover.services.succession_drain import release_drain_of
 from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
                                               _same, _verify_handoff_digests)
 from effects.selectors import nonterminal_effects_of_epoch
@@ -175,6 +176,7 @@ def record_release(row: ServingPublicationBarrierSet, reason: str, actor: Actor)
     from_state = row.state
     row.release(reason=reason)
     row.save()
+    release_drain_of(row, actor=actor)  # the drain ends with its set: the predecessor's roots reopen (D-315)
     audit_record(actor=actor, entity=row, action="barrier_set_release", from_state=from_state, to_state=row.state,
                  fence=row.fence, reason=reason)
     return row

@@ -16,8 +16,11 @@ from connector.choices import GateMode
 from connector.errors import ConnectorError
 from connector.selectors.rows import OrderingLane, ServingEpoch
 from connector.services import gate_sets
-from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
-from cutover.services import succession, succession_handoffs
+from cutover.choices import SuccessionDrainState
+from cutover.errors import SuccessionNotDrained
+from cutover.models import OrderingHandoff, ServingPublicationBarrierSet, SuccessionDrain
+from cutover.services import succession, succession_drain, succession_handoffs
+from cutover.services.succession_drain import DrainInventory
 
 Step = Callable[[int, int, str], None]
 REASON = "successor activation (requires_drain)"
@@ -42,7 +45,8 @@ def halt_all(*, predecessor: ServingEpoch, actor: Actor, on_step: Step = _quiet)
     """Move every gate of the predecessor's account set v2_serving -> halting_v2 -> v2_halted, set-based: one
     transaction per chunk of at most CONNECTOR["HALT_CHUNK_ACCOUNTS"] accounts (`gate_sets.halt_chunk`, D-281),
     on_step once per chunk. An open permit keeps a gate `halting_v2` (the halt blocker); that account is listed as
-    refused and the phase can be rerun."""
+    refused and the phase can be rerun. The succession coordinator calls it through `halt_drained` (after the drain
+    phase, CV2-11-005); called directly it is the set-based halt mechanism only."""
     accounts = sorted(predecessor.configuration.accounts.values_list("account_id", flat=True))
     outcome = PhaseOutcome(total=len(accounts))
     size = gate_sets.halt_chunk_accounts()
@@ -60,6 +64,32 @@ def halt_all(*, predecessor: ServingEpoch, actor: Actor, on_step: Step = _quiet)
                 f"accounts {chunk[0]}..{chunk[-1]}: {result.halted} halted, {result.confirmed} confirmed, "
                 f"{len(result.refused)} refused")
     return outcome
+
+
+def drain_all(*, barrier_set: ServingPublicationBarrierSet, actor: Actor) -> tuple[SuccessionDrain, DrainInventory]:
+    """The drain phase (CV2-11-005, D-315/D-316), before any gate halts: open the attempt's drain (idempotent;
+    the predecessor's new roots are refused from its commit) with every gate still `v2_serving`, measure the
+    predecessor's continuation inventory, and complete the drain if it is empty. Returns the drain and the
+    inventory; a nonempty inventory leaves the drain `draining` (rerun when the work finished; no timeout)."""
+    drain = succession_drain.succession_drain_open(barrier_set_pk=barrier_set.pk, actor=actor)
+    if drain.state != SuccessionDrainState.DRAINING:
+        return drain, succession_drain.succession_drain_inventory(epoch_pk=drain.predecessor_epoch_id)
+    inventory = succession_drain.succession_drain_inventory(epoch_pk=drain.predecessor_epoch_id)
+    if inventory.empty:
+        drain = succession_drain.succession_drain_complete(barrier_set_pk=barrier_set.pk, expected_fence=drain.fence,
+                                                           actor=actor)
+    return drain, inventory
+
+
+def halt_drained(*, barrier_set: ServingPublicationBarrierSet, actor: Actor, on_step: Step = _quiet) -> PhaseOutcome:
+    """The succession coordinator's halt: only after the attempt's drain is `drained` (SUCCESSION_NOT_DRAINED
+    otherwise, nothing moved), every gate v2_serving -> halting_v2 -> v2_halted (`halt_all`)."""
+    drain = SuccessionDrain.objects.filter(barrier_set_id=barrier_set.pk).first()
+    if drain is None or drain.state != SuccessionDrainState.DRAINED:
+        raise SuccessionNotDrained(f"{barrier_set}: the drain is {drain.state if drain else 'not open'}; gates "
+                                   "enter halting_v2 only after continuation work drained under v2_serving")
+    return halt_all(predecessor=ServingEpoch.objects.get(pk=barrier_set.predecessor_epoch_id), actor=actor,
+                    on_step=on_step)
 
 
 def handoff_all(*, barrier_set: ServingPublicationBarrierSet, actor: Actor, on_step: Step = _quiet) -> PhaseOutcome:

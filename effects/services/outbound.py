@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.backends.signals import connection_created
 
 from connector.canonical.profiles import profile_for
+from connector.errors import roots_closed
 from connector.receipts import canonical_json, rec
 from connector.selectors.owners import binding_definition_read
 from connector.selectors.rows import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
@@ -238,7 +239,9 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
                 command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
                 RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
                 return command
-        except IntegrityError:
+        except IntegrityError as exc:
+            if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
+                raise closed from None
             existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
             if existing is None:
                 raise

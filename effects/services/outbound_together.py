@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hmac
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
+from connector.errors import roots_closed
 from connector.services.guard import lock_serving
 from connector.services.materialize import insert_rows
 from effects.choices import LinkState
@@ -73,7 +74,12 @@ def outbound_commands_author(*, calls: list[dict]) -> list[int]:
             raise OutboundConflict(f"logical effect {fields['effect_root_id']}/{fields['effect_slot_id']}/"
                                    f"{fields['effect_generation_id']} exists with a different frozen binding")
         order.append(found)
-    pks = [pk for (pk,) in insert_rows(OutboundCommand, rows)] if rows else []
+    try:
+        pks = [pk for (pk,) in insert_rows(OutboundCommand, rows)] if rows else []
+    except IntegrityError as exc:
+        if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
+            raise closed from None
+        raise
     if rows:
         insert_rows(RemoteEffect, [dict(command_id=pk, logical_effect_digest=row["idempotency_key"],
                                         account_id=row["account_id"]) for pk, row in zip(pks, rows)])

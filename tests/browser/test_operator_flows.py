@@ -176,8 +176,8 @@ def test_approver_runs_a_successor_activation_from_the_cutover_console(browser, 
     page.get_by_role("link", name=f"#{row.pk}").click()
     page.wait_for_url(f"**/cutover/succession/{row.pk}/")
     shot(page, "11-succession-phases")
-    for label in ("Reread the owners and hold the barriers", "Halt every gate", "Freeze the remaining lanes",
-                  "Activate the successor"):
+    for label in ("Reread the owners and hold the barriers", "Close new roots and drain", "Halt every gate",
+                  "Freeze the remaining lanes", "Activate the successor"):
         page.get_by_role("button", name=label, exact=False).click()
         page.wait_for_load_state()
         assert page.locator(".msg.error").count() == 0, page.locator(".msg.error").inner_text()

@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 
 from connector.choices import CREDENTIAL_GATE_TRANSITIONS, EPOCH_TRANSITIONS, GATE_TRANSITIONS
 from connector.management.commands.state_diagrams import discover
-from cutover.choices import DECISION_TRANSITIONS, RESTORE_ATTEMPT_TRANSITIONS
+from cutover.choices import DECISION_TRANSITIONS, RESTORE_ATTEMPT_TRANSITIONS, SUCCESSION_DRAIN_TRANSITIONS
 
 # The edge tables the PostgreSQL transition triggers enforce (connector/migrations/0002_db_rules.py,
 # cutover/migrations/0002_decision_rules.py).
@@ -17,6 +17,7 @@ DB_TRIGGER_EDGES = {
     "connector.CredentialGenerationDispatchGate.mode": CREDENTIAL_GATE_TRANSITIONS,
     "cutover.CutoverDecision.state": DECISION_TRANSITIONS,
     "cutover.RestoreAttempt.state": RESTORE_ATTEMPT_TRANSITIONS,
+    "cutover.SuccessionDrain.state": SUCCESSION_DRAIN_TRANSITIONS,
 }
 
 

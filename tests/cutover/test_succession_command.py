@@ -23,9 +23,10 @@ def run(*args) -> str:
 
 @pytest.mark.django_db
 def test_command_runs_every_phase_idempotently_and_resumes_after_a_refusal():
-    """status -> halt -> barriers -> handoffs (one lane refused while its execution is nonterminal, then resumed
-    after it completes) -> activate (with readback and release); every phase rerun changes nothing more.
-    Proves: CV2-11-023, CV2-11-025, CV2-11-049"""
+    """status -> barriers -> halt refused (not drained) -> drain (refused while an execution is nonterminal, every
+    gate still v2_serving; resumed after it completes under v2_serving) -> halt -> handoffs -> activate (with
+    readback and release); every phase rerun changes nothing more.
+    Proves: CV2-11-023, CV2-11-025, CV2-11-049, CV2-11-005"""
     world = build_succession_world("sc-")
     send(world, "evt-5", 5, record="rec-2")
     drain()
@@ -35,18 +36,27 @@ def test_command_runs_every_phase_idempotently_and_resumes_after_a_refusal():
     pred, succ = world.epoch.epoch_id, world.successor.epoch_id
     assert "next phase  barriers" in run("status", "--predecessor", pred)
     for _ in range(2):
-        assert "2 gates v2_halted" in run("halt", "--predecessor", pred)
-    for _ in range(2):
         assert "held" in run("barriers", "--predecessor", pred, "--successor", succ)
     assert ServingPublicationBarrierSet.objects.count() == 1
-    with pytest.raises(CommandError, match="1 lane\\(s\\) refused"):
-        run("handoffs", "--predecessor", pred)
+    with pytest.raises(CommandError, match="SUCCESSION_NOT_DRAINED"):
+        run("halt", "--predecessor", pred)
+    assert "next phase  drain" in run("status", "--predecessor", pred)
+    with pytest.raises(CommandError, match="continuation work still open.*1 nonterminal executions"):
+        run("drain", "--predecessor", pred)
     with pytest.raises(CommandError, match="held by"):
-        run("handoffs", "--predecessor", pred, "--holder", "stale-coordinator")
+        run("drain", "--predecessor", pred, "--holder", "stale-coordinator")
+    assert gate_modes(world) == {GateMode.V2_SERVING}
+    assert "drain       draining" in run("status", "--predecessor", pred)
+    execution.execution_run(token=token)  # the claimed continuation completes under v2_serving
+    for _ in range(2):
+        assert "drained under v2_serving" in run("drain", "--predecessor", pred)
+    assert "next phase  halt" in run("status", "--predecessor", pred)
+    for _ in range(2):
+        assert "2 gates v2_halted" in run("halt", "--predecessor", pred)
     assert "next phase  handoffs" in run("status", "--predecessor", pred)
-    execution.execution_run(token=token)  # local finalization of the claimed work, in v2_halted
     out = run("handoffs", "--predecessor", pred)
-    assert "already handed off" in out and "frozen at high-water 100" in out
+    assert "frozen at high-water 100" in out
+    assert "already handed off" in run("handoffs", "--predecessor", pred)
     assert OrderingHandoff.objects.count() == 2
     assert "next phase  activate" in run("status", "--predecessor", pred)
     assert "released" in run("activate", "--predecessor", pred)

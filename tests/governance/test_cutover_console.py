@@ -37,17 +37,17 @@ def _statuses(html: str) -> list[str]:
 
 
 def test_console_walks_every_phase_through_the_services(acquiring, people):
-    """An approver runs the whole successor activation from the console: hold, halt, handoffs, activate (which
-    reads back and releases). Each phase shows its receipts; the overview links the activation.
+    """An approver runs the whole successor activation from the console: hold, drain, halt, handoffs, activate
+    (which reads back and releases). Each phase shows its receipts; the overview links the activation.
     Proves: CV2-11-023, CV2-11-027 (console path over the same services)."""
     world, row = acquiring
     client = client_for(people["approver"])
     assert f"/cutover/succession/{row.pk}/" in client.get("/cutover/").content.decode()
     url = f"/cutover/succession/{row.pk}/"
     page = client.get(url).content.decode()
-    assert _statuses(page) == ["current", "pending", "pending", "pending", "pending"]
+    assert _statuses(page) == ["current", "pending", "pending", "pending", "pending", "pending"]
     assert "owner receipts digest" in page and world.successor.epoch_id in page
-    for action in ("hold", "halt", "handoffs", "activate"):
+    for action in ("hold", "drain", "halt", "handoffs", "activate"):
         row = ServingPublicationBarrierSet.objects.get(pk=row.pk)
         response = _post(client, url, row, action)
         assert response.status_code == 200, action
@@ -59,7 +59,7 @@ def test_console_walks_every_phase_through_the_services(acquiring, people):
         == {"v2_serving"}
     assert OrderingHandoff.objects.filter(barrier_set=row).count() == 2
     page = client.get(url).content.decode()
-    assert _statuses(page) == ["done"] * 5 and "Every phase is done" in page
+    assert _statuses(page) == ["done"] * 6 and "Every phase is done" in page
 
 
 def test_stale_page_is_refused_and_changes_nothing(acquiring, people):
@@ -103,10 +103,11 @@ def test_without_the_permission_no_action_and_forged_post_is_403(acquiring, peop
     assert ServingPublicationBarrierSet.objects.get(pk=row.pk).state == "acquiring"
 
 
-def test_halt_blockers_are_shown_while_a_permit_is_open(people, receiver):
-    """A real granted DispatchPermit keeps its gate `halting_v2`: the console lists the gate under "What blocks the
-    next phase" with the halt blocker's reason, and only after the permit settled does the rerun halt every gate.
-    Proves: CV2-11-008, CV2-13-007 (blocking evidence shown; nothing advances because time passed)."""
+def test_drain_blockers_are_shown_while_a_permit_is_open(people, receiver):
+    """A real granted DispatchPermit is continuation work of the predecessor: the drain stays `draining` with every
+    gate `v2_serving` and the console names the open effect; the halt is not offered. Only after the permit's one
+    call settled and its effect is terminal does the rerun drain complete, and the halt then halts every gate.
+    Proves: CV2-11-005, CV2-13-007 (blocking evidence shown; nothing advances because time passed)."""
     from connector.services import serving
     from tests.effects.helpers import acquire, author, build_push_world
     from tests.effects.helpers import send as egress_send
@@ -126,13 +127,18 @@ def test_halt_blockers_are_shown_while_a_permit_is_open(people, receiver):
     client = client_for(people["approver"])
     url = f"/cutover/succession/{row.pk}/"
     _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "hold")
-    body = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "halt").content.decode()
-    assert "still halting" in body
+    body = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "drain").content.decode()
+    assert "is draining; still open: 1 nonterminal remote effects" in body
     page = client.get(url).content.decode()
-    assert _statuses(page)[1] == "blocked"
-    assert "permit" in page.split("What blocks the next phase")[1][:800].lower()
-    assert AccountServingGate.objects.get(account=account).mode == "halting_v2"
+    assert _statuses(page)[1:3] == ["current", "pending"] and 'value="halt"' not in page
+    assert AccountServingGate.objects.get(account=account).mode == "v2_serving"
     egress_send(ready)  # the one call is made and the permit settles
+    body = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "drain").content.decode()
+    assert "still open: 1 nonterminal remote effects" in body  # remote_confirmed: local finalization pending
+    from effects.services.worker import effect_finalize_from_evidence
+    effect_finalize_from_evidence(ready.permit.effect_id)  # local finalization, still under v2_serving
+    body = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "drain").content.decode()
+    assert "is drained." in body, body[:3000]
     n = len(world.accounts)
     body = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), "halt").content.decode()
     assert f"{n} of {n} gates v2_halted." in body

@@ -4,7 +4,10 @@ durable state says, and `status` names the next phase.
 
   status     barrier set, gate modes, lanes and handoffs, and the next phase
   barriers   acquire the publication barrier set (`acquiring`), reread the successor's owners and hold it
-  halt       move every gate v2_serving -> halting_v2 -> v2_halted (an open permit keeps it halting_v2)
+  drain      with every gate still v2_serving, close the predecessor's new roots (SUCCESSION_ROOTS_CLOSED) and
+             let its continuation work drain; drained once the inventory measured in the database is empty
+             (rerun until then: no timeout; `release` aborts)
+  halt       after the drain, move every gate v2_serving -> halting_v2 -> v2_halted (an open permit keeps it halting_v2)
   handoffs   one OrderingHandoff per predecessor lane (refused lanes are listed; rerun after draining them)
   activate   the one successor activation transaction, then readback and barrier release
   release    explicit fenced release (abort before any handoff; `--replacement` after the cutoff)
@@ -26,12 +29,13 @@ from cutover.services import succession, succession_phases
 
 
 class Command(BaseCommand):
-    help = "Coordinate a V2 -> V2 successor activation (requires_drain): status | barriers | halt | handoffs | " \
-           "activate | release | retire."
+    help = "Coordinate a V2 -> V2 successor activation (requires_drain): status | barriers | drain | halt | " \
+           "handoffs | activate | release | retire."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="phase", required=True)
-        for name in ("status", "barriers", "halt", "handoffs", "activate", "release", "retire"):
+        for name in ("status", "barriers", "drain", "halt", "handoffs", "activate", "release",
+                     "retire"):
             p = sub.add_parser(name)
             p.add_argument("--predecessor", required=True, help="the active predecessor epoch ID")
             p.add_argument("--holder", default="succession-coordinator", help="this coordinator's identity")
@@ -80,6 +84,7 @@ class Command(BaseCommand):
         self.stdout.write(f"successor   {s.successor.epoch_id + ': ' + s.successor.state if s.successor else '-'}")
         b = s.barrier_set
         self.stdout.write(f"barrier set {f'#{b.pk} {b.state} fence {b.fence} holder {b.holder}' if b else 'none open'}")
+        self.stdout.write(f"drain       {s.drain or '-'}")
         self.stdout.write("gates       " + ", ".join(f"{m}={n}" for m, n in sorted(s.gate_modes.items())))
         self.stdout.write(f"handoffs    {s.handoffs}/{s.lanes} predecessor lanes")
         self.stdout.write(self.style.SUCCESS(f"next phase  {s.next_phase}"))
@@ -93,8 +98,17 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state} (fence {row.fence}); owner "
                                              f"receipts {bytes(row.owner_receipts_digest).hex()[:16]}…"))
 
-    def phase_halt(self, **_):
-        outcome = succession_phases.halt_all(predecessor=self.predecessor, actor=self.actor, on_step=self._progress)
+    def phase_drain(self, *, holder: str, **_):
+        row = self._open_set(holder)
+        drain, inventory = succession_phases.drain_all(barrier_set=row, actor=self.actor)
+        if drain.state != "drained":
+            raise CommandError(f"{drain}: predecessor continuation work still open (new roots stay refused; rerun "
+                               f"when it finished, or `release` to abort): {inventory.describe()}")
+        self.stdout.write(self.style.SUCCESS(f"{drain}: continuation work drained under v2_serving"))
+
+    def phase_halt(self, *, holder: str, **_):
+        row = self._open_set(holder)
+        outcome = succession_phases.halt_drained(barrier_set=row, actor=self.actor, on_step=self._progress)
         if outcome.refused:
             raise CommandError("not every gate is v2_halted (rerun when open permits settled):\n  "
                                + "\n  ".join(outcome.refused))
