@@ -22,8 +22,6 @@ ID = re.compile(r"CV2-\d{2}-\d{3}")
 # (_R1 was closed by D-284, _R3 by D-290, _R6 by D-267, _R17 by D-291) the product does not show yet, each saying precisely what is missing
 # (issue 22 triaged every ID: none is left unread). Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
-_R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
-       "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
 _R4 = ("no operator-authorized intentional new remote call that reconciles predecessor RemoteEffects of "
        "the same EffectRootID and EffectSlotID (resume, reject, block, successor EffectGenerationID only "
        "after proven no_effect)")
@@ -72,13 +70,7 @@ _R18 = ("the first activation transaction itself moves every gate to v2_serving,
         "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
         "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
         "readback")
-_R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced by "
-        "partial unique indexes, but a held set freezes one combined owner-receipts digest (the configuration, "
-        "binding and credential proofs; the Catalog receipt only through the epoch), not one fenced receipt per "
-        "owner (Catalog, each binding-definition owner, L2 configuration owner, credential authority)")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
-    # reason 2
-    "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
     # reason 4
     "CV2-09-020": (_R4, 22), "CV2-09-021": (_R4, 22), "CV2-09-022": (_R4, 22), "CV2-09-023": (_R4, 22),
     "CV2-09-024": (_R4, 22),
@@ -107,8 +99,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-12-019": (_R16, 22),
     # reason 18
     "CV2-12-071": (_R18, 22),
-    # reason 19
-    "CV2-15-009": (_R19, 22),
 }
 
 

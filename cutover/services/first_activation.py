@@ -183,6 +183,7 @@ def first_activation_hold(*, attempt_key: str, actor: Actor, holder: str | None 
     if current is None or current.state not in BARRIER_SET_OPEN:
         raise BarrierSetRefused(f"attempt {attempt_key} has no open first-activation barrier set; acquire first")
     if current.state != BarrierSetState.ACQUIRING:
+        check_holder(current, holder, None)
         return current
     with transaction.atomic():
         row = locks.barrier_set_for_update(current.pk)
