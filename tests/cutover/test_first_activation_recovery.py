@@ -5,7 +5,7 @@ one receipt per owner and one nonreleased set per activation scope under Postgre
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, ProgrammingError, connections, transaction
 
 from connector.choices import EpochState, GateMode
 from connector.errors import FenceStale
@@ -271,6 +271,8 @@ def test_a_set_holds_exactly_one_fenced_receipt_per_owner():
     (and a second Catalog/configuration/credential-authority receipt under another ID) and any change of one; a
     receipt naming an owner the candidate does not have makes the hold release the set instead of holding it.
     Proves: CV2-15-009"""
+    from tests import dbroles
+
     world = validating_world()
     row = fa.first_activation_acquire(attempt_key=KEY, actor=ACTOR, holder=A)
     epoch = ServingEpoch.objects.get(pk=world.epoch.pk)
@@ -286,8 +288,13 @@ def test_a_set_holds_exactly_one_fenced_receipt_per_owner():
         with pytest.raises(IntegrityError, match=name), transaction.atomic():
             BarrierOwnerReceipt.objects.create(barrier_set=row, owner_kind=kind, owner_id=owner_id,
                                                receipt_digest=b"\x01" * 32, holder=A, fence=row.fence)
-    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
+    with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic():  # the app role
         BarrierOwnerReceipt.objects.filter(pk=catalog.pk).update(receipt_digest=b"\x02" * 32)
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():  # the trigger, for the owner
+        with connections["default"].cursor() as cursor:
+            dbroles.admin_on(cursor)
+            cursor.execute("UPDATE cutover_barrierownerreceipt SET receipt_digest = %s WHERE id = %s",
+                           [b"\x02" * 32, catalog.pk])
     BarrierOwnerReceipt.objects.create(barrier_set=row, owner_kind=BarrierOwnerKind.BINDING_DEFINITION,
                                        owner_id="pack-nobody-binds", receipt_digest=b"\x03" * 32, holder=A,
                                        fence=row.fence)
