@@ -327,3 +327,25 @@ def test_a_second_nonreleased_set_per_activation_scope_is_refused_by_postgresql(
             successor_epoch=epoch, successor_key=epoch.epoch_id, successor_digest=bytes(epoch.digest),
             scope_digest=bytes(epoch.serving_scope_digest), holder="third", attempt_key=KEY)
     assert ServiceCutoverAttempt.objects.get(attempt_key=KEY).outcome == "open"
+
+
+@TX
+def test_postgresql_allows_a_takeover_only_as_one_fence_step_on_an_open_set():
+    """The set's row itself refuses a holder change that does not advance the fence by exactly one, one that also
+    moves the state, and any takeover of a released set: a stale coordinator cannot take a set back around the
+    service either. Proves: CV2-11-056"""
+    held_by(A)
+    row = the_set()
+    rows = ServingPublicationBarrierSet.objects.filter(pk=row.pk)
+    for change, name in [({"holder": B}, "fence_advance"), ({"holder": B, "fence": row.fence + 2}, "fence_advance"),
+                         ({"holder": B, "fence": row.fence + 1, "state": BarrierSetState.RELEASED}, "takeover")]:
+        with pytest.raises(IntegrityError) as refused, transaction.atomic():
+            rows.update(**change)
+        assert refused.value.__cause__.diag.constraint_name == f"cutover_servingpublicationbarrierset_{name}"
+    assert rows.update(holder=B, fence=row.fence + 1) == 1  # the one legal form: what take_over writes
+    recovery.first_activation_release(attempt_key=KEY, holder=B, expected_fence=row.fence + 1, reason="done",
+                                      actor=ACTOR)
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        rows.update(holder=A, fence=row.fence + 3)
+    assert refused.value.__cause__.diag.constraint_name == "cutover_servingpublicationbarrierset_takeover"
+    assert (the_set().holder, the_set().state) == (B, BarrierSetState.RELEASED)
