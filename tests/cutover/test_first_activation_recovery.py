@@ -349,3 +349,19 @@ def test_postgresql_allows_a_takeover_only_as_one_fence_step_on_an_open_set():
         rows.update(holder=A, fence=row.fence + 3)
     assert refused.value.__cause__.diag.constraint_name == "cutover_servingpublicationbarrierset_takeover"
     assert (the_set().holder, the_set().state) == (B, BarrierSetState.RELEASED)
+
+
+@TX
+def test_the_operator_recovers_from_the_command_line():
+    """`manage.py cutover recover` takes the set over as this coordinator and follows the decision; with
+    `--release` (rollback still open) it releases explicitly. Proves: CV2-11-043"""
+    from django.core.management import call_command
+
+    held_by(A)
+    call_command("cutover", "--coordinator", "ops-2", "recover", "--attempt", KEY)
+    row = the_set()
+    assert (row.holder, row.state) == ("system:cutover:ops-2", BarrierSetState.HELD)
+    call_command("cutover", "--coordinator", "ops-2", "recover", "--attempt", KEY, "--release", "--reason", "abandon")
+    row = the_set()
+    assert row.state == BarrierSetState.RELEASED and row.release_reason == "recovery by system:cutover:ops-2: abandon"
+    assert takeovers(row) == 1
