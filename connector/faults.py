@@ -33,6 +33,8 @@ POINTS = (
     "v1.after_dispatching",  # V1 committed its pre-I/O marker (`dispatching`), no byte sent yet
     "v1.after_request",
     "cutover.certify_before_commit",
+    "activation.after_acquire",  # first-activation set `acquiring` and its owner receipts committed
+    "activation.after_hold",  # first-activation set `held` committed, CutoverDecision still rollback_open
     "activation.after_decision",  # CutoverDecision activating_v2 committed, activation transaction open
     "activation.before_commit",  # barrier set, epoch and every gate written, not committed
     "activation.after_commit",  # activation committed, not read back, decision still activating_v2

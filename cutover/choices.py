@@ -52,6 +52,21 @@ SUCCESSION_DRAIN_TRANSITIONS = (
 SUCCESSION_DRAIN_CLOSED = (SuccessionDrainState.DRAINING, SuccessionDrainState.DRAINED)
 
 
+class BarrierOwnerKind(models.TextChoices):
+    """The external owners whose publication barrier a set holds (CV2-11-033, CV2-15-009): one receipt each for
+    Catalog, the L2 configuration owner and credential authority, and one per binding-definition owner (the
+    kind-specific owner reader of each closed binding kind the candidate binds, connector.selectors.owners)."""
+
+    CATALOG = "catalog"
+    BINDING_DEFINITION = "binding_definition"
+    CONFIGURATION = "configuration"
+    CREDENTIAL_AUTHORITY = "credential_authority"
+
+
+# The owners of which a set holds exactly one receipt whatever the candidate binds.
+SINGLE_OWNER_KINDS = (BarrierOwnerKind.CATALOG, BarrierOwnerKind.CONFIGURATION, BarrierOwnerKind.CREDENTIAL_AUTHORITY)
+
+
 class SuccessorClass(models.TextChoices):
     """The closed set of successor transition classes. Only `requires_drain` is authorized (CV2-11-002/003);
     `online_compatible` is named so that it can be refused by name (CV2-11-058)."""

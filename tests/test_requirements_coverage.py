@@ -22,8 +22,6 @@ ID = re.compile(r"CV2-\d{2}-\d{3}")
 # the product did not show (issue 22 triaged every ID: none is left unread); each closed reason is gone with the
 # decisions that closed it named in docs/decisions.md. Remove an entry when a test proves the ID: the check fails on
 # an entry that is also cited or justified.
-_R2 = ("no crash test at every barrier boundary of the first-activation coordinator proving one holder-"
-       "fenced takeover of the same set and CutoverDecision, and stale acquire/release refused")
 _R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
         "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
         "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
@@ -44,13 +42,7 @@ _R18 = ("the first activation transaction itself moves every gate to v2_serving,
         "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
         "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
         "readback")
-_R19 = ("one nonreleased barrier set per predecessor epoch (and per first-activation successor) is enforced by "
-        "partial unique indexes, but a held set freezes one combined owner-receipts digest (the configuration, "
-        "binding and credential proofs; the Catalog receipt only through the epoch), not one fenced receipt per "
-        "owner (Catalog, each binding-definition owner, L2 configuration owner, credential authority)")
 KNOWN_GAPS: dict[str, tuple[str, int]] = {
-    # reason 2
-    "CV2-11-043": (_R2, 22), "CV2-11-056": (_R2, 22),
     # reason 12
     # reason 13
     "CV2-12-078": (_R13, 22),
@@ -62,8 +54,6 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-12-019": (_R16, 22),
     # reason 18
     "CV2-12-071": (_R18, 22),
-    # reason 19
-    "CV2-15-009": (_R19, 22),
 }
 
 

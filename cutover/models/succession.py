@@ -12,10 +12,10 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from cutover.choices import (BARRIER_SET_OPEN, SUCCESSION_DRAIN_CLOSED, BarrierSetState, SuccessionDrainState,
-                             SuccessorClass)
+from cutover.choices import (BARRIER_SET_OPEN, SINGLE_OWNER_KINDS, SUCCESSION_DRAIN_CLOSED, BarrierOwnerKind,
+                             BarrierSetState, SuccessionDrainState, SuccessorClass)
 
-__all__ = ["ServingPublicationBarrierSet", "OrderingHandoff", "SuccessionDrain"]
+__all__ = ["ServingPublicationBarrierSet", "BarrierOwnerReceipt", "OrderingHandoff", "SuccessionDrain"]
 
 
 class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
@@ -92,6 +92,54 @@ class ServingPublicationBarrierSet(ConcurrentTransitionMixin, models.Model):
     def release(self, *, reason: str) -> None:
         self.release_reason = reason
         self.fence += 1
+
+    def take_over(self, *, holder: str) -> None:
+        """A fenced successor coordinator takes over the same open set (CV2-11-049/056): the holder changes and
+        the fence advances by one, the state does not (not an edge of the state machine; PostgreSQL allows a
+        holder change only on an open set and only with that fence step, migration 0015). Every later act of the
+        previous holder is refused by its holder and fence."""
+        assert self.state in BARRIER_SET_OPEN and holder and holder != self.holder
+        self.holder = holder
+        self.fence += 1
+
+
+class BarrierOwnerReceipt(models.Model):
+    """One external owner's fenced publication-barrier receipt, frozen in a barrier set when the set is acquired
+    (CV2-15-009, CV2-11-033/037): the owner (kind and exact ID), the digest of what that owner certified for the
+    candidate, the holder and the set fence that recorded it. Invariants: append-only; exactly one receipt per
+    (set, owner kind, owner ID), and one per set for each of Catalog, the L2 configuration owner and credential
+    authority; the set's owners are checked against these rows before it is held and on every recovery."""
+
+    barrier_set = models.ForeignKey(ServingPublicationBarrierSet, on_delete=models.PROTECT,
+                                    related_name="owner_receipts")
+    owner_kind = models.CharField(max_length=32, choices=BarrierOwnerKind.choices)
+    owner_id = models.CharField(max_length=255)
+    receipt_digest = models.BinaryField(max_length=32)
+    holder = models.CharField(max_length=255)
+    fence = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["barrier_set", "owner_kind", "owner_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["barrier_set", "owner_kind", "owner_id"],
+                                    name="cutover_barrierreceipt_one_per_owner",
+                                    violation_error_code="barrier_receipt_exists"),
+            models.UniqueConstraint(fields=["barrier_set", "owner_kind"],
+                                    condition=Q(owner_kind__in=SINGLE_OWNER_KINDS),
+                                    name="cutover_barrierreceipt_one_singleton_owner",
+                                    violation_error_code="barrier_receipt_exists"),
+            models.CheckConstraint(condition=Q(owner_kind__in=BarrierOwnerKind.values),
+                                   name="cutover_barrierreceipt_owner_kind"),
+            models.CheckConstraint(condition=Q(fence__gte=1), name="cutover_barrierreceipt_fence_positive"),
+            models.CheckConstraint(condition=Q(receipt_digest__length=32),
+                                   name="cutover_barrierreceipt_digest_len"),
+            models.CheckConstraint(condition=~Q(owner_id="") & ~Q(holder=""),
+                                   name="cutover_barrierreceipt_named"),
+        ]
+
+    def __str__(self) -> str:
+        return f"receipt {self.owner_kind}:{self.owner_id} of set #{self.barrier_set_id} (fence {self.fence})"
 
 
 class OrderingHandoff(models.Model):

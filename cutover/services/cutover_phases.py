@@ -32,6 +32,7 @@ from cutover.models import (
 from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
+from cutover.services import first_activation_recovery as fa_recovery
 from cutover.services import restore, restore_point
 from cutover.services import v1_shutdown as sd
 
@@ -210,6 +211,10 @@ ACTIONS: dict[str, Callable[[str, Actor, dict], object]] = {
                               fa.first_activation_hold(attempt_key=k, actor=a))[1],
     "activate": lambda k, a, kw: fa.first_activation_commit(attempt_key=k, actor=a),
     "restore": lambda k, a, kw: restore.restore_run(attempt_key=k, actor=a),
+    # a crashed coordinator's set taken over by this one (its holder), then the CutoverDecision followed (D-302)
+    "recover": lambda k, a, kw: fa_recovery.first_activation_recover(
+        attempt_key=k, holder=kw.get("holder") or f"{a}", actor=a, release=bool(kw.get("release")),
+        reason=kw.get("reason") or ""),
 }
 
 

@@ -17,14 +17,18 @@ Phases (each idempotent and resumable from the durable facts alone):
   released and the attempt closed `v2_committed`. V1's owner barriers stay closed and its generation terminated:
   V1 tables are terminal read-only from here (CV2-12-069); V2 admission opens through the serving gates.
 
-Crash points: activation.after_decision, activation.before_commit, activation.after_commit,
-activation.after_v2_committed. `first_activation_commit` is also the resume: it continues from what it finds.
+Crash points, one at every barrier boundary: activation.after_acquire, activation.after_hold,
+activation.after_decision, activation.before_commit, activation.after_commit, activation.after_v2_committed.
+`first_activation_commit` is also the resume: it continues from what it finds. A coordinator that crashed is
+replaced by `first_activation_recovery.first_activation_recover`: a holder-fenced takeover of the same set that
+follows the CutoverDecision (CV2-11-043/049/056). Every phase takes the caller's `holder` (and optionally the fence
+it last saw): a coordinator whose holder was taken over, or whose fence is stale, acts on nothing.
 """
 from __future__ import annotations
 
 import hmac
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from connector.actors import Actor
@@ -53,6 +57,7 @@ from cutover.models import (
     V1RestorePoint,
     V1ShutdownCertificate,
 )
+from cutover.services import barrier_receipts
 from cutover.services import decision as decisions
 from cutover.services import succession
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
@@ -60,7 +65,21 @@ from cutover.services.restore_point import rehearsed_restore_point
 from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest, l2_frozen_by
 
 __all__ = ["first_activation_acquire", "first_activation_hold", "first_activation_commit", "activation_evidence",
-           "barrier_set_of"]
+           "barrier_set_of", "default_holder", "check_holder"]
+
+
+def default_holder(attempt_key: str) -> str:
+    """The holder of a set acquired without a named coordinator (the operator's phase actions)."""
+    return f"cutover:{attempt_key}"
+
+
+def check_holder(row: ServingPublicationBarrierSet, holder: str | None, expected_fence: int | None) -> None:
+    """On the locked set: refuse a coordinator that is not the set's holder (it was taken over) or acts with a
+    stale fence (CV2-11-045/056). None skips the check (an operator acting as whoever holds the set)."""
+    if holder is not None and row.holder != holder:
+        raise BarrierSetRefused(f"{row} is held by {row.holder!r}, not {holder!r}: a stale coordinator acts on "
+                                "nothing")
+    succession._fence(row, expected_fence)
 
 
 def barrier_set_of(attempt: ServiceCutoverAttempt) -> ServingPublicationBarrierSet | None:
@@ -117,8 +136,13 @@ def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, 
         "account_set": bytes(attempt.account_set_digest).hex()})[1]
 
 
-def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublicationBarrierSet:
+def first_activation_acquire(*, attempt_key: str, actor: Actor, holder: str | None = None
+                             ) -> ServingPublicationBarrierSet:
+    """Write the set `acquiring` and one fenced receipt per owner in one transaction (CV2-11-037, CV2-15-009).
+    Idempotent for its holder; an open set of another holder refuses, and a concurrent acquisition loses to the
+    partial unique index (one nonreleased set per activation scope)."""
     _require(actor)
+    holder = holder or default_holder(attempt_key)
     attempt = attempt_get(attempt_key)
     decision = decisions.decision_read(attempt_key)
     if decision is None or decision.state != DecisionState.ROLLBACK_OPEN:
@@ -126,40 +150,49 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor) -> ServingPublic
                                 f"{decision.state if decision else 'absent'}, not rollback_open")
     existing = barrier_set_of(attempt)
     if existing is not None and existing.state in BARRIER_SET_OPEN:
+        if existing.holder != holder:
+            raise BarrierSetRefused(f"{existing} is open for holder {existing.holder!r}, not {holder!r}")
         return existing
     epoch = attempt.candidate_epoch
     serving.activation_cardinality_check(accounts=attempt.account_count)  # before the barrier set exists (D-210)
-    with transaction.atomic():
-        connector_locks.epoch_for_share(epoch.pk)
-        # every frozen account's gate (None: an account without one)
-        modes = {mode for _, _, _, mode in account_gate_rows(attempt.configuration_id)}
-        if modes != {GateMode.V2_VALIDATING}:
-            raise BarrierSetRefused("every frozen gate must be v2_validating; modes: "
-                                    + ", ".join(sorted(map(str, modes))))
-        row = ServingPublicationBarrierSet.objects.create(
-            successor_epoch=epoch, successor_key=epoch.epoch_id, successor_digest=bytes(epoch.digest),
-            scope_digest=bytes(epoch.serving_scope_digest), holder=f"cutover:{attempt_key}",
-            attempt_key=attempt_key)
-        audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
-                     evidence_digest=bytes(epoch.digest), reason=f"first activation of {attempt_key}")
+    try:
+        with transaction.atomic():
+            connector_locks.epoch_for_share(epoch.pk)
+            # every frozen account's gate (None: an account without one)
+            modes = {mode for _, _, _, mode in account_gate_rows(attempt.configuration_id)}
+            if modes != {GateMode.V2_VALIDATING}:
+                raise BarrierSetRefused("every frozen gate must be v2_validating; modes: "
+                                        + ", ".join(sorted(map(str, modes))))
+            row = ServingPublicationBarrierSet.objects.create(
+                successor_epoch=epoch, successor_key=epoch.epoch_id, successor_digest=bytes(epoch.digest),
+                scope_digest=bytes(epoch.serving_scope_digest), holder=holder, attempt_key=attempt_key)
+            barrier_receipts.record_owner_receipts(row, epoch)
+            audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
+                         evidence_digest=bytes(epoch.digest), reason=f"first activation of {attempt_key} by {holder}")
+    except IntegrityError as exc:  # the partial unique index: another coordinator's set is open for this scope
+        raise BarrierSetRefused(f"another barrier set opened for {epoch.epoch_id} concurrently") from exc
+    fault_point("activation.after_acquire")
     return row
 
 
-def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicationBarrierSet:
+def first_activation_hold(*, attempt_key: str, actor: Actor, holder: str | None = None,
+                          expected_fence: int | None = None) -> ServingPublicationBarrierSet:
     _require(actor)
     attempt = attempt_get(attempt_key)
     current = barrier_set_of(attempt)
     if current is None or current.state not in BARRIER_SET_OPEN:
         raise BarrierSetRefused(f"attempt {attempt_key} has no open first-activation barrier set; acquire first")
     if current.state != BarrierSetState.ACQUIRING:
+        check_holder(current, holder, None)
         return current
     with transaction.atomic():
         row = locks.barrier_set_for_update(current.pk)
+        check_holder(row, holder, expected_fence)
         if row.state != BarrierSetState.ACQUIRING:
             return row
         epoch = connector_locks.epoch_for_share(row.successor_epoch_id)
         drift = serving.epoch_owner_drift(epoch_pk=epoch.pk)
-        problems = []
+        problems = barrier_receipts.owner_receipt_problems(row, epoch)  # one receipt per owner, the same bytes
         if epoch.state != EpochState.VERIFIED or not hmac.compare_digest(bytes(epoch.digest),
                                                                           bytes(row.successor_digest)):
             problems.append(f"candidate {epoch.epoch_id} is {epoch.state} or not the bound bytes")
@@ -172,6 +205,7 @@ def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicati
         row.save()
         audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
                      to_state=row.state, fence=row.fence, evidence_digest=bytes(row.owner_receipts_digest))
+    fault_point("activation.after_hold")
     return row
 
 
@@ -186,7 +220,8 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
                     and bytes(epoch_digest) == digest for mode, epoch_id, epoch_digest in gates))
 
 
-def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None) -> None:
+def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None,
+                            holder: str | None = None, expected_fence: int | None = None) -> None:
     """`rows`: the configuration's `account_gate_rows`, when the caller read them for the approval's digest."""
     # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
     serving.activation_cardinality_check(accounts=attempt.account_count)
@@ -213,8 +248,10 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
         certificates, early_rows, early = None, None, None  # raised again under the locks
     with transaction.atomic():
         row = locks.barrier_set_for_update(set_pk)
+        check_holder(row, holder, None)
         if row.state == BarrierSetState.ACTIVATION_COMMITTED:
             return
+        check_holder(row, None, expected_fence)
         if row.state != BarrierSetState.HELD:
             raise BarrierSetRefused(f"{row} is {row.state}, not held")
         decision = decisions.decision_read(attempt.attempt_key)
@@ -262,13 +299,18 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
                              "set was released and nothing activated")
 
 
-def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
-    """The activation, its readback, `v2_committed`, the release: continues from whatever state it finds."""
+def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | None = None,
+                            expected_fence: int | None = None) -> ServingEpoch:
+    """The activation, its readback, `v2_committed`, the release: continues from whatever state it finds. With a
+    `holder`, every locked step first checks that it still holds the set (and `expected_fence`, when given,
+    the fence the activation transaction finds)."""
     _require(actor)
     attempt = attempt_get(attempt_key)
     row = barrier_set_of(attempt)
     if row is None:
         raise BarrierSetRefused(f"attempt {attempt_key} has no first-activation barrier set")
+    if row.state in BARRIER_SET_OPEN:
+        check_holder(row, holder, None)  # early, unlocked; every locked step checks again
     epoch = attempt.candidate_epoch
     if row.state == BarrierSetState.HELD:
         # The account set and its gates read once for the decision's digest and the transaction (one configuration:
@@ -277,7 +319,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
         digest, _ = activation_decision(epoch.epoch_id,
                                         rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
-        _activation_transaction(attempt, row.pk, actor, rows=rows)
+        _activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
         fault_point("activation.after_commit")
         row.refresh_from_db()
     if row.state == BarrierSetState.RELEASED and not _readback(attempt, epoch.pk):
@@ -293,6 +335,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
     with transaction.atomic():
         row = locks.barrier_set_for_update(row.pk)
         if row.state == BarrierSetState.ACTIVATION_COMMITTED:
+            check_holder(row, holder, None)
             succession.record_release(row, "first activation read back and v2_committed", actor)
         locked = attempt_get(attempt_key, lock=True)
         if locked.outcome == AttemptOutcome.OPEN:

@@ -32,6 +32,7 @@ from cutover.choices import SUPPORTED_SUCCESSOR_CLASSES, BarrierSetState, Succes
 from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivationRefused, SuccessorClassUnsupported,
                             SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
+from cutover.services import barrier_receipts
 from cutover.services.succession_drain import release_drain_of
 from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
                                               _same, _verify_handoff_digests)
@@ -137,6 +138,7 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
                 scope_digest=bytes(successor.serving_scope_digest), successor_class=successor_class, holder=holder)
     except IntegrityError as exc:
         raise BarrierSetRefused(f"another barrier set opened for {predecessor.epoch_id} concurrently") from exc
+    barrier_receipts.record_owner_receipts(row, successor)  # one fenced receipt per owner (CV2-15-009)
     audit_record(actor=actor, entity=row, action="barrier_set_acquire", to_state=row.state, fence=row.fence,
                  evidence_digest=bytes(successor.digest), reason=f"holder {holder}")
     return row
@@ -163,6 +165,9 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
         drift = serving.epoch_owner_drift(epoch_pk=row.successor_epoch_id)
         if drift is not None:
             raise SuccessorDrifted(f"successor owners changed under the barrier: {drift[0]}: {drift[1]}")
+        missing = barrier_receipts.owner_receipt_problems(row, successor)
+        if missing:
+            raise SuccessorDrifted("the set's owner receipts are not the successor's owners: " + "; ".join(missing))
         row.hold(owner_receipts_digest=_owner_receipts_digest(successor))
         row.save()
         audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,

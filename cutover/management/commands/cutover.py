@@ -10,6 +10,8 @@ actions.
   export | certify-drained                         tombstones + baselines; the V1ShutdownCertificate
   capture | rehearse | cold-abort | begin-validation          restore point and validation
   hold | activate | restore                        publication barriers; first activation; full restore
+  recover [--release --reason R]                   take over a crashed coordinator's barrier set (this
+                                                   coordinator becomes its holder) and follow the CutoverDecision
   status                                           every phase, as the console shows it
 """
 from __future__ import annotations
@@ -53,6 +55,10 @@ class Command(BaseCommand):
                 p.add_argument("--budgets", help="JSON file {phase: seconds}; default: the built-in plan")
             if name == "abort":
                 p.add_argument("--reason", required=True)
+        p = sub.add_parser("recover")
+        p.add_argument("--attempt", required=True)
+        p.add_argument("--release", action="store_true", help="release the set while rollback is still open")
+        p.add_argument("--reason", default="")
         parser.add_argument("--coordinator", default="cutover-coordinator", help="this coordinator's identity")
 
     def handle(self, *args, action: str, **options):
@@ -78,6 +84,8 @@ class Command(BaseCommand):
                     kwargs["budgets"] = json.loads(Path(options["budgets"]).read_text())
                 if options.get("reason"):
                     kwargs["reason"] = options["reason"]
+                if action == "recover":
+                    kwargs.update(holder=str(actor), release=options["release"])
                 started = time.monotonic()
                 self.stdout.write(f"[{action}] running …")
                 result = cutover_phases.run_action(attempt_key=options["attempt"], action=action.replace("-", "_"),
