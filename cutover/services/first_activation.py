@@ -13,7 +13,8 @@ Phases (each idempotent and resumable from the durable facts alone):
   locks the set, wins `CutoverDecision: rollback_open -> activating_v2` in the journal while holding it (a restore
   that won first makes this record no activation and fenced-release the set), rejects any drift, and moves the set
   `held -> activation_committed`, the epoch `verified -> active` and every gate `v2_validating -> v2_serving`
-  (connector.services.serving.activate_first_locked). After a fresh readback: `v2_committed`, then the set is
+  (connector.services.serving.activate_first_locked), the epoch `provider_io_held` (no DispatchPermit yet). After
+  a fresh exact readback, whose transaction alone enables provider I/O (D-321): `v2_committed`, then the set is
   released and the attempt closed `v2_committed`. V1's owner barriers stay closed and its generation terminated:
   V1 tables are terminal read-only from here (CV2-12-069); V2 admission opens through the serving gates.
 
@@ -255,7 +256,8 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
             audit_record(actor=actor, entity=row, action="barrier_set_commit_activation",
                          from_state=BarrierSetState.HELD, to_state=row.state, fence=row.fence)
             serving.activate_first_locked(epoch=epoch, account_ids=account_ids, actor=actor,
-                                          observed=bytes(row.successor_digest), gates=gates)
+                                          observed=bytes(row.successor_digest), gates=gates,
+                                          hold_provider_io=True)  # until the exact readback (D-321)
             fault_point("activation.before_commit")
     if lost:
         raise ActivationLost(f"a RestoreAttempt won the CutoverDecision of {attempt.attempt_key}; the barrier "
@@ -284,7 +286,10 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
         raise BarrierSetRefused(f"{row} was released without activation ({row.release_reason}); acquire a new set")
     if row.state not in (BarrierSetState.ACTIVATION_COMMITTED, BarrierSetState.RELEASED):
         raise BarrierSetRefused(f"{row} is {row.state}")
-    if not _readback(attempt, epoch.pk):
+    # The exact readback, under the epoch FOR UPDATE; only when it holds is provider I/O enabled, in its
+    # transaction (CV2-12-071, D-321). V1 is retired at `v2_committed` below (cutover migration 0013).
+    if not serving.epoch_enable_provider_io(epoch_pk=epoch.pk, readback=lambda e: _readback(attempt, e.pk),
+                                            actor=actor):
         raise CutoverPhaseRefused("activation readback does not show the epoch active on every frozen gate")
     decision = decisions.decision_read(attempt_key)
     if decision.state == DecisionState.ACTIVATING_V2:
