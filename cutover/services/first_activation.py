@@ -7,7 +7,8 @@ Phases (each idempotent and resumable from the durable facts alone):
   gates are `v2_validating` and the CutoverDecision is `rollback_open`.
 - `first_activation_hold`: in one transaction holding the set FOR UPDATE, reread the candidate epoch's owners and
   the readiness certificate, V1ShutdownCertificate, V1RestorePoint and exhaustive gate set; freeze their combined
-  digest (`held`). From now on every owner publication is refused (connector.hooks.publication_guard) and an urgent
+  digest (`held`), and the closed activation inventory (cutover.services.activation_inventory: an uncovered
+  path refuses the hold). From now on every owner publication is refused (connector.hooks.publication_guard) and an urgent
   revocation aborts the activation only while rollback is open.
 - `first_activation_commit`: requires the dual approval of the activation decision, then ONE `default` transaction
   locks the set, wins `CutoverDecision: rollback_open -> activating_v2` in the journal while holding it (a restore
@@ -54,6 +55,7 @@ from cutover.models import (
     V1RestorePoint,
     V1ShutdownCertificate,
 )
+from cutover.services import activation_inventory
 from cutover.services import decision as decisions
 from cutover.services import succession
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
@@ -169,6 +171,7 @@ def first_activation_hold(*, attempt_key: str, actor: Actor) -> ServingPublicati
         if problems:
             succession.record_release(row, "mismatch under the held fences: " + "; ".join(problems), actor)
             return row
+        activation_inventory.inventory_freeze(attempt, row, epoch, actor)  # uncovered: refused, stays acquiring
         row.hold(owner_receipts_digest=activation_evidence(attempt, epoch))
         row.save()
         audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
@@ -279,6 +282,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor) -> ServingEpoch:
         digest, _ = activation_decision(epoch.epoch_id,
                                         rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
+        activation_inventory.inventory_check(attempt, row)  # CV2-12-010: nothing uncovered, as frozen (D-320)
         _activation_transaction(attempt, row.pk, actor, rows=rows)
         fault_point("activation.after_commit")
         row.refresh_from_db()
