@@ -94,3 +94,43 @@ def test_every_seed_path_kind_names_a_real_authority_and_every_binding_kind_is_m
     assert set(inventory.BINDING_PATHS) == set(BindingKind.values)
     for kinds in inventory.BINDING_PATHS.values():
         assert kinds and set(kinds) <= set(SEED_KINDS)
+
+
+def test_the_activation_inventory_names_every_path_without_its_authority(db):
+    """The per-activation inventory from the database: on a covered service every account, gate, enabled route
+    and mapped credential is an entry with its authority; an account whose gate is gone, gates not
+    `v2_validating`, an enabled route without its frozen binding and a certified partition without a lane are each
+    listed uncovered. Proves: CV2-12-010"""
+    from django.db import connection
+
+    from connector.demo import build_world
+    from connector.models import AccountServingGate, ServiceConfigurationAccount
+    from tests import dbroles
+
+    world = build_world("inv-")
+    epoch = world.verified_epoch  # the candidate; the gates serve epoch-1 (v2_serving, not v2_validating)
+    accounts = sorted(a.pk for a in world.accounts)
+    found = inventory.activation_inventory(epoch_pk=epoch.pk, configuration_pk=world.configuration.pk,
+                                           partitions=[(accounts[0], "records.webhook", "nowhere")])
+    kinds = found.counts()
+    assert kinds["account"] == len(accounts) and kinds["route"] >= len(accounts) and kinds["dispatch"] >= 1
+    uncovered = {(kind, subject) for kind, subject, _ in found.uncovered}
+    gates = dict(AccountServingGate.objects.values_list("account_id", "pk"))
+    assert {("gate", str(gates[a])) for a in accounts} <= uncovered  # v2_serving, not to be bound
+    assert ("partition", f"{accounts[0]}:records.webhook:nowhere") in uncovered
+
+    with connection.cursor() as cursor:  # stage an account without its gate and a route outside the epoch
+        dbroles.admin_on(cursor)
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("DELETE FROM connector_accountservinggate WHERE account_id = %s", [accounts[1]])
+        cursor.execute("UPDATE connector_serviceconfigurationaccount SET enabled_routes = %s "
+                       "WHERE generation_id = %s AND account_id = %s",
+                       ['["records.webhook", "no.such.route"]', world.configuration.pk, accounts[0]])
+        cursor.execute("SET session_replication_role = origin")
+        dbroles.admin_off(cursor)
+    assert ServiceConfigurationAccount.objects.filter(account_id=accounts[0]).exists()
+    found = inventory.activation_inventory(epoch_pk=epoch.pk, configuration_pk=world.configuration.pk)
+    uncovered = {(kind, subject): reason for kind, subject, reason in found.uncovered}
+    assert uncovered[("account", str(accounts[1]))] == "no serving gate"
+    assert ("route", f"{accounts[0]}:no.such.route") in uncovered
+    assert ["account", str(accounts[1])] not in [e[:2] for e in found.entries]
