@@ -76,6 +76,9 @@ class ServingLock(NamedTuple):
     epoch_id: str | None
     epoch_state: str | None
     epoch_digest: bytes | None
+    # The epoch's `provider_io_held` (migration 0023): a first activation not yet read back (CV2-12-071). Absent
+    # (None) where a caller builds the tuple from a statement that does not return it (`connector_receipt_admit`).
+    epoch_io_held: bool | None = None
 
 
 _SERVING_FOR_SHARE = "SELECT * FROM connector_lock_serving(%s, %s)"

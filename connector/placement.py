@@ -182,6 +182,7 @@ DEFAULT: dict[str, Placement] = {
                                           "because the per-account ordering baselines reference it"),
     "cutover_v1shutdowncertificate": _local("certificates of one cutover attempt"),
     "cutover_cutoverreadinesscertificate": _local("certificates of one cutover attempt"),
+    "cutover_activationinventory": _local("the frozen activation inventory of one barrier set (D-320)"),
     "cutover_maintenancebarrierreceipt": _local("receipts of one cutover attempt"),
     "cutover_v1generationreceipt": _local("receipts of one cutover attempt"),
     "cutover_v1reconciliation": _local("reconciliation of one cutover attempt"),

@@ -16,7 +16,8 @@ from cutover.choices import (
     BARRIER_SET_TRANSITIONS, DECISION_TRANSITIONS, RESTORE_ATTEMPT_TRANSITIONS, BarrierSetState, DecisionState,
 )
 from cutover.models import (
-    CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline, V1GenerationReceipt, V1Reconciliation,
+    ActivationInventory, CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline, V1GenerationReceipt,
+    V1Reconciliation,
     CutoverDecision, OrderingHandoff, RestoreAttempt, RestorePointRehearsal, ServiceCutoverAttempt,
     ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate,
 )
@@ -226,3 +227,7 @@ _evidence_admin(V1Reconciliation, "One fenced v1_stopped reconciliation of a V1 
 _evidence_admin(OrderingBaseline, "The drained V1 high-water of one order-dependent route and partition: the "
                 "candidate epoch's lane starts from it (CV2-12-055).",
                 ("attempt", "account", "route_key", "partition", "high_water", "origin"))
+_evidence_admin(ActivationInventory, "The closed activation inventory frozen when the first activation's barrier "
+                "set was held: the path registry's and the inventory's digests and the count per path kind; "
+                "rechecked before the activation (CV2-12-010, D-320).",
+                ("attempt", "barrier_set", "counts", "created_at"))

@@ -183,3 +183,16 @@ class PublicationBarrierHeld(ConnectorError):
     http_status = 409
     retryable = True
     operator_action = "Retry after the activation finished or was aborted (cutover console)."
+
+
+class ActivationInventoryUncovered(ConnectorError):
+    """The closed activation inventory (CV2-12-010, D-320) finds a supported path without its selected authority
+    (an account without a serving gate, a gate not `v2_validating`, an enabled route without its frozen binding or
+    whose path kind has no registered authority, a credential generation without a dispatch gate, a certified
+    partition without its OrderingLane), or it differs from the inventory frozen when the set was held. The
+    activation is not held or committed; nothing was written."""
+
+    code = "ACTIVATION_INVENTORY_UNCOVERED"
+    http_status = 409
+    operator_action = ("Read the uncovered paths in the detail; give each its authority (or release the barrier set "
+                       "and plan a new attempt), then hold again.")

@@ -38,6 +38,17 @@ class PermitRefused(ConnectorError):
     retryable = True
 
 
+class ProviderIoHeld(PermitRefused):
+    """No permit: the exact epoch's first activation has not been read back yet, so provider I/O is still
+    disabled (CV2-12-071, D-321). Nothing was written; the effect stays `prepared` and claimable."""
+
+    code = "PROVIDER_IO_NOT_ENABLED"
+    http_status = 503
+    retryable = True
+    operator_action = ("Let the cutover coordinator finish `first_activation_commit` (its exact readback enables "
+                       "provider I/O); rerun it if it stopped.")
+
+
 class EgressRefused(ConnectorError):
     """The egress adapter refuses to send: the permit is not `granted` for this holder and fence, the holder is
     terminated, or the credential generation's dispatch gate was revoked or re-fenced."""

@@ -51,6 +51,10 @@ class ServingEpoch(ConcurrentTransitionMixin, models.Model):
     state_changed_at = models.DateTimeField(auto_now=True)
     rejection_code = models.CharField(max_length=64, blank=True, default="")
     rejection_detail = models.TextField(blank=True, default="")
+    # Set only by a service cutover's first activation transaction (with `verified -> active`) and cleared only by
+    # its exact activation readback's transaction: while set, no DispatchPermit is granted on the epoch and no
+    # provider I/O starts (CV2-12-071, D-321). Never set again once cleared (trigger, connector migration 0023).
+    provider_io_held = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

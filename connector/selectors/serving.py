@@ -102,3 +102,12 @@ def epoch_retention_blockers(epoch: ServingEpoch) -> list[tuple[str, str]]:
     if windows:
         found.append(("WINDOW_OPEN", _rows("window", windows) + " still open"))
     return found + hooks.retention_blockers(epoch)
+
+
+def provider_io_held_epochs() -> QuerySet:
+    """The epochs whose service-cutover first activation committed but is not read back yet (`provider_io_held`,
+    CV2-12-071, D-321). While one exists no provider I/O of the service starts: a DispatchPermit is refused by its
+    guard, and a REST bulk delivery submit or pre-I/O marker reads this (as an EXISTS of the row it already locks,
+    effects.services.delivery.journal). Once cleared a flag is never set again (connector migration 0023), so a
+    reader that sees none needs no lock on the epochs."""
+    return ServingEpoch.objects.filter(provider_io_held=True)

@@ -32,6 +32,9 @@ class ServingContext:
     epoch_pk: int
     epoch_id: str
     epoch_digest: bytes
+    # The exact epoch's first activation is not read back yet: provider I/O stays disabled (CV2-12-071, D-321).
+    # Only the permit acquisition reads it; every other guarded write is unaffected.
+    provider_io_held: bool = False
 
 
 def _locked(account_id: int) -> locks.ServingLock:
@@ -137,4 +140,5 @@ def serving_check(row: locks.ServingLock, *, account_id: int, epoch_id: str | No
         raise GateNotServing(f"writer bound to epoch {epoch_id}; the gate serves {row.epoch_id}")
     if epoch_digest is not None and not hmac.compare_digest(bytes(epoch_digest), stored):
         raise GateNotServing(f"writer's digest for epoch {row.epoch_id} differs from the exact epoch")
-    return ServingContext(account_id, row.gate_pk, row.gate_fence, row.gate_epoch_pk, row.epoch_id, stored)
+    return ServingContext(account_id, row.gate_pk, row.gate_fence, row.gate_epoch_pk, row.epoch_id, stored,
+                          bool(row.epoch_io_held))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -329,7 +330,7 @@ def activation_cardinality_check(*, accounts: int) -> None:
 
 
 def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor: Actor, observed: bytes,
-                          gates: list[locks.GateRow] | None = None) -> None:
+                          gates: list[locks.GateRow] | None = None, hold_provider_io: bool = False) -> None:
     """Inside the caller's transaction, with the epoch already locked FOR UPDATE and checked `verified` with the
     observed digest: lock every gate of the exhaustive account set (ascending account id), require each
     `v2_validating`, and move the epoch `verified -> active` and every gate to `v2_serving` naming it (new fence
@@ -339,7 +340,9 @@ def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor:
 
     Set-based (D-210, D-278, D-279): the gates are locked by one SELECT ... FOR UPDATE read as tuples, and move
     with their audit rows in one statement (gates.gates_bind_epoch), so the statement count does not grow with
-    the account set. Raises
+    the account set. `hold_provider_io` (a service cutover's first activation): the epoch is also marked
+    `provider_io_held` in this transaction, so no permit is granted on it until `epoch_enable_provider_io` has
+    read the activation back (CV2-12-071, D-321). Raises
     ActivationCardinalityExceeded above the declared maximum and TransitionRefused for a missing or unready gate;
     the caller's transaction then rolls back."""
     activation_cardinality_check(accounts=len(account_ids))
@@ -353,10 +356,30 @@ def activate_first_locked(*, epoch: ServingEpoch, account_ids: list[int], actor:
         raise TransitionRefused(f"every gate must be {source}; not ready: "
                                 + ", ".join(f"{g.account_id}={g.mode}" for g in not_ready[:10]))
     epoch.activate()
-    epoch.save(update_fields=EPOCH_STATE_FIELDS)
+    epoch.provider_io_held = hold_provider_io
+    epoch.save(update_fields=[*EPOCH_STATE_FIELDS, "provider_io_held"] if hold_provider_io else EPOCH_STATE_FIELDS)
     audit_record(actor=actor, entity=epoch, action="epoch_activate_first", from_state=EpochState.VERIFIED,
-                 to_state=EpochState.ACTIVE, evidence_digest=observed)
+                 to_state=EpochState.ACTIVE, evidence_digest=observed,
+                 reason="provider I/O held until the activation readback" if hold_provider_io else "")
     gates_bind_epoch(gates=gates, action="activate_first", epoch=epoch, actor=actor, evidence_digest=observed)
+
+
+def epoch_enable_provider_io(*, epoch_pk: int, readback: Callable[[ServingEpoch], bool], actor: Actor) -> bool:
+    """The exact activation readback's transaction (CV2-12-071, D-321): lock the epoch FOR UPDATE (every permit
+    acquisition holds it FOR SHARE through its guard, so they serialize), run the caller's exact `readback` of
+    the activation under that lock and, only if it holds, clear `provider_io_held`. Returns whether the readback
+    held; False writes nothing. An epoch already enabled is read back again and left as it is (the resume)."""
+    with transaction.atomic():
+        epoch = locks.epoch_for_update(epoch_pk)
+        if epoch.state != EpochState.ACTIVE or not readback(epoch):
+            return False
+        if epoch.provider_io_held:
+            epoch.provider_io_held = False
+            epoch.save(update_fields=["provider_io_held"])
+            audit_record(actor=actor, entity=epoch, action="epoch_enable_provider_io", from_state=epoch.state,
+                         to_state=epoch.state, evidence_digest=bytes(epoch.digest),
+                         reason="exact activation readback: provider I/O enabled")
+    return True
 
 
 # -- retirement -----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from django.db.models.lookups import Exact
 from cutover.models.attempt import ServiceCutoverAttempt
 
 __all__ = ["OrderingDisposition", "CutoverReadinessCertificate", "MaintenanceBarrierReceipt",
-           "V1GenerationReceipt", "V1Reconciliation", "OrderingBaseline"]
+           "V1GenerationReceipt", "V1Reconciliation", "OrderingBaseline", "ActivationInventory"]
 
 
 def _digest(field: str, name: str) -> models.CheckConstraint:
@@ -142,3 +142,30 @@ class OrderingBaseline(models.Model):
                                                            OrderingDisposition.PROVIDER_SNAPSHOT_BARRIER)),
                                    name="cutover_baseline_origin"),
         ]
+
+
+class ActivationInventory(models.Model):
+    """The closed inventory of the first activation (CV2-12-010, D-320), frozen when the barrier set is held: the
+    digest of the code-level path registry (connector.selectors.inventory.PATHS) and of the per-activation
+    inventory computed from the database (every account, gate, enabled route, credential dispatch gate and
+    certified partition, each with its selected authority), with the count per kind. Written only when nothing
+    is uncovered; the activation commit recomputes it and refuses any difference. Append-only (migration 0016);
+    one per barrier set."""
+
+    attempt = models.ForeignKey(ServiceCutoverAttempt, on_delete=models.PROTECT, related_name="inventories")
+    barrier_set = models.OneToOneField("cutover.ServingPublicationBarrierSet", on_delete=models.PROTECT,
+                                       related_name="inventory")
+    epoch_digest = models.BinaryField(max_length=32)
+    registry_digest = models.BinaryField(max_length=32)
+    counts = models.JSONField()
+    digest = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [_digest("digest", "cutover_inventory_digest_length"),
+                       _digest("registry_digest", "cutover_inventory_registry_digest_length"),
+                       _digest("epoch_digest", "cutover_inventory_epoch_digest_length")]
+
+    def __str__(self) -> str:
+        return f"activation inventory of {self.attempt.attempt_key}"

@@ -7,13 +7,15 @@ Phases (each idempotent and resumable from the durable facts alone):
   gates are `v2_validating` and the CutoverDecision is `rollback_open`.
 - `first_activation_hold`: in one transaction holding the set FOR UPDATE, reread the candidate epoch's owners and
   the readiness certificate, V1ShutdownCertificate, V1RestorePoint and exhaustive gate set; freeze their combined
-  digest (`held`). From now on every owner publication is refused (connector.hooks.publication_guard) and an urgent
+  digest (`held`), and the closed activation inventory (cutover.services.activation_inventory: an uncovered
+  path refuses the hold). From now on every owner publication is refused (connector.hooks.publication_guard) and an urgent
   revocation aborts the activation only while rollback is open.
 - `first_activation_commit`: requires the dual approval of the activation decision, then ONE `default` transaction
   locks the set, wins `CutoverDecision: rollback_open -> activating_v2` in the journal while holding it (a restore
   that won first makes this record no activation and fenced-release the set), rejects any drift, and moves the set
   `held -> activation_committed`, the epoch `verified -> active` and every gate `v2_validating -> v2_serving`
-  (connector.services.serving.activate_first_locked). After a fresh readback: `v2_committed`, then the set is
+  (connector.services.serving.activate_first_locked), the epoch `provider_io_held` (no DispatchPermit yet). After
+  a fresh exact readback, whose transaction alone enables provider I/O (D-321): `v2_committed`, then the set is
   released and the attempt closed `v2_committed`. V1's owner barriers stay closed and its generation terminated:
   V1 tables are terminal read-only from here (CV2-12-069); V2 admission opens through the serving gates.
 
@@ -58,6 +60,7 @@ from cutover.models import (
     V1ShutdownCertificate,
 )
 from cutover.services import barrier_receipts
+from cutover.services import activation_inventory
 from cutover.services import decision as decisions
 from cutover.services import succession
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
@@ -201,6 +204,7 @@ def first_activation_hold(*, attempt_key: str, actor: Actor, holder: str | None 
         if problems:
             succession.record_release(row, "mismatch under the held fences: " + "; ".join(problems), actor)
             return row
+        activation_inventory.inventory_freeze(attempt, row, epoch, actor)  # uncovered: refused, stays acquiring
         row.hold(owner_receipts_digest=activation_evidence(attempt, epoch))
         row.save()
         audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
@@ -292,7 +296,8 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
             audit_record(actor=actor, entity=row, action="barrier_set_commit_activation",
                          from_state=BarrierSetState.HELD, to_state=row.state, fence=row.fence)
             serving.activate_first_locked(epoch=epoch, account_ids=account_ids, actor=actor,
-                                          observed=bytes(row.successor_digest), gates=gates)
+                                          observed=bytes(row.successor_digest), gates=gates,
+                                          hold_provider_io=True)  # until the exact readback (D-321)
             fault_point("activation.before_commit")
     if lost:
         raise ActivationLost(f"a RestoreAttempt won the CutoverDecision of {attempt.attempt_key}; the barrier "
@@ -319,6 +324,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
         digest, _ = activation_decision(epoch.epoch_id,
                                         rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
+        activation_inventory.inventory_check(attempt, row)  # CV2-12-010: nothing uncovered, as frozen (D-320)
         _activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
         fault_point("activation.after_commit")
         row.refresh_from_db()
@@ -326,7 +332,10 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
         raise BarrierSetRefused(f"{row} was released without activation ({row.release_reason}); acquire a new set")
     if row.state not in (BarrierSetState.ACTIVATION_COMMITTED, BarrierSetState.RELEASED):
         raise BarrierSetRefused(f"{row} is {row.state}")
-    if not _readback(attempt, epoch.pk):
+    # The exact readback, under the epoch FOR UPDATE; only when it holds is provider I/O enabled, in its
+    # transaction (CV2-12-071, D-321). V1 is retired at `v2_committed` below (cutover migration 0013).
+    if not serving.epoch_enable_provider_io(epoch_pk=epoch.pk, readback=lambda e: _readback(attempt, e.pk),
+                                            actor=actor):
         raise CutoverPhaseRefused("activation readback does not show the epoch active on every frozen gate")
     decision = decisions.decision_read(attempt_key)
     if decision.state == DecisionState.ACTIVATING_V2:

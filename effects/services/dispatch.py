@@ -26,7 +26,7 @@ from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from effects import locks
 from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
-from effects.errors import AbandonRefused, DestinationDeferred, PermitRefused, ReconcileRefused
+from effects.errors import AbandonRefused, DestinationDeferred, PermitRefused, ProviderIoHeld, ReconcileRefused
 from effects.models import (
     DestinationLimiter,
     DispatchPermit,
@@ -196,6 +196,9 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
     deferred = None
     with transaction.atomic():
         ctx = lock_serving(account_id=effect.account_id)
+        if ctx.provider_io_held:  # read with the epoch row the guard holds FOR SHARE: no extra statement (D-321)
+            raise ProviderIoHeld(f"epoch {ctx.epoch_id} is active but its first activation is not read back yet; "
+                                 "provider I/O is disabled")
         credential_gate = connector_locks.credential_gate_for_share(command.credential_generation_id)
         effect = locks.effect_for_update(claim.effect_pk, account_id=effect.account_id)
         limiter = locks.limiter_for_update(command.limiter_id) if command.limiter_id is not None else None

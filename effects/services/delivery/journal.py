@@ -12,15 +12,18 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Exists
 from django.utils import timezone
 
 from connector.actors import Actor
 from connector.selectors.locks import share_one as _share_one
+from connector.selectors.serving import provider_io_held_epochs
 from connector.services.audit import audit_record
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError, DeliveryPermissionDenied, DeliveryRequestInvalid
 from effects.models import JournalEpochAttestation, MayAttemptMarker, MutationGate, ReconciliationCampaign
 from effects.choices import GateState
+from effects.errors import ProviderIoHeld
 
 log = logging.getLogger(__name__)
 BLOCK_REASONS = tuple(contract().raw["mutation_gate"]["blocked_after"])
@@ -59,11 +62,18 @@ def gate_block(*, reason: str, detail: str, actor: Actor = SYSTEM) -> MutationGa
 
 
 def gate_guard_for_share() -> MutationGate:
-    """Inside a submit transaction: the gate FOR SHARE, ENABLED, at the attested journal epoch. A mismatch
-    blocks the gate (in its own committed transaction, after this one rolls back) and refuses."""
+    """Inside a submit transaction: the gate FOR SHARE, ENABLED, at the attested journal epoch, and no first
+    activation awaiting its readback (ProviderIoHeld, D-321). A mismatch blocks the gate (in its own committed
+    transaction, after this one rolls back) and refuses."""
     gate_row()
     attested = attested_epoch()
-    gate = _share_one(MutationGate.objects.filter(singleton=True))
+    # A first activation not yet read back holds all provider I/O (CV2-12-071, D-321): read in the same statement
+    # as the gate's share lock, no round trip added.
+    gate = _share_one(MutationGate.objects.filter(singleton=True).annotate(
+        provider_io_held=Exists(provider_io_held_epochs())))
+    if gate.provider_io_held:
+        raise ProviderIoHeld("a service cutover's first activation is not read back yet; provider I/O is disabled "
+                             "(no REST delivery submit or request starts)")
     if gate.state != GateState.ENABLED:
         raise DeliveryError("REST_DELIVERY_JOURNAL_EPOCH_BLOCKED",
                             f"the delivery mutation gate is blocked ({gate.blocked_reason})", block=None)
