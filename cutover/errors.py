@@ -62,6 +62,31 @@ class CutoverPreflightRefused(ConnectorError):
     operator_action = "Fix the named input and open a NEW attempt; a certificate is never edited."
 
 
+class V2ArtifactMismatch(ConnectorError):
+    """The offline verification before maintenance failed (CV2-12-019): the V2 schema digest or the V2 binary digest
+    differs from the one frozen in the CutoverReadinessCertificate, the candidate epoch is no longer `verified` with
+    the certificate's digest, or V2 is not provably disabled (an active epoch, a V2 receipt, a gate outside
+    v1_serving/halting_v1). Nothing changed: no barrier closed, no gate moved. `context["reasons"]` lists each."""
+
+    code = "V2_ARTIFACT_MISMATCH"
+    http_status = 409
+    operator_action = ("Deploy exactly the certified V2 release and schema (or open a new attempt and certify the "
+                       "new ones), keep V2 disabled, then close the barriers again.")
+
+
+class V1RemovalRefused(ConnectorError):
+    """The V1 tables cannot be removed yet (CV2-12-078): V1 is not retired (no `v2_committed` attempt), or a V2 fact
+    still depends on a V1 row: a V1 transport identity without its exact tombstone, a drained high-water without
+    its OrderingBaseline, a replay predecessor reference naming a V1 row that has no tombstone, or an audit record
+    of a V1 row still inside the retention period. Nothing was dropped; `context["reasons"]` lists the stable
+    dependency codes (docs/cutover.md "Removing the V1 tables")."""
+
+    code = "V1_REMOVAL_REFUSED"
+    http_status = 409
+    operator_action = ("Read the listed dependencies (`manage.py v1_tables remove --check`); export the missing "
+                       "evidence or wait for the audit retention to pass, then retry.")
+
+
 class CutoverPhaseRefused(ConnectorError):
     """The cutover phase cannot run now: the attempt is closed or unknown, a gate is not in the phase's mode, the
     account/gate set drifted, a receipt does not name the attempt, or the certificate bytes do not verify."""

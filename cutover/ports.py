@@ -105,9 +105,10 @@ class Workload:
     open_partitions: int
     live_leases: int
     ambiguous_effects: int
-    nearest_dependency_deadline_s: float | None
-    database_bytes: int
-    owner_latency_ms: dict[str, float] = field(default_factory=dict)
+    nearest_dependency_deadline_s: float | None  # seconds from now to the nearest/latest dependency deadline of
+    database_bytes: int                           # the open accepted work (None: no open item has one)
+    owner_latency_ms: dict[str, float] = field(default_factory=dict)  # filled by the coordinator (it times them)
+    latest_dependency_deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
