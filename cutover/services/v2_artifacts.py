@@ -80,10 +80,10 @@ def code_dirs() -> list[Path]:
 
 
 def binary_digest() -> bytes:
-    """sha256 of the V2 code: every file under CODE_DIRS, by relative path in byte order, `__pycache__` excluded."""
-    base = Path(settings.BASE_DIR)
-    files = sorted((str(path.relative_to(base)).encode(), path) for root in code_dirs() for path in root.rglob("*")
-                   if path.is_file() and "__pycache__" not in path.parts)
+    """sha256 of the V2 code: every file under CODE_DIRS, named `<dir>/<relative path>`, in byte order of the names,
+    `__pycache__` excluded; each name and content length-prefixed."""
+    files = sorted((f"{root.name}/{path.relative_to(root)}".encode(), path) for root in code_dirs()
+                   for path in root.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
     h = hashlib.sha256(b"nexuscrm.v2.binary.v1")
     for name, path in files:
         data = path.read_bytes()
