@@ -191,6 +191,10 @@ class V1OwnerPort(Protocol):
         high-waters and generations. Raises cutover.errors' refusal on any mismatch (CV2-12-052)."""
     def high_waters(self, account_keys: list[str]) -> list[HighWater]: ...
 
+    def tables(self) -> tuple[str, ...]:
+        """Every V1 table, in an order that drops dependents first (CV2-12-078: removed after cutover). Reads no
+        row: it still answers after the tables are gone."""
+
 
 @cache
 def v1_owner() -> V1OwnerPort:

@@ -222,6 +222,10 @@ class V1Owner:
                           w.comparator)
                 for w in V1HighWater.objects.filter(account_key__in=account_keys).order_by("pk")]
 
+    def tables(self) -> tuple[str, ...]:
+        models = (V1OutboundEffect, V1WorkItem, V1HighWater, V1SourceCursor, V1Barrier, V1ProcessGeneration)
+        return tuple(m._meta.db_table for m in models)
+
     def boot_check(self, database_url: str, release: V1Release, attempt_key: str) -> Receipt:
         env = {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "config.django.local"}
         env.pop("TEST_DB_SUFFIX", None)
