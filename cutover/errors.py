@@ -54,8 +54,9 @@ class SuccessorActivationRefused(ConnectorError):
 
 class CutoverPreflightRefused(ConnectorError):
     """Preflight refuses the cutover: an unsupported or unproved route, no lossless halt contract or remediation
-    owner, an unsupported egress manifest, incomplete budgets, a projection over budget, or another open attempt
-    (CV2-12-012..017)."""
+    owner, an unsupported egress manifest, incomplete budgets, an unreadable owner, a failed representative restore
+    rehearsal, a projection over budget, or another open attempt (CV2-12-012..017). `context["reasons"]` names each
+    by its stable code (docs/cutover.md "Preflight measurements")."""
 
     code = "CUTOVER_PREFLIGHT_REFUSED"
     http_status = 422

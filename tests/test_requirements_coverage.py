@@ -52,22 +52,11 @@ _R12 = ("a planned successor halts every gate (v2_serving -> halting_v2 -> v2_ha
         "work by local finalization in v2_halted (tests/cutover/test_succession.py); there is no phase that "
         "first drains continuation work under the still-active predecessor with gates v2_serving while owner "
         "barriers refuse new roots")
-_R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
-        "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
-        "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
 _R14 = ("no closed inventory of the V2 paths (route, partition, account, gate, ingress, replay, "
         "materialization, claim, execution, outbound, dispatch) with the authority selected for each is built "
         "or checked before activation; the guarantee rests on every such path taking the one serving guard "
         "(tests/connector/test_validating_refuses_writes.py), not on an inventory whose uncovered path blocks "
         "activation")
-_R15 = ("preflight measures backlog, open partitions, live leases, ambiguous effects and database size and "
-        "projects each budgeted phase (tests/cutover/test_v1_shutdown.py), but dependency deadlines are never "
-        "measured (always None), owner latencies are not measured, and the restore rehearsal is projected from "
-        "the database size instead of being run on the candidate schema at preflight (it runs later, on the "
-        "restore point)")
-_R16 = ("before maintenance the attempt requires the candidate epoch verified for exactly the configuration "
-        "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest or "
-        "conformance proof is verified offline or frozen in the readiness certificate")
 _R18 = ("the first activation transaction itself moves every gate to v2_serving, which is what opens admission, "
         "claims and provider I/O; the exact readback runs after that commit and gates only v2_committed and the "
         "set's release (tests/cutover/test_first_activation.py), so provider I/O is not held back until the "
@@ -97,14 +86,8 @@ KNOWN_GAPS: dict[str, tuple[str, int]] = {
     "CV2-09-019": (_R11, 22),
     # reason 12
     "CV2-11-005": (_R12, 22),
-    # reason 13
-    "CV2-12-078": (_R13, 22),
     # reason 14
     "CV2-12-010": (_R14, 22),
-    # reason 15
-    "CV2-12-016": (_R15, 22),
-    # reason 16
-    "CV2-12-019": (_R16, 22),
     # reason 18
     "CV2-12-071": (_R18, 22),
     # reason 19

@@ -15,7 +15,7 @@ from connector.choices import GateMode
 from connector.selectors import owners as owner_reads
 from cutover.errors import CutoverPreflightRefused, V2ArtifactMismatch
 from cutover.models import CutoverReadinessCertificate, MaintenanceBarrierReceipt
-from cutover.services import pg_snapshot, preflight_measures, v1_shutdown as sd, v2_artifacts
+from cutover.services import pg_snapshot, v1_shutdown as sd, v2_artifacts
 from tests import dbroles
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world
