@@ -94,8 +94,6 @@ def binary_digest() -> bytes:
 def offline_problems(attempt, certificate) -> list[str]:
     """Why the V2 schema, binary, candidate epoch and configuration are not exactly the certificate's, or why V2 is
     not provably disabled for the attempt's accounts (empty = verified)."""
-    from cutover.services.preflight import account_set  # the preflight helpers import this module
-
     problems = []
     if not hmac.compare_digest(schema_digest(), bytes(certificate.v2_schema_digest)):
         problems.append("the V2 schema differs from the certificate's (v2_schema_digest)")
@@ -109,7 +107,7 @@ def offline_problems(attempt, certificate) -> list[str]:
         problems.append("the configuration generation is not the certificate's")
     if ServingEpoch.objects.filter(state=EpochState.ACTIVE).exists():
         problems.append("a ServingEpoch is active: V2 is not disabled")
-    ids = [i for i, _ in account_set(attempt.configuration)]
+    ids = list(attempt.configuration.accounts.values_list("account_id", flat=True))
     if Receipt.objects.filter(account_id__in=ids).exists():
         problems.append("a V2 receipt exists for the attempt's accounts: V2 is not disabled")
     enabled = AccountServingGate.objects.filter(account_id__in=ids).exclude(mode__in=V2_DISABLED_MODES)
