@@ -149,6 +149,19 @@ def _table_evidence(cursor, table: str) -> list:
     return [table, rows, h.hexdigest()]
 
 
+def _removed(tables: tuple[str, ...]) -> V1TableRemoval | None:
+    """The removal record when the tables are gone; None when they are all present; refused when some are gone
+    without a record (not this product's removal: nothing is assumed)."""
+    present = _present(tables)
+    existing = V1TableRemoval.objects.first()
+    if existing is not None and not present:
+        return existing
+    if len(present) != len(tables):
+        raise V1RemovalRefused("V1 tables are missing without a removal record: " + ", ".join(
+            sorted(set(tables) - set(present))), reasons=["v1_tables_incomplete"])
+    return None
+
+
 def v1_tables_remove(*, reason: str, actor: Actor) -> V1TableRemoval:
     """Drop every V1 table in one transaction once no dependency holds them; idempotent (the record is returned
     when the tables are already gone)."""
@@ -156,29 +169,26 @@ def v1_tables_remove(*, reason: str, actor: Actor) -> V1TableRemoval:
     if not reason.strip():
         raise V1RemovalRefused("a removal needs a reason", reasons=["reason_missing"])
     tables = v1_owner().tables()
-    existing = V1TableRemoval.objects.first()
-    present = _present(tables)
-    if existing is not None and not present:
+    existing = _removed(tables)
+    if existing is not None:
         return existing
-    if len(present) != len(tables):
-        raise V1RemovalRefused("V1 tables are missing without a removal record: " + ", ".join(
-            sorted(set(tables) - set(present))), reasons=["v1_tables_incomplete"])
     _refuse_if(v1_removal_dependencies())  # fail fast, before any lock
     with transaction.atomic():
-        present = _present(tables)
+        # Concurrent removals serialize on the committed attempt's row; the later one finds the record.
+        attempt = ServiceCutoverAttempt.objects.select_for_update().get(pk=committed_attempt().pk)
+        existing = _removed(tables)
+        if existing is not None:
+            return existing
         with connection.cursor() as cursor:
-            if present:
-                cursor.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in present) + " IN ACCESS EXCLUSIVE MODE")
-        found = v1_removal_dependencies()  # again, with the V1 tables locked
-        _refuse_if(found)
-        attempt = committed_attempt()
+            cursor.execute("LOCK TABLE " + ", ".join(f'"{t}"' for t in tables) + " IN ACCESS EXCLUSIVE MODE")
+        _refuse_if(v1_removal_dependencies())  # again, with the V1 tables locked
         with connection.cursor() as cursor:
-            dropped = [_table_evidence(cursor, t) for t in tables if t in present]
+            dropped = [_table_evidence(cursor, t) for t in tables]
             checks = [[code, 0] for code in ("v1_not_retired", *CHECKS)]
             value = {"attempt": attempt.attempt_key, "tables": dropped, "checks": checks,
                      "retention_s": retention_seconds(), "reason": reason, "actor": str(actor)}
             payload, digest = evidence_digest("v1_table_removal", value)
-            cursor.execute("DROP TABLE " + ", ".join(f'"{t}"' for t in tables if t in present))
+            cursor.execute("DROP TABLE " + ", ".join(f'"{t}"' for t in tables))
         removal = V1TableRemoval.objects.create(attempt=attempt, tables=dropped, checks=checks, reason=reason,
                                                 removed_by=str(actor), payload=payload, digest=digest)
         audit_record(actor=actor, entity=removal, action="v1_tables_removed", evidence_digest=digest,
