@@ -18,7 +18,7 @@ from cutover.choices import (
 from cutover.models import (
     CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline, V1GenerationReceipt, V1Reconciliation,
     CutoverDecision, OrderingHandoff, RestoreAttempt, RestorePointRehearsal, ServiceCutoverAttempt,
-    ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate,
+    ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate, V1TableRemoval,
 )
 
 register_tones({
@@ -226,3 +226,6 @@ _evidence_admin(V1Reconciliation, "One fenced v1_stopped reconciliation of a V1 
 _evidence_admin(OrderingBaseline, "The drained V1 high-water of one order-dependent route and partition: the "
                 "candidate epoch's lane starts from it (CV2-12-055).",
                 ("attempt", "account", "route_key", "partition", "high_water", "origin"))
+_evidence_admin(V1TableRemoval, "The record of the retired V1 tables' removal: each table's row count and content "
+                "digest taken in the dropping transaction and the dependency checks that were all empty "
+                "(manage.py v1_tables remove; CV2-12-078).", ("attempt", "removed_by", "reason", "created_at"))
