@@ -186,6 +186,7 @@ DEFAULT: dict[str, Placement] = {
     "cutover_maintenancebarrierreceipt": _local("receipts of one cutover attempt"),
     "cutover_v1generationreceipt": _local("receipts of one cutover attempt"),
     "cutover_v1reconciliation": _local("reconciliation of one cutover attempt"),
+    "cutover_v1tableremoval": _local("the record of the V1 tables' removal (one per service)"),
     "cutover_orderinghandoff": _acct("per-account ordering handoff, written next to the account's lanes",
                                      hot=False),
     "cutover_orderingbaseline": _acct("per-account ordering baseline of a cutover attempt", hot=False),

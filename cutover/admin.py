@@ -19,7 +19,7 @@ from cutover.models import (
     ActivationInventory, CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline, V1GenerationReceipt,
     V1Reconciliation,
     CutoverDecision, OrderingHandoff, RestoreAttempt, RestorePointRehearsal, ServiceCutoverAttempt,
-    ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate,
+    ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate, V1TableRemoval,
 )
 
 register_tones({
@@ -231,3 +231,6 @@ _evidence_admin(ActivationInventory, "The closed activation inventory frozen whe
                 "set was held: the path registry's and the inventory's digests and the count per path kind; "
                 "rechecked before the activation (CV2-12-010, D-320).",
                 ("attempt", "barrier_set", "counts", "created_at"))
+_evidence_admin(V1TableRemoval, "The record of the retired V1 tables' removal: each table's row count and content "
+                "digest taken in the dropping transaction and the dependency checks that were all empty "
+                "(manage.py v1_tables remove; CV2-12-078).", ("attempt", "removed_by", "reason", "created_at"))

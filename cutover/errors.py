@@ -75,8 +75,9 @@ class SuccessionNotDrained(ConnectorError):
 
 class CutoverPreflightRefused(ConnectorError):
     """Preflight refuses the cutover: an unsupported or unproved route, no lossless halt contract or remediation
-    owner, an unsupported egress manifest, incomplete budgets, a projection over budget, or another open attempt
-    (CV2-12-012..017)."""
+    owner, an unsupported egress manifest, incomplete budgets, an unreadable owner, a failed representative restore
+    rehearsal, a projection over budget, or another open attempt (CV2-12-012..017). `context["reasons"]` names each
+    by its stable code (docs/cutover.md "Preflight measurements")."""
 
     code = "CUTOVER_PREFLIGHT_REFUSED"
     http_status = 422
@@ -93,6 +94,31 @@ class OrderingPlanRefused(CutoverPreflightRefused):
     http_status = 422
     operator_action = ("Attach the route's conformance proof or typed source-order facts, or disable the route in a "
                        "new configuration generation, then open a NEW attempt.")
+
+
+class V2ArtifactMismatch(ConnectorError):
+    """The offline verification before maintenance failed (CV2-12-019): the V2 schema digest or the V2 binary digest
+    differs from the one frozen in the CutoverReadinessCertificate, the candidate epoch is no longer `verified` with
+    the certificate's digest, or V2 is not provably disabled (an active epoch, a V2 receipt, a gate outside
+    v1_serving/halting_v1). Nothing changed: no barrier closed, no gate moved. `context["reasons"]` lists each."""
+
+    code = "V2_ARTIFACT_MISMATCH"
+    http_status = 409
+    operator_action = ("Deploy exactly the certified V2 release and schema (or open a new attempt and certify the "
+                       "new ones), keep V2 disabled, then close the barriers again.")
+
+
+class V1RemovalRefused(ConnectorError):
+    """The V1 tables cannot be removed yet (CV2-12-078): V1 is not retired (no `v2_committed` attempt), or a V2 fact
+    still depends on a V1 row: a V1 transport identity without its exact tombstone, a drained high-water without
+    its OrderingBaseline, a replay predecessor reference naming a V1 row that has no tombstone, or an audit record
+    of a V1 row still inside the retention period. Nothing was dropped; `context["reasons"]` lists the stable
+    dependency codes (docs/cutover.md "Removing the V1 tables")."""
+
+    code = "V1_REMOVAL_REFUSED"
+    http_status = 409
+    operator_action = ("Read the listed dependencies (`manage.py v1_tables remove --check`); export the missing "
+                       "evidence or wait for the audit retention to pass, then retry.")
 
 
 class CutoverPhaseRefused(ConnectorError):

@@ -140,9 +140,10 @@ class Workload:
     open_partitions: int
     live_leases: int
     ambiguous_effects: int
-    nearest_dependency_deadline_s: float | None
-    database_bytes: int
-    owner_latency_ms: dict[str, float] = field(default_factory=dict)
+    nearest_dependency_deadline_s: float | None  # seconds from now to the nearest/latest dependency deadline of
+    database_bytes: int                           # the open accepted work (None: no open item has one)
+    owner_latency_ms: dict[str, float] = field(default_factory=dict)  # filled by the coordinator (it times them)
+    latest_dependency_deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,10 @@ class V1OwnerPort(Protocol):
         restore's copy, and verify it serves that release: V1 schema digest, release tuple, readable cursors,
         high-waters and generations. Raises cutover.errors' refusal on any mismatch (CV2-12-052)."""
     def high_waters(self, account_keys: list[str]) -> list[HighWater]: ...
+
+    def tables(self) -> tuple[str, ...]:
+        """Every V1 table, in an order that drops dependents first (CV2-12-078: removed after cutover). Reads no
+        row: it still answers after the tables are gone."""
 
 
 @cache

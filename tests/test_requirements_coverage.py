@@ -18,30 +18,11 @@ DECISIONS = ROOT / "docs" / "decisions.md"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
-# The debt, named (D-213). Each entry: why the ID is open and the issue that closes it. _R1.._R19 were real gaps
-# the product did not show (issue 22 triaged every ID: none is left unread); each closed reason is gone with the
-# decisions that closed it named in docs/decisions.md. Remove an entry when a test proves the ID: the check fails on
-# an entry that is also cited or justified.
-_R13 = ("V1 is retired at the first v2_committed (every V1 operational table refuses writes by trigger, D-292: "
-        "CV2-12-069, CV2-12-077), but its tables are never removed: no step checks that tombstones, ordering "
-        "baselines, replay predecessor evidence and audit retention no longer depend on them, nor drops them")
-_R15 = ("preflight measures backlog, open partitions, live leases, ambiguous effects and database size and "
-        "projects each budgeted phase (tests/cutover/test_v1_shutdown.py), but dependency deadlines are never "
-        "measured (always None), owner latencies are not measured, and the restore rehearsal is projected from "
-        "the database size instead of being run on the candidate schema at preflight (it runs later, on the "
-        "restore point)")
-_R16 = ("before maintenance the attempt requires the candidate epoch verified for exactly the configuration "
-        "while V2 is disabled (tests/cutover/test_v1_shutdown.py), but no V2 schema digest, V2 binary digest or "
-        "conformance proof is verified offline or frozen in the readiness certificate")
-KNOWN_GAPS: dict[str, tuple[str, int]] = {
-    # reason 12
-    # reason 13
-    "CV2-12-078": (_R13, 22),
-    # reason 15
-    "CV2-12-016": (_R15, 22),
-    # reason 16
-    "CV2-12-019": (_R16, 22),
-}
+# The debt, named (D-213): an ID that is open, with why and the issue that closes it. Empty since issue 22 closed the
+# last real gaps _R1.._R19 (D-267, D-284, D-290, D-291, D-300..D-331): every requirement is now cited by a test
+# docstring or justified in D-212. A new entry needs its reason and issue; the check fails on an entry that is also
+# cited or justified.
+KNOWN_GAPS: dict[str, tuple[str, int]] = {}
 
 
 def requirement_ids() -> list[str]:

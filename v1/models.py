@@ -107,6 +107,10 @@ class V1WorkItem(models.Model):
     state = FSMField(default=WorkState.ACCEPTED, choices=WorkState.choices, protected=True)
     lease_generation = models.CharField(max_length=255, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The deadline of the upstream dependency this item waits on (None: none). Set at acceptance, never changed:
+    # V1 keeps the item open until the dependency resolves or this deadline passes, so the cutover's drain
+    # projection covers the latest one (preflight measures it, CV2-12-016).
+    dependency_deadline = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Max, Min
 from django.utils import timezone
 
 from connector.canonical.encoding import Record, encode
@@ -105,12 +106,22 @@ class V1Owner:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_database_size(current_database())")
             size = cursor.fetchone()[0]
+        # The dependency deadlines of the accepted work still open (one aggregate): V1 keeps each such item open
+        # until its dependency resolves or the deadline passes, so the drain lasts at least until the latest.
+        deadlines = open_items.filter(dependency_deadline__isnull=False).aggregate(
+            nearest=Min("dependency_deadline"), latest=Max("dependency_deadline"))
+        now = timezone.now()
+
+        def seconds(at) -> float | None:
+            return None if at is None else max(0.0, (at - now).total_seconds())
+
         return Workload(accepted_backlog=open_items.count(),
                         open_partitions=open_items.values("account_key", "partition").distinct().count(),
                         live_leases=items.filter(state=WorkState.CLAIMED).count(),
                         ambiguous_effects=effects.filter(state__in=(EffectState.DISPATCHING,
                                                                     EffectState.AMBIGUOUS)).count(),
-                        nearest_dependency_deadline_s=None, database_bytes=size)
+                        nearest_dependency_deadline_s=seconds(deadlines["nearest"]),
+                        latest_dependency_deadline_s=seconds(deadlines["latest"]), database_bytes=size)
 
     def _set_barrier(self, kind: BarrierKind, attempt_key: str, closed: bool) -> Receipt:
         runtime.barriers_install()
@@ -215,6 +226,10 @@ class V1Owner:
         return [HighWater(w.account_key, w.route_key, w.partition.encode(), str(int(w.high_water)).encode(),
                           w.comparator)
                 for w in V1HighWater.objects.filter(account_key__in=account_keys).order_by("pk")]
+
+    def tables(self) -> tuple[str, ...]:
+        models = (V1OutboundEffect, V1WorkItem, V1HighWater, V1SourceCursor, V1Barrier, V1ProcessGeneration)
+        return tuple(m._meta.db_table for m in models)
 
     def boot_check(self, database_url: str, release: V1Release, attempt_key: str) -> Receipt:
         env = {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "config.django.local"}

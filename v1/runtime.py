@@ -54,7 +54,7 @@ def _open_barrier(kind: str) -> V1Barrier:
 
 
 def accept(*, account_key: str, source_key: str, transport_key: str, payload: bytes, partition: str,
-           position: int) -> tuple[V1WorkItem, bool]:
+           position: int, dependency_deadline=None) -> tuple[V1WorkItem, bool]:
     """Accept one inbound item and checkpoint the source cursor, or recognize a transport duplicate. Refused
     retryably (nothing written, cursor unchanged) while the ingress barrier is closed."""
     digest = hashlib.sha256(payload).digest()
@@ -68,7 +68,8 @@ def accept(*, account_key: str, source_key: str, transport_key: str, payload: by
             with transaction.atomic():
                 item = V1WorkItem.objects.create(account_key=account_key, source_key=source_key,
                                                  transport_key=transport_key, payload=payload, payload_digest=digest,
-                                                 partition=partition, position=position)
+                                                 partition=partition, position=position,
+                                                 dependency_deadline=dependency_deadline)
         except IntegrityError:
             return V1WorkItem.objects.get(account_key=account_key, source_key=source_key,
                                           transport_key=transport_key), False

@@ -41,6 +41,9 @@ class CutoverReadinessCertificate(models.Model):
     configuration_generation_id = models.CharField(max_length=255)
     v1_release_id = models.CharField(max_length=255)
     egress_manifest_digest = models.BinaryField(max_length=32)
+    # The V2 schema and binary digests verified offline before maintenance (CV2-12-019, cutover.services.v2_artifacts)
+    v2_schema_digest = models.BinaryField(max_length=32)
+    v2_binary_digest = models.BinaryField(max_length=32)
     routes = models.JSONField()
     budgets = models.JSONField()
     measurements = models.JSONField()
@@ -53,7 +56,9 @@ class CutoverReadinessCertificate(models.Model):
     class Meta:
         ordering = ["pk"]
         constraints = [_digest("digest", "cutover_readiness_digest_length"),
-                       _digest("epoch_digest", "cutover_readiness_epoch_digest_length")]
+                       _digest("epoch_digest", "cutover_readiness_epoch_digest_length"),
+                       _digest("v2_schema_digest", "cutover_readiness_v2_schema_digest_length"),
+                       _digest("v2_binary_digest", "cutover_readiness_v2_binary_digest_length")]
 
     def __str__(self) -> str:
         return f"readiness certificate of {self.attempt.attempt_key}"

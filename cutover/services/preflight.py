@@ -20,11 +20,23 @@ from connector.selectors.rows import AccountServingGate, ConnectorAccount, Servi
 from connector.services import serving
 from connector.services.audit import audit_record
 from connector.services.gates import fsm_edge, gates_advance
-from cutover.errors import CutoverPhaseRefused, CutoverPreflightRefused, OrderingPlanRefused
+from cutover.errors import (CutoverPhaseRefused, CutoverPreflightRefused, OrderingPlanRefused, RestorePointInvalid,
+                            RestorePointRefused)
 from cutover.models import AttemptOutcome, CutoverReadinessCertificate, ServiceCutoverAttempt
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
 from cutover.reasons import CUTOVER_REASONS
-from cutover.services import ordering_plan
+from cutover.services import ordering_plan, v2_artifacts
+from cutover.services.preflight_measures import (  # noqa: F401  (project and the throughput figures, re-exported)
+    OWNER_UNREADABLE,
+    REHEARSAL_FAILED,
+    SAFETY_FACTOR,
+    SECONDS_PER_BACKLOG_ITEM,
+    measure,
+    over_budget,
+    project,
+    rehearse,
+    workload_dict,
+)
 
 PERMISSION = "cutover.coordinate_cutover"
 DOMAIN = "nexuscrm.cutover.evidence.v1"
@@ -32,10 +44,6 @@ DOMAIN = "nexuscrm.cutover.evidence.v1"
 BARRIER_ORDER = (BarrierKind.AUTHORING, BarrierKind.INGRESS, BarrierKind.ROOT_OUTBOUND)
 BUDGET_PHASES = ("barrier_closure", "drain", "baseline_capture", "recovery_point_capture", "restore_rehearsal",
                  "offline_validation", "activation_readback", "full_restore")
-# Conservative throughput figures the projections use (measured on this product: docs/cutover.md).
-SECONDS_PER_BACKLOG_ITEM = 0.05
-DUMP_BYTES_PER_SECOND = 25_000_000
-SAFETY_FACTOR = 2
 IN_FLIGHT = "io_may_have_started"
 
 
@@ -132,6 +140,18 @@ def _verify_receipt(receipt: OwnerReceipt, attempt: ServiceCutoverAttempt, kind:
                                   f"{attempt.attempt_key} and {kind}/{subject} exactly (CV2-12-028)")
 
 
+ORDERING_PLAN_REFUSED = "ordering_plan_refused"  # a route without a checked ordering disposition (D-311)
+
+
+def _refuse(problems: list[tuple[str, str]]) -> None:
+    """Refuse preflight with every problem's detail and its stable reason code (`context["reasons"]`); any ordering
+    problem makes it an OrderingPlanRefused (a CutoverPreflightRefused) naming each route's reason code."""
+    if problems:
+        refusal = OrderingPlanRefused if any(r == ORDERING_PLAN_REFUSED for r, _ in problems) \
+            else CutoverPreflightRefused
+        raise refusal("; ".join(d for _, d in problems), reasons=sorted({r for r, _ in problems}))
+
+
 # -- 1. preflight ----------------------------------------------------------------------------------------------
 
 def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidate_epoch_id: str,
@@ -168,27 +188,6 @@ def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidat
     return attempt
 
 
-def project(workload, budgets: dict) -> dict[str, float]:
-    """Conservative projections (seconds) of each budgeted phase from the measured workload."""
-    dump_s = workload.database_bytes / DUMP_BYTES_PER_SECOND
-    return {
-        "barrier_closure": 1.0 * SAFETY_FACTOR,
-        "drain": workload.accepted_backlog * SECONDS_PER_BACKLOG_ITEM * SAFETY_FACTOR,
-        "baseline_capture": (workload.open_partitions + 1) * 0.01 * SAFETY_FACTOR,
-        "recovery_point_capture": dump_s * SAFETY_FACTOR,
-        "restore_rehearsal": dump_s * 2 * SAFETY_FACTOR,
-        "offline_validation": 5.0 * SAFETY_FACTOR,
-        "activation_readback": 1.0 * SAFETY_FACTOR,
-        "full_restore": dump_s * 2 * SAFETY_FACTOR,
-    }
-
-
-def _workload_dict(workload) -> dict:
-    return {"accepted_backlog": workload.accepted_backlog, "open_partitions": workload.open_partitions,
-            "live_leases": workload.live_leases, "ambiguous_effects": workload.ambiguous_effects,
-            "database_bytes": workload.database_bytes}
-
-
 def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor) -> CutoverReadinessCertificate:
     """Preflight and the immutable CutoverReadinessCertificate (CV2-12-012..017, CV2-12-087/088). Refuses an
     `unsupported` route, a route without a lossless halt contract or remediation owner, an unsupported egress
@@ -200,32 +199,38 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
     if existing is not None:
         return existing
     owner = v1_owner()
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []  # (stable reason code, detail)
     routes = owner.route_contracts()
     # Every route's ordering disposition, checked against the frozen configuration and candidate epoch (D-311).
     entries, ordering = ordering_plan.plan(configuration=attempt.configuration, epoch=attempt.candidate_epoch,
                                            routes=routes)
-    problems += ordering
+    problems += [(ORDERING_PLAN_REFUSED, p) for p in ordering]
     for route in routes:
         if not route.lossless_halt:
-            problems.append(f"route {route.route_key}: no lossless root halt contract")
+            problems.append(("route_unsupported", f"route {route.route_key}: no lossless root halt contract"))
         if not route.remediation_owner:
-            problems.append(f"route {route.route_key}: no remediation owner")
+            problems.append(("route_unsupported", f"route {route.route_key}: no remediation owner"))
     if not routes:
-        problems.append("no route dispositions")
+        problems.append(("route_unsupported", "no route dispositions"))
     manifest = owner.egress_manifest()
     if not manifest.supported:
-        problems.append("egress manifest unsupported: untracked " + ", ".join(manifest.untracked or ("-",)))
+        problems.append(("egress_manifest_unsupported",
+                         "egress manifest unsupported: untracked " + ", ".join(manifest.untracked or ("-",))))
     missing = [p for p in BUDGET_PHASES if not isinstance(budgets.get(p), (int, float)) or budgets[p] <= 0]
     if missing:
-        problems.append("budgets missing or not positive: " + ", ".join(missing))
-    workload = owner.measure(_keys(attempt))
-    projections = project(workload, budgets)
-    if not missing:
-        problems += [f"projection {p} {projections[p]:.1f}s over budget {budgets[p]}s" for p in BUDGET_PHASES
-                     if projections[p] > budgets[p]]
-    if problems:
-        raise (OrderingPlanRefused if ordering else CutoverPreflightRefused)("; ".join(problems))
+        problems.append(("budget_missing", "budgets missing or not positive: " + ", ".join(missing)))
+    _refuse(problems)  # before anything is measured or rehearsed
+    workload, problems = measure(attempt, owner, _keys(attempt))
+    problems = [(OWNER_UNREADABLE, p) for p in problems]
+    try:
+        rehearsal = rehearse(attempt.attempt_key)
+    except (RestorePointInvalid, RestorePointRefused) as exc:
+        problems.append((REHEARSAL_FAILED, f"{REHEARSAL_FAILED}: {exc.detail}"))
+        _refuse(problems)
+    projections = project(workload, budgets, rehearsal)
+    problems += [(over_budget(p), f"projection {p} {projections[p]:.1f}s over budget {budgets[p]}s")
+                 for p in BUDGET_PHASES if projections[p] > budgets[p]]
+    _refuse(problems)
     release = owner.release()
     value = {
         "attempt": attempt.attempt_key, "epoch_id": attempt.candidate_epoch.epoch_id,
@@ -236,15 +241,18 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
                        release.configuration_digest.hex()],
         "v1_generation": attempt.v1_generation_id, "egress_manifest": manifest.digest.hex(),
         "routes": entries,
-        "budgets": {p: float(budgets[p]) for p in BUDGET_PHASES}, "measurements": _workload_dict(workload),
+        "budgets": {p: float(budgets[p]) for p in BUDGET_PHASES},
+        "measurements": {**workload_dict(workload), "rehearsal": rehearsal},
         "projections": projections, "reason_map": CUTOVER_REASONS,
+        "v2_schema": v2_artifacts.schema_digest().hex(), "v2_binary": v2_artifacts.binary_digest().hex(),
     }
     payload, digest = evidence_digest("readiness_certificate", value)
     with transaction.atomic():
         certificate = CutoverReadinessCertificate.objects.create(
             attempt=attempt, epoch_id=value["epoch_id"], epoch_digest=bytes(attempt.candidate_epoch_digest),
             configuration_generation_id=value["configuration"], v1_release_id=release.release_id,
-            egress_manifest_digest=manifest.digest, routes=value["routes"], budgets=value["budgets"],
+            egress_manifest_digest=manifest.digest, v2_schema_digest=bytes.fromhex(value["v2_schema"]),
+            v2_binary_digest=bytes.fromhex(value["v2_binary"]), routes=value["routes"], budgets=value["budgets"],
             measurements=value["measurements"], projections=projections, reason_map=CUTOVER_REASONS,
             payload=payload, digest=digest)
         audit_record(actor=actor, entity=attempt, action="cutover_certify", evidence_digest=digest)

@@ -46,7 +46,7 @@ from cutover.models import (
     V1ShutdownCertificate,
 )
 from cutover.ports import BarrierKind, Receipt as OwnerReceipt, v1_owner
-from cutover.services import approval_subjects, ordering_plan
+from cutover.services import approval_subjects, ordering_plan, v2_artifacts
 from cutover.services.preflight import (  # noqa: F401  (phase 1 and the shared helpers, re-exported)
     BARRIER_ORDER,
     BUDGET_PHASES,
@@ -67,6 +67,7 @@ from cutover.services.preflight import (  # noqa: F401  (phase 1 and the shared 
     cutover_open,
     evidence_digest,
     frozen_gates,
+    measure,
     project,
 )
 
@@ -100,6 +101,9 @@ def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
     attempt = attempt_get(attempt_key)
     _open(attempt)
     approval_subjects.require("readiness_certificate", attempt.attempt_key)  # fail fast, before any barrier
+    # Offline, before any barrier closes: the V2 schema, binary, epoch and configuration are exactly the
+    # certificate's and V2 is disabled (CV2-12-019); a mismatch refuses with nothing changed.
+    v2_artifacts.offline_verify(attempt, CutoverReadinessCertificate.objects.get(attempt=attempt))
     owner = v1_owner()
     for kind in BARRIER_ORDER:
         receipt = owner.close_barrier(kind, attempt.attempt_key)
@@ -113,6 +117,7 @@ def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
         certificate = certificate_locked(attempt)
         approval_subjects.require("readiness_certificate", attempt.attempt_key)  # held until the gates moved
         gates = frozen_gates(attempt)
+        v2_artifacts.offline_verify(attempt, certificate)  # again, under the certificate and gate locks
         if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
             raise CutoverPhaseRefused("every frozen gate must be v1_serving or halting_v1 to halt")
         return _move(gates, source=GateMode.V1_SERVING, action="halt_v1", actor=actor, attempt=attempt,
@@ -126,10 +131,10 @@ def maintenance_remeasure(*, attempt_key: str, actor: Actor) -> list[str]:
     attempt = attempt_get(attempt_key)
     _open(attempt)
     certificate = CutoverReadinessCertificate.objects.get(attempt=attempt)
-    workload = v1_owner().measure(_keys(attempt))
-    now = project(workload, certificate.budgets)
+    workload, unreadable = measure(attempt, v1_owner(), _keys(attempt))
+    now = project(workload, certificate.budgets, certificate.measurements["rehearsal"])
     breaches = [f"{p}: projected {now[p]:.1f}s > budget {certificate.budgets[p]}s" for p in BUDGET_PHASES
-                if now[p] > certificate.budgets[p]]
+                if now[p] > certificate.budgets[p]] + unreadable
     if breaches:
         cutover_abort(attempt_key=attempt_key, reason="budget breach: " + "; ".join(breaches), actor=actor)
     return breaches
