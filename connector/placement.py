@@ -103,6 +103,9 @@ DEFAULT: dict[str, Placement] = {
         via=("credential_generation_id", "connector_credentialgeneration")),
     "connector_v1acceptancetombstone": _acct("V1 keys of the account, checked at admission"),
     "connector_replayrequest": _acct("replays of one account's receipts"),
+    "connector_v1predecessorref": _acct("a replay's V1 predecessor evidence, bound to the account's V1 tombstone "
+                                        "(D-331)", hot=False,
+                                        via=("tombstone_id", "connector_v1acceptancetombstone")),
     "connector_receipt": _acct("admission writes it with the account; materialization locks it"),
     "connector_receiptadmissionkey": _acct("the (account, channel, key) namespace of admission"),
     "connector_receiptcomponent": _acct("children of one receipt", via=("receipt_id", "connector_receipt")),
@@ -175,6 +178,8 @@ DEFAULT: dict[str, Placement] = {
     # -- cutover and V1: coordinator operations ----------------------------------------------------------------
     "cutover_servingpublicationbarrierset": _ref("service-wide barrier set, first in the canonical lock order; "
                                                  "locked only by activation and cutover"),
+    "cutover_barrierownerreceipt": _ref("one fenced receipt per owner of a barrier set (D-300), written with the "
+                                        "set it belongs to"),
     "cutover_successiondrain": _ref("the drain of one successor attempt (rare writes); a reference table because "
                                     "the roots-closed insert trigger of receipts and outbound commands reads it on "
                                     "every node (D-315)"),

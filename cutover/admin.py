@@ -16,7 +16,8 @@ from cutover.choices import (
     BARRIER_SET_TRANSITIONS, DECISION_TRANSITIONS, RESTORE_ATTEMPT_TRANSITIONS, BarrierSetState, DecisionState,
 )
 from cutover.models import (
-    ActivationInventory, CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline, V1GenerationReceipt,
+    ActivationInventory, BarrierOwnerReceipt, CutoverReadinessCertificate, MaintenanceBarrierReceipt, OrderingBaseline,
+    SuccessionDrain, V1GenerationReceipt,
     V1Reconciliation,
     CutoverDecision, OrderingHandoff, RestoreAttempt, RestorePointRehearsal, ServiceCutoverAttempt,
     ServingPublicationBarrierSet, V1RestorePoint, V1ShutdownCertificate, V1TableRemoval,
@@ -234,3 +235,12 @@ _evidence_admin(ActivationInventory, "The closed activation inventory frozen whe
 _evidence_admin(V1TableRemoval, "The record of the retired V1 tables' removal: each table's row count and content "
                 "digest taken in the dropping transaction and the dependency checks that were all empty "
                 "(manage.py v1_tables remove; CV2-12-078).", ("attempt", "removed_by", "reason", "created_at"))
+_evidence_admin(BarrierOwnerReceipt, "One owner's fenced receipt in a publication barrier set: the Catalog, a "
+                "binding-definition owner, the L2 configuration owner or credential authority, with the digest, holder "
+                "and fence it was taken under; append-only (CV2-15-009, D-300).",
+                ("barrier_set", "owner_kind", "owner_id", "holder", "fence", "created_at"))
+_evidence_admin(SuccessionDrain, "The drain phase of one successor attempt: while `draining`, the predecessor's new "
+                "roots are refused and its admitted work drains under v2_serving gates; `drained` once the inventory "
+                "measured empty (kept here); `released` with the barrier set. Moved only by manage.py succession drain "
+                "and the cutover console (CV2-11-005, D-315..D-317).",
+                ("barrier_set", "predecessor_epoch", "state", "fence", "changed_at"))

@@ -70,7 +70,8 @@ PATHS: tuple[PathKind, ...] = (
                                   "connector.services.runtime.runtime_command_apply",
                                   "connector.services.runtime._guard_pushing")),
     PathKind("outbound", GUARD, ("effects.services.outbound.outbound_command_author",
-                                 "effects.services.outbound_together.outbound_commands_author")),
+                                 "effects.services.outbound_together.outbound_commands_author",
+                                 "effects.services.intents.remote_call_authorize")),
     PathKind("dispatch", GUARD, ("effects.services.dispatch._claim_one",
                                  "effects.services.dispatch.permit_acquire")),
 )

@@ -172,6 +172,8 @@ def replay_correlate(request) -> list[ReplayEffectCorrelation]:
     authored (and each root an earlier replay of that event already correlated: lineage), that this replay
     correlates with its EffectRootID. Writes only this evidence: a replay mints no command, effect or generation."""
     event = request.predecessor_event
+    if event is None:  # a V1 predecessor (D-331): its effects were V1's, never V2 roots (V2 never reads V1, D-330)
+        return []
     commands = set(OutboundCommand.objects.filter(source_execution__projection__event_id=event.pk)
                    .values_list("pk", flat=True))
     if event.replay_request_id is not None:
