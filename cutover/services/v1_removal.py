@@ -44,7 +44,7 @@ from cutover.models import (
     V1TableRemoval,
 )
 from cutover.ports import v1_owner
-from cutover.services.preflight import _require, evidence_digest
+from cutover.services.preflight import _keys, _require, evidence_digest
 
 DEFAULT_RETENTION_SECONDS = 90 * 24 * 3600
 SAMPLE = 10
@@ -60,27 +60,32 @@ SELECT r.relname || '.' || k.conname FROM pg_constraint k JOIN pg_class r ON r.o
   JOIN pg_class f ON f.oid = k.confrelid
  WHERE k.contype = 'f' AND f.relname = ANY(%(tables)s) AND NOT (r.relname = ANY(%(tables)s))
  ORDER BY 1 LIMIT %(sample)s""",
+    # The V1 rows come through the V1 owner port (V2 code never names a V1 table, CV2-12-006), as arrays.
     "tombstone_missing": """
-SELECT 'v1:workitem:' || w.id FROM v1_v1workitem w
+SELECT w.ref FROM unnest(%(w_ref)s::text[], %(w_account)s::text[], %(w_source)s::text[], %(w_transport)s::text[],
+                         %(w_digest)s::bytea[]) AS w(ref, account_key, source_key, transport_key, payload_digest)
  WHERE NOT EXISTS (
    SELECT 1 FROM connector_v1acceptancetombstone t JOIN connector_connectoraccount a ON a.id = t.account_id
     WHERE a.account_key = w.account_key AND t.channel = w.source_key AND t.transport_key = w.transport_key
-      AND t.payload_digest = w.payload_digest AND t.predecessor_ref = 'v1:workitem:' || w.id)
- ORDER BY w.id LIMIT %(sample)s""",
+      AND t.payload_digest = w.payload_digest AND t.predecessor_ref = w.ref)
+ ORDER BY w.ref LIMIT %(sample)s""",
     "baseline_missing": """
-SELECT 'v1:highwater:' || h.id FROM v1_v1highwater h
+SELECT 'v1:highwater:' || h.account_key || '/' || h.route_key || '/' || h.partition
+  FROM unnest(%(h_account)s::text[], %(h_route)s::text[], %(h_partition)s::text[], %(h_value)s::numeric[])
+       AS h(account_key, route_key, partition, high_water)
  WHERE NOT (h.route_key = ANY(%(order_independent)s))
    AND NOT EXISTS (
    SELECT 1 FROM cutover_orderingbaseline b JOIN connector_connectoraccount a ON a.id = b.account_id
     WHERE b.attempt_id = %(attempt)s AND a.account_key = h.account_key AND b.route_key = h.route_key
       AND b.partition = h.partition AND b.high_water = h.high_water)
- ORDER BY h.id LIMIT %(sample)s""",
+ ORDER BY 1 LIMIT %(sample)s""",
     "replay_predecessor_unresolved": """
 SELECT 'tombstone:' || t.id FROM connector_v1acceptancetombstone t JOIN connector_connectoraccount a
     ON a.id = t.account_id
  WHERE t.predecessor_ref LIKE 'v1:%%' AND NOT EXISTS (
-   SELECT 1 FROM v1_v1workitem w
-    WHERE t.predecessor_ref = 'v1:workitem:' || w.id AND w.account_key = a.account_key
+   SELECT 1 FROM unnest(%(w_ref)s::text[], %(w_account)s::text[], %(w_source)s::text[], %(w_transport)s::text[],
+                        %(w_digest)s::bytea[]) AS w(ref, account_key, source_key, transport_key, payload_digest)
+    WHERE t.predecessor_ref = w.ref AND w.account_key = a.account_key
       AND w.source_key = t.channel AND w.transport_key = t.transport_key AND w.payload_digest = t.payload_digest)
  ORDER BY t.id LIMIT %(sample)s""",
     "audit_retention_pending": """
@@ -113,6 +118,21 @@ def _present(tables: tuple[str, ...]) -> list[str]:
         return [r[0] for r in cursor.fetchall()]
 
 
+def _v1_rows(attempt: ServiceCutoverAttempt) -> dict[str, list]:
+    """The V1 work-item identities and drained high-waters of the attempt's accounts, read by the V1 owner port
+    (the only reader of V1 tables), as the check queries' array parameters."""
+    owner, keys = v1_owner(), _keys(attempt)
+    items = owner.transport_identities(keys)
+    waters = owner.high_waters(keys)
+    return {"w_ref": [i.predecessor_ref for i in items], "w_account": [i.account_key for i in items],
+            "w_source": [i.source_key for i in items],
+            "w_transport": [bytes(i.transport_identity).decode() for i in items],
+            "w_digest": [bytes(i.payload_digest) for i in items],
+            "h_account": [w.account_key for w in waters], "h_route": [w.route_key for w in waters],
+            "h_partition": [bytes(w.partition_key).decode() for w in waters],
+            "h_value": [int(bytes(w.high_water).decode()) for w in waters]}
+
+
 def v1_removal_dependencies() -> list[tuple[str, list[str]]]:
     """Every dependency still holding the V1 tables: (stable code, up to SAMPLE dependent row references)."""
     attempt = committed_attempt()
@@ -122,7 +142,7 @@ def v1_removal_dependencies() -> list[tuple[str, list[str]]]:
     params = {"tables": list(v1_owner().tables()), "sample": SAMPLE, "attempt": attempt.pk,
               "order_independent": [r["route"] for r in routes
                                     if r["disposition"] == OrderingDisposition.ORDER_INDEPENDENT],
-              "retained_actions": list(RETAINED_ACTIONS), "retention": retention_seconds()}
+              "retained_actions": list(RETAINED_ACTIONS), "retention": retention_seconds(), **_v1_rows(attempt)}
     found = []
     with connection.cursor() as cursor:
         for code, sql in CHECKS.items():
