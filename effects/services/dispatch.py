@@ -364,7 +364,8 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | N
 def mark_link_conflict(effect: RemoteEffect, detail: str) -> None:
     """Mark a refused finalization's RemoteLink conflict on the locked effect (the operator's approval queue)."""
     # changed_at marks when the conflict was found: the board's time and the resolution's stale check.
-    RemoteEffect.objects.filter(pk=effect.pk).update(quarantine_reason="REMOTE_LINK_CONFLICT", changed_at=timezone.now())
+    RemoteEffect.objects.filter(pk=effect.pk).update(quarantine_reason="REMOTE_LINK_CONFLICT",
+                                                     changed_at=timezone.now())
     audit_record(actor=DISPATCHER, entity=effect, action="effect_link_conflict", reason=detail)
 
 

@@ -1,7 +1,8 @@
 """The dispatch worker loop: claim a prepared effect and acquire its permit (one transaction), send through the
-sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a crash anywhere leaves a state the seed's crash
-rules recover from (docs/architecture.md). Each step runs isolated (decision D-168): a deterministic failure
-quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop moves on to the next one."""
+sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a
+crash anywhere leaves a state the seed's crash rules recover from (docs/architecture.md). Each step runs isolated
+(decision D-168): a deterministic failure quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop
+moves on to the next one."""
 from __future__ import annotations
 
 import logging
