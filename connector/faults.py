@@ -23,7 +23,7 @@ POINTS = (
     "egress.after_request",  # the provider answered (or not), settlement not committed
     "dispatch.after_confirmed",  # remote success recorded, local finalization not committed
     "dispatch.claim_permit_before_commit",  # claim + permit written in one transaction (D-335), not committed
-    "dispatch.finalize_in_settlement",  # settlement written; its finalization savepoint open (D-336)
+    "dispatch.finalize_in_settlement",  # settlement written, finalization written in its savepoint (D-336)
     "dispatch.settle_finalize_before_commit",  # settlement (+ finalization) written in one transaction, not committed
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet

@@ -160,8 +160,8 @@ def permit_settle_and_finalize(*, permit_pk: int, effect_pk: int, account_id: in
             effect.commanded_at, effect.callout = commanded_at, callout
             try:
                 with transaction.atomic():  # the savepoint: the settlement above commits whatever happens here
-                    fault_point("dispatch.finalize_in_settlement")
                     effect = dispatch.finalize_locked(effect, owner_slot)
+                    fault_point("dispatch.finalize_in_settlement")
             except ReconcileRefused as exc:
                 if exc.context.get("conflict"):
                     dispatch.mark_link_conflict(effect, exc.detail)
