@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, FilteredRelation, Q
 from django.utils import timezone
 
@@ -383,6 +383,10 @@ def _effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | 
     return finalize_locked(effect, owner_slot)
 
 
+_LINK_SQL = ("INSERT INTO effects_remotelink (account_id, owner_slot, remote_identity, effect_id, state, created_at) "
+             "VALUES (%s, %s, %s, %s, 'active', %s) ON CONFLICT DO NOTHING RETURNING id")
+
+
 def finalize_locked(effect: RemoteEffect, owner_slot: str) -> RemoteEffect:
     """_effect_finalize's checks and writes on the locked effect (annotated with `commanded_at` and `callout`)."""
     if effect.state == EffectState.FINALIZED:
@@ -390,11 +394,12 @@ def finalize_locked(effect: RemoteEffect, owner_slot: str) -> RemoteEffect:
     if effect.state != EffectState.REMOTE_CONFIRMED:
         raise ReconcileRefused(f"effect is {effect.state}, not remote_confirmed")
     if owner_slot and effect.remote_id:
-        try:
-            with transaction.atomic():
-                RemoteLink.objects.create(account_id=effect.account_id, owner_slot=owner_slot,
-                                          remote_identity=effect.remote_id, effect=effect)
-        except IntegrityError:
+        # One statement, no savepoint (issue 20, D-338): a link one of the two partial unique indexes refuses is
+        # not inserted, and then it must be exactly this one already.
+        with connection.cursor() as cursor:
+            cursor.execute(_LINK_SQL, [effect.account_id, owner_slot, effect.remote_id, effect.pk, timezone.now()])
+            linked = cursor.fetchone() is not None
+        if not linked:
             existing = RemoteLink.objects.filter(Q(owner_slot=owner_slot) | Q(remote_identity=effect.remote_id),
                                                  account_id=effect.account_id, state="active").first()
             if existing is None or (existing.owner_slot, existing.remote_identity) != (owner_slot, effect.remote_id):

@@ -5,12 +5,12 @@ transactional test, as in production). The counted effect is the second of the p
 process's pooled HTTP client and caches). Statements are what Django's connection records, BEGIN/COMMIT and
 savepoints included. Each stage is measured around the function the worker calls for it:
 
-| stage | before (issue 20) | after (D-335, D-336) |
+| stage | before (issue 20) | after (D-335, D-336, D-338) |
 | --- | --- | --- |
 | claim + permit (`effect_claim` + `permit_acquire`, now `effect_claim_and_permit`) | 21 | 13 |
 | the sending marker (`_win_sending`, committed before any byte) | 7 | 7 |
-| settlement + finalization (`permit_settle` + `effect_finalize_from_evidence`, now one transaction) | 17 | 15 |
-| the whole `effect_dispatch_once` step | 48 | 38 |
+| settlement + finalization (`permit_settle` + `effect_finalize_from_evidence`, now one transaction) | 17 | 13 |
+| the whole `effect_dispatch_once` step | 48 | 36 |
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from tests.effects.helpers import author
 
 CLAIM_AND_PERMIT = 13
 SENDING_MARKER = 7
-SETTLE_AND_FINALIZE = 15
-DISPATCH_STEP = 38
+SETTLE_AND_FINALIZE = 13
+DISPATCH_STEP = 36
 
 
 @pytest.fixture
