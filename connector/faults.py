@@ -1,6 +1,8 @@
 """Named crash points for the crash-injection tests. When CONNECTOR_FAULT_POINT names a point, the process
-kills itself with SIGKILL at that point (no cleanup, no rollback handlers: a real crash). Unset in production,
-where `fault_point` is a dictionary lookup and nothing else."""
+kills itself with SIGKILL at that point (no cleanup, no rollback handlers: a real crash). When CONNECTOR_FAULT_RAISE
+names a point, the step raises FaultInjected there instead (a failing step in a process that goes on, e.g. a
+finalization failing inside its savepoint, D-337). Unset in production, where `fault_point` is two dictionary
+lookups and nothing else."""
 from __future__ import annotations
 
 import os
@@ -20,6 +22,9 @@ POINTS = (
     "egress.after_sending",  # granted -> sending committed, no byte sent yet
     "egress.after_request",  # the provider answered (or not), settlement not committed
     "dispatch.after_confirmed",  # remote success recorded, local finalization not committed
+    "dispatch.claim_permit_before_commit",  # claim + permit written in one transaction (D-335), not committed
+    "dispatch.finalize_in_settlement",  # settlement written, finalization written in its savepoint (D-336)
+    "dispatch.settle_finalize_before_commit",  # settlement (+ finalization) written in one transaction, not committed
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
@@ -42,6 +47,12 @@ POINTS = (
 )
 
 
+class FaultInjected(RuntimeError):
+    """Raised at the point CONNECTOR_FAULT_RAISE names (a step that fails, not a process that dies)."""
+
+
 def fault_point(name: str) -> None:
     if os.environ.get("CONNECTOR_FAULT_POINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("CONNECTOR_FAULT_RAISE") == name:
+        raise FaultInjected(f"fault injected at {name}")

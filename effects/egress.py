@@ -33,6 +33,8 @@ from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import EgressRefused
 from effects.models import CommandTrace, DispatchPermit, RemoteEffect
 from effects.services.dispatch import permit_settle
+from effects.services.dispatch_together import permit_settle_and_finalize
+from effects.services.identity import effect_slot
 from effects.services.outbound import frozen_path_template
 
 log = logging.getLogger(__name__)
@@ -177,11 +179,12 @@ def _classify(response: httpx.Response) -> SendResult:
                kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
 def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
          base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
-         credential_generation_pk: int | None = None):
+         credential_generation_pk: int | None = None, finalize: bool = False):
     """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
     the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
     credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
-    up once by the permit's pk."""
+    up once by the permit's pk. `finalize` (the worker): an answer proving `remote_confirmed` is settled and
+    finalized in one transaction (`permit_settle_and_finalize`, D-336)."""
     permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
                           credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
                           credential_generation_pk=credential_generation_pk)
@@ -229,9 +232,14 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     seconds = time.perf_counter() - began
     fault_point("egress.after_request")
     log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
-    effect = permit_settle(permit_pk=permit.pk, outcome=result.outcome, response_status=result.status,
-                           response_digest=digest, remote_id=result.remote_id, evidence=result.evidence,
-                           defer_seconds=result.defer_seconds, **settle)
+    outcome = {"outcome": result.outcome, "response_status": result.status, "response_digest": digest,
+               "remote_id": result.remote_id, "evidence": result.evidence, "defer_seconds": result.defer_seconds}
+    if finalize and result.outcome == AttemptOutcome.REMOTE_CONFIRMED:
+        effect = permit_settle_and_finalize(permit_pk=permit.pk, owner_slot=effect_slot(effect),
+                                            commanded_at=command.created_at, callout=command.callout,
+                                            **outcome, **settle)
+    else:
+        effect = permit_settle(permit_pk=permit.pk, **outcome, **settle)
     # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
     stage_metrics.egress_observe(callout=command.callout, status_label=answered, seconds=seconds)
     return effect

@@ -36,6 +36,8 @@ from effects.models import (
     RemoteEffectAttempt,
     RemoteLink,
 )
+from effects.services.limiter import destination_open as _destination_open, limiter_admit as _limiter_admit
+from effects.services.limiter import limiter_granted, limiter_refused
 from effects.services.poison import effect_quarantine
 from effects.services.holders import holder_heartbeat, holder_register, holder_terminate  # noqa: F401 (re-exported)
 
@@ -54,28 +56,6 @@ class EffectClaim:
     account_id: int | None = None  # the effect's account: the permit's reads name it (docs/scale-out.md)
 
 
-# A limited destination's time gate and in-flight count in one round trip (the count through the
-# effects_permit_limiter_open index).
-_DESTINATION_SQL = (
-    "SELECT l.not_before, (SELECT count(*) FROM effects_dispatchpermit p WHERE p.limiter_id = l.id "
-    "AND p.state IN ('granted', 'sending')) FROM effects_destinationlimiter l WHERE l.id = %s")
-
-
-def _destination_open(limiter_pk: int, max_in_flight: int, now: datetime) -> bool:
-    """An unlocked look at a limited destination: may it admit a permit now? A hint that spares a claim (and its
-    attempt row) for a destination that would refuse; permit_acquire decides under the limiter's lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(_DESTINATION_SQL, [limiter_pk])
-        not_before, in_flight = cursor.fetchone()
-    return (not_before is None or not_before <= now) and in_flight < max_in_flight
-
-
-def _in_flight(limiter_pk: int) -> int:
-    """The destination's open permits (`granted`/`sending`), through the effects_permit_limiter_open index."""
-    return DispatchPermit.objects.filter(limiter_id=limiter_pk, state__in=(PermitState.GRANTED,
-                                                                           PermitState.SENDING)).count()
-
-
 CLAIM_ROUNDS = 3
 
 
@@ -86,6 +66,18 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
     authorizes no I/O (CV2-10-031). Missing secret material quarantines the effect (CV2-10-013). Effects of a
     destination that cannot admit a permit now (deferred, bucket empty until `not_before`, or its in-flight
     maximum reached) are passed over without a write, so the worker moves on to other destinations (D-222)."""
+    return claim_scan(account_id=account_id, take=lambda pk, acct, _generation: _claim_one(
+        holder=holder, pk=pk, acct=acct, lease_seconds=lease_seconds))
+
+
+CLOSED = object()  # take()'s answer when the destination refused under its lock: pass the destination over
+
+
+def claim_scan(*, account_id: int | None, take):
+    """The claim's candidate scan (effect_claim, effect_claim_and_permit): up to CLAIM_ROUNDS pages of 20
+    claimable `prepared` effects in pk order, passing over destinations whose unlocked hint says they cannot
+    admit a permit now; `take(pk, account_id, credential_generation_pk)` is tried on each and its first non-None
+    answer returned (CLOSED closes that candidate's destination for the rest of the scan)."""
     now = timezone.now()
     base = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
                                        state=EffectState.PREPARED)
@@ -100,16 +92,19 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
     for _round in range(CLAIM_ROUNDS):
         qs = base.exclude(command__limiter_id__in=closed) if closed else base
         rows = list(qs.order_by("pk").values_list("pk", "account_id", "command__limiter_id",
-                                                  "command__rate_max_in_flight")[:20])
+                                                  "command__rate_max_in_flight",
+                                                  "command__credential_generation_id")[:20])
         closed_before = len(closed)
-        for pk, acct, limiter_pk, max_in_flight in rows:
+        for pk, acct, limiter_pk, max_in_flight, generation_pk in rows:
             if limiter_pk is not None and (limiter_pk in closed
                                            or not _destination_open(limiter_pk, max_in_flight, timezone.now())):
                 closed.add(limiter_pk)
                 continue
-            claim = _claim_one(holder=holder, pk=pk, acct=acct, lease_seconds=lease_seconds)
-            if claim is not None:
-                return claim
+            answer = take(pk, acct, generation_pk)
+            if answer is CLOSED:
+                closed.add(limiter_pk)
+            elif answer is not None:
+                return answer
         if len(closed) == closed_before or len(rows) < 20:
             return None
     return None
@@ -148,33 +143,6 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
                                                       lease_holder=holder.holder_id, lease_expires_at=expires)
             claim = EffectClaim(pk, attempt.pk, fence, holder.pk, acct)
     return claim
-
-
-def _limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str, str]:
-    """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
-    limit: no receiver deferral pending, fewer than K permits open, and a token in the bucket (refilled at R per
-    second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason, cause), the
-    cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way."""
-    rate, burst = command.rate_requests_per_second, command.rate_burst
-    if limiter.deferred_until is not None and limiter.deferred_until > now:
-        return (False, limiter.deferred_until,
-                f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}", "receiver_deferral")
-    in_flight = _in_flight(limiter.pk)
-    if in_flight >= command.rate_max_in_flight:
-        return (False, None, f"{in_flight} permits in flight, the declared maximum is {command.rate_max_in_flight}",
-                "in_flight")
-    if limiter.refilled_at is None:
-        tokens = float(burst)
-    else:
-        elapsed = max((now - limiter.refilled_at).total_seconds(), 0.0)
-        tokens = min(float(burst), limiter.tokens + elapsed * rate)
-    limiter.refilled_at = now
-    if tokens < 1.0:
-        limiter.tokens = tokens
-        retry_at = now + timedelta(seconds=(1.0 - tokens) / rate)
-        return False, retry_at, f"{rate} requests per second: the next token is due at {retry_at:%H:%M:%S.%f}", "rate"
-    limiter.tokens = tokens - 1.0
-    return True, None, "", ""
 
 
 def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
@@ -226,16 +194,7 @@ def permit_acquire(*, claim: EffectClaim) -> DispatchPermit:
             except IntegrityError as exc:
                 raise PermitRefused("this attempt or effect already holds a permit") from exc
             if limiter is not None:
-                # An emptied bucket names when its next token is due, so claims pass the destination over until
-                # then instead of claiming what acquisition would refuse.
-                rate = command.rate_requests_per_second
-                next_token = limiter.refilled_at + timedelta(seconds=(1.0 - limiter.tokens) / rate) \
-                    if limiter.tokens < 1.0 else None
-                not_before = max(d for d in (limiter.not_before, next_token, limiter.deferred_until) if d) \
-                    if (limiter.not_before or next_token) else None
-                DestinationLimiter.objects.filter(pk=limiter.pk).update(
-                    tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
-                    granted_total=F("granted_total") + 1, updated_at=limiter.refilled_at)
+                limiter_granted(limiter=limiter, command=command)
             effect.dispatch()
             effect.save()
             audit_record(actor=DISPATCHER, entity=permit, action="permit_acquire", to_state=permit.state,
@@ -249,12 +208,7 @@ def _defer_claim(*, limiter: DestinationLimiter, claim: EffectClaim, retry_at: d
                  now: datetime) -> None:
     """The refusal's writes (see permit_acquire): limiter state, the claim's lease released, its attempt closed."""
     assert transaction.get_connection().in_atomic_block
-    not_before = limiter.not_before
-    if retry_at is not None and (not_before is None or not_before < retry_at):
-        not_before = retry_at
-    DestinationLimiter.objects.filter(pk=limiter.pk).update(
-        tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
-        refused_total=F("refused_total") + 1, updated_at=now)
+    limiter_refused(limiter=limiter, retry_at=retry_at, now=now)
     RemoteEffectAttempt.objects.filter(pk=claim.attempt_pk, outcome="").update(
         outcome=AttemptOutcome.NO_EFFECT, evidence=f"deferred by the destination limiter, nothing sent: {reason}",
         settled_at=now)
@@ -300,32 +254,43 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
         effect = locks.effect_for_update(effect_pk, account_id=account_id)
         if effect is None:
             raise PermitRefused(f"permit #{permit_pk} does not belong to effect #{effect_pk} of that account")
-        if defer_seconds is not None:  # the limiter (an immutable column of the permit) is locked before the permit
-            limiter_pk = DispatchPermit.objects.filter(pk=permit_pk, effect_id=effect.pk).values_list(
-                "limiter_id", flat=True).first()
-            if limiter_pk is not None:
-                _destination_defer(limiter=locks.limiter_for_update(limiter_pk), seconds=defer_seconds,
-                                   status=response_status)
-        permit = locks.permit_for_update(permit_pk, effect_id=effect.pk)
-        if permit.state != PermitState.SENDING:
-            raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
-        now = timezone.now()
-        RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, effect_id=effect.pk, outcome="").update(
-            outcome=outcome, response_status=response_status, response_digest=response_digest, evidence=evidence,
-            settled_at=now)
-        permit.settle(at=now)
-        permit.save()
-        if outcome == AttemptOutcome.REMOTE_CONFIRMED:
-            effect.confirm(remote_id=remote_id)
-        elif outcome == AttemptOutcome.NO_EFFECT and final:
-            effect.no_effect()
-        elif outcome == AttemptOutcome.NO_EFFECT:
-            _after_no_effect(effect)
-        else:
-            effect.become_uncertain()
-        effect.save()
-        audit_record(actor=DISPATCHER, entity=effect, action="permit_settle", from_state=EffectState.DISPATCHING,
-                     to_state=effect.state, reason=f"{outcome}: {evidence}"[:500])
+        effect = settle_locked(effect=effect, permit_pk=permit_pk, outcome=outcome, response_status=response_status,
+                               response_digest=response_digest, remote_id=remote_id, evidence=evidence, final=final,
+                               defer_seconds=defer_seconds)
+    return effect
+
+
+def settle_locked(*, effect: RemoteEffect, permit_pk: int, outcome: str, response_status: int | None,
+                  response_digest: bytes | None, remote_id: str, evidence: str, final: bool = False,
+                  defer_seconds: float | None = None) -> RemoteEffect:
+    """permit_settle's writes, inside the caller's transaction, the effect already locked (FOR UPDATE); also the
+    first part of `permit_settle_and_finalize` (D-336)."""
+    if defer_seconds is not None:  # the limiter (an immutable column of the permit) is locked before the permit
+        limiter_pk = DispatchPermit.objects.filter(pk=permit_pk, effect_id=effect.pk).values_list(
+            "limiter_id", flat=True).first()
+        if limiter_pk is not None:
+            _destination_defer(limiter=locks.limiter_for_update(limiter_pk), seconds=defer_seconds,
+                               status=response_status)
+    permit = locks.permit_for_update(permit_pk, effect_id=effect.pk)
+    if permit.state != PermitState.SENDING:
+        raise PermitRefused(f"permit is {permit.state}; only a sending permit settles")
+    now = timezone.now()
+    RemoteEffectAttempt.objects.filter(pk=permit.attempt_id, effect_id=effect.pk, outcome="").update(
+        outcome=outcome, response_status=response_status, response_digest=response_digest, evidence=evidence,
+        settled_at=now)
+    permit.settle(at=now)
+    permit.save()
+    if outcome == AttemptOutcome.REMOTE_CONFIRMED:
+        effect.confirm(remote_id=remote_id)
+    elif outcome == AttemptOutcome.NO_EFFECT and final:
+        effect.no_effect()
+    elif outcome == AttemptOutcome.NO_EFFECT:
+        _after_no_effect(effect)
+    else:
+        effect.become_uncertain()
+    effect.save()
+    audit_record(actor=DISPATCHER, entity=effect, action="permit_settle", from_state=EffectState.DISPATCHING,
+                 to_state=effect.state, reason=f"{outcome}: {evidence}"[:500])
     return effect
 
 
@@ -392,12 +357,16 @@ def effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | N
     except ReconcileRefused as exc:
         if exc.context.get("conflict"):
             with transaction.atomic():
-                effect = locks.effect_for_update(effect_pk)
-                # changed_at marks when the conflict was found: the board's time and the resolution's stale check.
-                RemoteEffect.objects.filter(pk=effect_pk).update(quarantine_reason="REMOTE_LINK_CONFLICT",
-                                                                 changed_at=timezone.now())
-                audit_record(actor=DISPATCHER, entity=effect, action="effect_link_conflict", reason=exc.detail)
+                mark_link_conflict(locks.effect_for_update(effect_pk), exc.detail)
         raise
+
+
+def mark_link_conflict(effect: RemoteEffect, detail: str) -> None:
+    """Mark a refused finalization's RemoteLink conflict on the locked effect (the operator's approval queue)."""
+    # changed_at marks when the conflict was found: the board's time and the resolution's stale check.
+    RemoteEffect.objects.filter(pk=effect.pk).update(quarantine_reason="REMOTE_LINK_CONFLICT",
+                                                     changed_at=timezone.now())
+    audit_record(actor=DISPATCHER, entity=effect, action="effect_link_conflict", reason=detail)
 
 
 @transaction.atomic
@@ -411,16 +380,26 @@ def _effect_finalize(*, effect_pk: int, owner_slot: str = "", account_id: int | 
     if account_id is not None:  # the joined command is the same account's: both pinned to its shard
         queryset = queryset.filter(account_id=account_id, command__account_id=account_id)
     effect = queryset.annotate(commanded_at=F("command__created_at"), callout=F("command__callout")).first()
+    return finalize_locked(effect, owner_slot)
+
+
+_LINK_SQL = ("INSERT INTO effects_remotelink (account_id, owner_slot, remote_identity, effect_id, state, created_at) "
+             "VALUES (%s, %s, %s, %s, 'active', %s) ON CONFLICT DO NOTHING RETURNING id")
+
+
+def finalize_locked(effect: RemoteEffect, owner_slot: str) -> RemoteEffect:
+    """_effect_finalize's checks and writes on the locked effect (annotated with `commanded_at` and `callout`)."""
     if effect.state == EffectState.FINALIZED:
         return effect
     if effect.state != EffectState.REMOTE_CONFIRMED:
         raise ReconcileRefused(f"effect is {effect.state}, not remote_confirmed")
     if owner_slot and effect.remote_id:
-        try:
-            with transaction.atomic():
-                RemoteLink.objects.create(account_id=effect.account_id, owner_slot=owner_slot,
-                                          remote_identity=effect.remote_id, effect=effect)
-        except IntegrityError:
+        # One statement, no savepoint (issue 20, D-338): a link one of the two partial unique indexes refuses is
+        # not inserted, and then it must be exactly this one already.
+        with connection.cursor() as cursor:
+            cursor.execute(_LINK_SQL, [effect.account_id, owner_slot, effect.remote_id, effect.pk, timezone.now()])
+            linked = cursor.fetchone() is not None
+        if not linked:
             existing = RemoteLink.objects.filter(Q(owner_slot=owner_slot) | Q(remote_identity=effect.remote_id),
                                                  account_id=effect.account_id, state="active").first()
             if existing is None or (existing.owner_slot, existing.remote_identity) != (owner_slot, effect.remote_id):

@@ -1,7 +1,8 @@
-"""The dispatch worker loop: claim a prepared effect, acquire its permit, send through the sole egress adapter,
-finalize a confirmed effect. Each step is its own transaction; a crash anywhere leaves a state the seed's crash
-rules recover from (docs/architecture.md). Each step runs isolated (decision D-168): a deterministic failure
-quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop moves on to the next one."""
+"""The dispatch worker loop: claim a prepared effect and acquire its permit (one transaction), send through the
+sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a
+crash anywhere leaves a state the seed's crash rules recover from (docs/architecture.md). Each step runs isolated
+(decision D-168): a deterministic failure quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop
+moves on to the next one."""
 from __future__ import annotations
 
 import logging
@@ -19,9 +20,8 @@ from connector.faults import fault_point
 from connector.services import poison
 from effects import egress
 from effects.choices import EffectState
-from effects.errors import DestinationDeferred
 from effects.models import RemoteEffect
-from effects.services import dispatch, identity
+from effects.services import dispatch, dispatch_together, identity
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -41,46 +41,34 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
                            quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
 
 
-DEFERRED_RETRIES = 3
-
-
 @logcontext.fresh  # issue 21: the ids this claim notes end with it
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
-    """Claim, acquire a permit, send, finalize one effect. None when nothing was claimable or the permit was
-    refused; the effect otherwise (also when one of its steps failed and it was quarantined or held). A permit
-    the destination limiter deferred (D-222) left the effect `prepared` and claimable; the worker then claims
-    again, and the claim passes over that destination, so other destinations keep moving."""
+    """Claim and acquire a permit (one transaction, D-335), send (the committed `sending` marker, then the one
+    HTTP exchange), settle and finalize (one transaction, D-336) one effect. None when nothing was claimable or
+    the permit was refused; the effect otherwise (also when one of its steps failed and it was quarantined or
+    held). A destination whose limiter refuses (D-222) is passed over by the same scan, its effect left
+    `prepared` and claimable, so other destinations keep moving."""
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
     dispatch.holder_heartbeat(holder_id=holder.holder_id)
-    for _ in range(DEFERRED_RETRIES):
-        claim = dispatch.effect_claim(holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"],
-                                      account_id=account_id)
-        if claim is None:
-            return None
-        logcontext.note(effect_id=claim.effect_pk)
-        permit, deferred = None, False
-        with _isolated(SweepStep.PERMIT_ACQUIRE, claim.effect_pk) as step:
-            try:
-                permit = dispatch.permit_acquire(claim=claim)
-            except DestinationDeferred:
-                deferred = True  # committed: lease released, nothing granted; the next claim skips it
-        if permit is not None:
-            break
-        if step.failure == poison.FAILED:
-            return RemoteEffect.objects.get(pk=claim.effect_pk)
-        if not deferred:
-            return None  # refused (the lease or gate moved) or transient: logged; the effect stays claimable later
-    else:
+    granted = dispatch_together.effect_claim_and_permit(
+        holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"], account_id=account_id)
+    if granted is None:
         return None
+    logcontext.note(effect_id=granted.effect_pk)
+    if granted.failed:
+        return RemoteEffect.objects.get(pk=granted.effect_pk)
+    claim, permit = granted.claim, granted.permit
     effect = None
     with _isolated(SweepStep.EFFECT_SEND, claim.effect_pk):
         effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
                              credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
-                             account_id=claim.account_id,
+                             account_id=claim.account_id, finalize=True,
                              credential_generation_pk=permit.credential_gate.credential_generation_id)
     if effect is None:
         return RemoteEffect.objects.get(pk=claim.effect_pk)
-    if effect.state == EffectState.REMOTE_CONFIRMED:
+    if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
+        # The finalization inside the settlement's transaction failed (its savepoint rolled back, D-336): the
+        # settlement committed; finalize again from the attempt evidence (the sweeper would too).
         fault_point("dispatch.after_confirmed")
         effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
     return effect

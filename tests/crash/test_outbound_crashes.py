@@ -94,6 +94,12 @@ effect = effect_dispatch_once(holder_name=ARGS["holder"], account_id=ARGS["accou
 emit(effect=effect.pk if effect else None, state=effect.state if effect else None)
 """
 
+# The same worker step whose finalization inside the settlement's transaction fails (connector.faults raises at
+# "dispatch.finalize_in_settlement"; the savepoint rolls back, the settlement commits, D-336).
+FINALIZE_FAILS_SCRIPT = """
+os.environ["CONNECTOR_FAULT_RAISE"] = "dispatch.finalize_in_settlement"
+""" + DISPATCH_SCRIPT
+
 
 # -- fixtures -----------------------------------------------------------------------------------------------------
 
@@ -392,8 +398,10 @@ def test_crash_after_request_before_settlement_repeats_idempotently(run_child, r
 @pytest.mark.django_db(**DB)
 def test_crash_after_remote_confirmation_finalizes_without_redispatch(run_child, receiver):
     """Crash row "Remote success is proven before RemoteLink or local finalization commits": the worker is
-    SIGKILLed at "dispatch.after_confirmed" (effects/services/worker.py) — the permit settled `returned`, the
-    effect is `remote_confirmed` with Attempt 1's evidence, no RemoteLink, not finalized. Recovery never
+    SIGKILLed at "dispatch.after_confirmed" (effects/services/worker.py) after the finalization inside the
+    settlement's transaction failed (injected at "dispatch.finalize_in_settlement": its savepoint rolled back,
+    D-336) — the permit settled `returned`, the effect is `remote_confirmed` with Attempt 1's evidence, no
+    RemoteLink, not finalized. Recovery never
     redispatches: nothing is claimable, and effects_sweep() finalizes it from the attempt evidence (creating the
     RemoteLink to the proven remote identity) with no new request to the receiver; a second sweep is a no-op.
     Proves: CV2-10-030, CV2-10-052, CV2-10-058"""
@@ -401,7 +409,7 @@ def test_crash_after_remote_confirmation_finalizes_without_redispatch(run_child,
 
     effect = _author_effect(build_world("o-", push=True))
     key = effect.command.provider_idempotency_key
-    run = run_child(DISPATCH_SCRIPT, "dispatch.after_confirmed", account_id=effect.account_id, holder=DEAD)
+    run = run_child(FINALIZE_FAILS_SCRIPT, "dispatch.after_confirmed", account_id=effect.account_id, holder=DEAD)
     assert_killed(run)
     confirmed = RemoteEffect.objects.get(pk=effect.pk)
     assert confirmed.state == EffectState.REMOTE_CONFIRMED and confirmed.remote_id
@@ -421,4 +429,74 @@ def test_crash_after_remote_confirmation_finalizes_without_redispatch(run_child,
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1  # no new request
     assert _attempts(effect) == [(1, DEAD, AttemptOutcome.REMOTE_CONFIRMED)]
     assert _actions("effects.RemoteEffect", effect.pk) == ["permit_settle", "effect_finalize"]
+    _assert_settled_world(effect, receiver)
+
+
+@pytest.mark.django_db(**DB)
+def test_crash_inside_claim_and_permit_transaction_leaves_nothing_and_the_effect_lands_once(run_child, receiver):
+    """Issue 20 (D-335): the worker is SIGKILLed at "dispatch.claim_permit_before_commit", inside the one
+    transaction that claims the effect and grants its permit (Attempt, lease, permit, `prepared -> dispatching`
+    written, not committed). Nothing of it survives: no Attempt, no lease, no permit, the effect `prepared`; so
+    a new holder dispatches it at once (no lease to wait out) and the receiver applies it exactly once:
+    0 duplicated, 0 lost.
+    Proves: CV2-10-048, CV2-10-055"""
+    from connector.demo import build_world
+
+    effect = _author_effect(build_world("o-", push=True))
+    key = effect.command.provider_idempotency_key
+    run = run_child(DISPATCH_SCRIPT, "dispatch.claim_permit_before_commit", account_id=effect.account_id,
+                    holder=DEAD)
+    assert_killed(run)
+    crashed = RemoteEffect.objects.get(pk=effect.pk)
+    assert (crashed.state, crashed.attempt_count, crashed.lease_holder, crashed.lease_expires_at) == (
+        EffectState.PREPARED, 0, "", None)
+    assert not DispatchPermit.objects.exists() and _attempts(effect) == []
+    assert not AuditRecord.objects.filter(action="permit_acquire").exists()
+    assert receiver.requests == []
+
+    done = effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id)
+    assert done.pk == effect.pk and done.state == EffectState.FINALIZED
+    assert _attempts(effect) == [(1, RECOVERY, AttemptOutcome.REMOTE_CONFIRMED)]
+    assert len(receiver.requests) == 1 and receiver.applied == {key: 1}
+    assert RemoteLink.objects.get().effect_id == effect.pk
+    _assert_settled_world(effect, receiver)
+
+
+@pytest.mark.django_db(**DB)
+def test_crash_inside_settle_and_finalize_transaction_is_uncertain_then_lands_once(run_child, receiver):
+    """Issue 20 (D-336): the receiver applied the effect and answered 201; the worker is SIGKILLed at
+    "dispatch.settle_finalize_before_commit", inside the one transaction that settles the permit and finalizes
+    the effect (settlement, RemoteLink and `finalized` written, not committed). Nothing of it survives: the
+    permit is still `sending` (the committed pre-I/O marker), Attempt 1 has no outcome, no RemoteLink. Recovery
+    is the crash row "Worker may have completed external I/O but lacks proof": holder isolation, abandonment to
+    `uncertain`, an idempotent repeat under the frozen key; the receiver still counts ONE application: 0
+    duplicated, 0 lost.
+    Proves: CV2-10-051, CV2-10-057, CV2-10-058"""
+    from connector.demo import build_world
+
+    effect = _author_effect(build_world("o-", push=True))
+    key = effect.command.provider_idempotency_key
+    run = run_child(DISPATCH_SCRIPT, "dispatch.settle_finalize_before_commit", account_id=effect.account_id,
+                    holder=DEAD)
+    assert_killed(run)
+    assert receiver.applied == {key: 1} and len(receiver.requests) == 1
+    permit = DispatchPermit.objects.get(effect=effect)
+    assert (permit.state, permit.io_may_have_started) == (PermitState.SENDING, True)
+    assert RemoteEffect.objects.get(pk=effect.pk).state == EffectState.DISPATCHING
+    assert _attempts(effect) == [(1, DEAD, "")] and not RemoteLink.objects.exists()
+    assert not AuditRecord.objects.filter(action__in=("permit_settle", "effect_finalize")).exists()
+
+    _terminate_dead_holder(run)
+    assert dispatch.permit_abandon(permit_pk=permit.pk, actor=OPERATOR).state == EffectState.UNCERTAIN
+    assert effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id) is None
+    effect.refresh_from_db()
+    dispatch.effect_reconcile(
+        effect_pk=effect.pk, decision="idempotent_repeat", actor=OPERATOR, expected_changed_at=effect.changed_at,
+        evidence="push contract freezes a provider Idempotency-Key; exact repeat cannot create a second effect")
+    done = effect_dispatch_once(holder_name=RECOVERY, account_id=effect.account_id)
+    assert done.pk == effect.pk and done.state == EffectState.FINALIZED
+    assert [r["key"] for r in receiver.requests] == [key, key]
+    assert receiver.applied_total() == 1 and receiver.applied == {key: 1}
+    assert _attempts(effect) == [(1, DEAD, AttemptOutcome.UNCERTAIN), (2, RECOVERY, AttemptOutcome.REMOTE_CONFIRMED)]
+    assert RemoteLink.objects.get().effect_id == effect.pk
     _assert_settled_world(effect, receiver)

@@ -11,7 +11,7 @@ from connector.models import StepFailure
 from effects import tasks
 from effects.choices import EffectState
 from effects.models import DispatchPermit, RemoteEffect
-from effects.services import dispatch, worker
+from effects.services import dispatch, dispatch_together, worker
 from tests.effects.helpers import acquire, author, send
 
 
@@ -29,14 +29,14 @@ def test_a_permit_step_failure_quarantines_that_effect_and_the_worker_dispatches
     acme = push_world.accounts[0]
     bad = RemoteEffect.objects.get(command=author(acme, root="order-bad", record_id="r-bad"))
     good = RemoteEffect.objects.get(command=author(acme, root="order-good", record_id="r-good"))
-    real = dispatch.permit_acquire
+    real = dispatch_together._claim_and_permit_one
 
-    def permit_acquire(*, claim):
-        if claim.effect_pk == bad.pk:
+    def claim_and_permit_one(*, pk, **kwargs):  # the worker's claim + permit transaction (D-335)
+        if pk == bad.pk:
             raise KeyError("poison permit")
-        return real(claim=claim)
+        return real(pk=pk, **kwargs)
 
-    monkeypatch.setattr(dispatch, "permit_acquire", permit_acquire)
+    monkeypatch.setattr(dispatch_together, "_claim_and_permit_one", claim_and_permit_one)
     assert tasks.effect_dispatch() == 2
     bad.refresh_from_db()
     good.refresh_from_db()

@@ -173,6 +173,9 @@ def test_proven_remote_success_finalizes_without_calling_the_provider_again(push
     assert _reconcile(reconciled.pk, "remote_confirmed", remote_id="remote-from-console").state == "remote_confirmed"
 
     author(acme, root="order-crashed", record_id="r2")
+    # the finalization inside the settlement's transaction fails (its savepoint rolls back, D-336), the
+    # settlement commits `remote_confirmed`, then the worker crashes before its own finalization retry
+    monkeypatch.setenv("CONNECTOR_FAULT_RAISE", "dispatch.finalize_in_settlement")
     crash_at(monkeypatch, worker, "dispatch.after_confirmed")
     with pytest.raises(SimulatedCrash):
         _dispatch(acme)

@@ -1,0 +1,84 @@
+"""The destination limiter's decisions (D-222, D-223), shared by `permit_acquire` and `effect_claim_and_permit`:
+an unlocked admission hint for the claim's candidate scan, the admission under the limiter's lock, and the writes
+of a refusal and of a grant. Callers hold the limiter `FOR UPDATE` (after the effect, docs/locking.md)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import F
+
+from effects.choices import PermitState
+from effects.models import DestinationLimiter, DispatchPermit
+
+# A limited destination's time gate and in-flight count in one round trip (the count through the
+# effects_permit_limiter_open index).
+_DESTINATION_SQL = (
+    "SELECT l.not_before, (SELECT count(*) FROM effects_dispatchpermit p WHERE p.limiter_id = l.id "
+    "AND p.state IN ('granted', 'sending')) FROM effects_destinationlimiter l WHERE l.id = %s")
+
+
+def destination_open(limiter_pk: int, max_in_flight: int, now: datetime) -> bool:
+    """An unlocked look at a limited destination: may it admit a permit now? A hint that spares a claim (and its
+    attempt row) for a destination that would refuse; permit_acquire decides under the limiter's lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(_DESTINATION_SQL, [limiter_pk])
+        not_before, in_flight = cursor.fetchone()
+    return (not_before is None or not_before <= now) and in_flight < max_in_flight
+
+
+def in_flight(limiter_pk: int) -> int:
+    """The destination's open permits (`granted`/`sending`), through the effects_permit_limiter_open index."""
+    return DispatchPermit.objects.filter(limiter_id=limiter_pk, state__in=(PermitState.GRANTED,
+                                                                           PermitState.SENDING)).count()
+
+
+def limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str, str]:
+    """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
+    limit: no receiver deferral pending, fewer than K permits open, and a token in the bucket (refilled at R per
+    second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason, cause), the
+    cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way."""
+    rate, burst = command.rate_requests_per_second, command.rate_burst
+    if limiter.deferred_until is not None and limiter.deferred_until > now:
+        return (False, limiter.deferred_until,
+                f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}", "receiver_deferral")
+    open_now = in_flight(limiter.pk)
+    if open_now >= command.rate_max_in_flight:
+        return (False, None, f"{open_now} permits in flight, the declared maximum is {command.rate_max_in_flight}",
+                "in_flight")
+    if limiter.refilled_at is None:
+        tokens = float(burst)
+    else:
+        elapsed = max((now - limiter.refilled_at).total_seconds(), 0.0)
+        tokens = min(float(burst), limiter.tokens + elapsed * rate)
+    limiter.refilled_at = now
+    if tokens < 1.0:
+        limiter.tokens = tokens
+        retry_at = now + timedelta(seconds=(1.0 - tokens) / rate)
+        return False, retry_at, f"{rate} requests per second: the next token is due at {retry_at:%H:%M:%S.%f}", "rate"
+    limiter.tokens = tokens - 1.0
+    return True, None, "", ""
+
+
+def limiter_refused(*, limiter: DestinationLimiter, retry_at: datetime | None, now: datetime) -> None:
+    """A refusal's limiter writes: the bucket as computed, `not_before` pushed to a time-bound refusal's retry."""
+    assert transaction.get_connection().in_atomic_block
+    not_before = limiter.not_before
+    if retry_at is not None and (not_before is None or not_before < retry_at):
+        not_before = retry_at
+    DestinationLimiter.objects.filter(pk=limiter.pk).update(
+        tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
+        refused_total=F("refused_total") + 1, updated_at=now)
+
+
+def limiter_granted(*, limiter: DestinationLimiter, command) -> None:
+    """A grant's limiter writes: the token taken. An emptied bucket names when its next token is due, so claims
+    pass the destination over until then instead of claiming what acquisition would refuse."""
+    rate = command.rate_requests_per_second
+    next_token = limiter.refilled_at + timedelta(seconds=(1.0 - limiter.tokens) / rate) \
+        if limiter.tokens < 1.0 else None
+    not_before = max(d for d in (limiter.not_before, next_token, limiter.deferred_until) if d) \
+        if (limiter.not_before or next_token) else None
+    DestinationLimiter.objects.filter(pk=limiter.pk).update(
+        tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
+        granted_total=F("granted_total") + 1, updated_at=limiter.refilled_at)

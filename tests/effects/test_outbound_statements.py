@@ -1,0 +1,83 @@
+"""Pinned statement counts of the outbound hot path (STYLE R27, issue 20; docs/benchmarks.md, issue 20 section).
+
+One `effect_dispatch_once` worker step of one effect against the loopback receiver, in real transactions (a
+transactional test, as in production). The counted effect is the second of the process (the first warms the
+process's pooled HTTP client and caches). Statements are what Django's connection records, BEGIN/COMMIT and
+savepoints included. Each stage is measured around the function the worker calls for it:
+
+| stage | before (issue 20) | after (D-335, D-336, D-338) |
+| --- | --- | --- |
+| claim + permit (`effect_claim` + `permit_acquire`, now `effect_claim_and_permit`) | 21 | 13 |
+| the sending marker (`_win_sending`, committed before any byte) | 7 | 7 |
+| settlement + finalization (`permit_settle` + `effect_finalize_from_evidence`, now one transaction) | 17 | 13 |
+| the whole `effect_dispatch_once` step | 48 | 36 |
+"""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from effects import egress
+from effects.choices import EffectState
+from effects.models import RemoteEffect
+from effects.services import dispatch, dispatch_together, worker
+from tests.effects.helpers import author
+
+CLAIM_AND_PERMIT = 13
+SENDING_MARKER = 7
+SETTLE_AND_FINALIZE = 13
+DISPATCH_STEP = 36
+
+
+@pytest.fixture
+def tx_push_world(transactional_db):
+    from connector.demo import build_world
+
+    return build_world("p-", push=True)
+
+
+def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffect]:
+    """Run one worker step, counting the statements of each stage (by wrapping the functions it calls)."""
+    counts: dict[str, int] = {}
+    capture = CaptureQueriesContext(connection)
+
+    def counted(stage, module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            start = len(capture.captured_queries)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                counts[stage] = counts.get(stage, 0) + len(capture.captured_queries) - start
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted("claim_and_permit", dispatch, "effect_claim")
+    counted("claim_and_permit", dispatch, "permit_acquire")
+    counted("claim_and_permit", dispatch_together, "effect_claim_and_permit")
+    counted("sending_marker", egress, "_win_sending")
+    counted("settle_and_finalize", egress, "permit_settle")
+    counted("settle_and_finalize", egress, "permit_settle_and_finalize")
+    counted("settle_and_finalize", worker, "effect_finalize_from_evidence")
+    with capture:
+        effect = worker.effect_dispatch_once(holder_name="h-stmt", account_id=account.pk)
+    monkeypatch.undo()
+    return counts, len(capture.captured_queries), effect
+
+
+def test_outbound_dispatch_step_statements_are_pinned(tx_push_world, receiver, monkeypatch):
+    """One effect's worker step: claim + permit in one transaction, the committed sending marker, settlement +
+    finalization in one transaction, each within its pinned ceiling; the effect lands once and is finalized with
+    its RemoteLink."""
+    acme = tx_push_world.accounts[0]
+    author(acme, root="order-warm", record_id="r-warm")
+    assert worker.effect_dispatch_once(holder_name="h-stmt", account_id=acme.pk).state == EffectState.FINALIZED
+    author(acme, root="order-counted", record_id="r-counted")
+    counts, total, effect = _stage_counts(monkeypatch, acme)
+    assert effect.state == EffectState.FINALIZED
+    assert counts["claim_and_permit"] <= CLAIM_AND_PERMIT, counts
+    assert counts["sending_marker"] <= SENDING_MARKER, counts
+    assert counts["settle_and_finalize"] <= SETTLE_AND_FINALIZE, counts
+    assert total <= DISPATCH_STEP, (counts, total)
+    assert receiver.applied_total() == 2
