@@ -94,7 +94,7 @@ bench: venv services
 .PHONY: bench-outbound
 bench-outbound: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench outbound --workers 8 \
-	  --seconds 20 --warm 3 --rounds 2 --effects 3000 --baseline-jobs 12000 --check
+	  --seconds 20 --warm 3 --rounds 2 --effects 6000 --baseline-jobs 12000 --check
 
 # The whole suite (minus `slow`) in a fresh clone of the committed HEAD on private PostgreSQL and Redis started on
 # two free loopback ports (scripts/prove_fallback.sh). `make test` runs a slice of it there

@@ -324,7 +324,7 @@ def summarize(report: dict) -> dict:
 
 
 def run_outbound(*, workers: int = 8, seconds: float = 20.0, warm: float = 3.0, rounds: int = 2, accounts: int = 4,
-                 effects: int = 3000, baseline_jobs: int = 10000, database: str = DEFAULT_DATABASE,
+                 effects: int = 6000, baseline_jobs: int = 12000, database: str = DEFAULT_DATABASE,
                  keep: bool = False, say=print) -> dict:
     """Every phase on a throwaway database; returns the report."""
     from django.conf import settings
@@ -422,8 +422,8 @@ class Outbound:
         parser.add_argument("--warm", type=float, default=3.0, help="untimed warm-up before each window")
         parser.add_argument("--rounds", type=int, default=2, help="product/baseline pairs, alternated")
         parser.add_argument("--accounts", type=int, default=4)
-        parser.add_argument("--effects", type=int, default=3000, help="effects authored per product phase")
-        parser.add_argument("--baseline-jobs", type=int, default=10000, help="jobs seeded per baseline phase")
+        parser.add_argument("--effects", type=int, default=6000, help="effects authored per product phase")
+        parser.add_argument("--baseline-jobs", type=int, default=12000, help="jobs seeded per baseline phase")
         parser.add_argument("--database-name", default=DEFAULT_DATABASE)
         parser.add_argument("--keep", action="store_true")
         parser.add_argument("--json", default="", help="write the report to this file")
