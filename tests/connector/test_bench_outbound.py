@@ -54,7 +54,8 @@ def _report(rate_ratio_product: float, cpu_product: float, window: float = 21.0)
                        "per_completion_ms": {"busy_ms": 1.0}}}]
     for phase in phases:
         phase["window_cut_by_drain"] = window < 20
-    report = {"seconds": 20.0 if window >= 20 else window, "phases": phases, "receiver": {"product": {"duplicate_keys": 0, "lost": 0}}}
+    report = {"seconds": 20.0 if window >= 20 else window, "phases": phases,
+              "receiver": {"product": {"duplicate_keys": 0, "lost": 0}}}
     report.update(summarize(report))
     return report
 
