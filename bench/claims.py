@@ -147,13 +147,14 @@ def _peer_worker(index: int, command: dict) -> dict:
 
 
 def _run_workers(setup: dict, commands: list[dict], *, timeout: float,
-                 on_start=None) -> tuple[float, list[dict]]:
+                 on_start=None, target=None) -> tuple[float, list[dict]]:
     """Spawn one process per command; once every one is bootstrapped, start them all 0.5 s later (and call
-    `on_start(start_at, pids)`). Returns the common start time and the results."""
+    `on_start(start_at, pids)`). Returns the common start time and the results. `target` (default
+    `_worker_main`, same signature) is the processes' entry point (`bench outbound` passes its own)."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     inboxes = [ctx.Queue() for _ in commands]
-    procs = [ctx.Process(target=_worker_main, args=(i, setup, c, inboxes[i], out), daemon=True)
+    procs = [ctx.Process(target=target or _worker_main, args=(i, setup, c, inboxes[i], out), daemon=True)
              for i, c in enumerate(commands)]
     for p in procs:
         p.start()

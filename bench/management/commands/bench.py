@@ -697,3 +697,7 @@ class Command(BaseCommand):
 from bench.outbound_rate import OutboundRate  # noqa: E402 - per-destination rate limits (issue 20)
 
 SUBCOMMANDS[OutboundRate.name] = OutboundRate()
+
+from bench.outbound import Outbound  # noqa: E402 - outbound against an at-least-once baseline (issue 20)
+
+SUBCOMMANDS[Outbound.name] = Outbound()
