@@ -73,7 +73,8 @@ PATHS: tuple[PathKind, ...] = (
                                  "effects.services.outbound_together.outbound_commands_author",
                                  "effects.services.intents.remote_call_authorize")),
     PathKind("dispatch", GUARD, ("effects.services.dispatch._claim_one",
-                                 "effects.services.dispatch.permit_acquire")),
+                                 "effects.services.dispatch.permit_acquire",
+                                 "effects.services.dispatch_together._claim_and_permit_one")),
 )
 PATH_KINDS = tuple(p.kind for p in PATHS)
 

@@ -88,6 +88,7 @@ def test_tiny_run_counts_finalized_effects_baseline_jobs_and_a_duplicate():
     world = _world(2)
     author_effects(world, 6, say=lambda _: None)
     receiver = Receiver().start()
+    created_peer = False
     try:
         default, journal = connections["default"].settings_dict, connections["journal"].settings_dict
         conninfo = _conninfo(default)
@@ -97,6 +98,8 @@ def test_tiny_run_counts_finalized_effects_baseline_jobs_and_a_duplicate():
                                "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"]}}
         connections.close_all()
         product = run_phase(setup, conninfo, kind="product", workers=1, warm=0.0, seconds=2.0, say=lambda _: None)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            created_peer = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is None
         peer_schema_apply(conninfo)
         queue = seed_baseline(conninfo, 1, 5)
         baseline = run_phase(setup, conninfo, kind="baseline", workers=1, warm=0.0, seconds=2.0, queue=queue,
@@ -123,7 +126,23 @@ def test_tiny_run_counts_finalized_effects_baseline_jobs_and_a_duplicate():
         receiver.stop()
         with psycopg.connect(_conninfo(connections["default"].settings_dict), autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS bench_outbound_baseline")
-            if conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None:
+            if created_peer:  # procrastinate's whole schema, which this test applied: later tests dump the database
+                _drop_peer_schema(conn)
+            elif conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0] is not None:
                 conn.execute("DELETE FROM procrastinate_events WHERE job_id IN (SELECT id FROM procrastinate_jobs "
                              "WHERE queue_name LIKE 'bench_outbound_%%')")
                 conn.execute("DELETE FROM procrastinate_jobs WHERE queue_name LIKE 'bench_outbound_%%'")
+
+
+def _drop_peer_schema(conn) -> None:
+    """Drop every object procrastinate's schema created (tables, functions, types named procrastinate_*)."""
+    for kind, sql in (("TABLE", "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                                "AND tablename LIKE 'procrastinate%%'"),
+                      ("FUNCTION", "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n "
+                                   "ON n.oid = p.pronamespace WHERE n.nspname = current_schema() "
+                                   "AND p.proname LIKE 'procrastinate%%'"),
+                      ("TYPE", "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+                               "WHERE n.nspname = current_schema() AND t.typname LIKE 'procrastinate%%' "
+                               "AND t.typtype = 'e'")):
+        for (name,) in conn.execute(sql).fetchall():
+            conn.execute(f"DROP {kind} IF EXISTS {name} CASCADE")
