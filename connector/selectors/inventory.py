@@ -36,7 +36,7 @@ from connector.models import (
 )
 
 __all__ = ["PATHS", "PATH_KINDS", "BINDING_PATHS", "GUARD", "PathKind", "Inventory", "activation_inventory",
-           "guarded_services", "registry_value"]
+           "activation_inventory_lost", "guarded_services", "registry_value"]
 
 GUARD = "connector.services.guard.lock_serving"
 
@@ -173,3 +173,26 @@ def activation_inventory(*, epoch_pk: int, configuration_pk: int,
         else:
             inv.entries.append(["partition", subject, f"{authorities['partition']}:lane#{lane}"])
     return inv
+
+
+def activation_inventory_lost(*, configuration_pk: int, epoch_pk: int,
+                              partitions: list[tuple[int, str, str]] = ()) -> list[list[str]]:
+    """The authorities a frozen inventory named that are gone since (a recheck before the activation transaction,
+    D-320): an account of the configuration without its serving gate, a mapped credential generation without its
+    dispatch gate, a certified partition without its OrderingLane of the candidate epoch. Everything else the
+    inventory read is immutable (the configuration, the epoch's binding proofs) or compared again under the
+    activation's locks (each gate's mode, its held evidence). Three set-based reads, whatever the account count."""
+    lost: list[list[str]] = []
+    accounts = ServiceConfigurationAccount.objects.filter(generation_id=configuration_pk).values_list("account_id",
+                                                                                                     flat=True)
+    gated = set(AccountServingGate.objects.filter(account_id__in=accounts).values_list("account_id", flat=True))
+    lost += [["account", str(a), "no serving gate"] for a in accounts if a not in gated]
+    lost += [["dispatch", f"{a}:{ref}", "credential generation without a dispatch gate"]
+             for a, ref in ServiceConfigurationCredentialMapping.objects.filter(
+                 generation_id=configuration_pk, credential_generation__dispatch_gate__isnull=True)
+             .values_list("account_id", "credential_ref")]
+    if partitions:
+        lanes = set(OrderingLane.objects.filter(epoch_id=epoch_pk).values_list("account_id", "route", "partition"))
+        lost += [["partition", f"{a}:{r}:{p}", "no OrderingLane of the candidate epoch (lane authority)"]
+                 for a, r, p in sorted(partitions) if (a, r, p) not in lanes]
+    return lost
