@@ -13,7 +13,6 @@ from connector.selectors import inventory
 from cutover.choices import BarrierSetState, DecisionState
 from cutover.errors import ActivationInventoryUncovered
 from cutover.models import ActivationInventory, OrderingBaseline, ServiceCutoverAttempt
-from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from tests import dbroles
@@ -22,17 +21,7 @@ from tests.cutover.v1_world import ACTOR, approve_activation, build_v1_world, to
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def validating_world():

@@ -7,27 +7,15 @@ import io
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
 
 from connector.choices import GateMode
 from cutover.models import AttemptOutcome, ServiceCutoverAttempt
-from cutover.ports import v1_owner
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import approve_activation, build_v1_world
 from v1 import runtime
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def run(*args) -> str:

@@ -14,7 +14,6 @@ from connector.services import owners
 from cutover.choices import BarrierSetState, DecisionState
 from cutover.errors import ActivationLost, BarrierSetRefused, CutoverPhaseRefused, PublicationBarrierHeld
 from cutover.models import AttemptOutcome, ServiceCutoverAttempt
-from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from tests.concurrency import run_concurrently
@@ -25,17 +24,7 @@ BOUNDARIES = ("activation.after_decision", "activation.before_commit", "activati
               "activation.after_v2_committed")
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def held_world():

@@ -14,7 +14,6 @@ from connector.services import owners
 from cutover.choices import BarrierOwnerKind, BarrierSetState, DecisionState
 from cutover.errors import BarrierSetRefused, CutoverPhaseRefused, PublicationBarrierHeld
 from cutover.models import BarrierOwnerReceipt, CutoverDecision, ServiceCutoverAttempt, ServingPublicationBarrierSet
-from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from cutover.services import first_activation_recovery as recovery
@@ -46,17 +45,7 @@ COORDINATOR = """
 """
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def validating_world():

@@ -38,9 +38,10 @@ from cutover.services import first_activation as fa
 from cutover.services import succession
 from tests.concurrency import backend_pid_waiting, run_concurrently, start, wait_until
 from tests.cutover.succession_helpers import ACTOR, build_succession_world, halt_all, held_barrier
-from tests.cutover.test_first_activation import env, held_world, stop_after_commit  # noqa: F401 - env: the V1 world's fixture
+from tests.cutover.test_first_activation import held_world, stop_after_commit
 from tests.cutover.v1_world import approve_activation, build_v1_world, to_validating
 
+pytestmark = pytest.mark.usefixtures("cutover_env")  # the V1 world's settings and receiver (tests/cutover/conftest.py)
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 OWNER_TABLES = (ConnectorAccount, AccountServingGate, PackGeneration, BindingDefinition, IntegrationBindingView,
                 CatalogBinding, CredentialGeneration, CredentialGenerationDispatchGate, ServiceConfigurationGeneration,

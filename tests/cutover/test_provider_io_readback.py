@@ -11,7 +11,6 @@ from django.db import IntegrityError, connections, transaction
 from connector.models import ServingEpoch
 from cutover.choices import DecisionState
 from cutover.models import AttemptOutcome, ServiceCutoverAttempt
-from cutover.ports import v1_owner
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from effects.choices import EffectState
@@ -25,17 +24,7 @@ from tests.effects import helpers
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def push_v1_world(prefix: str = "c-") -> V1World:

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from connector.models import AuditRecord
 from connector.services import admission, materialize
@@ -32,17 +32,7 @@ CHANNEL = "records.webhook"
 V2_DIRS = ("connector", "effects", "cutover", "governance", "observability", "config")
 
 
-@pytest.fixture(autouse=True)
-def env(settings, tmp_path):
-    from tests.effects.receiver import Receiver
-
-    v1_owner.cache_clear()
-    settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
-    receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield receiver
-    receiver.stop()
-    connections.close_all()
+pytestmark = pytest.mark.usefixtures("cutover_env")  # tests/cutover/conftest.py
 
 
 def event_body(key: str, record: str, sequence: int) -> bytes:
