@@ -130,20 +130,26 @@ def _peer_worker(index: int, command: dict) -> dict:
         def noop(i: int) -> None:
             return None
 
-        async with app.open_async():
-            delay = command["start_at"] - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            try:
-                await asyncio.wait_for(app.run_worker_async(
-                    queues=[command["queue"]], wait=False, concurrency=1, listen_notify=False,
-                    install_signal_handlers=False, delete_jobs="never", fetch_job_polling_interval=0.05,
-                    name=f"bench-claims-{index}"), timeout=max(0.1, command["stop_at"] - time.time()))
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                pass
+        await peer_window(app, command, name=f"bench-claims-{index}")
 
     asyncio.run(run())
     return {}
+
+
+async def peer_window(app, command: dict, *, name: str) -> None:
+    """Work `command["queue"]` with one procrastinate worker (concurrency 1, polling 50 ms, jobs kept) from
+    `command["start_at"]` until `command["stop_at"]` (epoch seconds): one phase window of a baseline process."""
+    async with app.open_async():
+        delay = command["start_at"] - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            await asyncio.wait_for(app.run_worker_async(
+                queues=[command["queue"]], wait=False, concurrency=1, listen_notify=False,
+                install_signal_handlers=False, delete_jobs="never", fetch_job_polling_interval=0.05,
+                name=name), timeout=max(0.1, command["stop_at"] - time.time()))
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass
 
 
 def _run_workers(setup: dict, commands: list[dict], *, timeout: float,

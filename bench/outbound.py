@@ -113,6 +113,8 @@ def _baseline_worker(index: int, command: dict) -> dict:
     import psycopg
     from procrastinate import App, PsycopgConnector
 
+    from bench.claims import peer_window
+
     client = httpx.Client()
     rows = psycopg.connect(command["conninfo"], autocommit=True)
     url, done = command["url"].rstrip("/"), [0]
@@ -132,17 +134,7 @@ def _baseline_worker(index: int, command: dict) -> dict:
                          "WHERE id = %s", [response.status_code, row])
             done[0] += 1
 
-        async with app.open_async():
-            delay = command["start_at"] - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            try:
-                await asyncio.wait_for(app.run_worker_async(
-                    queues=[command["queue"]], wait=False, concurrency=1, listen_notify=False,
-                    install_signal_handlers=False, delete_jobs="never", fetch_job_polling_interval=0.05,
-                    name=f"bench-outbound-{index}"), timeout=max(0.1, command["stop_at"] - time.time()))
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                pass
+        await peer_window(app, command, name=f"bench-outbound-{index}")
 
     try:
         asyncio.run(run())
