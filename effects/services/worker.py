@@ -116,7 +116,11 @@ def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = Non
             return done
         log.info("effects_claim_batch deferred: %s: %s", type(exc).__name__, exc)
     if permits:
-        settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
+        try:
+            settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
+        except Exception:  # noqa: BLE001 - each permit takes the one-by-one send, whose committed CAS is the guard
+            log.exception("the batched send failed; sending each permit alone")
+            settled = {p.effect_pk: e for p in permits if (e := _send_one(p, holder.holder_id)) is not None}
         for p in permits:
             effect = settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id)
             if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
@@ -125,6 +129,16 @@ def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = Non
             done.append(effect)
     limited = effect_dispatch_once(holder=holder, account_id=account_id, limited_only=True)
     return done + ([limited] if limited is not None else [])
+
+
+def _send_one(p: dispatch_batch.BatchPermit, holder_id: str) -> RemoteEffect | None:
+    """A batch's permit through `egress.send` under isolation (D-350): a permit the batch already moved to
+    `sending` is refused there (only the one caller that won the CAS sends), so nothing is ever sent twice."""
+    with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):
+        return egress.send(permit_pk=p.permit_pk, holder_id=holder_id, holder_fence=p.holder_fence,
+                           credential_gate_fence=p.credential_gate_fence, effect_pk=p.effect_pk,
+                           account_id=p.account_id, finalize=True, credential_generation_pk=p.credential_generation_pk)
+    return None
 
 
 def effect_finalize_from_evidence(effect_pk: int, *, account_id: int | None = None) -> RemoteEffect:

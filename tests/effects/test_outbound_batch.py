@@ -181,3 +181,22 @@ def test_limited_destinations_keep_the_one_by_one_step(transactional_db, receive
     assert DispatchPermit.objects.get(effect_id=pks[0]).limiter_id is not None
     assert [e.pk for e in worker.effect_dispatch_batch(n=10, holder_name="h-lim")] == [pks[1]]
     assert receiver.applied_total() == 2
+
+
+def test_a_failing_batch_send_falls_back_to_each_permit_alone_and_never_sends_twice(tx_world, receiver, monkeypatch):
+    """D-350: the batch's exchanges fail after the markers committed for the first permit's exchange (a defect in
+    the batch path): the step sends each permit alone through `egress.send`, whose committed CAS refuses every
+    permit the batch already marked `sending`: nothing is sent twice, and the unmarked ones land once.
+    Proves: CV2-10-038, CV2-13-001"""
+    acme = tx_world.accounts[0]
+    pks = _author(acme, 3)
+    real = egress_batch.win_sending_batch
+
+    def marks_one_then_fails(*, permits, holder_id):
+        real(permits=permits[:1], holder_id=holder_id)
+        raise ValueError("a defect after the first marker committed")
+    monkeypatch.setattr(egress_batch, "win_sending_batch", marks_one_then_fails)
+    done = {e.pk: e.state for e in worker.effect_dispatch_batch(n=10, holder_name="h-send", account_id=acme.pk)}
+    assert done == {pks[0]: EffectState.DISPATCHING, pks[1]: EffectState.FINALIZED, pks[2]: EffectState.FINALIZED}
+    assert DispatchPermit.objects.get(effect_id=pks[0]).state == PermitState.SENDING  # for isolation + reconcile
+    assert receiver.applied_total() == 2 and set(receiver.applied.values()) == {1}
