@@ -2,7 +2,8 @@
 sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a
 crash anywhere leaves a state the seed's crash rules recover from (docs/architecture.md). Each step runs isolated
 (decision D-168): a deterministic failure quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop
-moves on to the next one."""
+moves on to the next one. The egress task's step is `effect_dispatch_batch` (issue 20, D-345..D-350): the same
+three transactions for a batch of one account's unlimited effects, then one limited destination's effect alone."""
 from __future__ import annotations
 
 import logging
