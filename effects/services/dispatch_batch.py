@@ -63,10 +63,10 @@ _ROTATION = {"start": 0}
 
 # The batch's candidates (no lock): the first account with claimable unlimited effects at or after the cursor
 # (else the first one before it, wrapping around), then its oldest claimable effects (a LATERAL subquery naming
-# the account: on the scale-out path it reads one shard). `account` (optional) names the account instead.
+# the account).
 _CANDIDATES = """
 WITH pick(account_id) AS (
-    SELECT COALESCE(%(account)s::bigint, (
+    SELECT (
         SELECT a.account_id FROM (
             (SELECT e.account_id, 0 AS wrap FROM effects_remoteeffect e
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
@@ -78,7 +78,7 @@ WITH pick(account_id) AS (
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id < %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-              ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1))
+              ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1)
 )
 SELECT x.id, p.account_id, x.credential_generation_id
   FROM pick p CROSS JOIN LATERAL (
@@ -88,6 +88,14 @@ SELECT x.id, p.account_id, x.credential_generation_id
        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
      ORDER BY e.id LIMIT %(n)s) x
  ORDER BY x.id"""
+
+# A given account's candidates (the claimer of one account, the scale-out path): every table pinned to the account.
+_ACCOUNT_CANDIDATES = """
+SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect e
+  JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
+ WHERE e.account_id = %(account)s AND e.state = 'prepared' AND c.limiter_id IS NULL
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+ ORDER BY e.id LIMIT %(n)s"""
 
 # The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
 # gates), re-checked under the lock, with what the checks need from their commands (frozen, never moving).
@@ -150,7 +158,8 @@ def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int
         return []
     now = timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(_CANDIDATES, {"account": account_id, "start": _ROTATION["start"], "now": now, "n": n})
+        cursor.execute(_CANDIDATES if account_id is None else _ACCOUNT_CANDIDATES,
+                       {"account": account_id, "start": _ROTATION["start"], "now": now, "n": n})
         candidates = cursor.fetchall()
     if not candidates:
         return []
