@@ -7,7 +7,8 @@ accounts), `--rounds` x `--effects` effects are authored up front through the re
 under `lock_serving`; untimed). Then, `--rounds` times, two phases alternate:
 
 * product: `--workers` spawned egress processes, one dispatch loop each (`effects.services.worker.
-  effect_dispatch_once`: claim, permit, sending marker, HTTP POST, settlement, finalization), for `--warm` +
+  effect_dispatch_batch` of CONNECTOR["EGRESS_BATCH"] effects per step, D-350: claim + permits, sending markers,
+  HTTP POSTs, settlements + finalizations; `effect_dispatch_once` when EGRESS_BATCH is 0 or 1), for `--warm` +
   `--seconds`; the figure is the RemoteEffects that became `finalized` inside the measured window.
 * baseline: the same number of spawned processes, each a procrastinate worker (concurrency 1) whose job reads
   its row of `bench_outbound_baseline` (a copy of one authored command's method, path and body), makes the same
@@ -93,10 +94,13 @@ def _product_worker(index: int, command: dict) -> dict:
     if delay > 0:
         time.sleep(delay)
     done = idle_since = 0
+    size = worker.egress_batch_size()  # CONNECTOR["EGRESS_BATCH"] (D-350): the batched step unless it is 0 or 1
     try:
         while time.time() < command["stop_at"]:
-            if worker.effect_dispatch_once(holder_name=name) is not None:
-                done, idle_since = done + 1, 0
+            step = (len(worker.effect_dispatch_batch(n=size, holder_name=name)) if size > 1
+                    else int(worker.effect_dispatch_once(holder_name=name) is not None))
+            if step:
+                done, idle_since = done + step, 0
                 continue
             idle_since = idle_since or time.time()
             if time.time() - idle_since > 1.0:

@@ -25,6 +25,9 @@ POINTS = (
     "dispatch.claim_permit_before_commit",  # claim + permit written in one transaction (D-335), not committed
     "dispatch.finalize_in_settlement",  # settlement written, finalization written in its savepoint (D-336)
     "dispatch.settle_finalize_before_commit",  # settlement (+ finalization) written in one transaction, not committed
+    "dispatch.batch_claim_before_commit",  # a batch's claims + permits written in one transaction (D-347), uncommitted
+    "dispatch.batch_sending_before_commit",  # a batch's granted -> sending markers written (D-349), not committed
+    "dispatch.batch_settle_before_commit",  # a batch's confirmed settlements + finalizations (D-348), uncommitted
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded

@@ -194,6 +194,28 @@ def credential_gate_for_share(credential_generation_pk: int) -> CredentialGenera
         credential_generation_id=credential_generation_pk))
 
 
+# The shared fair advisory locks of `credential_gate_for_share`, for several generations, in ascending order.
+_CREDENTIAL_GATES_FAIR_SQL = ("SELECT count(pg_advisory_xact_lock_shared(%s, (a.id %% 2147483647)::int)) "
+                              "FROM unnest(%s::bigint[]) AS a(id)")
+
+
+def credential_gates_for_share(credential_generation_pks: Iterable[int]) -> dict[int, CredentialGenerationDispatchGate]:
+    """`credential_gate_for_share` for several generations in two statements (the worker's batched claim and
+    sending marker, D-345): each gate's fair advisory lock shared, in ascending generation pk (one statement),
+    then the gates FOR SHARE in ascending generation pk (one statement); the same locks in the same order as the
+    single call made per generation in that order. Returns {generation pk: gate}; a generation without a gate is
+    absent (the caller refuses its items)."""
+    ordered = sorted({int(pk) for pk in credential_generation_pks})
+    if not ordered:
+        return {}
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(_CREDENTIAL_GATES_FAIR_SQL, [ADVISORY_LOCK_KEYS["credential_gate"], ordered])
+    sql, params = (CredentialGenerationDispatchGate.objects.filter(credential_generation_id__in=ordered)
+                   .order_by("credential_generation_id").query.sql_with_params())
+    return {g.credential_generation_id: g
+            for g in CredentialGenerationDispatchGate.objects.raw(sql + " FOR SHARE", params)}
+
+
 def _share_one(queryset):
     """`SELECT ... FOR SHARE` of exactly one row. Django's select_for_update has no share mode, so the lock
     clause is appended to the compiled single-table query."""

@@ -115,6 +115,22 @@ def _tls_client(ca_file: str | None, client_pem: str | None) -> httpx.Client:
     return client
 
 
+def sending_refusal(*, permit: DispatchPermit, holder, credential_gate, holder_id: str, holder_fence: int,
+                    credential_gate_fence: int) -> str | None:
+    """Why the locked permit may not move `granted -> sending` for this caller (None: it may), the checks of
+    `_win_sending` and of the batched marker (effects.egress_batch, D-349) alike."""
+    if permit.state != PermitState.GRANTED:
+        return f"permit is {permit.state}; only the one caller that wins granted -> sending sends"
+    if holder.holder_id != holder_id or permit.holder_fence != holder_fence:
+        return "the permit belongs to another holder or fence"
+    if holder.state != HolderState.RUNNING:
+        return f"holder generation {holder_id} is terminated; its egress is revoked"
+    if credential_gate.mode != "enabled" or credential_gate.fence != credential_gate_fence \
+            or credential_gate.fence != permit.credential_gate_fence:
+        return f"credential dispatch gate is {credential_gate.mode} at fence {credential_gate.fence}"
+    return None
+
+
 def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
                  effect_pk: int | None = None, credential_generation_pk: int | None = None) -> DispatchPermit:
     """`effect_pk` and `credential_generation_pk` (the worker knows both from the permit it was granted): the
@@ -129,15 +145,10 @@ def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credentia
         if permit.credential_gate_id != credential_gate.pk:
             raise EgressRefused("the permit names another credential dispatch gate")
         holder = locks.holder_for_share(permit.holder_id)
-        if permit.state != PermitState.GRANTED:
-            raise EgressRefused(f"permit is {permit.state}; only the one caller that wins granted -> sending sends")
-        if holder.holder_id != holder_id or permit.holder_fence != holder_fence:
-            raise EgressRefused("the permit belongs to another holder or fence")
-        if holder.state != HolderState.RUNNING:
-            raise EgressRefused(f"holder generation {holder_id} is terminated; its egress is revoked")
-        if credential_gate.mode != "enabled" or credential_gate.fence != credential_gate_fence \
-                or credential_gate.fence != permit.credential_gate_fence:
-            raise EgressRefused(f"credential dispatch gate is {credential_gate.mode} at fence {credential_gate.fence}")
+        refusal = sending_refusal(permit=permit, holder=holder, credential_gate=credential_gate, holder_id=holder_id,
+                                  holder_fence=holder_fence, credential_gate_fence=credential_gate_fence)
+        if refusal is not None:
+            raise EgressRefused(refusal)
         permit.start_sending(at=timezone.now())
         permit.save()
     return permit
@@ -175,39 +186,30 @@ def _classify(response: httpx.Response) -> SendResult:
     return SendResult(AttemptOutcome.UNCERTAIN, response.status_code, "", f"status {response.status_code}", defer)
 
 
-@tracing.entry("egress_send", CommandTrace, arg="permit_pk", lookup="command__effect__permits",
-               kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
-def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
-         base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
-         credential_generation_pk: int | None = None, finalize: bool = False):
-    """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
-    the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
-    credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
-    up once by the permit's pk. `finalize` (the worker): an answer proving `remote_confirmed` is settled and
-    finalized in one transaction (`permit_settle_and_finalize`, D-336)."""
-    permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
-                          credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
-                          credential_generation_pk=credential_generation_pk)
-    fault_point("egress.after_sending")
-    effects = RemoteEffect.objects.select_related("command", "command__credential_generation")
-    if account_id is not None:
-        effects = effects.filter(account_id=account_id, command__account_id=account_id)
-    effect = effects.get(pk=permit.effect_id)
-    command, settle = effect.command, {"effect_pk": effect.pk, "account_id": effect.account_id}
+@dataclass(frozen=True)
+class Exchange:
+    """What one exchange (or its refusal before any byte) leaves to settle: permit_settle's outcome arguments; the
+    answer's label and duration for the egress metric (None: nothing was sent, nothing is counted)."""
+    outcome: dict
+    answered: str | None = None
+    seconds: float = 0.0
+
+
+def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
+    """The one HTTP call of a permit that won `granted -> sending` (committed), or its refusal before any byte."""
     refusal = _path_refusal(command)
     if refusal is not None:
         # The frozen path is outside its callout's template (a row written before D-170, or a changed rule): no
         # byte leaves, and no later attempt can do better, so the effect settles as terminal no_effect.
         evidence, final = refusal
-        log.warning("egress refused to send", extra={"permit": permit.pk, "reason": evidence})
-        return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
-                             response_digest=None, remote_id="", final=final, evidence=evidence[:1000], **settle)
+        log.warning("egress refused to send", extra={"permit": permit_pk, "reason": evidence})
+        return Exchange({"outcome": AttemptOutcome.NO_EFFECT, "response_status": None, "response_digest": None,
+                         "remote_id": "", "final": final, "evidence": evidence[:1000]})
     try:
         secret = read_secret(command.credential_generation.secret_version_ref).decode()
     except Exception as exc:  # noqa: BLE001 - no byte was sent: the request never left
-        return permit_settle(permit_pk=permit.pk, outcome=AttemptOutcome.NO_EFFECT, response_status=None,
-                             response_digest=None, remote_id="",
-                             evidence=f"frozen secret version unreadable, nothing sent: {exc}", **settle)
+        return Exchange({"outcome": AttemptOutcome.NO_EFFECT, "response_status": None, "response_digest": None,
+                         "remote_id": "", "evidence": f"frozen secret version unreadable, nothing sent: {exc}"})
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
     if command.provider_idempotency_key:
         headers["Idempotency-Key"] = command.provider_idempotency_key
@@ -231,17 +233,41 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
         answered = "timeout" if isinstance(exc, httpx.TimeoutException) else "transport_error"
     seconds = time.perf_counter() - began
     fault_point("egress.after_request")
-    log.info("egress settled", extra={"permit": permit.pk, "outcome": result.outcome, "status": result.status})
-    outcome = {"outcome": result.outcome, "response_status": result.status, "response_digest": digest,
-               "remote_id": result.remote_id, "evidence": result.evidence, "defer_seconds": result.defer_seconds}
-    if finalize and result.outcome == AttemptOutcome.REMOTE_CONFIRMED:
+    log.info("egress settled", extra={"permit": permit_pk, "outcome": result.outcome, "status": result.status})
+    return Exchange({"outcome": result.outcome, "response_status": result.status, "response_digest": digest,
+                     "remote_id": result.remote_id, "evidence": result.evidence,
+                     "defer_seconds": result.defer_seconds}, answered, seconds)
+
+
+@tracing.entry("egress_send", CommandTrace, arg="permit_pk", lookup="command__effect__permits",
+               kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
+def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
+         base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
+         credential_generation_pk: int | None = None, finalize: bool = False):
+    """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
+    the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
+    credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
+    up once by the permit's pk. `finalize` (the worker): an answer proving `remote_confirmed` is settled and
+    finalized in one transaction (`permit_settle_and_finalize`, D-336)."""
+    permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
+                          credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
+                          credential_generation_pk=credential_generation_pk)
+    fault_point("egress.after_sending")
+    effects = RemoteEffect.objects.select_related("command", "command__credential_generation")
+    if account_id is not None:
+        effects = effects.filter(account_id=account_id, command__account_id=account_id)
+    effect = effects.get(pk=permit.effect_id)
+    command, settle = effect.command, {"effect_pk": effect.pk, "account_id": effect.account_id}
+    done = _exchange(permit_pk=permit.pk, command=command, base_url=base_url)
+    if finalize and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED:
         effect = permit_settle_and_finalize(permit_pk=permit.pk, owner_slot=effect_slot(effect),
                                             commanded_at=command.created_at, callout=command.callout,
-                                            **outcome, **settle)
+                                            **done.outcome, **settle)
     else:
-        effect = permit_settle(permit_pk=permit.pk, **outcome, **settle)
-    # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
-    stage_metrics.egress_observe(callout=command.callout, status_label=answered, seconds=seconds)
+        effect = permit_settle(permit_pk=permit.pk, **done.outcome, **settle)
+    if done.answered is not None:
+        # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
+        stage_metrics.egress_observe(callout=command.callout, status_label=done.answered, seconds=done.seconds)
     return effect
 
 

@@ -38,6 +38,10 @@ CONNECTOR = {
     "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
+    # Effects per batched egress worker step (issue 20, D-350): up to this many `prepared` effects of one account
+    # whose destinations declare no limit are claimed, marked `sending` and settled in one transaction each; the
+    # lease (LEASE_SECONDS) covers the batch's sequential exchanges. 0 or 1: the one-by-one step (before D-350).
+    "EGRESS_BATCH": env_int("CONNECTOR_EGRESS_BATCH", 10),
     # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before
     # counting the rest as `_other` (issue 21, D-232): the label set stays bounded whatever the contracts declare.
     "METRICS_MAX_DESTINATIONS": env_int("CONNECTOR_METRICS_MAX_DESTINATIONS", 100),

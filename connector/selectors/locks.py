@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from connector import locks as _locks
 
-__all__ = ["credential_gate_for_share", "credential_gate_for_update", "epoch_for_share", "epoch_for_update",
+__all__ = ["credential_gate_for_share", "credential_gates_for_share", "credential_gate_for_update", "epoch_for_share", "epoch_for_update",
            "epochs_for_update", "gate_for_update", "gates_for_update", "lane_for_update", "owner_barriers_lock",
            "share_one"]
 _SOURCES = {"share_one": "_share_one"}

@@ -73,14 +73,17 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
 CLOSED = object()  # take()'s answer when the destination refused under its lock: pass the destination over
 
 
-def claim_scan(*, account_id: int | None, take):
+def claim_scan(*, account_id: int | None, take, limited_only: bool = False):
     """The claim's candidate scan (effect_claim, effect_claim_and_permit): up to CLAIM_ROUNDS pages of 20
     claimable `prepared` effects in pk order, passing over destinations whose unlocked hint says they cannot
     admit a permit now; `take(pk, account_id, credential_generation_pk)` is tried on each and its first non-None
-    answer returned (CLOSED closes that candidate's destination for the rest of the scan)."""
+    answer returned (CLOSED closes that candidate's destination for the rest of the scan). `limited_only`: only
+    effects of destinations that declare a limit (the batched worker step takes the others, D-350)."""
     now = timezone.now()
     base = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
                                        state=EffectState.PREPARED)
+    if limited_only:
+        base = base.filter(command__limiter__isnull=False)
     if account_id is None:
         base = base.exclude(command__limiter__not_before__gt=now)
     else:  # the joined command and limiter name the account too: the read is the account's shard's

@@ -58,7 +58,7 @@ _STOP = object()  # a refusal (gate, holder, provider I/O held): end the scan wi
 
 
 def effect_claim_and_permit(*, holder: ProcessGeneration, lease_seconds: int = 60,
-                            account_id: int | None = None) -> Granted | None:
+                            account_id: int | None = None, limited_only: bool = False) -> Granted | None:
     """Claim one `prepared` effect and grant its permit in one transaction (see the module). None when nothing
     was claimable, or a refusal (credential gate not `enabled`, holder not running, provider I/O held, a
     transient error) ended the scan; every refusal rolls back, so nothing of the claim survives it. Each
@@ -71,7 +71,7 @@ def effect_claim_and_permit(*, holder: ProcessGeneration, lease_seconds: int = 6
                                          lease_seconds=lease_seconds)
         return Granted(pk, failed=True) if step.failure == poison.FAILED else _STOP
 
-    answer = dispatch.claim_scan(account_id=account_id, take=take)
+    answer = dispatch.claim_scan(account_id=account_id, take=take, limited_only=limited_only)
     return None if answer is _STOP else answer
 
 

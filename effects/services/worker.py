@@ -2,7 +2,8 @@
 sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a
 crash anywhere leaves a state the seed's crash rules recover from (docs/architecture.md). Each step runs isolated
 (decision D-168): a deterministic failure quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop
-moves on to the next one."""
+moves on to the next one. The egress task's step is `effect_dispatch_batch` (issue 20, D-345..D-350): the same
+three transactions for a batch of one account's unlimited effects, then one limited destination's effect alone."""
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,9 @@ from connector.faults import fault_point
 from connector.services import poison
 from effects import egress
 from effects.choices import EffectState
-from effects.models import RemoteEffect
-from effects.services import dispatch, dispatch_together, identity
+from effects.models import ProcessGeneration, RemoteEffect
+from effects import egress_batch
+from effects.services import dispatch, dispatch_batch, dispatch_together, identity
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -42,16 +44,21 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
 
 
 @logcontext.fresh  # issue 21: the ids this claim notes end with it
-def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None) -> RemoteEffect | None:
+def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None,
+                         limited_only: bool = False, holder: ProcessGeneration | None = None) -> RemoteEffect | None:
     """Claim and acquire a permit (one transaction, D-335), send (the committed `sending` marker, then the one
     HTTP exchange), settle and finalize (one transaction, D-336) one effect. None when nothing was claimable or
     the permit was refused; the effect otherwise (also when one of its steps failed and it was quarantined or
     held). A destination whose limiter refuses (D-222) is passed over by the same scan, its effect left
-    `prepared` and claimable, so other destinations keep moving."""
-    holder = dispatch.holder_register(holder_id=holder_name or holder_id())
-    dispatch.holder_heartbeat(holder_id=holder.holder_id)
+    `prepared` and claimable, so other destinations keep moving. `limited_only` (the batched step's companion,
+    D-350): only effects of destinations that declare a limit; `holder` (the batched step's): already registered
+    and heartbeaten."""
+    if holder is None:
+        holder = dispatch.holder_register(holder_id=holder_name or holder_id())
+        dispatch.holder_heartbeat(holder_id=holder.holder_id)
     granted = dispatch_together.effect_claim_and_permit(
-        holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"], account_id=account_id)
+        holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"], account_id=account_id,
+        limited_only=limited_only)
     if granted is None:
         return None
     logcontext.note(effect_id=granted.effect_pk)
@@ -72,6 +79,67 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
         fault_point("dispatch.after_confirmed")
         effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
     return effect
+
+
+def egress_batch_size() -> int:
+    """`CONNECTOR["EGRESS_BATCH"]` (default 10): effects per batched worker step; 0 or 1 keeps the one-by-one step."""
+    return int(settings.CONNECTOR.get("EGRESS_BATCH", 10))
+
+
+@logcontext.fresh
+def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = None,
+                          account_id: int | None = None) -> list[RemoteEffect]:
+    """One batched worker step (issue 20, D-345..D-350): up to `n` `prepared` effects of one account whose
+    destinations declare no limit are claimed and granted in one transaction
+    (`dispatch_batch.effects_claim_batch`), their `sending` markers committed in one transaction before any byte,
+    each sent once through the sole egress adapter, and their confirmed settlements and finalizations committed in
+    one transaction (`egress_batch.send_batch`); then one effect of a limited destination, if any is claimable, takes
+    today's one-by-one step with its limiter row lock (`effect_dispatch_once(limited_only=True)`). A batch claim
+    that fails deterministically rolled back: its effects then take the one-by-one step, whose isolation
+    (D-168) quarantines the one at fault; a refusal or a transient failure of the claim writes nothing and the
+    step returns what the limited step did. Returns the effects the step handled ([] when nothing was claimable)."""
+    n = egress_batch_size() if n is None else n
+    holder = dispatch.holder_register(holder_id=holder_name or holder_id())
+    dispatch.holder_heartbeat(holder_id=holder.holder_id)
+    done: list[RemoteEffect] = []
+    try:
+        permits = dispatch_batch.effects_claim_batch(holder=holder, n=n, account_id=account_id,
+                                                     lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
+    except Exception as exc:  # noqa: BLE001 - classified below; the one-by-one path isolates the item at fault
+        permits = []
+        if poison.classify(exc) == poison.FAILED:
+            log.exception("effects_claim_batch failed; falling back to the one-by-one step")
+            for _ in range(max(n, 1)):
+                one = effect_dispatch_once(holder=holder, account_id=account_id)
+                if one is None:
+                    break
+                done.append(one)
+            return done
+        log.info("effects_claim_batch deferred: %s: %s", type(exc).__name__, exc)
+    if permits:
+        try:
+            settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
+        except Exception:  # noqa: BLE001 - each permit takes the one-by-one send, whose committed CAS is the guard
+            log.exception("the batched send failed; sending each permit alone")
+            settled = {p.effect_pk: e for p in permits if (e := _send_one(p, holder.holder_id)) is not None}
+        for p in permits:
+            effect = settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id)
+            if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
+                fault_point("dispatch.after_confirmed")  # finalization held in the settlement: again (D-336)
+                effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
+            done.append(effect)
+    limited = effect_dispatch_once(holder=holder, account_id=account_id, limited_only=True)
+    return done + ([limited] if limited is not None else [])
+
+
+def _send_one(p: dispatch_batch.BatchPermit, holder_id: str) -> RemoteEffect | None:
+    """A batch's permit through `egress.send` under isolation (D-350): a permit the batch already moved to
+    `sending` is refused there (only the one caller that won the CAS sends), so nothing is ever sent twice."""
+    with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):
+        return egress.send(permit_pk=p.permit_pk, holder_id=holder_id, holder_fence=p.holder_fence,
+                           credential_gate_fence=p.credential_gate_fence, effect_pk=p.effect_pk,
+                           account_id=p.account_id, finalize=True, credential_generation_pk=p.credential_generation_pk)
+    return None
 
 
 def effect_finalize_from_evidence(effect_pk: int, *, account_id: int | None = None) -> RemoteEffect:

@@ -11,6 +11,9 @@ savepoints included. Each stage is measured around the function the worker calls
 | the sending marker (`_win_sending`, committed before any byte) | 7 | 7 |
 | settlement + finalization (`permit_settle` + `effect_finalize_from_evidence`, now one transaction) | 17 | 13 |
 | the whole `effect_dispatch_once` step | 48 | 36 |
+
+The batched step (`effect_dispatch_batch`, D-345..D-350), pinned below for n = 1 and n = 10 (constant in n): claim +
+permits 9, the n sending markers 7, the n settlements + finalizations 10, the whole step 30 (3 per effect at n = 10).
 """
 from __future__ import annotations
 
@@ -81,3 +84,62 @@ def test_outbound_dispatch_step_statements_are_pinned(tx_push_world, receiver, m
     assert counts["settle_and_finalize"] <= SETTLE_AND_FINALIZE, counts
     assert total <= DISPATCH_STEP, (counts, total)
     assert receiver.applied_total() == 2
+
+
+# -- the batched step (issue 20, D-345..D-350) -------------------------------------------------------------------
+# One `effect_dispatch_batch` step of n effects of one account (after a warm step), the same stages counted around
+# the functions the step calls for them: the same count for any n (set-based statements; n = 1 and n = 10 pinned).
+# The whole step also registers and heartbeats its holder and runs the limited-destination companion step (one
+# candidate read when no limited destination has work).
+BATCH_CLAIM_AND_PERMIT = 9
+BATCH_SENDING_MARKER = 7
+BATCH_SETTLE_AND_FINALIZE = 10
+BATCH_DISPATCH_STEP = 30
+
+
+def _batch_stage_counts(monkeypatch, account, n: int) -> tuple[dict[str, int], int, list[RemoteEffect]]:
+    from effects import egress_batch
+    from effects.services import dispatch_batch
+
+    counts: dict[str, int] = {}
+    capture = CaptureQueriesContext(connection)
+
+    def counted(stage, module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            start = len(capture.captured_queries)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                counts[stage] = counts.get(stage, 0) + len(capture.captured_queries) - start
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted("claim_and_permit", dispatch_batch, "effects_claim_batch")
+    counted("sending_marker", egress_batch, "win_sending_batch")
+    counted("settle_and_finalize", egress_batch, "permits_settle_confirmed")
+    with capture:
+        effects = worker.effect_dispatch_batch(n=n, holder_name="h-stmt", account_id=account.pk)
+    monkeypatch.undo()
+    return counts, len(capture.captured_queries), effects
+
+
+@pytest.mark.parametrize("n", [1, 10])
+def test_outbound_batch_step_statements_are_pinned_for_any_n(tx_push_world, receiver, monkeypatch, n):
+    """One batched worker step of n effects: claim + permits in one transaction, the n committed sending markers in
+    one, the n settlements + finalizations in one; each stage within its pinned ceiling, the same for n = 1 and
+    n = 10 (constant in n); every effect lands once and is finalized with its RemoteLink.
+    Proves: CV2-10-036, CV2-10-037"""
+    acme = tx_push_world.accounts[0]
+    author(acme, root="order-warm", record_id="r-warm")
+    assert [e.state for e in worker.effect_dispatch_batch(n=1, holder_name="h-stmt", account_id=acme.pk)] == [
+        EffectState.FINALIZED]
+    for i in range(n):
+        author(acme, root=f"order-counted-{i}", record_id=f"r-counted-{i}")
+    counts, total, effects = _batch_stage_counts(monkeypatch, acme, n)
+    assert len(effects) == n and {e.state for e in effects} == {EffectState.FINALIZED}
+    assert counts["claim_and_permit"] <= BATCH_CLAIM_AND_PERMIT, counts
+    assert counts["sending_marker"] <= BATCH_SENDING_MARKER, counts
+    assert counts["settle_and_finalize"] <= BATCH_SETTLE_AND_FINALIZE, counts
+    assert total <= BATCH_DISPATCH_STEP, (counts, total)
+    assert receiver.applied_total() == n + 1

@@ -20,12 +20,22 @@ def _failure(effect: RemoteEffect) -> StepFailure:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("batch", [1, 10])
 def test_a_permit_step_failure_quarantines_that_effect_and_the_worker_dispatches_the_next(push_world, receiver,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, settings, batch):
     """`effects.tasks.effect_dispatch` meets an effect whose permit acquisition fails (a KeyError): the effect,
     still `prepared`, is quarantined (EFFECT_STEP_FAILED, no permit, nothing sent) and the same loop dispatches
     and finalizes the next effect (today the exception ended the task, and every later run met the same effect
-    first). Proves: CV2-13-001, CV2-10-031"""
+    first). With the batched step (EGRESS_BATCH 10, D-350) the poison fails the batch's claim transaction too: it
+    rolls back and the step runs its effects one by one, whose isolation quarantines the bad one.
+    Proves: CV2-13-001, CV2-10-031"""
+    from effects.services import dispatch_batch
+
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BATCH": batch}
+
+    def poisoned_batch(ref):
+        raise KeyError("poison in the batch")
+    monkeypatch.setattr(dispatch_batch, "secret_version_exists", poisoned_batch)
     acme = push_world.accounts[0]
     bad = RemoteEffect.objects.get(command=author(acme, root="order-bad", record_id="r-bad"))
     good = RemoteEffect.objects.get(command=author(acme, root="order-good", record_id="r-good"))

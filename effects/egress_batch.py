@@ -1,0 +1,126 @@
+"""The sole egress adapter's batched path (issue 20, decision D-349): the worker's batch of `granted` permits
+(effects.services.dispatch_batch.effects_claim_batch) wins its `granted -> sending` markers in ONE committed
+transaction before any byte leaves, each permit checked exactly as `effects.egress._win_sending` checks it; then
+the adapter makes each permit's one HTTP exchange (`egress._exchange`, sequentially, on the process's kept client)
+and settles: the `remote_confirmed` answers and their finalizations in one transaction
+(`dispatch_batch.permits_settle_confirmed`), every other answer (or an item the batch settlement refused) alone
+through `permit_settle` / `permit_settle_and_finalize`, each isolated (D-168)."""
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from django.db import connection, transaction
+from django.utils import timezone
+from opentelemetry.trace import SpanKind
+
+from connector import stage_metrics, tracing
+from connector.choices import SweepStep
+from connector.faults import fault_point
+from connector.selectors import locks as connector_locks
+from connector.services import poison
+from effects import egress, locks
+from effects.choices import AttemptOutcome
+from effects.models import CommandTrace, RemoteEffect
+from effects.services.dispatch import permit_settle
+from effects.services.dispatch_batch import BatchPermit, Confirmed, permits_settle_confirmed
+from effects.services.dispatch_together import permit_settle_and_finalize
+from effects.services.identity import effect_slot
+from effects.services.poison import effect_quarantine
+
+log = logging.getLogger(__name__)
+
+_MARK_SENDING = """
+UPDATE effects_dispatchpermit SET state = 'sending', io_may_have_started = true, sending_at = %(now)s
+ WHERE id = ANY(%(ids)s::bigint[]) AND effect_id = ANY(%(effects)s::bigint[]) AND state = 'granted'"""
+
+
+def win_sending_batch(*, permits: list[BatchPermit], holder_id: str) -> list[BatchPermit]:
+    """The batch's committed `granted -> sending` markers, one transaction: the credential dispatch gates FOR SHARE
+    (ascending generation), the permits FOR UPDATE (ascending pk, naming their effects), their holder FOR SHARE,
+    the checks of `_win_sending` per permit (`egress.sending_refusal`), then one UPDATE of the permits that pass.
+    A permit that fails a check is left as it is and not sent (logged, as `send` refuses it). Returns the permits
+    won, in the given order. `fault_point("dispatch.batch_sending_before_commit")` fires before the COMMIT."""
+    if not permits:
+        return []
+    with transaction.atomic():
+        gates = connector_locks.credential_gates_for_share(p.credential_generation_pk for p in permits)
+        rows = {r.pk: r for r in locks.permits_for_update([p.permit_pk for p in permits],
+                                                          effect_ids=[p.effect_pk for p in permits])}
+        holders = {pk: locks.holder_for_share(pk) for pk in sorted({r.holder_id for r in rows.values()})}
+        won = []
+        for p in permits:
+            permit, gate = rows.get(p.permit_pk), gates.get(p.credential_generation_pk)
+            if permit is None or permit.effect_id != p.effect_pk:
+                refusal = "the permit does not belong to that effect"
+            elif gate is None or permit.credential_gate_id != gate.pk:
+                refusal = "the permit names another credential dispatch gate"
+            else:
+                refusal = egress.sending_refusal(permit=permit, holder=holders[permit.holder_id], credential_gate=gate,
+                                                 holder_id=holder_id, holder_fence=p.holder_fence,
+                                                 credential_gate_fence=p.credential_gate_fence)
+            if refusal is not None:
+                log.info("egress refused a permit of the batch", extra={"permit": p.permit_pk, "reason": refusal})
+                continue
+            won.append(p)
+        if won:
+            with connection.cursor() as cursor:
+                cursor.execute(_MARK_SENDING, {"now": timezone.now(), "ids": [p.permit_pk for p in won],
+                                               "effects": [p.effect_pk for p in won]})
+                if cursor.rowcount != len(won):
+                    raise AssertionError(f"{cursor.rowcount} permits marked sending for {len(won)} won")
+        fault_point("dispatch.batch_sending_before_commit")
+    return won
+
+
+def _isolated(step: str, effect_pk: int) -> poison.Isolated:
+    return poison.isolated(step=step, item=f"effect {effect_pk}",
+                           quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
+
+
+def send_batch(*, permits: list[BatchPermit], holder_id: str, base_url: str | None = None) -> dict[int, RemoteEffect]:
+    """Win the batch's markers (committed), then each permit's one exchange, then the settlements (see the module).
+    Returns the settled effects by pk (an item whose settlement failed is absent: the worker reads it back)."""
+    won = win_sending_batch(permits=permits, holder_id=holder_id)
+    if not won:
+        return {}
+    fault_point("egress.after_sending")
+    account_id = won[0].account_id
+    effects = {e.pk: e for e in RemoteEffect.objects.select_related("command", "command__credential_generation")
+               .filter(account_id=account_id, command__account_id=account_id, pk__in=[p.effect_pk for p in won])}
+    answers = []
+    for p in won:
+        command = effects[p.effect_pk].command
+        with tracing.stage("egress_send", CommandTrace, kind=SpanKind.CLIENT,  # issue 21, as `send` traces it
+                           command__effect__permits=p.permit_pk):
+            answers.append((p, egress._exchange(permit_pk=p.permit_pk, command=command, base_url=base_url)))
+    confirmed = [(p, done) for p, done in answers if done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED]
+    settled: dict[int, RemoteEffect] = {}
+    try:
+        settled = permits_settle_confirmed(account_id=account_id, items=[
+            Confirmed(p.permit_pk, p.effect_pk, done.outcome["response_status"], done.outcome["response_digest"],
+                      done.outcome["remote_id"], done.outcome["evidence"], effect_slot(effects[p.effect_pk]),
+                      effects[p.effect_pk].command.created_at, effects[p.effect_pk].command.callout)
+            for p, done in confirmed])
+        if confirmed and not settled:  # the savepoint rolled back: settled, left remote_confirmed (D-336)
+            settled = {e.pk: e for e in RemoteEffect.objects.filter(
+                account_id=account_id, pk__in=[p.effect_pk for p, _ in confirmed])}
+    except Exception as exc:  # noqa: BLE001 - rolled back: each item settles alone below, the one semantics
+        log.warning("batch settlement failed; settling each item alone", extra={"error": f"{type(exc).__name__}"})
+    for p, done in answers:
+        effect = effects[p.effect_pk]
+        if p.effect_pk not in settled:
+            settle = {"effect_pk": p.effect_pk, "account_id": account_id}
+            with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):
+                if done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED:
+                    settled[p.effect_pk] = permit_settle_and_finalize(
+                        permit_pk=p.permit_pk, owner_slot=effect_slot(effect), commanded_at=effect.command.created_at,
+                        callout=effect.command.callout, **done.outcome, **settle)
+                else:
+                    settled[p.effect_pk] = permit_settle(permit_pk=p.permit_pk, **done.outcome, **settle)
+            if p.effect_pk not in settled:
+                continue
+        if done.answered is not None:  # issue 21: counted once the settlement committed
+            stage_metrics.egress_observe(callout=effect.command.callout, status_label=done.answered,
+                                         seconds=done.seconds)
+    return settled

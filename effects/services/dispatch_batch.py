@@ -1,0 +1,376 @@
+"""The worker's batched outbound transactions (issue 20, decisions D-345..D-349): a batch of up to `n`
+`prepared` effects of ONE account whose destinations declare no rate limit, claimed and granted in one
+transaction, and their confirmed settlements and finalizations in one transaction. The committed
+`granted -> sending` markers of the batch are one transaction of the sole egress adapter
+(`effects.egress.send_batch`), committed before any byte.
+
+- `effects_claim_batch`: the account is chosen in rotation from this process's cursor (the idea of the inbound
+  batched claim, D-204/D-264: the next batch starts after the account this one served), its oldest claimable
+  effects read without a lock; then ONE transaction in the canonical lock order (docs/locking.md): the serving
+  guard once (`lock_serving`: epoch, account gate FOR SHARE; provider I/O held refuses), the credential dispatch
+  gates of the batch FOR SHARE (fair advisory locks shared, then the rows, ascending generation), the effects
+  `FOR UPDATE SKIP LOCKED` (ascending pk, re-checked: still `prepared`, lease free or expired, no limiter), the
+  holder FOR SHARE once; then one statement that moves the effects `prepared -> dispatching` (the state in the
+  WHERE clause, the transition trigger fires per row), gives each a new lease fence and Attempt ordinal, appends
+  the Attempts and the `granted` permits and writes the permits' audit rows. Per effect, the checks of
+  `effect_claim_and_permit` hold: its credential gate `enabled` (its fence copied into the permit; a gate that
+  is not enabled leaves its effects untouched and claimable), its frozen secret version present (else it is
+  quarantined CREDENTIAL_MATERIAL_MISSING, as today), the holder running (else the whole claim is refused).
+- `permits_settle_confirmed`: the `remote_confirmed` settlements of the batch (attempt outcome, permit
+  `sending -> returned`, effect `dispatching -> remote_confirmed`, audit) in one statement, then in a savepoint
+  their finalizations (RemoteLinks in one statement, `remote_confirmed -> finalized` and audit in one); the
+  settlement commits whatever happens to the finalization (D-336): a link conflict is marked as `effect_finalize`
+  marks it, any other failure leaves the effects `remote_confirmed` for the worker's retry or the sweeper.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from connector import stage_metrics
+from connector.faults import fault_point
+from connector.selectors import locks as connector_locks
+from connector.services.audit import audit_record
+from connector.services.guard import lock_serving
+from connector.services.secrets import secret_version_exists
+from effects import locks
+from effects.choices import EffectState, HolderState
+from effects.errors import PermitRefused, ProviderIoHeld
+from effects.models import ProcessGeneration, RemoteEffect
+from effects.services import dispatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchPermit:
+    """One `granted` permit of a batch: what the sending marker and the exchange need, each naming its shard."""
+    permit_pk: int
+    effect_pk: int
+    attempt_pk: int
+    account_id: int
+    holder_fence: int
+    credential_gate_fence: int
+    credential_generation_pk: int
+
+
+# Where this process's next batch starts its rotation over accounts (round-robin across batches, D-346).
+_ROTATION = {"start": 0}
+
+# The batch's candidates (no lock): the first account with claimable unlimited effects at or after the cursor
+# (else the first one before it, wrapping around), then its oldest claimable effects (a LATERAL subquery naming
+# the account).
+_CANDIDATES = """
+WITH pick(account_id) AS (
+    SELECT (
+        SELECT a.account_id FROM (
+            (SELECT e.account_id, 0 AS wrap FROM effects_remoteeffect e
+               JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
+              WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id >= %(start)s
+                AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+              ORDER BY e.account_id LIMIT 1)
+            UNION ALL
+            (SELECT e.account_id, 1 AS wrap FROM effects_remoteeffect e
+               JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
+              WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id < %(start)s
+                AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+              ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1)
+)
+SELECT x.id, p.account_id, x.credential_generation_id
+  FROM pick p CROSS JOIN LATERAL (
+    SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
+      JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
+     WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id IS NULL
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+     ORDER BY e.id LIMIT %(n)s) x
+ ORDER BY x.id"""
+
+# A given account's candidates (the claimer of one account, the scale-out path): every table pinned to the account.
+_ACCOUNT_CANDIDATES = """
+SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect e
+  JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
+ WHERE e.account_id = %(account)s AND e.state = 'prepared' AND c.limiter_id IS NULL
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+ ORDER BY e.id LIMIT %(n)s"""
+
+# The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
+# gates), re-checked under the lock, with what the checks need from their commands (frozen, never moving).
+_LOCK_EFFECTS = """
+SELECT e.id, c.credential_generation_id, g.secret_version_ref
+  FROM effects_remoteeffect e
+  JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
+  JOIN connector_credentialgeneration g ON g.id = c.credential_generation_id
+ WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.state = 'prepared'
+   AND c.limiter_id IS NULL AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+ ORDER BY e.id
+   FOR UPDATE OF e SKIP LOCKED"""
+
+# The grant, one statement (D-347): `prepared -> dispatching` with a new lease (fence + 1, ordinal + 1; the state
+# compared again in the WHERE clause), each effect's Attempt (bound to its command's frozen epoch, request and
+# credential generation), its `granted` permit (the guarded gate's and its credential gate's fences copied) and
+# the permit's audit row, as `_grant` writes them one by one.
+_GRANT = """
+WITH d AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(credential_gates)s::bigint[], %(credential_fences)s::bigint[])
+        AS d(id, credential_gate_id, credential_gate_fence)
+), moved AS (
+    UPDATE effects_remoteeffect e
+       SET state = 'dispatching', attempt_count = e.attempt_count + 1, lease_fence = e.lease_fence + 1,
+           lease_holder = %(holder_id)s, lease_expires_at = %(expires)s, changed_at = %(now)s
+      FROM d WHERE e.account_id = %(account)s AND e.id = d.id AND e.state = 'prepared'
+ RETURNING e.id, e.command_id, e.attempt_count, e.lease_fence
+), attempts AS (
+    INSERT INTO effects_remoteeffectattempt (effect_id, ordinal, holder_id, lease_fence, epoch_id,
+        credential_generation_id, request_digest, provider_idempotency_key, claimed_at, lease_expires_at, outcome,
+        response_status, response_digest, evidence, settled_at)
+    SELECT m.id, m.attempt_count, %(holder_pk)s, m.lease_fence, c.epoch_id, c.credential_generation_id,
+           c.request_digest, c.provider_idempotency_key, %(now)s, %(expires)s, '', NULL, NULL, '', NULL
+      FROM moved m JOIN effects_outboundcommand c ON c.id = m.command_id AND c.account_id = %(account)s
+ RETURNING id, effect_id, lease_fence
+), permits AS (
+    INSERT INTO effects_dispatchpermit (attempt_id, effect_id, gate_id, gate_fence, credential_gate_id,
+        credential_gate_fence, holder_id, holder_fence, limiter_id, state, io_may_have_started, granted_at,
+        sending_at, closed_at, abandonment_proof)
+    SELECT a.id, a.effect_id, %(gate)s, %(gate_fence)s, d.credential_gate_id, d.credential_gate_fence,
+           %(holder_pk)s, a.lease_fence, NULL, 'granted', false, %(now)s, NULL, NULL, ''
+      FROM attempts a JOIN d ON d.id = a.effect_id
+ RETURNING id, effect_id, attempt_id, holder_fence, credential_gate_fence
+), audit AS (
+    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state,
+                                       to_state, fence, evidence_digest, reason)
+    SELECT %(now)s, %(actor)s, NULL, 'effects.DispatchPermit', p.id::text, 'permit_acquire', '', 'granted',
+           p.credential_gate_fence, NULL, '' FROM permits p ORDER BY p.effect_id
+)
+SELECT p.id, p.effect_id, p.attempt_id, p.holder_fence, p.credential_gate_fence FROM permits p ORDER BY p.effect_id"""
+
+
+def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int = 60,
+                        account_id: int | None = None) -> list[BatchPermit]:
+    """Claim up to `n` effects of one account and grant their permits in one transaction (see the module).
+    Returns the granted permits in ascending effect pk; [] when nothing was claimable. A refusal (the account's
+    gate does not serve, provider I/O held, the holder not running) raises and rolls back: nothing of the claim
+    survives it. `fault_point("dispatch.batch_claim_before_commit")` fires before the COMMIT."""
+    if n <= 0:
+        return []
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_CANDIDATES if account_id is None else _ACCOUNT_CANDIDATES,
+                       {"account": account_id, "start": _ROTATION["start"], "now": now, "n": n})
+        candidates = cursor.fetchall()
+    if not candidates:
+        return []
+    acct = candidates[0][1]
+    if account_id is None:
+        _ROTATION["start"] = acct + 1
+    with transaction.atomic():
+        ctx = lock_serving(account_id=acct)
+        if ctx.provider_io_held:  # read with the epoch row the guard holds FOR SHARE (D-321)
+            raise ProviderIoHeld(f"epoch {ctx.epoch_id} is active but its first activation is not read back yet; "
+                                 "provider I/O is disabled")
+        gates = connector_locks.credential_gates_for_share(generation for _, _, generation in candidates)
+        now = timezone.now()
+        with connection.cursor() as cursor:
+            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [pk for pk, _, _ in candidates], "now": now})
+            locked = cursor.fetchall()
+        if not locked:
+            return []
+        holder_row = locks.holder_for_share(holder.pk)
+        if holder_row.state != HolderState.RUNNING:
+            raise PermitRefused(f"holder generation {holder_row.holder_id} is {holder_row.state}")
+        chosen, present = [], {}
+        for pk, generation_pk, ref in locked:
+            gate = gates.get(generation_pk)
+            if gate is None or gate.mode != "enabled":  # not granted: left prepared and claimable, nothing written
+                continue
+            if ref not in present:
+                present[ref] = secret_version_exists(ref)
+            if not present[ref]:
+                _quarantine_missing_material(pk, acct)
+                continue
+            chosen.append((pk, gate))
+        if not chosen:
+            return []
+        expires = now + timedelta(seconds=lease_seconds)
+        with connection.cursor() as cursor:
+            cursor.execute(_GRANT, {
+                "ids": [pk for pk, _ in chosen], "credential_gates": [g.pk for _, g in chosen],
+                "credential_fences": [g.fence for _, g in chosen], "account": acct, "holder_id": holder_row.holder_id,
+                "holder_pk": holder_row.pk, "expires": expires, "now": now, "gate": ctx.gate_pk,
+                "gate_fence": ctx.fence, "actor": str(dispatch.DISPATCHER)})
+            granted = cursor.fetchall()
+        if len(granted) != len(chosen):  # every chosen row is locked and prepared: anything else is a defect
+            raise AssertionError(f"{len(granted)} permits granted for {len(chosen)} locked effects")
+        fault_point("dispatch.batch_claim_before_commit")
+    generation_of = {pk: gate.credential_generation_id for pk, gate in chosen}
+    return [BatchPermit(permit_pk, effect_pk, attempt_pk, acct, holder_fence, gate_fence, generation_of[effect_pk])
+            for permit_pk, effect_pk, attempt_pk, holder_fence, gate_fence in granted]
+
+
+def _quarantine_missing_material(effect_pk: int, account_id: int) -> None:
+    """As `_claim_and_permit_one` quarantines it (CV2-10-013): the locked effect, in the claim's transaction."""
+    effect = RemoteEffect.objects.get(pk=effect_pk, account_id=account_id)
+    effect.quarantine(reason="CREDENTIAL_MATERIAL_MISSING")
+    effect.save()
+    audit_record(actor=dispatch.DISPATCHER, entity=effect, action="effect_quarantine",
+                 from_state=EffectState.PREPARED, to_state=effect.state,
+                 reason="frozen credential secret version is absent; never falls forward")
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A `sending` permit whose exchange proved `remote_confirmed`: what its settlement and finalization write."""
+    permit_pk: int
+    effect_pk: int
+    response_status: int | None
+    response_digest: bytes | None
+    remote_id: str
+    evidence: str
+    owner_slot: str
+    commanded_at: datetime | None
+    callout: str
+
+
+# The confirmed settlements, one statement (D-348): each Attempt's outcome (written once), each permit
+# `sending -> returned`, each effect `dispatching -> remote_confirmed` with its proven identity (both states compared
+# again in the WHERE clauses) and the effect's `permit_settle` audit row, as `settle_locked` writes them.
+_SETTLE = """
+WITH d AS (
+    SELECT * FROM unnest(%(permits)s::bigint[], %(effects)s::bigint[], %(statuses)s::int[], %(digests)s::bytea[],
+                         %(remote_ids)s::text[], %(evidence)s::text[], %(reasons)s::text[])
+        WITH ORDINALITY AS d(permit_id, effect_id, status, digest, remote_id, evidence, reason, ord)
+), permits AS (
+    UPDATE effects_dispatchpermit p SET state = 'returned', closed_at = %(now)s
+      FROM d WHERE p.id = d.permit_id AND p.effect_id = d.effect_id AND p.state = 'sending'
+ RETURNING p.id, p.attempt_id, p.effect_id
+), attempts AS (
+    UPDATE effects_remoteeffectattempt a
+       SET outcome = 'remote_confirmed', response_status = d.status, response_digest = d.digest,
+           evidence = d.evidence, settled_at = %(now)s
+      FROM permits p JOIN d ON d.permit_id = p.id
+     WHERE a.id = p.attempt_id AND a.effect_id = p.effect_id AND a.outcome = ''
+ RETURNING a.id
+), effects AS (
+    UPDATE effects_remoteeffect e SET state = 'remote_confirmed', remote_id = d.remote_id, changed_at = %(now)s
+      FROM d WHERE e.account_id = %(account)s AND e.id = d.effect_id AND e.state = 'dispatching'
+ RETURNING e.id
+), audit AS (
+    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state,
+                                       to_state, fence, evidence_digest, reason)
+    SELECT %(now)s, %(actor)s, NULL, 'effects.RemoteEffect', d.effect_id::text, 'permit_settle', 'dispatching',
+           'remote_confirmed', NULL, NULL, d.reason FROM d ORDER BY d.ord
+)
+SELECT (SELECT count(*) FROM permits), (SELECT count(*) FROM attempts), (SELECT count(*) FROM effects)"""
+
+# The finalizations' RemoteLinks, one statement (D-338's single-statement link, for the batch): a link one of the
+# two partial unique indexes refuses is not inserted, and then it must be exactly this one already.
+_LINKS = """
+INSERT INTO effects_remotelink (account_id, owner_slot, remote_identity, effect_id, state, created_at)
+SELECT %(account)s, v.slot, v.remote_id, v.effect_id, 'active', %(now)s
+  FROM unnest(%(slots)s::text[], %(remote_ids)s::text[], %(effects)s::bigint[]) AS v(slot, remote_id, effect_id)
+    ON CONFLICT DO NOTHING RETURNING effect_id"""
+
+# The links that already hold an unlinked item's slot or remote identity (the conflict check of finalize_locked).
+_EXISTING_LINKS = """
+SELECT v.effect_id, l.owner_slot, l.remote_identity
+  FROM unnest(%(slots)s::text[], %(remote_ids)s::text[], %(effects)s::bigint[]) AS v(slot, remote_id, effect_id)
+  JOIN effects_remotelink l ON l.account_id = %(account)s AND l.state = 'active'
+   AND (l.owner_slot = v.slot OR l.remote_identity = v.remote_id)"""
+
+# `remote_confirmed -> finalized` (lease cleared) and the `effect_finalize` audit rows, one statement.
+_FINALIZE = """
+WITH moved AS (
+    UPDATE effects_remoteeffect e SET state = 'finalized', lease_holder = '', lease_expires_at = NULL,
+           changed_at = %(now)s
+     WHERE e.account_id = %(account)s AND e.id = ANY(%(effects)s::bigint[]) AND e.state = 'remote_confirmed'
+ RETURNING e.id
+)
+INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                   fence, evidence_digest, reason)
+SELECT %(now)s, %(actor)s, NULL, 'effects.RemoteEffect', m.id::text, 'effect_finalize', 'remote_confirmed',
+       'finalized', NULL, NULL, '' FROM moved m ORDER BY m.id"""
+
+
+def permits_settle_confirmed(*, account_id: int, items: list[Confirmed]) -> dict[int, RemoteEffect]:
+    """Settle the batch's `remote_confirmed` answers and finalize them in one transaction (see the module). The
+    effects FOR UPDATE (ascending pk), then their permits FOR UPDATE (ascending pk), then the writes. Returns the
+    settled effects by pk, as committed (`finalized`, or `remote_confirmed` when their finalization was held or
+    failed). Any item whose effect or permit is not as the batch left it (`dispatching`, `sending`) makes the
+    whole transaction refuse (PermitRefused) before any write: the caller then settles each item alone, which
+    decides it exactly as before. `fault_point("dispatch.batch_settle_before_commit")` fires before the COMMIT."""
+    if not items:
+        return {}
+    items = sorted(items, key=lambda i: i.effect_pk)
+    effect_pks = [i.effect_pk for i in items]
+    actor = str(dispatch.DISPATCHER)
+    with transaction.atomic():
+        effects = {e.pk: e for e in RemoteEffect.objects.select_for_update(of=("self",))
+                   .filter(account_id=account_id, pk__in=effect_pks).order_by("pk").only("id", "state")}
+        permits = {p.pk: p for p in locks.permits_for_update([i.permit_pk for i in items], effect_ids=effect_pks)}
+        for i in items:
+            effect, permit = effects.get(i.effect_pk), permits.get(i.permit_pk)
+            if effect is None or permit is None or permit.effect_id != i.effect_pk:
+                raise PermitRefused(f"permit #{i.permit_pk} does not belong to effect #{i.effect_pk} of that account")
+            if permit.state != "sending" or effect.state != EffectState.DISPATCHING:
+                raise PermitRefused(f"permit is {permit.state}, effect {effect.state}; the batch settles only "
+                                    "sending permits of dispatching effects")
+        now = timezone.now()
+        with connection.cursor() as cursor:
+            cursor.execute(_SETTLE, {
+                "permits": [i.permit_pk for i in items], "effects": effect_pks,
+                "statuses": [i.response_status for i in items], "digests": [i.response_digest for i in items],
+                "remote_ids": [i.remote_id for i in items], "evidence": [i.evidence for i in items],
+                "reasons": [f"remote_confirmed: {i.evidence}"[:500] for i in items], "now": now, "account": account_id,
+                "actor": actor})
+            moved = cursor.fetchone()
+        if list(moved) != [len(items)] * 3:
+            raise AssertionError(f"settled {moved} rows for {len(items)} confirmed permits")
+        conflicts = _finalize_in_savepoint(account_id=account_id, items=items, actor=actor)
+        fault_point("dispatch.batch_settle_before_commit")
+    return {e.pk: e for e in RemoteEffect.objects.filter(account_id=account_id, pk__in=effect_pks)} \
+        if conflicts is not None else {}
+
+
+def _finalize_in_savepoint(*, account_id: int, items: list[Confirmed], actor: str) -> list[int] | None:
+    """The batch's finalizations in a savepoint (see `permits_settle_confirmed`). Returns the effects whose link
+    conflicts (marked), or None when the finalization failed and rolled back (all left `remote_confirmed`)."""
+    try:
+        with transaction.atomic():
+            now = timezone.now()
+            linking = [i for i in items if i.owner_slot and i.remote_id]
+            conflicts: list[int] = []
+            if linking:
+                args = {"account": account_id, "now": now, "slots": [i.owner_slot for i in linking],
+                        "remote_ids": [i.remote_id for i in linking], "effects": [i.effect_pk for i in linking]}
+                with connection.cursor() as cursor:
+                    cursor.execute(_LINKS, args)
+                    linked = {row[0] for row in cursor.fetchall()}
+                    unlinked = [i for i in linking if i.effect_pk not in linked]
+                    if unlinked:
+                        cursor.execute(_EXISTING_LINKS, {**args, "slots": [i.owner_slot for i in unlinked],
+                                                         "remote_ids": [i.remote_id for i in unlinked],
+                                                         "effects": [i.effect_pk for i in unlinked]})
+                        found = cursor.fetchall()
+                        wanted = {i.effect_pk: (i.owner_slot, i.remote_id) for i in unlinked}
+                        conflicts = sorted({pk for pk, *link in found if tuple(link) != wanted[pk]}
+                                           | (set(wanted) - {pk for pk, *_ in found}))
+            done = [i for i in items if i.effect_pk not in set(conflicts)]
+            with connection.cursor() as cursor:
+                cursor.execute(_FINALIZE, {"account": account_id, "now": now, "actor": actor,
+                                           "effects": [i.effect_pk for i in done]})
+                if cursor.rowcount != len(done):
+                    raise AssertionError(f"finalized {cursor.rowcount} of {len(done)} confirmed effects")
+            fault_point("dispatch.finalize_in_settlement")
+    except Exception as exc:  # noqa: BLE001 - never lose the settlement: the worker or the sweeper finalizes later
+        log.warning("batch finalization in the settlement failed; left remote_confirmed",
+                    extra={"effects": [i.effect_pk for i in items], "error": type(exc).__name__})
+        return None
+    for i in done:
+        stage_metrics.effect_finalized(callout=i.callout, commanded_at=i.commanded_at, finalized_at=now)
+    for pk in conflicts:
+        dispatch.mark_link_conflict(RemoteEffect(pk=pk, account_id=account_id),
+                                    f"remote identity or slot of effect #{pk} is linked elsewhere; nothing was linked")
+    return conflicts
