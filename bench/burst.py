@@ -11,7 +11,10 @@ to the admission API as fast as the server answers. It records, on the machine's
 - the first ApplicationResult (its `committed_at`) after the first 201: the starvation figure, budget 2 s;
 - the last materialization (the latest Event) and the last ApplicationResult, i.e. the burst's total time;
 - ApplicationResults that existed 2, 10, 30 and 160 s after the first 201;
-- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max).
+- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max);
+- the busy CPU per event of each process role over the burst's window: the web, each Celery stage, the sweeper,
+  beat, the receiver, run.py, the clients and the PostgreSQL backends by the role of their client
+  (bench/burst_cpu.py, D-358).
 
 Then it stops run.py with SIGINT (the way Ctrl-C stops make run) and drops the databases unless `--keep`.
 `--check` exits non-zero when the first result came later than `--first-result-budget` seconds, a delivery was
