@@ -11,7 +11,10 @@ to the admission API as fast as the server answers. It records, on the machine's
 - the first ApplicationResult (its `committed_at`) after the first 201: the starvation figure, budget 2 s;
 - the last materialization (the latest Event) and the last ApplicationResult, i.e. the burst's total time;
 - ApplicationResults that existed 2, 10, 30 and 160 s after the first 201;
-- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max).
+- each delivery's own wait, from its receipt's commit to its ApplicationResult's commit (p50, p95, max);
+- the busy CPU per event of each process role over the burst's window: the web, each Celery stage, the sweeper,
+  beat, the receiver, run.py, the clients and the PostgreSQL backends by the role of their client
+  (bench/burst_cpu.py, D-358).
 
 Then it stops run.py with SIGINT (the way Ctrl-C stops make run) and drops the databases unless `--keep`.
 `--check` exits non-zero when the first result came later than `--first-result-budget` seconds, a delivery was
@@ -30,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from bench.burst_cpu import cpu_lines, per_event
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE = "connector_bench_burst"
@@ -94,6 +99,7 @@ class RunPy:
         from scripts.run import worker_children
 
         self.ready: set[str] = set()
+        self.pids: dict[str, int] = {}  # child name -> pid, from run.py's "started <name> (pid <n>)" lines
         self.names: set[str] = {name for name, _ in worker_children()}  # the children run.py will start
         self.proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -105,10 +111,14 @@ class RunPy:
         with self.log_path.open("wb") as log:
             for raw in iter(self.proc.stdout.readline, b""):
                 log.write(raw)
-                name, bar, text = raw.decode(errors="replace").partition("|")
+                line = raw.decode(errors="replace")
+                name, bar, text = line.partition("|")
                 name = name.strip()
                 if bar and name in self.names and "ready." in text:
                     self.ready.add(name)
+                started = started_pid(line)
+                if started is not None:
+                    self.pids[started[0]] = started[1]
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -120,6 +130,16 @@ class RunPy:
                 self.proc.wait(timeout=10)
         self.pump.join(timeout=5)
         return self.proc.returncode
+
+
+def started_pid(line: str) -> tuple[str, int] | None:
+    """(child name, pid) from run.py's own `run | started <name> (pid <n>): ...` line, else None."""
+    name, bar, text = line.partition("|")
+    if not bar or name.strip() != "run" or not text.startswith(" started ") or " (pid " not in text:
+        return None
+    child, _, rest = text[len(" started "):].partition(" (pid ")
+    pid = rest.split(")", 1)[0]
+    return (child, int(pid)) if pid.isdigit() else None
 
 
 def _body(n: int, tag: str) -> bytes:
@@ -212,6 +232,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
     log_path = log_dir / f"burst-run-{int(time.time())}.log"
     say(f"starting scripts/run.py (web :{port}, workers, beat, demo receiver :{receiver_port}); log {log_path}")
     run = RunPy(env, log_path)
+    cpu = None
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -233,6 +254,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         tag = f"{int(time.time() * 1000):x}"
         from bench.burst_client import post_all  # the load generator lives outside the product packages
 
+        cpu = _cpu_window(run)
         posted = post_all(url=f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts",
                           secret=secret, bodies=[_body(n, tag) for n in range(deliveries)], clients=clients,
                           key_prefix=f"burst-{tag}-")
@@ -243,13 +265,34 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         say(f"admitted {posted['accepted']} in {posted['last_201'] - posted['first_201']:.1f} s; waiting for the "
             "ApplicationResults")
         report.update(_progress(posted["first_201"], timeout, posted["accepted"], say))
+        report["cpu"] = cpu.stop() if cpu is not None else None
+        report["cpu_per_event_ms"] = per_event(report["cpu"], report.get("application_results", 0))
         report["remote_effects"] = _effects_summary()
     finally:
+        if cpu is not None and "cpu" not in report:
+            cpu.stop()  # its connection would keep the throwaway database from being dropped
         report["run_py_exit"] = run.stop()
         report["load_average_after"] = list(os.getloadavg())
         if broker is not None:
             broker.close()
     return report
+
+
+def _cpu_window(run: RunPy):
+    """The per-role busy CPU sampler (bench/burst_cpu.py), begun now; None (and the report says so) if it cannot
+    start, e.g. without /proc."""
+    from django.db import connections
+
+    from bench.burst_cpu import ROLE_NAMES, BurstCpu
+    from bench.hot_account import _conninfo
+
+    roots = {ROLE_NAMES.get(name, name): pid for name, pid in run.pids.items()}
+    databases = [connections[alias].settings_dict["NAME"] for alias in ("default", "journal")]
+    try:
+        return BurstCpu(_conninfo(connections["default"].settings_dict), databases, roots, os.getpid(),
+                        run.proc.pid).start()
+    except Exception:  # noqa: BLE001 - the burst's figures do not depend on it
+        return None
 
 
 def _effects_summary() -> dict[str, int]:
@@ -278,6 +321,7 @@ def format_report(report: dict) -> str:
               f"  ApplicationResults by 2/10/30/160 s after the first 201: {report.get('results_at_s')}",
               f"  each delivery, its 201 to its ApplicationResult: {_waits(report.get('delivery_wait_s'))}",
               f"  remote effects: {report.get('remote_effects')}",
+              *cpu_lines(report.get("cpu"), report.get("application_results", 0)),
               f"  load average before {report['load_average_before']} after {report.get('load_average_after')}"]
     return "\n".join(lines)
 

@@ -1,13 +1,17 @@
 """The load generator of `manage.py bench burst` (bench/burst.py): threads posting signed deliveries
 to the admission API. It lives outside the product packages on purpose: only effects/egress.py may import an HTTP
-client there (tests/effects/test_egress_isolation.py)."""
+client there (tests/effects/test_egress_isolation.py).
+
+Each thread holds one keep-alive connection of the standard library's http.client, not httpx: the clients share
+the machine's cores with the server they measure, and httpx cost 1.0-1.1 ms of CPU per request on the 2-core
+machine against 0.22-0.28 ms for http.client, signing included (D-359, docs/benchmarks.md)."""
 from __future__ import annotations
 
+import http.client
 import queue
 import threading
 import time
-
-import httpx
+from urllib.parse import urlsplit
 
 from connector.services.signatures import sign
 
@@ -22,8 +26,12 @@ def post_all(*, url: str, secret: bytes, bodies: list[bytes], clients: int, key_
     errors: list[str] = []
     lock = threading.Lock()
 
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+
     def client() -> None:
-        with httpx.Client(timeout=60) as http:
+        conn = None
+        try:
             while True:
                 try:
                     n = todo.get_nowait()
@@ -33,13 +41,24 @@ def post_all(*, url: str, secret: bytes, bodies: list[bytes], clients: int, key_
                 headers = {"Idempotency-Key": f"{key_prefix}{n}", "Content-Type": "application/json",
                            "Connector-Signature": sign(secret, int(time.time()), body)}
                 try:
-                    status = http.post(url, content=body, headers=headers).status_code
-                except httpx.HTTPError as exc:
+                    if conn is None:
+                        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+                    conn.request("POST", path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    response.read()
+                    status = response.status
+                except (OSError, http.client.HTTPException) as exc:
                     with lock:
                         errors.append(f"{type(exc).__name__}: {exc}")
+                    if conn is not None:
+                        conn.close()
+                    conn = None  # the next delivery opens a new connection
                     continue
                 with lock:
                     answers.append((time.time(), status))
+        finally:
+            if conn is not None:
+                conn.close()
 
     began = time.time()
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]

@@ -21,9 +21,18 @@ bind = [env_str("WEB_BIND", f"127.0.0.1:{env_str('PORT', '8000')}")]
 # reset clients of a 32-connection burst; this holds thousands.
 backlog = env_int("WEB_BACKLOG", 2048)
 
-# Processes sized to the machine, threads for requests that wait on PostgreSQL.
+# Processes sized to the machine, threads for requests that wait on PostgreSQL: one process per core plus one
+# (D-360). A request is mostly Python holding its process's GIL; the 4 threads of each process already cover the
+# waits on PostgreSQL, so more processes than cores only add PostgreSQL backends, per-process warm-up and
+# context switches on the cores the Celery stages and PostgreSQL share (bench burst's busy CPU per event).
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-workers = env_int("WEB_CONCURRENCY", 2 * _CORES + 1)
+
+
+def default_workers(cores: int) -> int:
+    return cores + 1
+
+
+workers = env_int("WEB_CONCURRENCY", default_workers(_CORES))
 threads = env_int("WEB_THREADS", 4)
 
 # A worker whose main loop is silent this long is replaced; a stop waits this long for requests in flight

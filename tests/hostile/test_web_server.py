@@ -4,6 +4,7 @@ flag, and the production settings under the same server. Oversized heads and bod
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -168,6 +169,23 @@ def test_make_run_serves_gunicorn_and_runserver_only_behind_the_dev_flag():
     refused = subprocess.run([sys.executable, "scripts/run.py", "--prod"], cwd=ROOT, capture_output=True, text=True,
                              timeout=30)
     assert refused.returncode == 2 and "--dev" in refused.stderr
+
+
+def test_web_processes_default_to_one_per_core_plus_one():
+    """config/gunicorn.py sizes the web process to the machine: cores + 1 gthread processes of 4 threads each
+    (D-360, measured by `bench burst`'s busy CPU per event); WEB_CONCURRENCY and WEB_THREADS still override."""
+    from config.gunicorn import default_workers
+
+    assert [default_workers(cores) for cores in (1, 2, 8)] == [2, 3, 9]
+    probe = "import os, config.gunicorn as g; print(g.workers, g.threads, len(os.sched_getaffinity(0)))"
+    env = {k: v for k, v in os.environ.items() if k not in ("WEB_CONCURRENCY", "WEB_THREADS")}
+    workers, threads, cores = map(int, subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, check=True,
+                                                      capture_output=True, text=True, timeout=60).stdout.split())
+    assert (workers, threads) == (cores + 1, 4)
+    told = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "WEB_CONCURRENCY": "7",
+                                                                         "WEB_THREADS": "2"},
+                          check=True, capture_output=True, text=True, timeout=60).stdout.split()
+    assert told[:2] == ["7", "2"]
 
 
 @pytest.mark.django_db
