@@ -24,6 +24,7 @@ from effects.services import dispatch
 from effects.services.worker import effect_dispatch_batch
 from tests.crash.support import DB, assert_killed
 from tests.effects.helpers import author
+from tests.crash import egress_fixtures
 from tests.effects.receiver import Receiver
 
 OPERATOR = Actor.system("ob-crash-operator")
@@ -36,20 +37,8 @@ done = effect_dispatch_batch(n=10, holder_name=ARGS["holder"], account_id=ARGS["
 emit(effects=[e.pk for e in done])
 """
 
-
-@pytest.fixture
-def receiver(settings):
-    r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def child_env(child_env, receiver):
-    env = {k: v for k, v in child_env.items() if k != "TEST_DB_SUFFIX"}
-    env.update({"CONNECTOR_EGRESS_BASE_URL": receiver.url, "CONNECTOR_EGRESS_TIMEOUT_SECONDS": "1"})
-    return env
+receiver = egress_fixtures.receiver  # the receiver, and the child's environment pointed at it
+child_env = egress_fixtures.child_env
 
 
 def _three_effects() -> tuple[int, list[RemoteEffect]]:

@@ -40,6 +40,7 @@ from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, Remo
 from effects.services import dispatch
 from effects.services.worker import effect_dispatch_once, effect_finalize_from_evidence, effects_sweep
 from tests.crash.support import DB, assert_killed, ready_execution
+from tests.crash import egress_fixtures
 from tests.effects.receiver import Receiver
 
 OPERATOR = Actor.system("o-crash-operator")
@@ -101,23 +102,10 @@ os.environ["CONNECTOR_FAULT_RAISE"] = "dispatch.finalize_in_settlement"
 """ + DISPATCH_SCRIPT
 
 
-# -- fixtures -----------------------------------------------------------------------------------------------------
+# -- fixtures: the receiver, and the child's environment pointed at it ------------------------------------
 
-@pytest.fixture
-def receiver(settings):
-    r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def child_env(child_env, receiver):
-    """tests/crash/conftest.py's child environment, plus the receiver's URL and a short egress timeout; the
-    DATABASE_URL already names the test database, so TEST_DB_SUFFIX is dropped."""
-    env = {k: v for k, v in child_env.items() if k != "TEST_DB_SUFFIX"}
-    env.update({"CONNECTOR_EGRESS_BASE_URL": receiver.url, "CONNECTOR_EGRESS_TIMEOUT_SECONDS": "1"})
-    return env
+receiver = egress_fixtures.receiver
+child_env = egress_fixtures.child_env
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ def tx_push_world(transactional_db):
     return build_world("p-", push=True)
 
 
-def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffect]:
-    """Run one worker step, counting the statements of each stage (by wrapping the functions it calls)."""
+def _count_stages(monkeypatch, stages, step):
+    """Run `step()`, counting the statements of each stage by wrapping the functions it calls (`stages`: (stage,
+    module, function name)); returns the counts by stage, the step's total and its result."""
     counts: dict[str, int] = {}
     capture = CaptureQueriesContext(connection)
 
@@ -56,17 +57,25 @@ def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffe
                 counts[stage] = counts.get(stage, 0) + len(capture.captured_queries) - start
         monkeypatch.setattr(module, name, wrapper)
 
-    counted("claim_and_permit", dispatch, "effect_claim")
-    counted("claim_and_permit", dispatch, "permit_acquire")
-    counted("claim_and_permit", dispatch_together, "effect_claim_and_permit")
-    counted("sending_marker", egress, "_win_sending")
-    counted("settle_and_finalize", egress, "permit_settle")
-    counted("settle_and_finalize", egress, "permit_settle_and_finalize")
-    counted("settle_and_finalize", worker, "effect_finalize_from_evidence")
+    for stage, module, name in stages:
+        counted(stage, module, name)
     with capture:
-        effect = worker.effect_dispatch_once(holder_name="h-stmt", account_id=account.pk)
+        result = step()
     monkeypatch.undo()
-    return counts, len(capture.captured_queries), effect
+    return counts, len(capture.captured_queries), result
+
+
+def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffect]:
+    """Run one worker step, counting the statements of each stage."""
+    return _count_stages(monkeypatch, [
+        ("claim_and_permit", dispatch, "effect_claim"),
+        ("claim_and_permit", dispatch, "permit_acquire"),
+        ("claim_and_permit", dispatch_together, "effect_claim_and_permit"),
+        ("sending_marker", egress, "_win_sending"),
+        ("settle_and_finalize", egress, "permit_settle"),
+        ("settle_and_finalize", egress, "permit_settle_and_finalize"),
+        ("settle_and_finalize", worker, "effect_finalize_from_evidence"),
+    ], lambda: worker.effect_dispatch_once(holder_name="h-stmt", account_id=account.pk))
 
 
 def test_outbound_dispatch_step_statements_are_pinned(tx_push_world, receiver, monkeypatch):
@@ -101,27 +110,11 @@ def _batch_stage_counts(monkeypatch, account, n: int) -> tuple[dict[str, int], i
     from effects import egress_batch
     from effects.services import dispatch_batch
 
-    counts: dict[str, int] = {}
-    capture = CaptureQueriesContext(connection)
-
-    def counted(stage, module, name):
-        real = getattr(module, name)
-
-        def wrapper(*args, **kwargs):
-            start = len(capture.captured_queries)
-            try:
-                return real(*args, **kwargs)
-            finally:
-                counts[stage] = counts.get(stage, 0) + len(capture.captured_queries) - start
-        monkeypatch.setattr(module, name, wrapper)
-
-    counted("claim_and_permit", dispatch_batch, "effects_claim_batch")
-    counted("sending_marker", egress_batch, "win_sending_batch")
-    counted("settle_and_finalize", egress_batch, "permits_settle_confirmed")
-    with capture:
-        effects = worker.effect_dispatch_batch(n=n, holder_name="h-stmt", account_id=account.pk)
-    monkeypatch.undo()
-    return counts, len(capture.captured_queries), effects
+    return _count_stages(monkeypatch, [
+        ("claim_and_permit", dispatch_batch, "effects_claim_batch"),
+        ("sending_marker", egress_batch, "win_sending_batch"),
+        ("settle_and_finalize", egress_batch, "permits_settle_confirmed"),
+    ], lambda: worker.effect_dispatch_batch(n=n, holder_name="h-stmt", account_id=account.pk))
 
 
 @pytest.mark.parametrize("n", [1, 10])
