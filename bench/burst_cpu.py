@@ -23,7 +23,7 @@ import os
 import threading
 import time
 
-from bench.cpu import BACKENDS_SQL, busy_percent, cpu_sample, ms, process_jiffies
+from bench.cpu import ServerSampler, busy_percent, cpu_sample, ms, process_jiffies
 
 POLL_SECONDS = 0.5
 ROLE_NAMES = {"web": "web", "worker-materialize": "materialize", "worker-claims": "claims",
@@ -100,7 +100,7 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-class BurstCpu:
+class BurstCpu(ServerSampler):
     """Busy CPU of run.py's process tree by role, of the bench process and of the PostgreSQL backends (by the role
     of their client), and of the machine, between `begin()` and `end()`. `roots` maps a role to the pid of the
     child run.py started for it; `conninfo` reaches the server to list the backends of `databases`."""
@@ -154,17 +154,6 @@ class BurstCpu:
                 out[pid] = value
                 self.role_of.setdefault(pid, role)
         return out
-
-    def open(self) -> BurstCpu:
-        import psycopg
-
-        self.conn = psycopg.connect(self.conninfo, autocommit=True)
-        return self
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
     def begin(self) -> None:
         self.began = time.time()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Self
 
 try:
     CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -62,7 +63,25 @@ BACKENDS_SQL = ("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s) AND ba
                 "AND pid <> pg_backend_pid()")
 
 
-class CpuWindow:
+class ServerSampler:
+    """The autocommit connection a sampler lists PostgreSQL's backends through (`conninfo`): `open()` / `close()`."""
+
+    conninfo: str
+    conn = None
+
+    def open(self) -> Self:
+        import psycopg
+
+        self.conn = psycopg.connect(self.conninfo, autocommit=True)
+        return self
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class CpuWindow(ServerSampler):
     """Busy CPU of `pids` (the workers) and of the client backends of `databases` (their connections), and of the
     machine, over [begin(), end()]. `conninfo` reaches the server (any database on it) to list the backends."""
 
@@ -86,17 +105,6 @@ class CpuWindow:
                 if value is not None:
                     out[kind][pid] = value
         return out
-
-    def open(self) -> CpuWindow:
-        import psycopg
-
-        self.conn = psycopg.connect(self.conninfo, autocommit=True)
-        return self
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
     def begin(self) -> None:
         self.began = time.time()
