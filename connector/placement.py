@@ -250,7 +250,10 @@ REFERENCE_ROW_LOCKS = frozenset({"effects_processgeneration"})
 
 #: The hot transactions the routability test runs, in order (docs/scale-out.md, "Hot transactions").
 HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, completion, authoring", "effect claim",
-             "permit", "egress marker, settlement", "finalization", "batch claim")
+             "permit", "egress marker, settlement", "finalization", "batch claim", "batched egress")
+#: Hot steps that run only in the single-node configuration: the Citus configuration keeps the one-by-one egress
+#: step instead of the batched one (D-396).
+SINGLE_NODE_STEPS = ("batched egress",)
 
 #: Hot statements that Citus could not send to one shard in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
 #: "account"), keyed by (step, table, problem), with what it takes. The routability test fails on any other finding
@@ -266,6 +269,11 @@ KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {}
 _BATCH = ("the batched claim serves any set of accounts in one statement (D-204/D-205: fairness across accounts in "
           "one round trip); on Citus the claimer runs CLAIM_SCOPE \"account\": one account per statement "
           "(D-246, D-264)")
+_EGRESS_BATCH = ("the batched egress step (D-345..D-350) writes and locks the permits, attempts and audit rows of "
+                 "several effects of ONE account in one statement; those tables reach their shard through one parent "
+                 "row each (`via`), so a statement naming several parents is not provably one shard until they carry "
+                 "the account column. The Citus configuration (CLAIM_SCOPE \"account\") therefore keeps the "
+                 "one-by-one egress step, whose statements are routable (worker.egress_batch_size, D-396)")
 SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
@@ -279,4 +287,8 @@ SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_lock_serving", "routine called without one constant account"):
         "the batch guards every account of the batch in one statement; on Citus lock_serving guards one account "
         "per transaction (D-264). " + _BATCH,
+    ("batched egress", "connector_auditrecord", "unpinned"): _EGRESS_BATCH,
+    ("batched egress", "effects_dispatchpermit", "row lock not single-shard"): _EGRESS_BATCH,
+    ("batched egress", "effects_dispatchpermit", "unpinned"): _EGRESS_BATCH,
+    ("batched egress", "effects_remoteeffectattempt", "unpinned"): _EGRESS_BATCH,
 }

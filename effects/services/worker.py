@@ -82,7 +82,12 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
 
 
 def egress_batch_size() -> int:
-    """`CONNECTOR["EGRESS_BATCH"]` (default 10): effects per batched worker step; 0 or 1 keeps the one-by-one step."""
+    """`CONNECTOR["EGRESS_BATCH"]` (default 10): effects per batched worker step; 0 or 1 keeps the one-by-one step.
+    The Citus configuration (`CLAIM_SCOPE` "account", D-264) keeps the one-by-one step: the batch's statements name
+    several effects' permits and attempts, tables that reach their shard only through one parent row until they
+    carry the account column (`connector.placement.SINGLE_NODE_ONLY`, D-396)."""
+    if settings.CONNECTOR.get("CLAIM_SCOPE") == "account":
+        return 1
     return int(settings.CONNECTOR.get("EGRESS_BATCH", 10))
 
 

@@ -8,7 +8,8 @@ pg_proc and checked the same way. The hot paths run in the Citus configuration (
 "account", D-264): a statement that Citus could not send to one shard fails the test unless it is listed, with what
 it would take, in `connector.placement.KNOWN_UNROUTABLE` (empty since D-264); a listed entry that no longer occurs
 fails too, so the list only shrinks. The batched claim runs once more in the single-node scope ("batch", the
-default), whose findings must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
+default), and so does the batched egress step (kept one by one in the Citus configuration, D-396); their findings
+must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
 from __future__ import annotations
 
 import time
@@ -107,7 +108,37 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     assert len(tokens) == 2
     by_account, single_node = _batch_claims(world, settings, "route")
     steps["batch claim"] += by_account["batch claim"]
+    single_node["batched egress"] = _batched_egress(client, account, settings)
     return steps, single_node
+
+
+def _batched_egress(client, account, settings) -> list[str]:
+    """The batched egress step over two effects of one account, in the single-node configuration (its statements
+    name several effects' children: SINGLE_NODE_ONLY, D-396); the Citus configuration keeps the one-by-one step."""
+    from connector.services import execution
+    from connector.services.materialize import receipt_materialize
+    from connector.services.signatures import sign
+    from effects.services import worker
+    from tests.connector.test_api_admission import admit, body, event, signing_secret
+
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+    assert worker.egress_batch_size() == 1  # the Citus configuration: one by one, routable (captured above)
+    for i in range(2):
+        payload = body(event(id=f"e-route-egress-{i}", record_id=f"r-route-egress-{i}"))
+        signature = sign(signing_secret(account.account_key), int(time.time()), payload)
+        response = admit(client, payload, f"k-route-egress-{i}", account=account.account_key, signature=signature)
+        out = receipt_materialize(receipt_pk=response.json()["receipt"], account_id=account.pk)
+        for lane in out.lanes:
+            execution.lane_advance(lane_pk=lane, account_id=out.account_id)
+        token = execution.execution_claim(holder="route", account_id=account.pk)
+        assert execution.execution_run(token=token).state == "completed"
+    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "batch"}
+    assert worker.egress_batch_size() > 1
+    steps: dict[str, list[str]] = defaultdict(list)
+    done = _capture_into(steps)("batched egress", lambda: worker.effect_dispatch_batch(
+        n=4, holder_name="route-eb", account_id=account.pk))
+    assert sorted(e.state for e in done) == ["finalized", "finalized"], [e.state for e in done]
+    return steps["batched egress"]
 
 
 def _findings(steps: dict[str, list[str]]) -> tuple[set[tuple[str, str, str]], dict]:
@@ -140,14 +171,15 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
         steps, single_node = _run_hot_paths(hot_world, receiver.url, settings)
     finally:
         receiver.stop()
-    assert set(steps) == set(placement.HOT_STEPS), sorted(steps)
+    assert set(steps) == set(placement.HOT_STEPS) - set(placement.SINGLE_NODE_STEPS), sorted(steps)
     found, examples = _findings(steps)
     known = set(placement.KNOWN_UNROUTABLE)
     assert not known, "the Citus configuration (CLAIM_SCOPE account) has no unroutable hot statement (D-264)"
     new = sorted(found - known)
     assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
     assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
-    # The single-node claim scope (the default) keeps exactly its four multi-account shapes (D-246), no other.
+    # The single-node claim scope (the default) keeps exactly its four multi-account shapes (D-246) and the batched
+    # egress step its four multi-effect ones (D-396), no other.
     single_found, single_examples = _findings(single_node)
     assert single_found == set(placement.SINGLE_NODE_ONLY), (
         sorted(single_found ^ set(placement.SINGLE_NODE_ONLY)),
