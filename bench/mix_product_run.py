@@ -83,7 +83,7 @@ def tally(effects: list[tuple], start: float, deadline: float, requests: list[di
 
 def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base: dict, facts: dict,
                       seconds: float, conninfo: str, databases: list[str], tag: str, receiver, drills: int,
-                      inflight: int, shared, profile_dir: str | None, say) -> dict:
+                      inflight: int, shared, profile_dir: str | None, say, lanes_together: bool = False) -> dict:
     from bench.hot_account import _r, summarize_classes, unaccounted_rejections
 
     if n:  # first the leftovers of the classic mix (prepared effects, due receipts) drained, untimed
@@ -106,7 +106,7 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
         command = {**base, "kind": "call", "target": "bench.mix_product:cmd_role", "role": role, "tag": tag,
                    "idle_stop": SETTLE_IDLE_STOP if not n else IDLE_STOP,
                    "start_at": start, "deadline": deadline, "inflight": inflight, "drain_seconds": DRAIN_SECONDS,
-                   "since_effect": since["effect"],
+                   "since_effect": since["effect"], "lanes_together": lanes_together,
                    **plan.get(i, {})}
         if profile_dir and role not in profiled:  # the first process of each role under cProfile
             profiled.add(role)
@@ -132,7 +132,7 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
     keep = ("transport_admission", "permit_abandon", "credential_revoke", "credential_reenable", "halt_v2", "confirm_halted",
             "resume_predecessor")
     out.update({
-        "clients": n, "seconds": seconds, "inflight": inflight, "load_average": round(os.getloadavg()[0], 2),
+        "clients": n, "seconds": seconds, "inflight": inflight, "lanes_together": lanes_together, "load_average": round(os.getloadavg()[0], 2),
         "workers": {r: sum(1 for p in plan.values() if p["role"] == r)
                     for r in ("materialize", "claims", "egress", "sweeper")},
         "cpu": cpu.get("result"), "cpu_per_completion_ms": per_completion(cpu.get("result"), out["completions"]),
@@ -165,6 +165,9 @@ def _role_summary(stats: list[dict], completions: int) -> dict:
         entry["idle"] += s["idle"]
         entry["admission_waits"] += s["waits"]
         entry["statements"] += sum(s["statements"].values())
+        by_step = entry.setdefault("statements_by_step", {})
+        for step, count in s["statements"].items():
+            by_step[step] = by_step.get(step, 0) + count
         entry["cpu_seconds"] = round(entry["cpu_seconds"] + s.get("cpu_seconds", 0.0), 3)
         for name, count in s["wakes"].items():
             entry["wakes"][name] = entry["wakes"].get(name, 0) + count
