@@ -98,7 +98,8 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
     hold = max(0.2, 0.05 * seconds) if drills <= 1 else max(0.05, min(0.05 * seconds, 0.1 * seconds / drills))
     roles = {**{i: "client" for i in range(n)}, **{i: p["role"] for i, p in plan.items()}}
     (say if n else (lambda _m: None))(f"{n} client(s), product mode for {seconds:g} s: workers "
-        + ", ".join(f"{r} {sum(1 for p in plan.values() if p['role'] == r)}" for r in ("materialize", "claims", "egress"))
+        + ", ".join(f"{r} {sum(1 for p in plan.values() if p['role'] == r)}"
+                    for r in ("materialize", "claims", "egress", "sweeper"))
         + f", in-flight window {inflight}, {drills} drill period(s)")
     commands = {}
     profiled: set[str] = set()
@@ -129,10 +130,11 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
     out = accounting(conninfo, since, start, deadline, receiver.requests[first_request:], admitted)
     records = [r for s in stats for r in s["records"]] + ctrl["records"]
     classes = summarize_classes(records, seconds)
-    keep = ("transport_admission", "permit_abandon", "credential_revoke", "credential_reenable", "halt_v2", "confirm_halted",
-            "resume_predecessor")
+    keep = ("transport_admission", "permit_abandon", "credential_revoke", "credential_reenable", "halt_v2",
+            "confirm_halted", "resume_predecessor")
     out.update({
-        "clients": n, "seconds": seconds, "inflight": inflight, "lanes_together": lanes_together, "load_average": round(os.getloadavg()[0], 2),
+        "clients": n, "seconds": seconds, "inflight": inflight, "lanes_together": lanes_together,
+        "load_average": round(os.getloadavg()[0], 2),
         "workers": {r: sum(1 for p in plan.values() if p["role"] == r)
                     for r in ("materialize", "claims", "egress", "sweeper")},
         "cpu": cpu.get("result"), "cpu_per_completion_ms": per_completion(cpu.get("result"), out["completions"]),
@@ -177,7 +179,8 @@ def _role_summary(stats: list[dict], completions: int) -> dict:
 def product_lines(p: dict) -> list[str]:
     """The printed section of one product-mode run."""
     r = p["receiver"]
-    lines = ["", f"product mode, {p['clients']} clients (workers: " + ", ".join(f"{k} {v}" for k, v in p["workers"].items())
+    workers = ", ".join(f"{k} {v}" for k, v in p["workers"].items())
+    lines = ["", f"product mode, {p['clients']} clients (workers: {workers}"
              + f"; in-flight window {p['inflight']}; load {p['load_average']}):",
              f"  completions (effects finalized inside the {p['seconds']:g} s window): {p['completions']} = "
              f"{p['per_second']:.1f}/s (goal {GOAL_COMPLETIONS_PER_S:g}); admitted {p['admitted']}, effects "
