@@ -116,6 +116,7 @@ class Recorder:
         self.records: list[tuple] = []
         self.enabled = True
         self.stack: list[list[float]] = []  # [gate ms, credential-gate ms] of every operation in progress
+        self.names: list[str] = []  # the classes of the operations in progress (innermost last)
 
     def add_lock_time(self, index: int, ms: float) -> None:
         for frame in self.stack:
@@ -131,6 +132,7 @@ class Recorder:
 
         frame = [0.0, 0.0]
         self.stack.append(frame)
+        self.names.append(cls)
         value, outcome, detail = None, "ok", ""
         began = time.perf_counter()
         try:
@@ -154,6 +156,7 @@ class Recorder:
         finally:
             elapsed = (time.perf_counter() - began) * 1000
             self.stack.pop()
+            self.names.pop()
         if self.enabled:
             self.records.append((cls, elapsed, frame[0], frame[1], outcome, detail, time.time()))
         return outcome, value
@@ -511,18 +514,38 @@ def _cmd_warm(index: int, command: dict) -> dict:
 
 
 def _cmd_mix(index: int, command: dict) -> dict:
+    """The measured loop of one client. `profile` (a file name): the loop runs under cProfile, dumped there, and
+    the statements it sends are counted by the innermost operation class in progress (`statements`)."""
+    import cProfile
+
+    from django.db import connection
+
     RECORDER.records = []
     client = Client(index, command)
+    statements: dict[str, int] = {}
+
+    def count(execute, sql, params, many, context):
+        cls = RECORDER.names[-1] if RECORDER.names else "untimed"
+        statements[cls] = statements.get(cls, 0) + 1
+        return execute(sql, params, many, context)
+
+    profile = cProfile.Profile(time.process_time) if command.get("profile") else None  # CPU, not wall time
     _sleep_until(command["start_at"])
     began, cpu = time.time(), time.process_time()
-    while time.time() < command["deadline"]:
-        client.round()
+    with connection.execute_wrapper(count) if profile else contextlib.nullcontext():
+        if profile:
+            profile.enable()
+        while time.time() < command["deadline"]:
+            client.round()
+        if profile:
+            profile.disable()
+            profile.dump_stats(command["profile"])
     ended, cpu = time.time(), time.process_time() - cpu
     records, RECORDER.records = RECORDER.records, []
     client.drain(ended + 15)
     return {"records": records, "rounds": client.rounds, "began": began, "ended": ended, "cpu_seconds": cpu,
             "left_pending": len(client.pending_materialize) + len(client.pending_lanes)
-            + len(client.pending_tokens) + len(client.pending_claims)}
+            + len(client.pending_tokens) + len(client.pending_claims), "statements": statements}
 
 
 def _cmd_control(index: int, command: dict) -> dict:
@@ -812,11 +835,20 @@ def _cmd_peer(index: int, command: dict) -> dict:
 class Pool:
     """`size` bench processes (spawn), each bootstrapped once; commands go to chosen members."""
 
-    def __init__(self, size: int, setup: dict, say: Progress) -> None:
+    def __init__(self, size: int, setup: dict, say: Progress, *, shared: int = 0) -> None:
+        """`shared` > 0: every process holds the product mode's shared counters and wake-up semaphores for that many
+        materialization slots (`self.shared`, bench.mix_product.Shared)."""
         ctx = multiprocessing.get_context("spawn")
         self.outbox = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(size)]
-        self.processes = [ctx.Process(target=_process_main, args=(i, setup, self.inboxes[i], self.outbox),
+        self.shared = None
+        target = _process_main
+        if shared:
+            from bench.mix_product import Shared, process_main as target
+
+            self.shared = Shared(ctx, shared)
+        extra = (self.shared,) if shared else ()
+        self.processes = [ctx.Process(target=target, args=(i, setup, self.inboxes[i], self.outbox, *extra),
                                       name=f"bench-hot-{i}", daemon=True) for i in range(size)]
         say(f"starting {size} bench processes (spawn)")
         for p in self.processes:
@@ -959,7 +991,8 @@ def machine_facts() -> dict:
 def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float, raw_seconds: float,
                     peer: bool = True, shared_counter: bool = False, progress: Progress | None = None,
                     warm_rounds: int = 2, drop_raw: bool = False, replay_every: int = REPLAY_EVERY,
-                    batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None, drills: int = 1) -> dict:
+                    batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None, drills: int = 1,
+                    product: dict | None = None, classic: bool = True, profile_dir: str | None = None) -> dict:
     """Run the bench on the current `default` database (which must hold the push demo world with `account_key`
     v2_serving). Returns the report dict. The loopback receiver runs in this process."""
     from django.conf import settings
@@ -993,8 +1026,14 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
     else:
         peer_reason = "not requested (--no-peer)"
     raw_schema_create(conninfo, max(clients, default=1))
-    pool = Pool(max(clients, default=0) + 1, setup, say)
     control = max(clients, default=0)
+    plan = {}
+    if product:  # the product mode's worker processes follow the control process (bench/mix_product.py)
+        from bench.mix_product_run import worker_plan
+
+        slots = max(1, min(int(settings.CONNECTOR.get("MATERIALIZE_SLOTS", 2)), product["workers"]["materialize"]))
+        plan = worker_plan(product["workers"], control + 1, slots)
+    pool = Pool(control + 1 + len(plan), setup, say, shared=slots if product else 0)
     run_tag = f"{int(time.time() * 1000):x}"
     try:
         base = {"account_id": facts["account_id"], "account_key": account_key, "replay_every": replay_every}
@@ -1003,10 +1042,34 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
             pool.run({i: {**base, "kind": "warm", "rounds": warm_rounds, "tag": f"{run_tag}-w",
                       "role": "control" if i == control else "client"} for i in range(control + 1)},
                      timeout=120 + 10 * warm_rounds, what="warm-up")
+        if product:
+            from bench.mix_product_run import run_product_phase
+
+            product_args = {"control": control, "plan": plan, "base": base, "facts": facts, "conninfo": conninfo,
+                            "databases": [default["NAME"], journal["NAME"]], "receiver": receiver,
+                            "shared": pool.shared, "say": say,
+                            "lanes_together": bool(product.get("lanes_together"))}
+            per_client = int(product.get("inflight_per_client", 8))
+            say("warming up the product mode: 3 untimed seconds")
+            run_product_phase(pool, n=max(clients), seconds=3.0, tag=f"{run_tag}-pw", drills=0, profile_dir=None,
+                              inflight=per_client * max(clients), **product_args)
         for n in clients:
-            run = _run_clients(pool, n, control, base, facts, seconds, raw_seconds, conninfo, f"{run_tag}-n{n}",
-                               peer and not peer_reason, peer_reason, shared_counter, say, drills=drills)
-            run["state_problems"] = _state_check(account_key)
+            # The product mode first: the classic mix's admission-only phase leaves its receipts due, and the
+            # product's materializers would take them (the settle step drains what a previous client count left).
+            measured = None
+            if product:
+                measured = run_product_phase(pool, n=n, seconds=seconds, tag=f"{run_tag}-p{n}", drills=drills,
+                                             profile_dir=profile_dir, inflight=per_client * n, **product_args)
+                measured["state_problems"] = _state_check(account_key)
+            if classic:
+                run = _run_clients(pool, n, control, base, facts, seconds, raw_seconds, conninfo, f"{run_tag}-n{n}",
+                                   peer and not peer_reason, peer_reason, shared_counter, say, drills=drills,
+                                   profile_dir=profile_dir, databases=[default["NAME"], journal["NAME"]])
+                run["state_problems"] = _state_check(account_key)
+            else:
+                run = {"clients": n, "seconds": seconds, "classic": False}
+            if measured is not None:
+                run["product"] = measured
             report["runs"].append(run)
         if batch_events:
             report["batch_receipt"] = _run_batch(pool, base, batch_events, batch_seconds or raw_seconds,
@@ -1025,7 +1088,7 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
 
 def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seconds: float, raw_seconds: float,
                  conninfo: str, tag: str, peer: bool, peer_reason: str, shared_counter: bool, say: Progress,
-                 drills: int = 1) -> dict:
+                 drills: int = 1, profile_dir: str | None = None, databases: Sequence[str] = ()) -> dict:
     lead = 0.3  # seconds for the commands to reach the processes before the common start time
     start = time.time() + lead
     deadline = start + seconds
@@ -1035,9 +1098,18 @@ def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seco
     commands = {i: {**base, "kind": "mix", "tag": tag, "start_at": start, "deadline": deadline} for i in range(n)}
     commands[control] = {**base, "kind": "control", "start_at": start, "deadline": deadline, "seconds": seconds,
                          "hold": hold, "credential_generation": facts["credential_generation"], "drills": drills}
+    if profile_dir:
+        commands[0]["profile"] = str(Path(profile_dir) / "classic-client0.prof")
+    from bench.mix_product import measure_cpu
+
+    pids = {pool.processes[i].pid: "client" for i in range(n)}
+    pids.update({pool.processes[control].pid: "control", os.getpid(): "bench+receiver"})
+    roles_cpu = measure_cpu(conninfo, list(databases), pids, start, deadline) if databases else None
     cpu_before = cpu_sample()
     results = pool.run(commands, timeout=seconds + lead + 120, what=f"mix with {n} clients")
     cpu_after = cpu_sample()  # includes the clients' untimed drain (a few ms to a few s)
+    if roles_cpu:
+        roles_cpu["thread"].join(timeout=30)
     ctrl = results.pop(control)
     records = [r for res in results.values() for r in res["records"]] + ctrl["records"]
     classes = summarize_classes(records, seconds)
@@ -1050,6 +1122,7 @@ def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seco
         "load_average": round(os.getloadavg()[0], 2), "classes": classes,
         "machine_cpu_busy_pct": busy_percent(cpu_before, cpu_after),
         "client_cpu_seconds": _r(sum(res["cpu_seconds"] for res in results.values()), 3),
+        "statements_client0": results[0].get("statements") or {},
         "control": {"windows": [[w[0], _r(w[1] - start, 3), _r(w[2] - start, 3)] for w in ctrl["windows"]],
                     "confirm_halted_attempts": ctrl["confirm_attempts"],
                     "halt_drain_ms": _r(ctrl["drain_ms"]) if ctrl["drain_ms"] is not None else None,
@@ -1064,6 +1137,11 @@ def _run_clients(pool: Pool, n: int, control: int, base: dict, facts: dict, seco
             "starvation_ms": starving[1]["max_ms"], "starvation_class": starving[0],
         },
     }
+    if roles_cpu:
+        from bench.mix_product import per_completion
+
+        run["cpu"] = roles_cpu.get("result")
+        run["cpu_per_completion_ms"] = per_completion(run["cpu"], classes["effect_finalize"]["count"])
     # product admission alone, then the raw baseline, over the same N processes
     start = time.time() + lead
     say(f"{n} client(s): product admission only for {raw_seconds:g} s")
@@ -1152,6 +1230,9 @@ def format_report(report: dict) -> str:
     head = (f"{'class':<24} {'count':>6} {'ops/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>8} "
             f"{'lock95':>7} {'lock99':>7} {'cred99':>7} {'dl':>3} {'retry':>5} {'rej':>5} {'err':>4}")
     for run in report["runs"]:
+        if run.get("classic") is False:
+            lines += _product_lines(run)
+            continue
         t = run["totals"]
         lines += ["", f"clients {run['clients']}: {run['rounds']} rounds in {run['seconds']:g} s, load "
                       f"{run['load_average']}, machine CPU busy {run.get('machine_cpu_busy_pct')}%, client "
@@ -1192,6 +1273,13 @@ def format_report(report: dict) -> str:
             lines.append(f"peer baseline: unavailable ({p['reason']})")
         for problem in run["control"]["problems"] + run.get("state_problems", []):
             lines.append(f"  PROBLEM: {problem}")
+        if run.get("cpu_per_completion_ms"):
+            lines.append("classic busy CPU per completion (ms): "
+                         + ", ".join(f"{k} {v}" for k, v in run["cpu_per_completion_ms"].items()))
+        if run.get("statements_client0"):
+            lines.append("classic client 0 statements by class: "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(run["statements_client0"].items())))
+        lines += _product_lines(run)
     b = report.get("batch_receipt")
     if b:
         ms = b.get("receipt_ms") or {}
@@ -1204,6 +1292,14 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _product_lines(run: dict) -> list[str]:
+    if "product" not in run:
+        return []
+    from bench.mix_product_run import product_lines
+
+    return product_lines(run["product"])
+
+
 def check_report(report: dict, budgets: dict) -> list[str]:
     """Every figure of `report` that breaks the "hot_account" budget section, named. A run whose client count has
     no budget entry is not checked; no budgeted run at all is itself a failure."""
@@ -1211,8 +1307,13 @@ def check_report(report: dict, budgets: dict) -> list[str]:
     per_n = section.get("clients") or {}
     failures, checked = [], 0
     for run in report["runs"]:
+        if "product" in run:
+            from bench.mix_product_run import check_product
+
+            checked += 1
+            failures += check_product(run["product"], section.get("product") or {})
         budget = per_n.get(str(run["clients"]))
-        if budget is None:
+        if budget is None or run.get("classic") is False:
             continue
         checked += 1
         where = f"clients={run['clients']}"
@@ -1376,6 +1477,24 @@ class HotAccount:
                             help="control drills per mix run: the run is cut into this many periods, each with a "
                                  "credential revocation and a halt cycle, so the control transitions' p99 rests on "
                                  "as many samples (default 1)")
+        parser.add_argument("--product", action="store_true",
+                            help="after the classic mix of each client count, the product mode: the clients only "
+                                 "admit, worker processes run the product's batched worker steps until each "
+                                 "event's effect is finalized (bench/mix_product.py; issue 20, goal 2)")
+        parser.add_argument("--product-only", action="store_true",
+                            help="the product mode alone (no classic mix, no baselines)")
+        parser.add_argument("--product-workers", default="materialize=2,claims=2,egress=2",
+                            help="worker processes per role of the product mode (default as make run on 2 cores)")
+        parser.add_argument("--inflight", type=int, default=8,
+                            help="product mode: events each client may have admitted and not yet finalized "
+                                 "(default 8; the window is clients x this)")
+        parser.add_argument("--product-lanes", choices=("tasks", "together"), default="tasks",
+                            help="product mode: the lanes of completed executions advanced by one lane_advance task "
+                                 "each, as the product does (default), or, as an experiment, together in one "
+                                 "transaction (advance_together.lanes_advance)")
+        parser.add_argument("--profile", metavar="DIR",
+                            help="cProfile client 0 of the classic mix (and count its statements by class) and the "
+                                 "first process of each product-mode role; .prof files written to DIR")
         parser.add_argument("--chart", metavar="FILE",
                             help="draw the report's chart (throughput, ratios and control p99 by client count) to "
                                  "FILE (.svg or .png), from the report's JSON alone (bench/chart.py)")
@@ -1439,6 +1558,20 @@ class HotAccount:
             raise CommandError("--seconds must be at least 1 and --raw-seconds at least 0.5")
         if options["drills"] < 1 or seconds / options["drills"] < 1:
             raise CommandError("--drills must be at least 1 and leave each drill period at least 1 s of --seconds")
+        product = None
+        if options["product"] or options["product_only"]:
+            from bench.mix_product_run import parse_workers
+
+            try:
+                workers = parse_workers(options["product_workers"])
+            except ValueError as exc:
+                raise CommandError(str(exc)) from exc
+            if not 1 <= options["inflight"] <= 1000:
+                raise CommandError("--inflight must be between 1 and 1000")
+            product = {"workers": workers, "inflight_per_client": options["inflight"],
+                       "lanes_together": options["product_lanes"] == "together"}
+        if options["profile"]:
+            Path(options["profile"]).mkdir(parents=True, exist_ok=True)
         name = options["database_name"]
         if not NAME_RE.match(name) or not NAME_RE.match(f"{name}_journal"):
             raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
@@ -1457,12 +1590,17 @@ class HotAccount:
                                          raw_seconds=raw_seconds, peer=not (options["no_peer"] or options["batch_only"]),
                                          shared_counter=options["shared_counter"], progress=say,
                                          batch_events=options["batch_events"],
-                                         batch_seconds=options["batch_seconds"], drills=options["drills"])
+                                         batch_seconds=options["batch_seconds"], drills=options["drills"],
+                                         product=product, classic=not options["product_only"],
+                                         profile_dir=options["profile"])
         finally:
             connector_log.setLevel(saved_level)
         flags = ["--quick"] if options["quick"] else [
             f"--clients {','.join(map(str, clients))}", f"--seconds {seconds:g}", f"--raw-seconds {raw_seconds:g}"]
-        flags += [f"--{k.replace('_', '-')}" for k in ("no_peer", "shared_counter", "batch_only") if options[k]]
+        flags += [f"--{k.replace('_', '-')}" for k in ("no_peer", "shared_counter", "batch_only", "product",
+                                                       "product_only") if options[k]]
+        if product:
+            flags += [f"--product-workers {options['product_workers']}", f"--inflight {options['inflight']}"]
         if options["batch_events"] != BATCH_EVENTS:
             flags.append(f"--batch-events {options['batch_events']}")
         if options["batch_seconds"]:
