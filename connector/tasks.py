@@ -245,9 +245,9 @@ def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> se
     for account_pk, pks in sorted(by_account.items()):
         try:
             got, out = materialize_together.receipts_materialize(receipt_pks=pks, account_id=account_pk)
-        except Exception:  # noqa: BLE001 - rolled back as a whole: every receipt takes the per-receipt path
-            log.exception("materialize_due: %d receipts of account %s rolled back; per-receipt path", len(pks),
-                          account_pk)
+        except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every receipt takes the per-receipt path
+            poison.log_fallback(log, exc, "materialize_due: %d receipts of account %s rolled back; per-receipt path",
+                                len(pks), account_pk)
             continue
         taken |= got
         claims.add(len(out.executions))
@@ -255,9 +255,9 @@ def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> se
         if len(lanes) > 1:
             try:
                 advanced, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=account_pk)
-            except Exception:  # noqa: BLE001 - rolled back as a whole: every lane takes the per-lane path
-                log.exception("materialize_due: %d lanes of account %s rolled back; per-lane path", len(lanes),
-                              account_pk)
+            except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every lane takes the per-lane path
+                poison.log_fallback(log, exc, "materialize_due: %d lanes of account %s rolled back; per-lane path",
+                                    len(lanes), account_pk)
                 advanced, minted = set(), []
             lanes -= advanced
             claims.add(len(minted))

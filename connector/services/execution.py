@@ -323,8 +323,8 @@ def execution_record_results(*, items: list[ResultToRecord], executions: dict | 
         if not candidates:
             return {}
         return _record_batch(candidates)
-    except Exception:  # noqa: BLE001 - rolled back as a whole; every item takes the per-item path
-        log.exception("execution_record_results: batch of %d rolled back; per-item path", len(items))
+    except Exception as exc:  # noqa: BLE001 - rolled back as a whole; every item takes the per-item path
+        poison.log_fallback(log, exc, "execution_record_results: batch of %d rolled back; per-item path", len(items))
         return {}
 
 

@@ -88,6 +88,16 @@ def classify(exc: BaseException) -> str:
     return FAILED
 
 
+def log_fallback(logger: logging.Logger, exc: BaseException, message: str, *args) -> None:
+    """A batch that rolled back as a whole and hands its items to the per-item path: a defect (`failed`) is logged
+    with its traceback; a refusal or a transient failure (a gate that stopped serving, a lost connection) is routine
+    and logged at INFO without one (D-397)."""
+    if classify(exc) == FAILED:
+        logger.error(message, *args, exc_info=exc)
+    else:
+        logger.info(message + ": %s: %s", *args, type(exc).__name__, exc)
+
+
 @dataclass
 class Isolated:
     """Context manager around one item of one step; it swallows the item's exception (never BaseExceptions

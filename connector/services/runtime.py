@@ -24,6 +24,7 @@ from connector.interpreters.inbound import BodyUnparseable, resolve_pointer
 from connector.models import ApplicationResult, ConnectorAccount, CrmRecord, ServingEpoch
 from connector.receipts import rec
 from connector.selectors.routes import mapping_for, route_for
+from connector.services import poison
 from connector.services.guard import lock_serving, lock_serving_accounts
 
 RESULT_RECEIPT_PROTOCOL = "nexuscrm.runtime.result-receipt.v1"
@@ -341,8 +342,9 @@ def runtime_commands_apply(*, commands: list[RuntimeCommand]) -> dict[str, Resul
             if todo:
                 _apply_planned(todo, out)
             fault_point("runtime.batch_before_commit")
-    except Exception:  # noqa: BLE001 - rolled back as a whole; every command takes the per-command path
-        log.exception("runtime_commands_apply: batch of %d rolled back; per-command path", len(commands))
+    except Exception as exc:  # noqa: BLE001 - rolled back as a whole; every command takes the per-command path
+        poison.log_fallback(log, exc, "runtime_commands_apply: batch of %d rolled back; per-command path",
+                            len(commands))
         return {c.command_id: None for c in commands}
     return out
 

@@ -314,3 +314,23 @@ def test_an_epoch_whose_verification_fails_is_recorded_and_the_sweep_verifies_th
     assert [i.pk for i in poison_items() if i.code == "EPOCH_VERIFY_FAILED"] == [bad.pk]
     serving.epoch_reject(epoch_pk=bad.pk, reason="verification bug; a new candidate follows", actor=Actor.system("op"))
     assert [i.pk for i in poison_items() if i.code == "EPOCH_VERIFY_FAILED"] == []
+
+
+def test_a_batch_fallback_logs_a_refusal_quietly_and_a_defect_with_its_traceback(caplog):
+    """A batch rolled back because the gate stopped serving (a routine refusal during a halt) is logged at INFO
+    without a traceback; a defect is logged as an ERROR with one (D-397). Proves: CV2-14-004 (the batch falls back
+    to the per-item path either way; only the log level differs)."""
+    import logging
+
+    from connector.errors import GateNotServing
+    from connector.services import poison
+
+    logger = logging.getLogger("tests.batch_fallback")
+    with caplog.at_level(logging.INFO, logger="tests.batch_fallback"):
+        poison.log_fallback(logger, GateNotServing("gate halting_v2"), "batch of %d rolled back", 3)
+        poison.log_fallback(logger, ValueError("bad row"), "batch of %d rolled back", 4)
+    refused, failed = caplog.records
+    assert (refused.levelno, refused.exc_info) == (logging.INFO, None)
+    assert refused.getMessage() == "batch of 3 rolled back: GateNotServing: gate halting_v2"
+    assert failed.levelno == logging.ERROR and failed.exc_info[0] is ValueError
+    assert failed.getMessage() == "batch of 4 rolled back"
