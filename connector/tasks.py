@@ -327,15 +327,40 @@ def _batch() -> int:
 def execution_claim_and_run(limit: int = 20) -> int:
     """Claim batches fairly across accounts and run them one by one, up to `limit` executions
     (`execution.execution_claim_batch_and_run`, D-204..D-206); each result commits before the next run, and a
-    quarantined one never stops the loop. Each completed execution's lane is woken to mint its successor."""
-    done = 0
+    quarantined one never stops the loop. The completed executions' lanes mint their successors: an account's lanes
+    together in one transaction where `advance_together` takes them (D-398), the rest through `lane_advance` tasks."""
+    done, minted = 0, 0
     while done < limit:
         ran = execution.execution_claim_batch_and_run(holder=HOLDER, n=min(_batch(), limit - done),
                                                       lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
         if not ran:
             break
-        for result in ran:
-            if result.lane_id:
-                lane_advance.delay(result.lane_id, result.account_id)
+        minted += _advance_completed_lanes(ran)
         done += len(ran)
+    if minted:  # this loop may have ended before claiming them: one wake-up for the successors it minted
+        _ClaimWakes._send()
     return done
+
+
+def _advance_completed_lanes(ran) -> int:
+    """The lanes of one claims step's executions, per account: two or more in one transaction
+    (`advance_together.lanes_advance`, D-295, as the materializer advances its lanes); a lane it does not take, or
+    every lane if that transaction rolled back, gets its `lane_advance` task as before. Returns the Executions
+    minted here (D-398)."""
+    by_account: dict[int, set[int]] = {}
+    for result in ran:
+        if result.lane_id:
+            by_account.setdefault(result.account_id, set()).add(result.lane_id)
+    minted = 0
+    for account_pk, lanes in sorted(by_account.items()):
+        advanced: set[int] = set()
+        if len(lanes) > 1:
+            try:
+                advanced, new = advance_together.lanes_advance(lane_pks=lanes, account_id=account_pk)
+                minted += len(new)
+            except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every lane takes its task
+                poison.log_fallback(log, exc, "execution_claim_and_run: %d lanes of account %s rolled back; "
+                                    "per-lane tasks", len(lanes), account_pk)
+        for lane_pk in sorted(lanes - advanced):
+            lane_advance.delay(lane_pk, account_pk)
+    return minted

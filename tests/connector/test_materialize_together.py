@@ -204,3 +204,33 @@ def test_lanes_advance_statement_count_does_not_grow_with_the_lanes(two_accounts
         assert taken == out.lanes and len(minted) == n
         counts.append(len(seen.captured_queries))
     assert counts[0] == counts[1], counts
+
+
+def test_a_claims_step_advances_its_completed_lanes_together(two_accounts, monkeypatch):
+    """Two records, each with an execution minted for position 1 and position 2 materialized behind it: the claims
+    task runs both executions, then mints both successors in ONE lane transaction (`advance_together`, D-398)
+    instead of two `lane_advance` tasks, and wakes one claimer for them. Proves: CV2-07-001, CV2-14-001"""
+    from celery.app.task import Task
+
+    account = two_accounts.accounts[0]
+    for position in (1, 2):
+        for record in ("x", "y"):
+            receipt = admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"ev-{record}{position}",
+                                                                             f"rec-{record}", position)),
+                            account=account)
+            materialize.receipt_materialize(receipt_pk=receipt.pk)
+        if position == 1:
+            for lane in OrderingLane.objects.filter(account_id=account.pk).order_by("pk"):
+                execution.lane_advance(lane_pk=lane.pk)
+    assert Execution.objects.filter(account_id=account.pk).count() == 2
+    sent = []
+    monkeypatch.setattr(Task, "apply_async", lambda self, args=None, kwargs=None, **kw: sent.append((self.name, args)))
+    with CaptureQueriesContext(connection) as queries:
+        assert tasks.execution_claim_and_run(limit=2) == 2
+    assert sent == [("connector.tasks.execution_claim_and_run", ())], sent  # no per-lane task, one wake-up
+    lane_locks = [q["sql"] for q in queries.captured_queries
+                  if "connector_orderinglane" in q["sql"] and "FOR UPDATE" in q["sql"]]
+    assert len(lane_locks) == 2, lane_locks  # the result recording's, then the together advance's
+    rows = Execution.objects.filter(account_id=account.pk).select_related("projection__event").order_by("pk")
+    assert [(e.state, e.projection.event.source_event_key) for e in rows] == [
+        ("completed", "ev-x1"), ("completed", "ev-y1"), ("ready", "ev-x2"), ("ready", "ev-y2")]
