@@ -301,7 +301,9 @@ class OutboundRate:
         parser.add_argument("--rps", type=int, default=50)
         parser.add_argument("--in-flight", type=int, default=4)
         parser.add_argument("--processes", type=int, default=2)
-        parser.add_argument("--workers", type=int, default=4, help="dispatch threads per egress process")
+        parser.add_argument("--workers", type=int, default=2,
+                            help="dispatch threads per egress process (2: one per vCPU of the 2-vCPU bench machine; "
+                                 "more threads of one process wait on its interpreter lock)")
         parser.add_argument("--seconds", type=float, default=30.0)
         parser.add_argument("--retry-after", type=int, default=2)
         parser.add_argument("--answer-ms", type=float, default=0.0,
