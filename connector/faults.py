@@ -28,6 +28,7 @@ POINTS = (
     "dispatch.batch_claim_before_commit",  # a batch's claims + permits written in one transaction (D-347), uncommitted
     "dispatch.batch_sending_before_commit",  # a batch's granted -> sending markers written (D-349), not committed
     "dispatch.batch_settle_before_commit",  # a batch's confirmed settlements + finalizations (D-348), uncommitted
+    "dispatch.withdraw_before_commit",  # a deferred destination's granted permits withdrawn (D-373), not committed
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded

@@ -4,7 +4,13 @@ transaction before any byte leaves, each permit checked exactly as `effects.egre
 the adapter makes each permit's one HTTP exchange (`egress._exchange`, sequentially, on the process's kept client)
 and settles: the `remote_confirmed` answers and their finalizations in one transaction
 (`dispatch_batch.permits_settle_confirmed`), every other answer (or an item the batch settlement refused) alone
-through `permit_settle` / `permit_settle_and_finalize`, each isolated (D-168)."""
+through `permit_settle` / `permit_settle_and_finalize`, each isolated (D-168).
+
+A limited destination's batch (D-371..D-373) sends one permit at a time, each behind its own committed marker that
+reads the destination's limiter `FOR SHARE` and refuses while a receiver's deferral is pending; an answer that
+defers the destination (`429`, `Retry-After`) is settled at once (recording the deferral) before the next marker,
+and the permits the marker refused are withdrawn (`dispatch_withdraw.permits_withdraw`): nothing is sent to the
+destination inside its deferral by a permit whose marker follows the deferral."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +31,7 @@ from effects.models import CommandTrace, RemoteEffect
 from effects.services.dispatch import permit_settle
 from effects.services.dispatch_batch import BatchPermit, Confirmed, permits_settle_confirmed
 from effects.services.dispatch_together import permit_settle_and_finalize
+from effects.services.dispatch_withdraw import permits_withdraw
 from effects.services.identity import effect_slot
 from effects.services.poison import effect_quarantine
 
@@ -45,6 +52,7 @@ def win_sending_batch(*, permits: list[BatchPermit], holder_id: str) -> list[Bat
         return []
     with transaction.atomic():
         gates = connector_locks.credential_gates_for_share(p.credential_generation_pk for p in permits)
+        deferred = _deferred(permits)
         rows = {r.pk: r for r in locks.permits_for_update([p.permit_pk for p in permits],
                                                           effect_ids=[p.effect_pk for p in permits])}
         holders = {pk: locks.holder_for_share(pk) for pk in sorted({r.holder_id for r in rows.values()})}
@@ -53,6 +61,8 @@ def win_sending_batch(*, permits: list[BatchPermit], holder_id: str) -> list[Bat
             permit, gate = rows.get(p.permit_pk), gates.get(p.credential_generation_pk)
             if permit is None or permit.effect_id != p.effect_pk:
                 refusal = "the permit does not belong to that effect"
+            elif deferred is not None or permit.limiter_id != p.limiter_pk:
+                refusal = deferred or "the permit names another destination limiter"
             elif gate is None or permit.credential_gate_id != gate.pk:
                 refusal = "the permit names another credential dispatch gate"
             else:
@@ -73,6 +83,22 @@ def win_sending_batch(*, permits: list[BatchPermit], holder_id: str) -> list[Bat
     return won
 
 
+def _deferred(permits: list[BatchPermit]) -> str | None:
+    """A limited batch's marker (D-371): its destination's limiter `FOR SHARE` (after the credential gates, before
+    the permits), and why nothing may be marked now (a receiver's deferral pending), else None. The share lock
+    waits for a settlement recording a deferral (`FOR UPDATE`) and then reads its committed row: every marker is
+    ordered before or after each deferral, and none after it is won while it lasts."""
+    limiter_pks = {p.limiter_pk for p in permits}
+    if limiter_pks == {None}:
+        return None
+    if len(limiter_pks) != 1:
+        return "a batch's markers name one destination"
+    limiter = locks.limiter_for_share(limiter_pks.pop())
+    if limiter.deferred_until is not None and limiter.deferred_until > timezone.now():
+        return f"the destination is deferred by its receiver until {limiter.deferred_until:%H:%M:%S.%f}"
+    return None
+
+
 def _isolated(step: str, effect_pk: int) -> poison.Isolated:
     return poison.isolated(step=step, item=f"effect {effect_pk}",
                            quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
@@ -81,20 +107,57 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
 def send_batch(*, permits: list[BatchPermit], holder_id: str, base_url: str | None = None) -> dict[int, RemoteEffect]:
     """Win the batch's markers (committed), then each permit's one exchange, then the settlements (see the module).
     Returns the settled effects by pk (an item whose settlement failed is absent: the worker reads it back)."""
+    if permits and permits[0].limiter_pk is not None:
+        return _send_limited(permits=permits, holder_id=holder_id, base_url=base_url)
     won = win_sending_batch(permits=permits, holder_id=holder_id)
     if not won:
         return {}
     fault_point("egress.after_sending")
-    account_id = won[0].account_id
-    effects = {e.pk: e for e in RemoteEffect.objects.select_related("command", "command__credential_generation")
-               .filter(account_id=account_id, command__account_id=account_id, pk__in=[p.effect_pk for p in won])}
-    answers = []
-    for p in won:
-        command = effects[p.effect_pk].command
-        with tracing.stage("egress_send", CommandTrace, kind=SpanKind.CLIENT,  # issue 21, as `send` traces it
-                           command__effect__permits=p.permit_pk):
-            answers.append((p, egress._exchange(permit_pk=p.permit_pk, command=command, base_url=base_url)))
-    confirmed = [(p, done) for p, done in answers if done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED]
+    effects = _effects(won)
+    return _settle(won[0].account_id, effects, [(p, _send(p, effects, base_url)) for p in won])
+
+
+def _effects(permits: list[BatchPermit]) -> dict[int, RemoteEffect]:
+    account_id = permits[0].account_id
+    return {e.pk: e for e in RemoteEffect.objects.select_related("command", "command__credential_generation")
+            .filter(account_id=account_id, command__account_id=account_id, pk__in=[p.effect_pk for p in permits])}
+
+
+def _send(p: BatchPermit, effects: dict[int, RemoteEffect], base_url: str | None) -> egress.Exchange:
+    with tracing.stage("egress_send", CommandTrace, kind=SpanKind.CLIENT,  # issue 21, as `send` traces it
+                       command__effect__permits=p.permit_pk):
+        return egress._exchange(permit_pk=p.permit_pk, command=effects[p.effect_pk].command, base_url=base_url)
+
+
+def _send_limited(*, permits: list[BatchPermit], holder_id: str, base_url: str | None) -> dict[int, RemoteEffect]:
+    """A limited destination's batch (see the module): per permit its marker, then its exchange; an answer that
+    defers the destination is settled before the next marker; refused permits are withdrawn."""
+    effects, answers, settled, refused = _effects(permits), [], {}, []
+    for p in permits:
+        if not win_sending_batch(permits=[p], holder_id=holder_id):
+            refused.append(p)
+            continue
+        fault_point("egress.after_sending")
+        done = _send(p, effects, base_url)
+        if done.outcome.get("defer_seconds") is None:
+            answers.append((p, done))
+        else:  # the deferral is recorded by this settlement, before any further marker of the destination
+            settled.update(_settle(p.account_id, effects, [(p, done)], batch=False))
+    if refused:
+        with _isolated(SweepStep.EFFECT_SEND, refused[0].effect_pk):
+            for pk in permits_withdraw(permits=refused, holder_id=holder_id):
+                settled[pk] = RemoteEffect.objects.get(pk=pk, account_id=refused[0].account_id)
+    if answers:
+        settled.update(_settle(permits[0].account_id, effects, answers))
+    return settled
+
+
+def _settle(account_id: int, effects: dict[int, RemoteEffect], answers: list,
+            batch: bool = True) -> dict[int, RemoteEffect]:
+    """The answers' settlements: the confirmed ones (without a deferral to record) in one transaction, every other
+    one alone through `permit_settle` / `permit_settle_and_finalize`, isolated (D-168)."""
+    confirmed = [(p, done) for p, done in answers if batch and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED
+                 and (p.limiter_pk is None or done.outcome.get("defer_seconds") is None)]
     settled: dict[int, RemoteEffect] = {}
     try:
         settled = permits_settle_confirmed(account_id=account_id, items=[

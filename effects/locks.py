@@ -36,6 +36,13 @@ def limiter_for_update(limiter_pk: int) -> DestinationLimiter:
     return DestinationLimiter.objects.select_for_update(of=("self",)).get(pk=limiter_pk)
 
 
+def limiter_for_share(limiter_pk: int) -> DestinationLimiter:
+    """A destination's limiter row `FOR SHARE` (the limited sending marker and the withdrawal, D-371): after the
+    effect (when one is locked), before any permit. It waits for a settlement that is recording a receiver's
+    deferral (`FOR UPDATE`) and then reads the committed row."""
+    return share_one(DestinationLimiter.objects.filter(pk=limiter_pk))
+
+
 def permit_for_update(permit_pk: int, *, effect_id: int | None = None) -> DispatchPermit:
     queryset = DispatchPermit.objects.select_for_update(of=("self",))
     if effect_id is not None:

@@ -42,6 +42,7 @@ from effects.choices import EffectState, HolderState
 from effects.errors import PermitRefused, ProviderIoHeld
 from effects.models import ProcessGeneration, RemoteEffect
 from effects.services import dispatch
+from effects.services.limiter import limiter_admit_batch
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ class BatchPermit:
     holder_fence: int
     credential_gate_fence: int
     credential_generation_pk: int
+    limiter_pk: int | None = None  # a limited destination's batch (D-372): its markers read the limiter
 
 
-# Where this process's next batch starts its rotation over accounts (round-robin across batches, D-346).
-_ROTATION = {"start": 0}
+# Where this process's next batch starts its rotation over accounts (round-robin across batches, D-346), and its
+# next limited batch over limited destinations (D-372).
+_ROTATION = {"start": 0, "limiter": 0}
 
 # The batch's candidates (no lock): the first account with claimable unlimited effects at or after the cursor
 # (else the first one before it, wrapping around), then its oldest claimable effects (a LATERAL subquery naming
@@ -100,14 +103,44 @@ SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect 
 # The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
 # gates), re-checked under the lock, with what the checks need from their commands (frozen, never moving).
 _LOCK_EFFECTS = """
-SELECT e.id, c.credential_generation_id, g.secret_version_ref
+SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_per_second, c.rate_max_in_flight,
+       c.rate_burst
   FROM effects_remoteeffect e
   JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
   JOIN connector_credentialgeneration g ON g.id = c.credential_generation_id
  WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.state = 'prepared'
-   AND c.limiter_id IS NULL AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
  ORDER BY e.id
    FOR UPDATE OF e SKIP LOCKED"""
+
+# A limited batch's candidates (no lock, D-372): the first limited destination in rotation from the cursor (limiter
+# id at or after it, else the first before it) whose `not_before` is due and that has claimable effects, then its
+# oldest claimable effects. {account}: the account's own claimer pins every table to it.
+_LIMITED_PICK = """
+    (SELECT c.limiter_id, c.account_id, {wrap} AS wrap FROM effects_remoteeffect e
+       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
+       JOIN effects_destinationlimiter l ON l.id = c.limiter_id AND l.account_id = c.account_id
+      WHERE e.state = 'prepared' AND c.limiter_id {op} %(start)s{account}
+        AND (l.not_before IS NULL OR l.not_before <= %(now)s)
+        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+      ORDER BY c.limiter_id LIMIT 1)"""
+_LIMITED_CANDIDATES = """
+WITH pick(limiter_id, account_id) AS (
+    SELECT a.limiter_id, a.account_id FROM ({first} UNION ALL {second}) a ORDER BY a.wrap LIMIT 1
+)
+SELECT x.id, p.account_id, x.credential_generation_id, p.limiter_id
+  FROM pick p CROSS JOIN LATERAL (
+    SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
+      JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
+     WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id = p.limiter_id
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+     ORDER BY e.id LIMIT %(n)s) x
+ ORDER BY x.id"""
+_LIMITED = {scoped: _LIMITED_CANDIDATES.format(**{
+    name: _LIMITED_PICK.format(wrap=wrap, op=op, account=(" AND e.account_id = %(account)s AND c.account_id = "
+                                                          "%(account)s") if scoped else "")
+    for name, wrap, op in (("first", 0, ">="), ("second", 1, "<"))}) for scoped in (False, True)}
 
 # The grant, one statement (D-347): `prepared -> dispatching` with a new lease (fence + 1, ordinal + 1; the state
 # compared again in the WHERE clause), each effect's Attempt (bound to its command's frozen epoch, request and
@@ -136,7 +169,7 @@ WITH d AS (
         credential_gate_fence, holder_id, holder_fence, limiter_id, state, io_may_have_started, granted_at,
         sending_at, closed_at, abandonment_proof)
     SELECT a.id, a.effect_id, %(gate)s, %(gate_fence)s, d.credential_gate_id, d.credential_gate_fence,
-           %(holder_pk)s, a.lease_fence, NULL, 'granted', false, %(now)s, NULL, NULL, ''
+           %(holder_pk)s, a.lease_fence, %(limiter)s::bigint, 'granted', false, %(now)s, NULL, NULL, ''
       FROM attempts a JOIN d ON d.id = a.effect_id
  RETURNING id, effect_id, attempt_id, holder_fence, credential_gate_fence
 ), audit AS (
@@ -149,40 +182,51 @@ SELECT p.id, p.effect_id, p.attempt_id, p.holder_fence, p.credential_gate_fence 
 
 
 def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int = 60,
-                        account_id: int | None = None) -> list[BatchPermit]:
+                        account_id: int | None = None, limited: bool = False) -> list[BatchPermit]:
     """Claim up to `n` effects of one account and grant their permits in one transaction (see the module).
-    Returns the granted permits in ascending effect pk; [] when nothing was claimable. A refusal (the account's
-    gate does not serve, provider I/O held, the holder not running) raises and rolls back: nothing of the claim
-    survives it. `fault_point("dispatch.batch_claim_before_commit")` fires before the COMMIT."""
+    `limited` (D-372): the effects of ONE limited destination instead (in rotation, its `not_before` due), the
+    destination's limiter locked `FOR UPDATE` after the effects and before the holder, and only the prefix its
+    admission allows granted (`limiter_admit_batch`: at most min(tokens, ceil((K - in flight) / 2))); a refusal
+    writes only the limiter's refusal. Returns the granted permits in ascending effect pk; [] when nothing was claimable. A
+    refusal (the account's gate does not serve, provider I/O held, the holder not running) raises and rolls back:
+    nothing of the claim survives it. `fault_point("dispatch.batch_claim_before_commit")` fires before the COMMIT."""
     if n <= 0:
         return []
     now = timezone.now()
+    args = {"account": account_id, "now": now, "n": n}
     with connection.cursor() as cursor:
-        cursor.execute(_CANDIDATES if account_id is None else _ACCOUNT_CANDIDATES,
-                       {"account": account_id, "start": _ROTATION["start"], "now": now, "n": n})
+        if limited:
+            cursor.execute(_LIMITED[account_id is not None], {**args, "start": _ROTATION["limiter"]})
+        else:
+            cursor.execute(_CANDIDATES if account_id is None else _ACCOUNT_CANDIDATES,
+                           {**args, "start": _ROTATION["start"]})
         candidates = cursor.fetchall()
     if not candidates:
         return []
-    acct = candidates[0][1]
-    if account_id is None:
+    acct, limiter_pk = candidates[0][1], (candidates[0][3] if limited else None)
+    if limited:
+        _ROTATION["limiter"] = limiter_pk + 1
+    elif account_id is None:
         _ROTATION["start"] = acct + 1
     with transaction.atomic():
         ctx = lock_serving(account_id=acct)
         if ctx.provider_io_held:  # read with the epoch row the guard holds FOR SHARE (D-321)
             raise ProviderIoHeld(f"epoch {ctx.epoch_id} is active but its first activation is not read back yet; "
                                  "provider I/O is disabled")
-        gates = connector_locks.credential_gates_for_share(generation for _, _, generation in candidates)
+        gates = connector_locks.credential_gates_for_share(row[2] for row in candidates)
         now = timezone.now()
         with connection.cursor() as cursor:
-            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [pk for pk, _, _ in candidates], "now": now})
+            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [row[0] for row in candidates], "now": now,
+                                           "limiter": limiter_pk})
             locked = cursor.fetchall()
         if not locked:
             return []
+        limiter = locks.limiter_for_update(limiter_pk) if limited else None
         holder_row = locks.holder_for_share(holder.pk)
         if holder_row.state != HolderState.RUNNING:
             raise PermitRefused(f"holder generation {holder_row.holder_id} is {holder_row.state}")
         chosen, present = [], {}
-        for pk, generation_pk, ref in locked:
+        for pk, generation_pk, ref, *rate in locked:
             gate = gates.get(generation_pk)
             if gate is None or gate.mode != "enabled":  # not granted: left prepared and claimable, nothing written
                 continue
@@ -191,23 +235,35 @@ def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int
             if not present[ref]:
                 _quarantine_missing_material(pk, acct)
                 continue
-            chosen.append((pk, gate))
+            chosen.append((pk, gate, _Limit(*rate)))
+        if limiter is not None and chosen:
+            chosen = chosen[:limiter_admit_batch(limiter, [limit for _, _, limit in chosen], now)]
         if not chosen:
             return []
         expires = now + timedelta(seconds=lease_seconds)
         with connection.cursor() as cursor:
             cursor.execute(_GRANT, {
-                "ids": [pk for pk, _ in chosen], "credential_gates": [g.pk for _, g in chosen],
-                "credential_fences": [g.fence for _, g in chosen], "account": acct, "holder_id": holder_row.holder_id,
-                "holder_pk": holder_row.pk, "expires": expires, "now": now, "gate": ctx.gate_pk,
-                "gate_fence": ctx.fence, "actor": str(dispatch.DISPATCHER)})
+                "ids": [pk for pk, _, _ in chosen], "credential_gates": [g.pk for _, g, _ in chosen],
+                "credential_fences": [g.fence for _, g, _ in chosen], "account": acct,
+                "holder_id": holder_row.holder_id, "holder_pk": holder_row.pk, "expires": expires, "now": now,
+                "gate": ctx.gate_pk, "gate_fence": ctx.fence, "actor": str(dispatch.DISPATCHER),
+                "limiter": limiter_pk})
             granted = cursor.fetchall()
         if len(granted) != len(chosen):  # every chosen row is locked and prepared: anything else is a defect
             raise AssertionError(f"{len(granted)} permits granted for {len(chosen)} locked effects")
         fault_point("dispatch.batch_claim_before_commit")
-    generation_of = {pk: gate.credential_generation_id for pk, gate in chosen}
-    return [BatchPermit(permit_pk, effect_pk, attempt_pk, acct, holder_fence, gate_fence, generation_of[effect_pk])
+    generation_of = {pk: gate.credential_generation_id for pk, gate, _ in chosen}
+    return [BatchPermit(permit_pk, effect_pk, attempt_pk, acct, holder_fence, gate_fence, generation_of[effect_pk],
+                        limiter_pk)
             for permit_pk, effect_pk, attempt_pk, holder_fence, gate_fence in granted]
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """A limited command's frozen limit, as `limiter_admit` reads it from the command."""
+    rate_requests_per_second: int | None
+    rate_max_in_flight: int | None
+    rate_burst: int | None
 
 
 def _quarantine_missing_material(effect_pk: int, account_id: int) -> None:

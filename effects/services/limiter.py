@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import F
 
+from connector import stage_metrics
 from effects.choices import PermitState
 from effects.models import DestinationLimiter, DispatchPermit
 
@@ -33,16 +34,18 @@ def in_flight(limiter_pk: int) -> int:
                                                                            PermitState.SENDING)).count()
 
 
-def limiter_admit(limiter: DestinationLimiter, command, now: datetime) -> tuple[bool, datetime | None, str, str]:
+def limiter_admit(limiter: DestinationLimiter, command, now: datetime,
+                  open_now: int | None = None) -> tuple[bool, datetime | None, str, str]:
     """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
     limit: no receiver deferral pending, fewer than K permits open, and a token in the bucket (refilled at R per
     second up to the burst). On admission the token is taken. Returns (admitted, retry_at, reason, cause), the
-    cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way."""
+    cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way. `open_now`: the
+    in-flight count the caller took under this same lock (a batch counts once and adds what it admitted)."""
     rate, burst = command.rate_requests_per_second, command.rate_burst
     if limiter.deferred_until is not None and limiter.deferred_until > now:
         return (False, limiter.deferred_until,
                 f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}", "receiver_deferral")
-    open_now = in_flight(limiter.pk)
+    open_now = in_flight(limiter.pk) if open_now is None else open_now
     if open_now >= command.rate_max_in_flight:
         return (False, None, f"{open_now} permits in flight, the declared maximum is {command.rate_max_in_flight}",
                 "in_flight")
@@ -71,7 +74,7 @@ def limiter_refused(*, limiter: DestinationLimiter, retry_at: datetime | None, n
         refused_total=F("refused_total") + 1, updated_at=now)
 
 
-def limiter_granted(*, limiter: DestinationLimiter, command) -> None:
+def limiter_granted(*, limiter: DestinationLimiter, command, count: int = 1) -> None:
     """A grant's limiter writes: the token taken. An emptied bucket names when its next token is due, so claims
     pass the destination over until then instead of claiming what acquisition would refuse."""
     rate = command.rate_requests_per_second
@@ -81,4 +84,29 @@ def limiter_granted(*, limiter: DestinationLimiter, command) -> None:
         if (limiter.not_before or next_token) else None
     DestinationLimiter.objects.filter(pk=limiter.pk).update(
         tokens=limiter.tokens, refilled_at=limiter.refilled_at, not_before=not_before,
-        granted_total=F("granted_total") + 1, updated_at=limiter.refilled_at)
+        granted_total=F("granted_total") + count, updated_at=limiter.refilled_at)
+
+
+def limiter_admit_batch(limiter: DestinationLimiter, commands: list, now: datetime) -> int:
+    """A limited batch's admission under the limiter's lock (D-372): the in-flight count once, then
+    `limiter_admit`'s accounting one effect at a time, in the batch's order, each by its own command's frozen limit,
+    until the first refusal, and at most half the free slots (rounded up, D-374): so at most
+    min(tokens, ceil((K - in flight) / 2)) are admitted, and the other half is left to the destination's other
+    workers, whose permits then overlap instead of waiting behind one worker's sequential exchanges. Writes the grant (tokens taken,
+    `not_before` at the next token when the bucket is empty) or, when none is admitted, the refusal. Returns how
+    many of `commands` (a prefix) are admitted."""
+    open_now, admitted, refusal = in_flight(limiter.pk), 0, None
+    for command in commands:
+        ok, retry_at, reason, cause = limiter_admit(limiter, command, now, open_now=open_now + admitted)
+        if not ok:
+            refusal = (retry_at, cause)
+            break
+        admitted += 1
+        if admitted >= max(1, -(-(command.rate_max_in_flight - open_now) // 2)):
+            break  # half the free slots (rounded up): the others are left to the destination's other workers
+    if admitted:
+        limiter_granted(limiter=limiter, command=commands[admitted - 1], count=admitted)
+    elif refusal is not None:
+        limiter_refused(limiter=limiter, retry_at=refusal[0], now=now)
+        stage_metrics.rate_limit_deferred(callout=limiter.callout, cause=refusal[1])  # counted after the commit
+    return admitted

@@ -98,29 +98,55 @@ def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = Non
     destinations declare no limit are claimed and granted in one transaction
     (`dispatch_batch.effects_claim_batch`), their `sending` markers committed in one transaction before any byte,
     each sent once through the sole egress adapter, and their confirmed settlements and finalizations committed in
-    one transaction (`egress_batch.send_batch`); then one effect of a limited destination, if any is claimable, takes
-    today's one-by-one step with its limiter row lock (`effect_dispatch_once(limited_only=True)`). A batch claim
-    that fails deterministically rolled back: its effects then take the one-by-one step, whose isolation
-    (D-168) quarantines the one at fault; a refusal or a transient failure of the claim writes nothing and the
-    step returns what the limited step did. Returns the effects the step handled ([] when nothing was claimable)."""
+    one transaction (`egress_batch.send_batch`); then a batch of ONE limited destination (in rotation, D-372): its
+    effects claimed with the limiter `FOR UPDATE` admitting at most min(tokens, half the free slots), each sent behind its
+    own marker that refuses while the receiver deferred the destination (D-371). A batch claim that fails
+    deterministically rolled back: its effects then take the one-by-one step, whose isolation (D-168)
+    quarantines the one at fault; a refusal or a transient failure of the claim writes nothing. Returns the effects
+    the step handled ([] when nothing was claimable)."""
     n = egress_batch_size() if n is None else n
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
     dispatch.holder_heartbeat(holder_id=holder.holder_id)
-    done: list[RemoteEffect] = []
+    done = _batch_step(holder=holder, n=n, account_id=account_id, limited=False)
+    if done is None:
+        return _one_by_one(holder=holder, n=n, account_id=account_id, limited_only=False)
+    while len(done) < 2 * n:  # limited batches while their tokens last (each stops at its limiter's admission)
+        limited = _batch_step(holder=holder, n=n, account_id=account_id, limited=True)
+        if limited is None:
+            limited = _one_by_one(holder=holder, n=1, account_id=account_id, limited_only=True)
+        if not limited:
+            break
+        done += limited
+    return done
+
+
+def _one_by_one(*, holder: ProcessGeneration, n: int, account_id: int | None,
+                limited_only: bool) -> list[RemoteEffect]:
+    """After a batch claim failed deterministically (rolled back): its effects take the one-by-one step, whose
+    isolation (D-168) quarantines the one at fault."""
+    done = []
+    for _ in range(max(n, 1)):
+        one = effect_dispatch_once(holder=holder, account_id=account_id, limited_only=limited_only)
+        if one is None:
+            break
+        done.append(one)
+    return done
+
+
+def _batch_step(*, holder: ProcessGeneration, n: int, account_id: int | None,
+                limited: bool) -> list[RemoteEffect] | None:
+    """One batch: claim + permits, send, settle (see effect_dispatch_batch). None: the claim failed
+    deterministically and rolled back (the caller falls back to the one-by-one step)."""
     try:
-        permits = dispatch_batch.effects_claim_batch(holder=holder, n=n, account_id=account_id,
+        permits = dispatch_batch.effects_claim_batch(holder=holder, n=n, account_id=account_id, limited=limited,
                                                      lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
     except Exception as exc:  # noqa: BLE001 - classified below; the one-by-one path isolates the item at fault
-        permits = []
         if poison.classify(exc) == poison.FAILED:
             log.exception("effects_claim_batch failed; falling back to the one-by-one step")
-            for _ in range(max(n, 1)):
-                one = effect_dispatch_once(holder=holder, account_id=account_id)
-                if one is None:
-                    break
-                done.append(one)
-            return done
+            return None
         log.info("effects_claim_batch deferred: %s: %s", type(exc).__name__, exc)
+        return []
+    done: list[RemoteEffect] = []
     if permits:
         try:
             settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
@@ -133,8 +159,7 @@ def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = Non
                 fault_point("dispatch.after_confirmed")  # finalization held in the settlement: again (D-336)
                 effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
             done.append(effect)
-    limited = effect_dispatch_once(holder=holder, account_id=account_id, limited_only=True)
-    return done + ([limited] if limited is not None else [])
+    return done
 
 
 def _send_one(p: dispatch_batch.BatchPermit, holder_id: str) -> RemoteEffect | None:

@@ -11,8 +11,11 @@ Modes (set per test, optionally for the next N requests):
   new_identity   apply, answer 201 {"id": a new remote id} even for an update (the provider changed the identity)
   throttle       answer 429 with `Retry-After: <retry_after>` without applying (the receiver's rate limit)
 
-Every request also records its arrival time (`at`, monotonic) and the number of requests in flight at the
-receiver when it arrived (`in_flight`, itself included); `service_seconds` holds every answer that long.
+Every request also records its arrival time (`at`, monotonic; `wall`, time.time()), the number of requests in flight
+at the receiver when it arrived (`in_flight`, itself included) and when its answer began to be written
+(`answered_at`, monotonic; `answered_wall`); `service_seconds` holds every answer that long. A request leaves the
+in-flight counts just before its answer's first byte is written (the client cannot send its next request before it
+reads that answer), so a handler thread that is descheduled after answering never counts twice.
 
 An update (`PATCH /v1/records/by-id/<id>`) is applied to the record it names and answered with that id, the way a
 CRM answers; a create answers "remote-" + the key's last 12 characters.
@@ -63,18 +66,26 @@ class Receiver:
                     receiver.max_in_flight = max(receiver.max_in_flight, receiver.in_flight)
                     in_group = receiver.group_in_flight[group] = receiver.group_in_flight.get(group, 0) + 1
                     receiver.group_max_in_flight[group] = max(receiver.group_max_in_flight.get(group, 0), in_group)
-                    receiver.requests.append({"method": self.command, "path": self.path, "key": key, "body": body,
-                                              "auth": self.headers.get("Authorization"), "mode": mode,
-                                              "at": time.monotonic(), "in_flight": receiver.in_flight,
-                                              "group": group, "traceparent": self.headers.get("traceparent")})
+                    self._record = {"method": self.command, "path": self.path, "key": key, "body": body,
+                                    "auth": self.headers.get("Authorization"), "mode": mode,
+                                    "at": time.monotonic(), "wall": time.time(), "in_flight": receiver.in_flight,
+                                    "group": group, "traceparent": self.headers.get("traceparent"),
+                                    "answered_at": None, "answered_wall": None}
+                    receiver.requests.append(self._record)
                 try:
                     if receiver.service_seconds:
                         time.sleep(receiver.service_seconds)
                     return self._handle(mode, key)
                 finally:
-                    with receiver.lock:
+                    self._leave()
+
+            def _leave(self) -> None:
+                """Out of the in-flight counts, once: just before the answer is written (or at the end)."""
+                with receiver.lock:
+                    if self._record["answered_at"] is None:
+                        self._record["answered_at"], self._record["answered_wall"] = time.monotonic(), time.time()
                         receiver.in_flight -= 1
-                        receiver.group_in_flight[group] -= 1
+                        receiver.group_in_flight[self._record["group"]] -= 1
 
             def _handle(self, mode: str, key: str):
                 if mode == "throttle":
@@ -107,6 +118,7 @@ class Receiver:
 
             def _answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
                 data = json.dumps(payload).encode()
+                self._leave()
                 self.send_response(status)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)

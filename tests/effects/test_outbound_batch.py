@@ -163,9 +163,10 @@ def test_a_deterministic_batch_claim_failure_falls_back_to_the_one_by_one_step(t
     assert receiver.applied_total() == 2
 
 
-def test_limited_destinations_keep_the_one_by_one_step(transactional_db, receiver, monkeypatch):
-    """An effect whose destination declares a limit is never in a batch; the batched step hands it to the
-    one-by-one step, which admits it under its limiter's row lock.
+def test_limited_destinations_take_their_own_batch_after_the_unlimited_one(transactional_db, receiver, monkeypatch):
+    """An effect whose destination declares a limit is never in an unlimited batch; the batched step then takes a
+    batch of that limited destination, admitted under its limiter's row lock (D-372; tests/effects/
+    test_rate_limits_batch.py proves the limited batch itself).
     Proves: CV2-10-037"""
     from connector import demo
 
@@ -176,10 +177,9 @@ def test_limited_destinations_keep_the_one_by_one_step(transactional_db, receive
     assert RemoteEffect.objects.get(pk=pks[0]).command.limiter_id is not None
     holder = dispatch.holder_register(holder_id="h-lim")
     assert dispatch_batch.effects_claim_batch(holder=holder, n=10) == []
-    first = worker.effect_dispatch_batch(n=10, holder_name="h-lim")
-    assert [(e.pk, e.state) for e in first] == [(pks[0], EffectState.FINALIZED)]
-    assert DispatchPermit.objects.get(effect_id=pks[0]).limiter_id is not None
-    assert [e.pk for e in worker.effect_dispatch_batch(n=10, holder_name="h-lim")] == [pks[1]]
+    done = worker.effect_dispatch_batch(n=10, holder_name="h-lim")
+    assert sorted((e.pk, e.state) for e in done) == [(pk, EffectState.FINALIZED) for pk in pks]
+    assert DispatchPermit.objects.filter(effect_id__in=pks).exclude(limiter_id=None).count() == 2
     assert receiver.applied_total() == 2
 
 

@@ -98,9 +98,11 @@ def test_outbound_dispatch_step_statements_are_pinned(tx_push_world, receiver, m
 # -- the batched step (issue 20, D-345..D-350) -------------------------------------------------------------------
 # One `effect_dispatch_batch` step of n effects of one account (after a warm step), the same stages counted around
 # the functions the step calls for them: the same count for any n (set-based statements; n = 1 and n = 10 pinned).
-# The whole step also registers and heartbeats its holder and runs the limited-destination companion step (one
-# candidate read when no limited destination has work).
-BATCH_CLAIM_AND_PERMIT = 9
+# The whole step also registers and heartbeats its holder and runs the limited-destination batch (D-372): its
+# candidate read, one statement when no limited destination has work, is counted in claim_and_permit since the
+# limited batch is claimed by the same `effects_claim_batch` (9 -> 10; it was the one-by-one companion step's
+# read before, outside the counted stages; the step's total is unchanged).
+BATCH_CLAIM_AND_PERMIT = 10
 BATCH_SENDING_MARKER = 7
 BATCH_SETTLE_AND_FINALIZE = 10
 BATCH_DISPATCH_STEP = 30
