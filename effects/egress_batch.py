@@ -31,7 +31,7 @@ from effects.models import CommandTrace, RemoteEffect
 from effects.services.dispatch import permit_settle
 from effects.services.dispatch_batch import BatchPermit, Confirmed, permits_settle_confirmed
 from effects.services.dispatch_together import permit_settle_and_finalize
-from effects.services.dispatch_withdraw import permits_withdraw
+from effects.services.dispatch_withdraw import permits_abandon_fenced_out, permits_withdraw
 from effects.services.identity import effect_slot
 from effects.services.poison import effect_quarantine
 
@@ -110,11 +110,23 @@ def send_batch(*, permits: list[BatchPermit], holder_id: str, base_url: str | No
     if permits and permits[0].limiter_pk is not None:
         return _send_limited(permits=permits, holder_id=holder_id, base_url=base_url)
     won = win_sending_batch(permits=permits, holder_id=holder_id)
+    settled = _abandon_refused([p for p in permits if p not in won])
     if not won:
-        return {}
+        return settled
     fault_point("egress.after_sending")
     effects = _effects(won)
-    return _settle(won[0].account_id, effects, [(p, _send(p, effects, base_url)) for p in won])
+    return settled | _settle(won[0].account_id, effects, [(p, _send(p, effects, base_url)) for p in won])
+
+
+def _abandon_refused(refused: list[BatchPermit]) -> dict[int, RemoteEffect]:
+    """Permits the markers refused that can never be sent (a revocation moved their credential gate's fence), each
+    abandoned with that proof (`permits_abandon_fenced_out`, D-399); the others stay as they are."""
+    if not refused:
+        return {}
+    with _isolated(SweepStep.EFFECT_SEND, refused[0].effect_pk):
+        pks = permits_abandon_fenced_out([p.permit_pk for p in refused])
+        return {e.pk: e for e in RemoteEffect.objects.filter(account_id=refused[0].account_id, pk__in=pks)}
+    return {}
 
 
 def _effects(permits: list[BatchPermit]) -> dict[int, RemoteEffect]:
@@ -147,6 +159,7 @@ def _send_limited(*, permits: list[BatchPermit], holder_id: str, base_url: str |
         with _isolated(SweepStep.EFFECT_SEND, refused[0].effect_pk):
             for pk in permits_withdraw(permits=refused, holder_id=holder_id):
                 settled[pk] = RemoteEffect.objects.get(pk=pk, account_id=refused[0].account_id)
+        settled.update(_abandon_refused([p for p in refused if p.effect_pk not in settled]))
     if answers:
         settled.update(_settle(permits[0].account_id, effects, answers))
     return settled

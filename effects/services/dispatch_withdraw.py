@@ -13,6 +13,10 @@ permit `granted -> abandoned` with that proof, its Attempt `no_effect` ("withdra
 against the policy's attempts: its permit never reached `sending`, D-117) and the effect `dispatching -> prepared`
 with its lease cleared, as `permit_abandon` closes a `granted` permit. Anything else is left as it is (the sweeper's
 recovery and `permit_abandon` still apply). `fault_point("dispatch.withdraw_before_commit")` fires before the COMMIT.
+
+`permits_abandon_fenced_out` (D-399): the `granted` permits a sending marker refused for another reason, closed by
+`dispatch.permit_abandon` (its own transaction, lock order and proof) when it has one: a credential revocation that
+moved the gate's fence after acquisition, or a terminated holder. Without a proof it refuses and the permit stays.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from connector.faults import fault_point
 from connector.services.audit import audit_record
 from effects import locks
 from effects.choices import AttemptOutcome, EffectState, PermitState
+from effects.errors import AbandonRefused
 from effects.models import RemoteEffect, RemoteEffectAttempt
 from effects.services import dispatch
 
@@ -67,3 +72,17 @@ def permits_withdraw(*, permits: list, holder_id: str) -> list[int]:
             withdrawn.append(effect.pk)
         fault_point("dispatch.withdraw_before_commit")
     return withdrawn
+
+
+def permits_abandon_fenced_out(permit_pks: list[int]) -> list[int]:
+    """The permits a sending marker refused (they stayed `granted`: no byte was sent), each closed by
+    `dispatch.permit_abandon` if it has durable proof that it can never be sent (D-399): so a revocation does not
+    leave open permits that only an operator could close, keeping a later halt from draining. A permit without a
+    proof is left as it is. Returns the effect pks returned to `prepared`."""
+    out = []
+    for permit_pk in sorted(set(permit_pks)):
+        try:
+            out.append(dispatch.permit_abandon(permit_pk=permit_pk, actor=dispatch.DISPATCHER).pk)
+        except AbandonRefused:
+            continue
+    return out

@@ -23,7 +23,7 @@ from effects import egress
 from effects.choices import EffectState
 from effects.models import ProcessGeneration, RemoteEffect
 from effects import egress_batch
-from effects.services import dispatch, dispatch_batch, dispatch_together, identity
+from effects.services import dispatch, dispatch_batch, dispatch_together, dispatch_withdraw, identity
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
                              credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
                              account_id=claim.account_id, finalize=True,
                              credential_generation_pk=permit.credential_gate.credential_generation_id)
-    if effect is None:
+    if effect is None:  # refused or failed before any byte: a revoked permit is abandoned with its proof (D-399)
+        dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
         return RemoteEffect.objects.get(pk=claim.effect_pk)
     if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
         # The finalization inside the settlement's transaction failed (its savepoint rolled back, D-336): the

@@ -104,17 +104,49 @@ def test_batch_claim_checks_each_effect_gate_secret_and_holder(tx_world, receive
 
 def test_batch_sending_marker_refuses_a_terminated_holder_before_any_byte(tx_world, receiver):
     """The batch's markers check each permit as `_win_sending` does: once the holder is terminated, no permit of
-    its batch moves to `sending` and the receiver sees nothing.
-    Proves: CV2-10-038, CV2-10-039"""
+    its batch moves to `sending` and the receiver sees nothing; the refused permits, still `granted`, are abandoned
+    with the termination as their proof and their effects are `prepared` again (D-399).
+    Proves: CV2-10-038, CV2-10-039, CV2-10-040"""
     acme = tx_world.accounts[0]
-    _author(acme, 3)
+    pks = _author(acme, 3)
     holder = dispatch.holder_register(holder_id="h-dead")
     permits = dispatch_batch.effects_claim_batch(holder=holder, n=10, account_id=acme.pk)
     assert len(permits) == 3
     dispatch.holder_terminate(holder_id="h-dead", evidence="test", actor=ACTOR)
-    assert egress_batch.send_batch(permits=permits, holder_id="h-dead") == {}
-    assert set(DispatchPermit.objects.values_list("state", flat=True)) == {PermitState.GRANTED}
+    back = egress_batch.send_batch(permits=permits, holder_id="h-dead")
+    assert sorted(back) == pks and {e.state for e in back.values()} == {EffectState.PREPARED}
+    assert set(DispatchPermit.objects.values_list("state", flat=True)) == {PermitState.ABANDONED}
+    assert all("terminated" in p for p in DispatchPermit.objects.values_list("abandonment_proof", flat=True))
     assert receiver.requests == []
+
+
+def test_permits_a_revocation_fenced_out_are_abandoned_by_the_step_and_the_halt_drains(tx_world, receiver):
+    """Permits granted, then the credential revoked and re-enabled (its fence moved) before their markers: the
+    batch's markers refuse them, the step abandons them with the revocation as proof (nothing was sent), so the
+    open-permit set is empty and a halt confirms without an operator; after the resume the next step sends each
+    effect once with a new permit. Before D-399 they stayed `granted` until an operator abandoned them.
+    Proves: CV2-04-009, CV2-10-040, CV2-10-042"""
+    from tests.effects.helpers import gate_action, reenable
+
+    acme = tx_world.accounts[0]
+    pks = _author(acme, 3)
+    holder = dispatch.holder_register(holder_id="h-rev")
+    permits = dispatch_batch.effects_claim_batch(holder=holder, n=10, account_id=acme.pk)
+    generation = outbound_generation(acme).generation_id
+    revoke(generation)
+    reenable(generation)
+    back = egress_batch.send_batch(permits=permits, holder_id="h-rev")
+    assert sorted(back) == pks and {e.state for e in back.values()} == {EffectState.PREPARED}
+    assert receiver.requests == []
+    assert not DispatchPermit.objects.filter(state__in=(PermitState.GRANTED, PermitState.SENDING)).exists()
+    assert all("credential dispatch gate moved" in p
+               for p in DispatchPermit.objects.values_list("abandonment_proof", flat=True))
+    gate_action(acme, "halt_v2")
+    gate_action(acme, "confirm_halted")  # refused while any permit of the account were open
+    gate_action(acme, "resume_predecessor")
+    done = worker.effect_dispatch_batch(n=10, holder_name="h-rev", account_id=acme.pk)
+    assert sorted(e.pk for e in done) == pks and {e.state for e in done} == {EffectState.FINALIZED}
+    assert receiver.applied_total() == 3 and set(receiver.applied.values()) == {1}
 
 
 def test_batch_settles_other_answers_one_by_one_and_keeps_each_outcome(tx_world, receiver):
