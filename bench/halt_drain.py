@@ -116,8 +116,8 @@ def _control(index: int, command: dict) -> dict:
         if waiter is not None:
             info = waiter(account_id=account_id, actor=actor, reason="bench halt-drain: open-permit set empty",
                           timeout=30.0)
-            tries = info.get("attempts", 1) if isinstance(info, dict) else 1
-            attempts.append([k, halted, time.time(), "ok", tries])
+            tries = info.get("attempts", 1)
+            attempts.append([k, info.get("woken_at") or halted, time.time(), "ok", tries])
         else:
             while True:
                 tries += 1
@@ -137,7 +137,8 @@ def _control(index: int, command: dict) -> dict:
         gate_transition(account_id=account_id, action="resume_predecessor", expected_fence=None, actor=actor,
                         reason="bench halt-drain: resume")
         drills.append({"k": k, "halt_called": began, "halt_returned": halted, "confirm_returned": confirmed,
-                       "tries": tries})
+                       "tries": tries, "woken_at": info.get("woken_at") if waiter is not None else None,
+                       "last_attempt_started": attempts[-1][1] if attempts else None})
     return {"drills": drills, "attempts": attempts, "problems": problems,
             "method": "poll" if waiter is None else waiter.__module__ + "." + waiter.__name__}
 
@@ -167,8 +168,15 @@ def drill_figures(conninfo: str, gate_pk: int, drills: list[dict]) -> list[dict]
                    "halt_to_last_settled_ms": round((reference - halt_at) * 1000, 1),
                    "settle_to_halted_ms": round((confirm_at - reference) * 1000, 1)}
             if k < len(drills):
-                row["settle_to_returned_ms"] = round((drills[k]["confirm_returned"] - reference) * 1000, 1)
-                row["tries"] = drills[k]["tries"]
+                d = drills[k]
+                row["settle_to_returned_ms"] = round((d["confirm_returned"] - reference) * 1000, 1)
+                row["tries"] = d["tries"]
+                # Where the time goes: the settlement's own commit and the wake-up (woken by its notification,
+                # or the poll's last attempt starting), then the confirm transaction up to its audit row.
+                started = d.get("woken_at") or d.get("last_attempt_started")
+                if started:
+                    row["settle_to_confirm_start_ms"] = round((started - reference) * 1000, 1)
+                    row["confirm_start_to_halted_ms"] = round((confirm_at - started) * 1000, 1)
             out.append(row)
     return out
 
@@ -190,6 +198,8 @@ def summarize(figures: list[dict], attempts: list[list]) -> dict:
             "settle_to_halted_ms_drills_with_open_permits": stats(drained, "settle_to_halted_ms"),
             "settle_to_returned_ms": stats(figures, "settle_to_returned_ms"),
             "halt_to_last_settled_ms": stats(figures, "halt_to_last_settled_ms"),
+            "settle_to_confirm_start_ms": stats(figures, "settle_to_confirm_start_ms"),
+            "confirm_start_to_halted_ms": stats(figures, "confirm_start_to_halted_ms"),
             "tries": stats(figures, "tries"), "confirm_attempt_ms": per_attempt,
             "closed_after_confirm": sum(f["closed_after_confirm"] for f in figures)}
 
@@ -233,6 +243,9 @@ def run_halt_drain(*, clients: int, drills: int, period: float, effects: int, po
 
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute("ANALYZE effects_remoteeffect, effects_outboundcommand")
+                # A lock wait longer than deadlock_timeout (1 s) is written to the server's log, with the
+                # statement and who holds the lock (this throwaway database only; new sessions read it).
+                conn.execute(f"ALTER DATABASE {default['NAME']} SET log_lock_waits = on")
             run = drills * period
             say(f"{clients} egress processes + 1 control, {drills} drills x {period:g} s")
             commands = [{"kind": "egress", "stop_at": 0, "refusal_pause_ms": refusal_pause_ms}
@@ -369,7 +382,7 @@ class HaltDrain:
         command.progress(f"method {report['method']}; load {report['load_average_start']} -> "
                          f"{report['load_average_end']}; dispatched {report['dispatched']}")
         for key in ("settle_to_halted_ms", "settle_to_halted_ms_drills_with_open_permits", "settle_to_returned_ms",
-                    "halt_to_last_settled_ms", "tries"):
+                    "halt_to_last_settled_ms", "settle_to_confirm_start_ms", "confirm_start_to_halted_ms", "tries"):
             command.progress(f"{key}: {json.dumps(s[key])}")
         command.progress(f"confirm attempts: {json.dumps(s['confirm_attempt_ms'])}; "
                          f"closed after confirm: {s['closed_after_confirm']}")

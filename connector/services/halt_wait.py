@@ -29,7 +29,8 @@ from connector.services.gates import gate_transition
 def wait_halted(*, account_id: int, actor: Actor, reason: str = "", expected_fence: int | None = None,
                 timeout: float = 30.0, poll_seconds: float = 0.1) -> dict:
     """Confirm `halting_v2 -> v2_halted` for the account's gate once its open-permit set is empty; returns
-    {"gate": the gate, "attempts": confirm transactions run, "wakeups": notifications received}. Raises what
+    {"gate": the gate, "attempts": confirm transactions run, "wakeups": notifications received, "woken_at": the
+    wall-clock time the last one arrived (None if none did)}. Raises what
     `gate_transition` raises: immediately when the gate is not `halting_v2` (or the fence is stale), and, still
     blocked by an open permit after `timeout` seconds, its last refusal. Must run outside a transaction (LISTEN
     takes effect at once only in autocommit, and each confirm is its own transaction)."""
@@ -42,9 +43,10 @@ def wait_halted(*, account_id: int, actor: Actor, reason: str = "", expected_fen
 
     gate = AccountServingGate.objects.get(account_id=account_id)  # unlocked: the pk and mode, as a hint
     if gate.mode != GateMode.HALTING_V2:
-        return {"gate": confirm(), "attempts": 1, "wakeups": 0}  # the refusal (or success) gate_transition gives
+        return {"gate": confirm(), "attempts": 1, "wakeups": 0, "woken_at": None}  # the refusal (or success) gate_transition gives
     deadline = time.monotonic() + timeout
     attempts = wakeups = 0
+    woken_at = None
     with connection.cursor() as cursor:
         cursor.execute(f"LISTEN {hooks.HALT_DRAIN_CHANNEL}")
     try:
@@ -53,15 +55,16 @@ def wait_halted(*, account_id: int, actor: Actor, reason: str = "", expected_fen
             if not hooks.halt_blockers(gate):
                 attempts += 1
                 try:
-                    return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups}
+                    return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups, "woken_at": woken_at}
                 except TransitionRefused:
                     current = AccountServingGate.objects.get(pk=gate.pk)
                     if current.mode != GateMode.HALTING_V2 or time.monotonic() >= deadline:
                         raise
             elif time.monotonic() >= deadline:
                 attempts += 1
-                return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups}  # raises the refusal
-            wakeups += _wait_for(gate.pk, min(poll_seconds, max(0.0, deadline - time.monotonic())))
+                return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups, "woken_at": woken_at}  # raises the refusal
+            if _wait_for(gate.pk, min(poll_seconds, max(0.0, deadline - time.monotonic()))):
+                wakeups, woken_at = wakeups + 1, time.time()
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"UNLISTEN {hooks.HALT_DRAIN_CHANNEL}")
