@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
-from django_fsm import can_proceed, has_transition_perm
+from django_fsm import TransitionNotAllowed, can_proceed, has_transition_perm
 
 from connector import hooks, locks
 from connector.actors import Actor
@@ -64,12 +64,16 @@ def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blocke
     method = getattr(row, action)
     if not can_proceed(method, check_conditions=False):
         raise TransitionRefused(f"{action} is not allowed from {row.mode}")
-    if not can_proceed(method):
-        raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers()) or 'guard failed'}")
-    if actor.user is not None and not has_transition_perm(method, actor.user):
-        raise PermissionRefused(f"{actor} may not {action}")
     from_state = row.mode
-    method()
+    if actor.user is not None:
+        if not can_proceed(method):
+            raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers()) or 'guard failed'}")
+        if not has_transition_perm(method, actor.user):
+            raise PermissionRefused(f"{actor} may not {action}")
+    try:
+        method()  # django-fsm evaluates the transition's conditions here, under the caller's lock (D-384)
+    except TransitionNotAllowed:
+        raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers()) or 'guard failed'}") from None
     row.save()
     return from_state
 

@@ -6,7 +6,8 @@ of a `halting_v2` gate NOTIFYs that gate's pk at its commit (effects migration 0
 blockers without a lock when woken (or every `poll_seconds` if no notification came: a lost one only costs the
 poll), and only when they read empty runs the confirm transaction, which takes the gate's advisory lock and
 `FOR UPDATE` and re-reads the open-permit set under them (CV2-11-007): the unlocked read is a hint that saves
-the locked transaction while permits are open, never the check. In `halting_v2` no permit can be granted (the
+the locked transaction while permits are open, never the check. A notification marked `clear` (the closing
+statement saw no other open permit of the gate) skips that read (D-384): it too is only a hint. In `halting_v2` no permit can be granted (the
 guard refuses acquisition), so an empty read stays empty until the transition.
 
 Waiting is not a timeout on the halt (CV2-11-009): when `timeout` passes, the waiter raises the refusal
@@ -49,21 +50,26 @@ def wait_halted(*, account_id: int, actor: Actor, reason: str = "", expected_fen
     woken_at = None
     with connection.cursor() as cursor:
         cursor.execute(f"LISTEN {hooks.HALT_DRAIN_CHANNEL}")
+    clear = False  # the last notification said no open permit was visible to the settlement (D-384)
     try:
         while True:
             # Listening before this read: a permit closed after it notifies; one closed before it is read here.
-            if not hooks.halt_blockers(gate):
+            if clear or not hooks.halt_blockers(gate):
                 attempts += 1
                 try:
                     return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups, "woken_at": woken_at}
                 except TransitionRefused:
+                    clear = False
                     current = AccountServingGate.objects.get(pk=gate.pk)
                     if current.mode != GateMode.HALTING_V2 or time.monotonic() >= deadline:
                         raise
             elif time.monotonic() >= deadline:
                 attempts += 1
-                return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups, "woken_at": woken_at}  # raises the refusal
-            if _wait_for(gate.pk, min(poll_seconds, max(0.0, deadline - time.monotonic()))):
+                # Still blocked at the deadline: the confirm raises the refusal (the gate stays halting_v2).
+                return {"gate": confirm(), "attempts": attempts, "wakeups": wakeups, "woken_at": woken_at}
+            got = _wait_for(gate.pk, min(poll_seconds, max(0.0, deadline - time.monotonic())))
+            clear = got == 2
+            if got:
                 wakeups, woken_at = wakeups + 1, time.time()
     finally:
         with connection.cursor() as cursor:
@@ -72,12 +78,18 @@ def wait_halted(*, account_id: int, actor: Actor, reason: str = "", expected_fen
 
 
 def _wait_for(gate_pk: int, seconds: float) -> int:
-    """Wait up to `seconds` for a notification naming `gate_pk` (others are dropped); 1 if one came."""
+    """Wait up to `seconds` for a notification naming `gate_pk` (others are dropped): 0 if none came, 1 if one
+    came, 2 if the last one taken said `clear` (no open permit visible to the closing statement). Notifications
+    come in commit order; all those already received are taken at once."""
     raw = connection.connection
     until = time.monotonic() + seconds
+    ours = (str(gate_pk), f"{gate_pk}:clear")
     while True:
+        got = 0
         for notify in raw.notifies(timeout=max(0.0, until - time.monotonic()), stop_after=1):
-            if notify.channel == hooks.HALT_DRAIN_CHANNEL and notify.payload == str(gate_pk):
-                return 1
+            if notify.channel == hooks.HALT_DRAIN_CHANNEL and notify.payload in ours:
+                got = 2 if notify.payload == ours[1] else 1
+        if got:
+            return got
         if time.monotonic() >= until:
             return 0

@@ -13,7 +13,11 @@ CREATE FUNCTION effects_permit_closed_notify() RETURNS trigger LANGUAGE plpgsql 
 BEGIN
     -- READ COMMITTED: this statement sees every gate transition committed before it ran.
     IF EXISTS (SELECT 1 FROM connector_accountservinggate WHERE id = NEW.gate_id AND mode = 'halting_v2') THEN
-        PERFORM pg_notify('{HALT_DRAIN_CHANNEL}', NEW.gate_id::text);
+        -- ':clear' when no open permit of the gate is visible to this statement (it sees its own closings, not
+        -- another transaction's uncommitted ones): a hint that lets the waiter skip its read (D-384).
+        PERFORM pg_notify('{HALT_DRAIN_CHANNEL}', NEW.gate_id::text || CASE WHEN EXISTS (
+            SELECT 1 FROM effects_dispatchpermit WHERE gate_id = NEW.gate_id AND state IN ('granted', 'sending'))
+            THEN '' ELSE ':clear' END);
     END IF;
     RETURN NULL;
 END $$;

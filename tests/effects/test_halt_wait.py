@@ -72,11 +72,12 @@ def test_the_confirm_follows_the_last_settlement_and_never_precedes_it(tx_push_w
 @pytest.mark.django_db(transaction=True)
 def test_only_a_halting_gates_permit_closing_notifies(tx_push_world, receiver):
     """A permit settled while its gate serves notifies nothing (the hot path's commits stay unserialized by
-    NOTIFY); one settled while the gate is `halting_v2` notifies the gate's pk, once its transaction committed.
+    NOTIFY); one settled while the gate is `halting_v2` notifies the gate's pk once its transaction committed,
+    marked `clear` when the closing statement saw no other open permit of the gate (the last one).
     Proves: CV2-11-007"""
     acme = tx_push_world.accounts[0]
-    author(acme, root="n-1")
-    author(acme, root="n-2")
+    for root in ("n-1", "n-2", "n-3"):
+        author(acme, root=root)
     gate_pk = AccountServingGate.objects.get(account=acme).pk
     params = connection.get_connection_params()
     with psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
@@ -84,12 +85,14 @@ def test_only_a_halting_gates_permit_closing_notifies(tx_push_world, receiver):
         listener.execute(f"LISTEN {hooks.HALT_DRAIN_CHANNEL}")
         send(acquire("h-n1", acme))
         assert list(listener.notifies(timeout=0.3)) == []
-        ready = acquire("h-n2", acme)
+        first, last = acquire("h-n2", acme), acquire("h-n3", acme)
         gate_action(acme, "halt_v2")
         assert list(listener.notifies(timeout=0.1)) == []
-        send(ready)
+        send(first)
         got = [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
-    assert got == [(hooks.HALT_DRAIN_CHANNEL, str(gate_pk))]
+        send(last)
+        got += [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
+    assert got == [(hooks.HALT_DRAIN_CHANNEL, str(gate_pk)), (hooks.HALT_DRAIN_CHANNEL, f"{gate_pk}:clear")]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -119,3 +122,27 @@ def test_a_lost_notification_leaves_the_waiter_to_its_poll_and_a_timeout_cancels
     waiter.join(5)
     assert waiter.error is None, waiter.error
     assert waiter.result["gate"].mode == "v2_halted" and waiter.result["wakeups"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_gate_lock_takes_the_fair_advisory_lock_before_the_row(tx_push_world):
+    """`gate_for_update` takes the gate's advisory lock and its row lock in one statement (D-384), the advisory
+    lock first: while a transition waits for the advisory lock, the gate row is not locked (another session
+    locks it NOWAIT), so the fairness of the advisory queue is kept. Proves: CV2-11-007"""
+    from connector.locks import ADVISORY_LOCK_KEYS
+
+    acme = tx_push_world.accounts[0]
+    params = connection.get_connection_params()
+    conninfo = {k: v for k, v in params.items() if k not in ("cursor_factory", "context")}
+    with psycopg.connect(**conninfo, autocommit=True) as holder, psycopg.connect(**conninfo) as probe:
+        holder.execute("SELECT pg_advisory_lock_shared(%s, %s)", [ADVISORY_LOCK_KEYS["account_gate"], acme.pk])
+        halter = start(lambda: gate_action(acme, "halt_v2"), "halter")
+        time.sleep(0.3)
+        assert halter.is_alive()
+        probe.execute("SELECT 1 FROM connector_accountservinggate WHERE account_id = %s FOR UPDATE NOWAIT",
+                      [acme.pk])
+        probe.rollback()
+        holder.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [ADVISORY_LOCK_KEYS["account_gate"], acme.pk])
+        halter.join(5)
+    assert halter.error is None, halter.error
+    assert _mode(acme) == "halting_v2"
