@@ -146,3 +146,19 @@ def test_the_gate_lock_takes_the_fair_advisory_lock_before_the_row(tx_push_world
         halter.join(5)
     assert halter.error is None, halter.error
     assert _mode(acme) == "halting_v2"
+
+
+# The confirm's statements (D-382, D-384): the advisory lock and the gate FOR UPDATE (one), the open-permit set
+# (once: django-fsm's condition), the UPDATE, the audit INSERT, plus the SAVEPOINT and RELEASE this test's outer
+# transaction turns BEGIN and COMMIT into. Main ran 9 (the advisory lock alone, the set read three times).
+CONFIRM_STATEMENTS = 6
+
+
+@pytest.mark.django_db
+def test_a_confirm_that_succeeds_reads_the_open_permit_set_once(push_world, django_assert_num_queries):
+    """A system actor's `confirm_halted` reads the open-permit set once, under the lock taken in one statement.
+    Proves: CV2-11-007"""
+    acme = push_world.accounts[0]
+    gate_action(acme, "halt_v2")
+    with django_assert_num_queries(CONFIRM_STATEMENTS):
+        assert gate_action(acme, "confirm_halted").mode == "v2_halted"
