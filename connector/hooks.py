@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 Blocker = Callable[[object], list[str]]
+# The channel on which the transaction that closes a permit of a `halting_v2` gate NOTIFYs the gate's pk at its
+# commit (effects migration 0016, D-380); `connector.services.halt_wait.wait_halted` LISTENs on it.
+HALT_DRAIN_CHANNEL = "connector_halt_drain"
 # The set form of a blocker: the reasons of every listed gate in one query, {gate pk: reasons} (gates with no
 # reason may be absent). Registered beside its per-gate form; the two must agree gate by gate (a test pins it).
 SetBlocker = Callable[[list], dict[int, list[str]]]

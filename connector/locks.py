@@ -135,10 +135,21 @@ def forget_serving() -> None:
         connection.connector_serving_memo = None
 
 
+# The gate's fair advisory lock exclusive, then the gate row FOR UPDATE, in ONE statement (D-384): the row lock is
+# taken by the LockRows node above the join, so only after the one-row subquery took the advisory lock (a
+# volatile subquery is never pulled up); the row is then re-read at its latest committed version, as any FOR UPDATE.
+_GATE_FAIR_FOR_UPDATE = """
+SELECT g.* FROM (SELECT pg_advisory_xact_lock(%s, %s)) AS fair, connector_accountservinggate AS g
+ WHERE g.account_id = %s FOR UPDATE OF g"""
+
+
 def gate_for_update(account_id: int) -> AccountServingGate:
     forget_serving()
-    _fair("account_gate", account_id, exclusive=True)
-    return AccountServingGate.objects.select_for_update(of=("self",)).get(account_id=account_id)
+    rows = list(AccountServingGate.objects.raw(_GATE_FAIR_FOR_UPDATE, [
+        ADVISORY_LOCK_KEYS["account_gate"], int(account_id) % 2_147_483_647, account_id]))
+    if not rows:
+        raise AccountServingGate.DoesNotExist(f"no serving gate for account {account_id}")
+    return rows[0]
 
 
 class GateRow(NamedTuple):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
-from django_fsm import can_proceed, has_transition_perm
+from django_fsm import TransitionNotAllowed, can_proceed, has_transition_perm
 
 from connector import hooks, locks
 from connector.actors import Actor
@@ -56,18 +56,24 @@ RETURNING g.account_id, g.id, g.fence
 """
 
 
-def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blockers: list[str]) -> str:
+def _apply(row, action: str, *, expected_fence: int | None, actor: Actor, blockers=list) -> str:
+    """`blockers` names why a guard refused; it is called only then (D-381: the confirm that succeeds reads the
+    open-permit set through the transition's own conditions, not once more for a message it does not need)."""
     if expected_fence is not None and row.fence != expected_fence:
         raise FenceStale(f"{row} was acted on with fence {expected_fence}; it now holds fence {row.fence}")
     method = getattr(row, action)
     if not can_proceed(method, check_conditions=False):
         raise TransitionRefused(f"{action} is not allowed from {row.mode}")
-    if not can_proceed(method):
-        raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers) or 'guard failed'}")
-    if actor.user is not None and not has_transition_perm(method, actor.user):
-        raise PermissionRefused(f"{actor} may not {action}")
     from_state = row.mode
-    method()
+    if actor.user is not None:
+        if not can_proceed(method):
+            raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers()) or 'guard failed'}")
+        if not has_transition_perm(method, actor.user):
+            raise PermissionRefused(f"{actor} may not {action}")
+    try:
+        method()  # django-fsm evaluates the transition's conditions here, under the caller's lock (D-384)
+    except TransitionNotAllowed:
+        raise TransitionRefused(f"{action} is blocked: {'; '.join(blockers()) or 'guard failed'}") from None
     row.save()
     return from_state
 
@@ -85,8 +91,8 @@ def gate_transition(*, account_id: int, action: str, expected_fence: int | None,
         frozen = hooks.gate_action_blockers(gate, action)
         if frozen:
             raise TransitionRefused("; ".join(frozen))
-    blockers = (hooks.halt_blockers(gate) if action == "confirm_halted"
-                else hooks.resume_blockers(gate) if action == "resume_predecessor" else [])
+    blockers = ((lambda: hooks.halt_blockers(gate)) if action == "confirm_halted"
+                else (lambda: hooks.resume_blockers(gate)) if action == "resume_predecessor" else list)
     from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor, blockers=blockers)
     audit_record(actor=actor, entity=gate, action=f"gate_{action}", from_state=from_state, to_state=gate.mode,
                  fence=gate.fence, evidence_digest=evidence_digest, reason=reason)
@@ -108,7 +114,7 @@ def credential_gate_transition(*, generation_id: str, action: str, expected_fenc
     gate = locks.credential_gate_for_update(generation.pk)
     if action == "revoke":
         hooks.revocation_guard(gate)
-    from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor, blockers=[])
+    from_state = _apply(gate, action, expected_fence=expected_fence, actor=actor)
     evidence = hooks.revocation_evidence(gate) if action == "revoke" else []
     audit_record(actor=actor, entity=gate, action=f"credential_gate_{action}", from_state=from_state,
                  to_state=gate.mode, fence=gate.fence,

@@ -701,3 +701,7 @@ SUBCOMMANDS[OutboundRate.name] = OutboundRate()
 from bench.outbound import Outbound  # noqa: E402 - outbound against an at-least-once baseline (issue 20)
 
 SUBCOMMANDS[Outbound.name] = Outbound()
+
+from bench.halt_drain import HaltDrain  # noqa: E402 - last settlement -> confirm_halted (issue 20, goal 5)
+
+SUBCOMMANDS[HaltDrain.name] = HaltDrain()
