@@ -1047,8 +1047,7 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
 
             product_args = {"control": control, "plan": plan, "base": base, "facts": facts, "conninfo": conninfo,
                             "databases": [default["NAME"], journal["NAME"]], "receiver": receiver,
-                            "shared": pool.shared, "say": say,
-                            "lanes_together": bool(product.get("lanes_together"))}
+                            "shared": pool.shared, "say": say}
             per_client = int(product.get("inflight_per_client", 8))
             say("warming up the product mode: 3 untimed seconds")
             run_product_phase(pool, n=max(clients), seconds=3.0, tag=f"{run_tag}-pw", drills=0, profile_dir=None,
@@ -1488,10 +1487,6 @@ class HotAccount:
         parser.add_argument("--inflight", type=int, default=8,
                             help="product mode: events each client may have admitted and not yet finalized "
                                  "(default 8; the window is clients x this)")
-        parser.add_argument("--product-lanes", choices=("tasks", "together"), default="tasks",
-                            help="product mode: the lanes of completed executions advanced by one lane_advance task "
-                                 "each, as the product does (default), or, as an experiment, together in one "
-                                 "transaction (advance_together.lanes_advance)")
         parser.add_argument("--profile", metavar="DIR",
                             help="cProfile client 0 of the classic mix (and count its statements by class) and the "
                                  "first process of each product-mode role; .prof files written to DIR")
@@ -1568,8 +1563,7 @@ class HotAccount:
                 raise CommandError(str(exc)) from exc
             if not 1 <= options["inflight"] <= 1000:
                 raise CommandError("--inflight must be between 1 and 1000")
-            product = {"workers": workers, "inflight_per_client": options["inflight"],
-                       "lanes_together": options["product_lanes"] == "together"}
+            product = {"workers": workers, "inflight_per_client": options["inflight"]}
         if options["profile"]:
             Path(options["profile"]).mkdir(parents=True, exist_ok=True)
         name = options["database_name"]

@@ -181,42 +181,20 @@ def materialize_step(account_id: int, slot: tuple[int, int], attempted: set[int]
     return len(due)
 
 
-def claims_step(wakes: Wakes, statements: Statements | None = None, lanes_together: bool = False) -> int:
-    """The `execution_claim_and_run` task, then the `lane_advance` tasks it published (their statements counted
-    apart). `lanes_together` (an experiment, not the product's path: `--product-lanes together`): those lanes
-    advanced in one transaction by the batched advance the materializer uses (`advance_together.lanes_advance`,
-    D-295), the rest one by one. Returns executions run."""
+def claims_step(wakes: Wakes, statements: Statements | None = None) -> int:
+    """The `execution_claim_and_run` task (which advances its completed executions' lanes together since D-398), then
+    the `lane_advance` tasks it still published (their statements counted apart). Returns executions run."""
     from connector import tasks
 
     done = tasks.execution_claim_and_run()
     if statements is not None:
         statements.step = "claims:lane_advance"
-    if lanes_together and len(wakes.lanes) > 1:
-        _advance_together(wakes)
     while wakes.lanes:
         args, kwargs = wakes.lanes.popleft()
         tasks.lane_advance(*args, **kwargs)
     if statements is not None:
         statements.step = "claims"
     return done
-
-
-def _advance_together(wakes: Wakes) -> None:
-    from connector import tasks
-    from connector.services import advance_together
-
-    by_account: dict[int, set[int]] = {}
-    for args, _kwargs in wakes.lanes:
-        by_account.setdefault(args[1], set()).add(args[0])
-    wakes.lanes.clear()
-    for account_id, lanes in by_account.items():
-        try:
-            advanced, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=account_id)
-        except Exception:  # noqa: BLE001 - rolled back: every lane takes the per-lane task, as the materializer does
-            advanced, minted = set(), []
-        if minted:
-            tasks.execution_claim_and_run.delay()
-        wakes.lanes.extend(((lane, account_id), {}) for lane in sorted(lanes - advanced))
 
 
 def egress_step(since_effect: int = 0) -> tuple[int, int]:
@@ -336,7 +314,7 @@ def _work_loop(role: str, command: dict, stats: dict, wakes: Wakes, statements: 
         if role == "materialize":
             did = _materialize_run(account_id, slot)
         elif role == "claims":
-            did = claims_step(wakes, statements, bool(command.get("lanes_together")))
+            did = claims_step(wakes, statements)
         else:
             did, done = egress_step(int(command.get("since_effect", 0)))
             if done:

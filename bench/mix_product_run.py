@@ -83,7 +83,7 @@ def tally(effects: list[tuple], start: float, deadline: float, requests: list[di
 
 def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base: dict, facts: dict,
                       seconds: float, conninfo: str, databases: list[str], tag: str, receiver, drills: int,
-                      inflight: int, shared, profile_dir: str | None, say, lanes_together: bool = False) -> dict:
+                      inflight: int, shared, profile_dir: str | None, say) -> dict:
     from bench.hot_account import _r, summarize_classes, unaccounted_rejections
 
     if n:  # first the leftovers of the classic mix (prepared effects, due receipts) drained, untimed
@@ -107,7 +107,7 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
         command = {**base, "kind": "call", "target": "bench.mix_product:cmd_role", "role": role, "tag": tag,
                    "idle_stop": SETTLE_IDLE_STOP if not n else IDLE_STOP,
                    "start_at": start, "deadline": deadline, "inflight": inflight, "drain_seconds": DRAIN_SECONDS,
-                   "since_effect": since["effect"], "lanes_together": lanes_together,
+                   "since_effect": since["effect"],
                    **plan.get(i, {})}
         if profile_dir and role not in profiled:  # the first process of each role under cProfile
             profiled.add(role)
@@ -133,7 +133,7 @@ def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base
     keep = ("transport_admission", "permit_abandon", "credential_revoke", "credential_reenable", "halt_v2",
             "confirm_halted", "resume_predecessor")
     out.update({
-        "clients": n, "seconds": seconds, "inflight": inflight, "lanes_together": lanes_together,
+        "clients": n, "seconds": seconds, "inflight": inflight,
         "load_average": round(os.getloadavg()[0], 2),
         "workers": {r: sum(1 for p in plan.values() if p["role"] == r)
                     for r in ("materialize", "claims", "egress", "sweeper")},
