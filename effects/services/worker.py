@@ -108,17 +108,20 @@ def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = Non
     n = egress_batch_size() if n is None else n
     holder = dispatch.holder_register(holder_id=holder_name or holder_id())
     dispatch.holder_heartbeat(holder_id=holder.holder_id)
-    done = _batch_step(holder=holder, n=n, account_id=account_id, limited=False)
-    if done is None:
-        return _one_by_one(holder=holder, n=n, account_id=account_id, limited_only=False)
-    while len(done) < 2 * n:  # limited batches while their tokens last (each stops at its limiter's admission)
+    done: list[RemoteEffect] = []
+    while len(done) < n:  # limited batches first, while their tokens last (each stops at its limiter's admission,
+        # so a declared rate is a ceiling that cannot starve the unlimited destinations; taken first, a token due
+        # while this worker sends an unlimited batch is not lost to the bucket's small burst, D-400)
         limited = _batch_step(holder=holder, n=n, account_id=account_id, limited=True)
         if limited is None:
             limited = _one_by_one(holder=holder, n=1, account_id=account_id, limited_only=True)
         if not limited:
             break
         done += limited
-    return done
+    unlimited = _batch_step(holder=holder, n=n, account_id=account_id, limited=False)
+    if unlimited is None:
+        return done + _one_by_one(holder=holder, n=n, account_id=account_id, limited_only=False)
+    return done + unlimited
 
 
 def _one_by_one(*, holder: ProcessGeneration, n: int, account_id: int | None,
