@@ -75,7 +75,8 @@ test: venv services
 # against bench/budgets.json (--check fails naming each broken budget figure), the retained-history latency
 # check, the whole-service activation at 1,000 accounts, the /metrics queries over 1,000,000 retained receipts
 # (--check: flat buffers, about 5 minutes of it generating the history) and the metrics and tracing overhead
-# over the hot-account mix (reported; docs/benchmarks.md). The test suite runs
+# over the hot-account mix (reported; docs/benchmarks.md), the halt drain after the last settlement (issue 20 goal
+# 5, --check against its 200 ms p99 goal, about 90 s) and bench-outbound below. The test suite runs
 # small versions of each on its own test database; the sizes that take minutes live here.
 # Full runs and how the budgets were chosen: docs/benchmarks.md ("The test suite and the benches").
 .PHONY: bench
@@ -87,6 +88,7 @@ bench: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --scenario all --accounts 1000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench metrics-plans --sizes 1000,1000000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench overhead --clients 2 --seconds 10 --pairs 4
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench halt-drain --drills 40 --period 1.0 --effects 9000 --check
 	$(MAKE) bench-outbound
 
 # Issue 20, goals 1 and 3: the egress dispatch loop (8 processes) against an at-least-once procrastinate baseline
@@ -95,7 +97,7 @@ bench: venv services
 .PHONY: bench-outbound
 bench-outbound: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench outbound --workers 8 \
-	  --seconds 20 --warm 3 --rounds 2 --effects 6000 --baseline-jobs 12000 --check
+	  --seconds 20 --warm 3 --rounds 2 --effects 9000 --baseline-jobs 14000 --check
 
 # The whole suite (minus `slow`) in a fresh clone of the committed HEAD on private PostgreSQL and Redis started on
 # two free loopback ports (scripts/prove_fallback.sh). `make test` runs a slice of it there
