@@ -11,6 +11,9 @@ effect whose `sending` marker committed is never sent again blindly (only reconc
   `uncertain`, never redispatched until an operator decides (here: the receiver's log shows no request).
 - "dispatch.batch_settle_before_commit": the receiver applied all three, no settlement committed; after isolation
   `uncertain`; an idempotent repeat under the frozen keys lands them with ONE application each.
+- "dispatch.withdraw_before_commit" (a limited batch, D-373): the first request answered 429 and its deferral
+  committed; the two refused permits' withdrawal did not: they stay `granted`, nothing more was sent; after
+  isolation they are abandoned as `granted` and, once the deferral passed, each effect lands once.
 """
 from __future__ import annotations
 
@@ -162,3 +165,37 @@ def test_crash_inside_the_batch_settlement_is_uncertain_then_lands_once(run_chil
     for e in effects:
         assert list(RemoteEffectAttempt.objects.filter(effect=e).order_by("ordinal").values_list(
             "outcome", flat=True)) == [AttemptOutcome.UNCERTAIN, AttemptOutcome.REMOTE_CONFIRMED]
+
+
+@pytest.mark.django_db(**DB)
+def test_crash_inside_a_limited_batch_withdrawal_sends_nothing_more_and_each_lands_once(run_child, receiver,
+                                                                                       monkeypatch):
+    """Killed at "dispatch.withdraw_before_commit": a limited destination's batch of three, the first request
+    answered `429 Retry-After: 1` (its settlement recorded the deferral), the other two markers refused, and their
+    withdrawal not committed: they stay `granted` with no I/O, the receiver saw one request. After holder isolation
+    they are abandoned as `granted` (proof: no I/O), and once the deferral passed a new holder lands each effect
+    once. Proves: CV2-10-037, CV2-10-042, CV2-10-055"""
+    import time
+
+    from connector import demo
+
+    monkeypatch.setattr(demo, "CALLOUT_DEFINITION", {**demo.CALLOUT_DEFINITION, "rate_limit": {
+        "requests_per_second": 50, "max_in_flight": 6}})
+    account_id, effects = _three_effects()
+    keys = [e.command.provider_idempotency_key for e in effects]
+    assert effects[0].command.limiter_id is not None
+    receiver.modes, receiver.retry_after = ["throttle"], "1"
+    assert_killed(run_child(BATCH_SCRIPT, "dispatch.withdraw_before_commit", account_id=account_id, holder=DEAD))
+    assert [r["mode"] for r in receiver.requests] == ["throttle"]
+    assert sorted(DispatchPermit.objects.values_list("state", "io_may_have_started")) == [
+        (PermitState.GRANTED, False), (PermitState.GRANTED, False), (PermitState.RETURNED, True)]
+    _isolate_dead_holder()
+    assert _abandon_all() == {EffectState.PREPARED}
+    deadline = time.monotonic() + 10
+    while RemoteEffect.objects.filter(pk__in=[e.pk for e in effects]).exclude(state=EffectState.FINALIZED).exists():
+        assert time.monotonic() < deadline
+        effect_dispatch_batch(n=10, holder_name=RECOVERY, account_id=account_id)
+        time.sleep(0.05)
+    _assert_landed_once(effects, receiver, keys)
+    ok = [r for r in receiver.requests if r["mode"] == "ok"]
+    assert len(ok) == 3 and ok[0]["at"] - receiver.requests[0]["answered_at"] >= 1.0
