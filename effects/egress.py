@@ -30,7 +30,7 @@ from connector.interpreters import callout as callout_paths
 from connector.services.secrets import read_secret
 from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
-from effects.errors import EgressRefused
+from effects.errors import DestinationDeferred, EgressRefused
 from effects.models import CommandTrace, DispatchPermit, RemoteEffect
 from effects.services.dispatch import permit_settle
 from effects.services.dispatch_together import permit_settle_and_finalize
@@ -132,18 +132,29 @@ def sending_refusal(*, permit: DispatchPermit, holder, credential_gate, holder_i
 
 
 def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
-                 effect_pk: int | None = None, credential_generation_pk: int | None = None) -> DispatchPermit:
+                 effect_pk: int | None = None, credential_generation_pk: int | None = None,
+                 limiter_pk: int | None = None) -> DispatchPermit:
     """`effect_pk` and `credential_generation_pk` (the worker knows both from the permit it was granted): the
     credential gate and the permit are locked by them at once (each names its shard, docs/scale-out.md); without
-    them the permit is read once by its pk to find them. Either way the locked permit must name that gate."""
+    them the permit is read once by its pk to find them. Either way the locked permit must name that gate.
+    `limiter_pk` (the worker's, a limited destination's permit, D-402): the limiter `FOR SHARE` between the gate and
+    the permit, as the batched limited marker reads it (D-371); the marker refuses while a receiver's deferral is
+    pending (`DestinationDeferred`), and the locked permit must name that limiter."""
     if effect_pk is None or credential_generation_pk is None:
         effect_pk, credential_generation_pk = DispatchPermit.objects.filter(pk=permit_pk).values_list(
             "effect_id", "credential_gate__credential_generation_id").get()
     with transaction.atomic():
         credential_gate = connector_locks.credential_gate_for_share(credential_generation_pk)
+        limiter = locks.limiter_for_share(limiter_pk) if limiter_pk is not None else None
         permit = locks.permit_for_update(permit_pk, effect_id=effect_pk)
         if permit.credential_gate_id != credential_gate.pk:
             raise EgressRefused("the permit names another credential dispatch gate")
+        if limiter is not None:
+            if permit.limiter_id != limiter.pk:
+                raise EgressRefused("the permit names another destination limiter")
+            if limiter.deferred_until is not None and limiter.deferred_until > timezone.now():
+                raise DestinationDeferred(f"the destination is deferred by its receiver until "
+                                          f"{limiter.deferred_until:%H:%M:%S.%f}")
         holder = locks.holder_for_share(permit.holder_id)
         refusal = sending_refusal(permit=permit, holder=holder, credential_gate=credential_gate, holder_id=holder_id,
                                   holder_fence=holder_fence, credential_gate_fence=credential_gate_fence)
@@ -243,7 +254,7 @@ def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
                kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
 def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
          base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
-         credential_generation_pk: int | None = None, finalize: bool = False):
+         credential_generation_pk: int | None = None, finalize: bool = False, limiter_pk: int | None = None):
     """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
     the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
     credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
@@ -251,7 +262,7 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     finalized in one transaction (`permit_settle_and_finalize`, D-336)."""
     permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
                           credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
-                          credential_generation_pk=credential_generation_pk)
+                          credential_generation_pk=credential_generation_pk, limiter_pk=limiter_pk)
     fault_point("egress.after_sending")
     effects = RemoteEffect.objects.select_related("command", "command__credential_generation")
     if account_id is not None:

@@ -57,6 +57,11 @@ class EgressRefused(ConnectorError):
     http_status = 409
 
 
+class DestinationDeferred(EgressRefused):
+    """The egress adapter refuses to mark a limited destination's permit `sending` while its receiver's deferral
+    (`429` / `Retry-After`) is pending (D-371, D-402); the permit stays `granted` and is withdrawn."""
+
+
 class AbandonRefused(ConnectorError):
     """A permit closes only with durable proof: holder terminated and its egress revoked, or (granted only) a
     revocation that committed first. Elapsed time proves nothing."""
