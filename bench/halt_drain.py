@@ -25,7 +25,8 @@ import os
 import statistics
 import time
 import traceback
-from pathlib import Path
+
+from bench.options import report_arguments, report_of, save_and_check
 
 DEFAULT_DATABASE = "connector_bench_halt_drain"
 
@@ -355,29 +356,15 @@ class HaltDrain:
                             help="auto: the product's wait_halted where the code has it; poll: main's loop")
         parser.add_argument("--sample", action="store_true",
                             help="profile: sample the control's backend in pg_stat_activity every ~1 ms")
-        parser.add_argument("--database-name", default=DEFAULT_DATABASE)
-        parser.add_argument("--keep", action="store_true")
-        parser.add_argument("--json", default="", help="write the report to this file")
-        parser.add_argument("--from-json", default="", help="no run: read this report (to --check it)")
-        parser.add_argument("--check", action="store_true",
-                            help="fail unless bench/budgets.json 'halt_drain' holds")
+        report_arguments(parser, database=DEFAULT_DATABASE, budget="halt_drain")
 
     def handle(self, command, options: dict) -> None:
-        import logging
-
-        from django.core.management.base import CommandError
-
-        if options["from_json"]:
-            report = json.loads(Path(options["from_json"]).read_text(encoding="utf-8"))
-        else:
-            for logger in ("connector", "effects", "httpx"):
-                logging.getLogger(logger).setLevel(logging.WARNING)
-            report = run_halt_drain(
-                clients=options["clients"], drills=options["drills"], period=options["period"],
-                effects=options["effects"], poll_ms=options["poll_ms"],
-                refusal_pause_ms=options["refusal_pause_ms"], service_ms=options["service_ms"],
-                method=options["method"], database=options["database_name"], keep=options["keep"],
-                sample=options["sample"], say=command.progress)
+        report = report_of(options, lambda: run_halt_drain(
+            clients=options["clients"], drills=options["drills"], period=options["period"],
+            effects=options["effects"], poll_ms=options["poll_ms"],
+            refusal_pause_ms=options["refusal_pause_ms"], service_ms=options["service_ms"],
+            method=options["method"], database=options["database_name"], keep=options["keep"],
+            sample=options["sample"], say=command.progress))
         s = report["summary"]
         command.progress(f"method {report['method']}; load {report['load_average_start']} -> "
                          f"{report['load_average_end']}; dispatched {report['dispatched']}")
@@ -388,13 +375,5 @@ class HaltDrain:
                          f"closed after confirm: {s['closed_after_confirm']}")
         for key, n in (report.get("control_backend_samples") or {}).items():
             command.progress(f"  sample {n:6d}  {key}")
-        text = json.dumps(report, indent=2)
-        if options["json"] and not options["from_json"]:
-            Path(options["json"]).write_text(text + "\n", encoding="utf-8")
-        if options["check"]:
-            from bench import load_budgets
-
-            failures = check_report(report, load_budgets().get("halt_drain") or {})
-            if failures:
-                raise CommandError("halt-drain goal not met:\n  " + "\n  ".join(failures))
-            command.stdout.write(command.style.SUCCESS("check passed: issue 20 goal 5"))
+        save_and_check(command, options, report, budget="halt_drain", check=check_report,
+                       goal="halt-drain: issue 20 goal 5")

@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 
 from bench.claims_cpu import CpuOfWindow
+from bench.options import report_arguments, report_of, save_and_check
 
 DEFAULT_DATABASE = "connector_bench_outbound"
 BASELINE_TASK = "bench_outbound_post"
@@ -420,26 +421,17 @@ class Outbound:
         parser.add_argument("--accounts", type=int, default=4)
         parser.add_argument("--effects", type=int, default=6000, help="effects authored per product phase")
         parser.add_argument("--baseline-jobs", type=int, default=12000, help="jobs seeded per baseline phase")
-        parser.add_argument("--database-name", default=DEFAULT_DATABASE)
-        parser.add_argument("--keep", action="store_true")
-        parser.add_argument("--json", default="", help="write the report to this file")
-        parser.add_argument("--from-json", default="", help="no run: read this report (to --chart or --check it)")
+        report_arguments(parser, database=DEFAULT_DATABASE, budget="outbound")
         parser.add_argument("--chart", default="", help="draw the chart of the report to this SVG")
-        parser.add_argument("--check", action="store_true",
-                            help="fail unless the goals of bench/budgets.json 'outbound' hold")
 
     def handle(self, command, options: dict) -> None:
-        import logging
-
         from django.core.management.base import CommandError
 
-        if options["from_json"]:
-            report = json.loads(Path(options["from_json"]).read_text(encoding="utf-8"))
-        else:
-            if options["workers"] < 1 or options["rounds"] < 1 or options["seconds"] <= 0:
-                raise CommandError("--workers and --rounds must be at least 1, --seconds positive")
-            for logger in ("connector", "effects", "httpx"):
-                logging.getLogger(logger).setLevel(logging.WARNING)
+        if not options["from_json"] and (options["workers"] < 1 or options["rounds"] < 1
+                                         or options["seconds"] <= 0):
+            raise CommandError("--workers and --rounds must be at least 1, --seconds positive")
+
+        def run() -> dict:
             report = run_outbound(workers=options["workers"], seconds=options["seconds"], warm=options["warm"],
                                   rounds=options["rounds"], accounts=options["accounts"], effects=options["effects"],
                                   baseline_jobs=options["baseline_jobs"], database=options["database_name"],
@@ -447,21 +439,16 @@ class Outbound:
             report["command"] = "manage.py bench outbound " + " ".join(
                 f"--{k.replace('_', '-')} {options[k]}" for k in
                 ("workers", "seconds", "warm", "rounds", "accounts", "effects", "baseline_jobs"))
+            return report
+
+        report = report_of(options, run)
         for line in text_lines(report):
             command.progress(line)
-        text = json.dumps(report, indent=2)
-        if options["json"] and not options["from_json"]:
-            Path(options["json"]).write_text(text + "\n", encoding="utf-8")
         if options["chart"]:
             from bench import load_budgets
             from bench.outbound_chart import draw
 
             draw(report, Path(options["chart"]), load_budgets().get("outbound"))
-        command.stdout.write(text)
-        if options["check"]:
-            from bench import load_budgets
-
-            failures = check_report(report, load_budgets().get("outbound") or {})
-            if failures:
-                raise CommandError("outbound goals not met:\n  " + "\n  ".join(failures))
-            command.stdout.write(command.style.SUCCESS("check passed: outbound goals 1 and 3, 0 duplicates, 0 lost"))
+        command.stdout.write(json.dumps(report, indent=2))
+        save_and_check(command, options, report, budget="outbound", check=check_report,
+                       goal="outbound goals 1 and 3 (0 duplicates, 0 lost)")
