@@ -6,15 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.effects.receiver import Receiver
-
-
-@pytest.fixture
-def receiver(settings):
-    r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield r
-    r.stop()
+from tests.effects.receiver import receiver  # noqa: F401 - the fixture tests/effects/conftest.py binds too
 
 
 @pytest.fixture

@@ -1,14 +1,6 @@
 import pytest
 
-from tests.effects.receiver import Receiver
-
-
-@pytest.fixture
-def receiver(settings):
-    r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
-    yield r
-    r.stop()
+from tests.effects.receiver import receiver  # noqa: F401 - the fixture, shared with tests/crash/egress_fixtures.py
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 
 class Receiver:
     def __init__(self) -> None:
@@ -149,3 +151,13 @@ class Receiver:
 
     def raw_applications(self) -> int:
         return sum(1 for r in self.requests if r["mode"] in ("ok", "apply_drop", "hang", "apply_5xx", "new_identity"))
+
+
+@pytest.fixture
+def receiver(settings):
+    """A started Receiver with the egress pointed at it (1 s timeout), stopped after the test. Bound by
+    tests/effects/conftest.py and tests/crash/egress_fixtures.py (`from tests.effects.receiver import receiver`)."""
+    r = Receiver().start()
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    yield r
+    r.stop()
