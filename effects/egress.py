@@ -35,6 +35,7 @@ from effects.models import CommandTrace, DispatchPermit, RemoteEffect
 from effects.services.dispatch import permit_settle
 from effects.services.dispatch_together import permit_settle_and_finalize
 from effects.services.identity import effect_slot
+from effects.services.limiter import receiver_deferral
 from effects.services.outbound import frozen_path_template
 
 log = logging.getLogger(__name__)
@@ -152,9 +153,9 @@ def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credentia
         if limiter is not None:
             if permit.limiter_id != limiter.pk:
                 raise EgressRefused("the permit names another destination limiter")
-            if limiter.deferred_until is not None and limiter.deferred_until > timezone.now():
-                raise DestinationDeferred(f"the destination is deferred by its receiver until "
-                                          f"{limiter.deferred_until:%H:%M:%S.%f}")
+            deferral = receiver_deferral(limiter, timezone.now())
+            if deferral is not None:
+                raise DestinationDeferred(deferral)
         holder = locks.holder_for_share(permit.holder_id)
         refusal = sending_refusal(permit=permit, holder=holder, credential_gate=credential_gate, holder_id=holder_id,
                                   holder_fence=holder_fence, credential_gate_fence=credential_gate_fence)

@@ -33,6 +33,7 @@ from effects.services.dispatch_batch import BatchPermit, Confirmed, permits_sett
 from effects.services.dispatch_together import permit_settle_and_finalize
 from effects.services.dispatch_withdraw import permits_abandon_fenced_out, permits_withdraw
 from effects.services.identity import effect_slot
+from effects.services.limiter import receiver_deferral
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,7 @@ def _deferred(permits: list[BatchPermit]) -> str | None:
     if len(limiter_pks) != 1:
         return "a batch's markers name one destination"
     limiter = locks.limiter_for_share(limiter_pks.pop())
-    if limiter.deferred_until is not None and limiter.deferred_until > timezone.now():
-        return f"the destination is deferred by its receiver until {limiter.deferred_until:%H:%M:%S.%f}"
-    return None
+    return receiver_deferral(limiter, timezone.now())
 
 
 def _isolated(step: str, effect_pk: int) -> poison.Isolated:

@@ -34,6 +34,15 @@ def in_flight(limiter_pk: int) -> int:
                                                                            PermitState.SENDING)).count()
 
 
+def receiver_deferral(limiter: DestinationLimiter, now: datetime) -> str | None:
+    """Why nothing may be granted or marked for the destination now: its receiver's deferral (`429` /
+    `Retry-After`) is still pending; None otherwise. Admission (below) and both sending markers (D-371, D-402)
+    read it from the limiter row they hold."""
+    if limiter.deferred_until is not None and limiter.deferred_until > now:
+        return f"the destination is deferred by its receiver until {limiter.deferred_until:%H:%M:%S.%f}"
+    return None
+
+
 def limiter_admit(limiter: DestinationLimiter, command, now: datetime,
                   open_now: int | None = None) -> tuple[bool, datetime | None, str, str]:
     """Decide under the limiter's lock whether the destination admits one more permit, by the command's frozen
@@ -42,9 +51,9 @@ def limiter_admit(limiter: DestinationLimiter, command, now: datetime,
     cause one of stage_metrics.CAUSES (empty when admitted); the caller saves the row either way. `open_now`: the
     in-flight count the caller took under this same lock (a batch counts once and adds what it admitted)."""
     rate, burst = command.rate_requests_per_second, command.rate_burst
-    if limiter.deferred_until is not None and limiter.deferred_until > now:
-        return (False, limiter.deferred_until,
-                f"receiver deferred the destination until {limiter.deferred_until:%H:%M:%S.%f}", "receiver_deferral")
+    deferral = receiver_deferral(limiter, now)
+    if deferral is not None:
+        return False, limiter.deferred_until, deferral, "receiver_deferral"
     open_now = in_flight(limiter.pk) if open_now is None else open_now
     if open_now >= command.rate_max_in_flight:
         return (False, None, f"{open_now} permits in flight, the declared maximum is {command.rate_max_in_flight}",

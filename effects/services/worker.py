@@ -74,12 +74,13 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
                              limiter_pk=permit.limiter_id)
     if effect is None:  # refused or failed before any byte: withdrawn while its destination is deferred (D-402),
         # abandoned with its proof after a revocation (D-399); otherwise left for reconciliation
-        if permit.limiter_id is not None:
-            dispatch_withdraw.permits_withdraw(permits=[dispatch_batch.BatchPermit(
-                permit.pk, permit.effect_id, permit.attempt_id, claim.account_id, permit.holder_fence,
-                permit.credential_gate_fence, permit.credential_gate.credential_generation_id, permit.limiter_id)],
-                holder_id=holder.holder_id)
-        dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
+        withdrawn = permit.limiter_id is not None and dispatch_withdraw.permits_withdraw(permits=[
+            dispatch_batch.BatchPermit(permit.pk, permit.effect_id, permit.attempt_id, claim.account_id,
+                                       permit.holder_fence, permit.credential_gate_fence,
+                                       permit.credential_gate.credential_generation_id, permit.limiter_id)],
+            holder_id=holder.holder_id)
+        if not withdrawn:
+            dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
         return RemoteEffect.objects.get(pk=claim.effect_pk)
     if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
         # The finalization inside the settlement's transaction failed (its savepoint rolled back, D-336): the
