@@ -717,6 +717,20 @@ RAW_SCHEMA = [
 RAW_TABLES = ("raw_admission_key", "raw_receipt", "raw_counter", "raw_gate", "raw_epoch")
 
 
+def analyze(conninfo: str, say) -> None:
+    """ANALYZE after the untimed warm-up, before anything is measured (D-403): the throwaway database was built
+    empty, and autovacuum (naptime 60 s) would not have analyzed its tables before the measured window, so the
+    planner would still believe the effects, commands and executions tables hold a row or two and plan a join by
+    id as a scan of the whole account (seen: the egress claim's candidate read 7-11 ms instead of 0.1-0.5). A
+    running system plans with the statistics autovacuum keeps; the window measures that system."""
+    import psycopg
+
+    started = time.monotonic()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    say(f"ANALYZE after the warm-up: {time.monotonic() - started:.2f} s (D-403)")
+
+
 def raw_schema_create(conninfo: str, clients: int) -> None:
     import psycopg
 
@@ -992,7 +1006,8 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
                     peer: bool = True, shared_counter: bool = False, progress: Progress | None = None,
                     warm_rounds: int = 2, drop_raw: bool = False, replay_every: int = REPLAY_EVERY,
                     batch_events: int = BATCH_EVENTS, batch_seconds: float | None = None, drills: int = 1,
-                    product: dict | None = None, classic: bool = True, profile_dir: str | None = None) -> dict:
+                    product: dict | None = None, classic: bool = True, profile_dir: str | None = None,
+                    analyze_first: bool = True) -> dict:
     """Run the bench on the current `default` database (which must hold the push demo world with `account_key`
     v2_serving). Returns the report dict. The loopback receiver runs in this process."""
     from django.conf import settings
@@ -1052,6 +1067,9 @@ def run_hot_account(*, account_key: str, clients: Sequence[int], seconds: float,
             say("warming up the product mode: 3 untimed seconds")
             run_product_phase(pool, n=max(clients), seconds=3.0, tag=f"{run_tag}-pw", drills=0, profile_dir=None,
                               inflight=per_client * max(clients), **product_args)
+        if analyze_first:
+            analyze(conninfo, say)
+        report["analyzed_after_warm_up"] = analyze_first
         for n in clients:
             # The product mode first: the classic mix's admission-only phase leaves its receipts due, and the
             # product's materializers would take them (the settle step drains what a previous client count left).
@@ -1419,10 +1437,12 @@ def budgets_from_reports(reports: Sequence[dict], *, floor_fraction: float = 0.5
 
 
 def write_budget_section(path: Path, section: dict) -> None:
-    """Replace only the "hot_account" section of the budget file; every other section is kept as it is."""
+    """Replace only the "hot_account" section's derived budgets; every other section is kept as it is, and so are
+    the floors inside it that other phases own: the batch receipt's (D-218) and the product mode's (D-403)."""
     data = load_budgets(path) if path.exists() else {}
-    kept = (data.get("hot_account") or {}).get("batch_receipt")
-    data["hot_account"] = {**section, **({"batch_receipt": kept} if kept and "batch_receipt" not in section else {})}
+    old = data.get("hot_account") or {}
+    kept = {key: old[key] for key in ("batch_receipt", "product") if old.get(key) and key not in section}
+    data["hot_account"] = {**section, **kept}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -1451,6 +1471,9 @@ class HotAccount:
         parser.add_argument("--quick", action="store_true",
                             help="1 and 2 clients, 5 s each, 3 s baselines (for `make bench`)")
         parser.add_argument("--no-peer", action="store_true", help="skip the procrastinate peer baseline")
+        parser.add_argument("--no-analyze", action="store_true",
+                            help="do not ANALYZE after the warm-up: measure the planner of a freshly built database "
+                                 "that autovacuum has not analyzed yet (what every run measured before D-403)")
         parser.add_argument("--batch-events", type=int, default=BATCH_EVENTS,
                             help=f"events per receipt of the batch receipt phase (default {BATCH_EVENTS}; 0 skips it)")
         parser.add_argument("--batch-only", action="store_true",
@@ -1586,13 +1609,14 @@ class HotAccount:
                                          batch_events=options["batch_events"],
                                          batch_seconds=options["batch_seconds"], drills=options["drills"],
                                          product=product, classic=not options["product_only"],
-                                         profile_dir=options["profile"])
+                                         profile_dir=options["profile"],
+                                         analyze_first=not options["no_analyze"])
         finally:
             connector_log.setLevel(saved_level)
         flags = ["--quick"] if options["quick"] else [
             f"--clients {','.join(map(str, clients))}", f"--seconds {seconds:g}", f"--raw-seconds {raw_seconds:g}"]
         flags += [f"--{k.replace('_', '-')}" for k in ("no_peer", "shared_counter", "batch_only", "product",
-                                                       "product_only") if options[k]]
+                                                       "product_only", "no_analyze") if options[k]]
         if product:
             flags += [f"--product-workers {options['product_workers']}", f"--inflight {options['inflight']}"]
         if options["batch_events"] != BATCH_EVENTS:

@@ -8,6 +8,7 @@ import json
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from bench import history_ratio_limit, load_budgets
 from bench.hot_account import (
@@ -37,6 +38,9 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     `bench hot-account --check` fail and name the broken figures. Proves: CV2-14-002, CV2-14-003"""
     world = build_world("hot-", push=True)
     account = world.accounts[0]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (before,) = cursor.fetchone()
     report = run_hot_account(account_key=account.account_key, clients=[1], seconds=3.0, raw_seconds=1.0,
                              peer=False, warm_rounds=1, drop_raw=True, replay_every=2, drills=2)
 
@@ -67,6 +71,12 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
     # the raw baseline ran from the same process and the ratio is reported
     assert run["raw"]["ops"] > 0 and run["raw"]["throughput"] > 0 and run["raw"]["failures"] == 0
     assert run["admission_only"]["ops"] > 0
+    # the measured window plans with statistics: ANALYZE ran after the warm-up (D-403)
+    assert report["analyzed_after_warm_up"] is True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'effects_remoteeffect'")
+        (analyzed,) = cursor.fetchone()
+    assert analyzed is not None and analyzed >= before
     assert run["ratios"]["admission_only_over_raw"] > 0 and run["ratios"]["admission_mix_over_raw"] > 0
     assert run["peer"] == {"available": False, "reason": "not requested (--no-peer)"}
     assert "peer baseline: unavailable (not requested (--no-peer))" in format_report(report)
@@ -121,15 +131,17 @@ def test_hot_account_run_reports_every_class_and_check_enforces_budgets(tmp_path
 
 def test_budget_sections_are_kept_and_history_limit_is_read(tmp_path):
     """Writing the hot_account section keeps every other section (e.g. "history", "activation") and the batch
-    receipt floor inside it (measured by its own phase, D-218); `bench history
+    receipt and product-mode floors inside it (measured by their own phases, D-218, D-403); `bench history
     --check` reads its ratio limit from the "history" section, with the built-in default when absent."""
     path = tmp_path / "budgets.json"
     path.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1},
-                                "hot_account": {"batch_receipt": {"events_per_s_floor": 5.0}}}))
+                                "hot_account": {"batch_receipt": {"events_per_s_floor": 5.0},
+                                                "product": {"clients": {"8": {"completions_per_s_floor": 100.0}}}}}))
     write_budget_section(path, {"clients": {}})
     data = load_budgets(path)
     assert data == {"history": {"max_p50_admission_ratio": 1.5}, "activation": {"x": 1},
-                    "hot_account": {"clients": {}, "batch_receipt": {"events_per_s_floor": 5.0}}}
+                    "hot_account": {"clients": {}, "batch_receipt": {"events_per_s_floor": 5.0},
+                                    "product": {"clients": {"8": {"completions_per_s_floor": 100.0}}}}}
     assert history_ratio_limit(default=1.2, path=path) == 1.5
     assert history_ratio_limit(default=1.2, path=tmp_path / "absent.json") == 1.2
 
@@ -141,6 +153,8 @@ def test_repository_budget_file_has_both_sections():
     assert {"hot_account", "history"} <= set(data)
     assert {"1", "2"} <= set(data["hot_account"]["clients"])
     assert data["history"]["max_p50_admission_ratio"] == pytest.approx(1.2)
+    # issue 20, goal 2: the product mode's floor is the goal itself
+    assert data["hot_account"]["product"]["clients"]["8"]["completions_per_s_floor"] == pytest.approx(100.0)
     for budget in data["hot_account"]["clients"].values():
         assert budget["deadlocks_max"] == 0
         assert set(budget["throughput_floor_ops_s"]) == set(THROUGHPUT_CLASSES)
