@@ -100,7 +100,7 @@ bench: venv services
 .PHONY: bench-mix
 bench-mix: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench hot-account --clients 8 \
-	  --seconds 20 --drills 4 --no-peer --batch-events 0 --product-only --check
+	  --seconds 20 --drills 4 --no-peer --product-only --check
 
 # Issue 20, goal 4: a destination declared at 50 requests/s and 4 in flight, 2 egress processes for 30 s, a 429
 # Retry-After 2, against bench/budgets.json "outbound_rate" (the goal itself). About 1.5 minutes.
