@@ -1,6 +1,7 @@
 """The layout shows the architecture (issue 22, D-259, D-260, D-266): app boundaries are held by import-linter, no
 product module grows past what one reader can hold, one package of a name per layer, no test or demo server in
-the product packages, and one thread-race helper for the tests. No test here needs the database."""
+the product packages, one thread-race helper for the tests, and migrations that match the models. No test here
+needs the database."""
 from __future__ import annotations
 
 import os
