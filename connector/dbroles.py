@@ -8,12 +8,15 @@ Two roles, created by `scripts/services.py ensure` (and by the test harness) wit
   cannot set `session_replication_role`; only a person holding its credentials could `ALTER TABLE`.
 - APP (`connector_app`): what the web, worker and beat processes connect as. It owns nothing, so it cannot
   ALTER, DROP, DISABLE TRIGGER or TRUNCATE; it is no superuser and holds no SET privilege on
-  `session_replication_role`; per table it holds exactly `grants()`: SELECT and INSERT everywhere, UPDATE
-  where rows change, DELETE only where the product deletes rows, and on append-only and immutable tables no
+  `session_replication_role`; per table it holds exactly `required_grants()`, derived from the installed models
+  (issue 36): a library app's tables (django.contrib, django-axes, ...) get SELECT, INSERT, UPDATE and DELETE,
+  since the library's own code decides what it does with them and an upgrade may add a table; the product's own
+  tables get SELECT and INSERT everywhere, UPDATE where rows change, DELETE only where the product deletes rows
+  (`DELETES`) and on every table Django's cascade deletes from with them; append-only and immutable tables no
   UPDATE or DELETE at all (their row triggers and TRUNCATE guard stay as the second line).
 
 `apply_grants` runs after every `migrate` (post_migrate, as the migrating owner) and converges the APP role's
-table privileges to `grants()` in one round trip when nothing changed.
+table privileges to `required_grants()` in one round trip when nothing changed.
 
 Importable without Django (scripts/services.py uses the role SQL).
 """
@@ -34,15 +37,11 @@ ROLE_ATTRIBUTES = {
     "app": "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT",
 }
 
-# Tables whose rows the product deletes (each names the code path): DELETE is granted on these only.
+# The product's own tables whose rows its code deletes (each names the code path). Library tables need no entry
+# (they get DELETE as a rule), nor do tables a cascade from one of these reaches (derived from the models).
 DELETES = {
     "connector_materializationdue": "materialize: a due marker is removed once its receipt is materialized",
     "effects_deliverywatermark": "delivery finalization: watermarks folded into a wider one",
-    "django_session": "logout, session rotation and expiry",
-    "auth_user_groups": "removing a role from a user (audited, connector.services.identity)",
-    "auth_user_user_permissions": "removing a permission from a user (audited)",
-    "auth_group_permissions": "sync_roles and group edits (audited)",
-    "axes_accessattempt": "a successful login resets its failed attempts",
     "observability_stagesample": "stage samples older than a day are dropped (observability.services)",
 }
 # Tables the application only reads.
@@ -75,17 +74,58 @@ ORDER BY c.relname
 """
 
 
-def grants(table: str, *, guarded: bool) -> tuple[set[str], dict[str, str]]:
-    """The APP role's (table privileges, column privileges) on one table."""
+DML = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+
+
+def grants(table: str, *, guarded: bool, deletes: frozenset[str] | set[str] = frozenset(),
+           library: bool = False) -> tuple[set[str], dict[str, str]]:
+    """The APP role's (table privileges, column privileges) on one table. `deletes`: the tables the application
+    deletes rows from (`required_deletes()`); `library`: the table belongs to a library app."""
     if table in READ_ONLY:
         return {"SELECT"}, {}
     if guarded:
         column = LOCKED_GUARDED.get(table)
         return {"SELECT", "INSERT"}, ({column: "UPDATE"} if column else {})
+    if library:
+        return set(DML), {}
     privileges = {"SELECT", "INSERT", "UPDATE"}
-    if table in DELETES:
+    if table in DELETES or table in deletes:
         privileges.add("DELETE")
     return privileges, {}
+
+
+def installed_tables(alias: str) -> dict[str, bool]:
+    """{table: belongs to a library app} for every model (auto-created many-to-many tables included) that
+    migrates on database `alias`. A project app is a top-level package of this repository; every other installed
+    app is a library. Needs Django."""
+    from pathlib import Path
+
+    from django.apps import apps
+    from django.db import router
+
+    root = Path(__file__).resolve().parent.parent
+    return {model._meta.db_table: Path(model._meta.app_config.path).resolve().parent != root
+            for model in apps.get_models(include_auto_created=True)
+            if not model._meta.proxy and model._meta.managed and router.allow_migrate_model(alias, model)}
+
+
+def required_deletes() -> frozenset[str]:
+    """The tables the application deletes rows from: `DELETES`, every library table, and (to a fixed point) every
+    table whose rows Django's deletion collector removes with them: a CASCADE relation (many-to-many tables
+    included) to a table already in the set. Needs Django."""
+    from django.apps import apps
+    from django.db.models import CASCADE
+
+    library = {table for alias in ("default", "journal") for table, lib in installed_tables(alias).items() if lib}
+    deletes = set(DELETES) | library
+    models = [m for m in apps.get_models(include_auto_created=True) if not m._meta.proxy]
+    while True:
+        added = {m._meta.db_table for m in models if m._meta.db_table not in deletes
+                 and any(f.is_relation and f.concrete and f.remote_field.on_delete is CASCADE
+                         and f.related_model._meta.db_table in deletes for f in m._meta.fields)}
+        if not added:
+            return frozenset(deletes)
+        deletes |= added
 
 
 def roles_sql(*, owner_password: str | None = None, app_password: str | None = None) -> list[str]:
@@ -146,18 +186,29 @@ def adopt_sql() -> str:
     return ADOPT_SQL.replace("{owner}", _literal(OWNER)).replace("{app}", _literal(APP))
 
 
-def apply_grants(cursor) -> list[str]:
-    """Converge the APP role's privileges on every table of the current schema to `grants()`; return the tables
-    changed. Needs the table owner (or a superuser). A server without the APP role is left alone."""
+def required_grants(table: str, *, guarded: bool, alias: str) -> tuple[set[str], dict[str, str]]:
+    """`grants()` for a table of database `alias`, with what the installed models say of it. Needs Django."""
+    return grants(table, guarded=guarded, deletes=required_deletes(),
+                  library=installed_tables(alias).get(table, False))
+
+
+def apply_grants(cursor, alias: str = "default") -> list[str]:
+    """Converge the APP role's privileges on every table of the current schema (database `alias`) to
+    `required_grants()`; return the tables changed. Needs the table owner (or a superuser). A server without the
+    APP role is left alone. A table no installed model declares (other than `READ_ONLY`) is logged."""
     cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [APP])
     if cursor.fetchone() is None:
         log.warning("database role %s does not exist: no application grants applied (scripts/services.py "
                     "ensure creates it)", APP)
         return []
     cursor.execute(_TABLES_SQL, {"app": APP})
+    installed, deletes = installed_tables(alias), required_deletes()
     changed = []
     for table, guarded, granted, column_grants in cursor.fetchall():
-        want, columns = grants(table, guarded=guarded)
+        if table not in installed and table not in READ_ONLY:
+            log.warning("table %s of %s belongs to no installed model: the application role gets the default "
+                        "grants on it", table, alias)
+        want, columns = grants(table, guarded=guarded, deletes=deletes, library=installed.get(table, False))
         if set(granted) == want and set(column_grants) == set(columns):
             continue
         cursor.execute(f"REVOKE ALL ON TABLE {_ident(table)} FROM {_ident(APP)}")
@@ -182,7 +233,7 @@ def grant_after_migrate(sender, using="default", **kwargs) -> None:
     from django.db import connections
 
     with connections[using].cursor() as cursor:
-        changed = apply_grants(cursor)
+        changed = apply_grants(cursor, using)
     if changed and kwargs.get("verbosity", 1) >= 2:
         log.info("application grants converged on %d table(s) of %s", len(changed), using)
 

@@ -7,11 +7,13 @@ saying so, the API with its catalog body `{"code": "TOO_MANY_ATTEMPTS", "detail"
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_cool_off
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BasicAuthentication
@@ -27,13 +29,16 @@ def retry_after(request) -> int:
 def lockout_response(request, original_response=None, credentials=None) -> HttpResponse:
     """AXES_LOCKOUT_CALLABLE: the 429 every locked-out sign-in gets."""
     seconds = retry_after(request)
-    detail = (f"Too many failed sign-ins for this user from this address: try again in {seconds} seconds "
-              "(the right password is refused until then).")
+    retry_at = (timezone.now() + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M UTC")
+    detail = (f"Too many failed sign-ins for this user from this address: try again after {retry_at} (in "
+              f"{seconds} seconds; the right password is refused until then), or ask an administrator to unlock "
+              "the sign-in now.")
     if request.path.startswith(API_PREFIX):
         response = JsonResponse({"code": "TOO_MANY_ATTEMPTS", "detail": detail}, status=429)
     else:
-        response = HttpResponse(render_to_string("registration/locked.html", {"detail": detail, "seconds": seconds},
-                                                 request=request), status=429)
+        username = (credentials or {}).get("username") or request.POST.get("username", "")
+        context = {"detail": detail, "seconds": seconds, "retry_at": retry_at, "username": username}
+        response = HttpResponse(render_to_string("registration/locked.html", context, request=request), status=429)
     response["Retry-After"] = str(seconds)
     return response
 
