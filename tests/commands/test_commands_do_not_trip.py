@@ -33,3 +33,32 @@ def test_delivery_errors_prints_a_header_row(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["code", "exit", "class"], lines[:2]
     assert len(lines) > 5
+
+
+def test_manage_py_finds_the_checkouts_services_env_by_itself(tmp_path):
+    """Without DATABASE_URL in the environment, `manage.py` reads `.data/services.env` (here a stand-in file named
+    by CONNECTOR_SERVICES_ENV) instead of silently using whatever listens on 127.0.0.1:5432; a DATABASE_URL that
+    is set wins. Proves: issue 41 item 7."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.faults.servers import ROOT
+
+    services = tmp_path / "services.env"
+    services.write_text("# written by scripts/services.py ensure\n"
+                        "export DATABASE_URL=postgres://connector_app@127.0.0.1:5999/from_services_env\n"
+                        "export JOURNAL_DATABASE_URL=postgres://connector_app@127.0.0.1:5999/journal_from_env\n")
+    probe = "from django.conf import settings; print(settings.DATABASES['default']['NAME'])"
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "JOURNAL_DATABASE_URL",
+                                                             "DJANGO_SETTINGS_MODULE", "TEST_DB_SUFFIX")}
+
+    def name(**env: str) -> str:
+        run = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", probe], cwd=tmp_path,
+                             env={**base, "CONNECTOR_SERVICES_ENV": str(services), **env}, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run.stdout.strip().splitlines()[-1]
+
+    assert name() == "from_services_env"
+    assert name(DATABASE_URL="postgres://connector_app@127.0.0.1:5999/given") == "given"
