@@ -62,3 +62,25 @@ def test_manage_py_finds_the_checkouts_services_env_by_itself(tmp_path):
 
     assert name() == "from_services_env"
     assert name(DATABASE_URL="postgres://connector_app@127.0.0.1:5999/given") == "given"
+
+
+def test_bench_runs_as_the_administrator_named_in_services_env(tmp_path):
+    """`manage.py bench ...` started as the application role (what a bare `manage.py` gets from .data/services.env)
+    re-runs itself as DATABASE_ADMIN_URL, which may create the throwaway databases, and says so; before, it ended
+    in `permission denied to create database`. Here the administrator's URL points at a port nothing listens on,
+    so the re-run's own connection attempt is what fails: proof that it ran as the administrator. Proves: issue 41
+    item 7."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.faults.servers import ROOT, free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "TEST_DB_SUFFIX")}
+    env.update(DATABASE_URL="postgres://connector_app@127.0.0.1:5432/connector",
+               DATABASE_ADMIN_URL=f"postgres://postgres@127.0.0.1:{free_port()}/connector")
+    run = subprocess.run([sys.executable, str(ROOT / "manage.py"), "bench", "history", "--sizes", "10",
+                          "--iterations", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "running as DATABASE_ADMIN_URL" in run.stderr, run.stderr[-2000:]
+    assert run.returncode != 0, run.stderr[-2000:]
+    assert "Connection refused" in run.stderr or "connection failed" in run.stderr, run.stderr[-2000:]
