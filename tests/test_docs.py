@@ -89,3 +89,14 @@ def test_the_vendored_specification_equals_the_shared_one():
     item 2 (the repository stands on its own)."""
     for name, shared in VENDORED.items():
         assert (DOCS / "spec" / name).read_text() == (SHARED / shared).read_text(), name
+
+
+def test_the_decision_index_is_current_and_every_number_is_used_once():
+    """docs/decisions-index.md is what scripts/decisions_index.py writes from decisions.md: every decision with its
+    topic and status; no number is used twice; a superseded decision says so at its top. Proves: issue 41 item 4."""
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "decisions_index.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
