@@ -46,6 +46,18 @@ def _on_board(code: str) -> list[int]:
     return [i.pk for i in selectors.board().get(code, [])]
 
 
+def _page(effect_pk: int) -> str:
+    """The effect's page as an operator sees it."""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    user = User.objects.filter(username="op-page").first() or User.objects.create_user("op-page", password="pw")
+    user.groups.add(Group.objects.get(name="operator"))
+    client = Client()
+    client.force_login(user)
+    return client.get(f"/queue/effect/{effect_pk}/").content.decode()
+
+
 @pytest.mark.django_db
 def test_repeats_back_off_doubling_then_stop_with_uncertain_repeats_spent_until_a_person_reconciles(receiver):
     """A receiver that applies and answers 500 every time: each attempt is `uncertain`. With 2 automatic repeats
@@ -60,6 +72,7 @@ def test_repeats_back_off_doubling_then_stop_with_uncertain_repeats_spent_until_
     effect = _dispatch(acme)
     assert effect.state == "uncertain"
     assert _on_board("UNCERTAIN_REPEAT_SCHEDULED") == [effect.pk] and _queued("EFFECT_UNCERTAIN") == []
+    assert "the product repeats it under the same key at" in _page(effect.pk)
     for backoff in (10, 20):
         with _at(effect.pk, backoff - 5):
             assert recovery.uncertain_sweep() == {"recovered": 0, "scheduled": 1, "stopped": 0}
@@ -73,6 +86,7 @@ def test_repeats_back_off_doubling_then_stop_with_uncertain_repeats_spent_until_
     effect.refresh_from_db()
     assert (effect.state, effect.quarantine_reason) == ("uncertain", "UNCERTAIN_REPEATS_SPENT")
     assert _queued("UNCERTAIN_REPEATS_SPENT") == [effect.pk] and _on_board("UNCERTAIN_REPEAT_SCHEDULED") == []
+    assert "stopped: <code>UNCERTAIN_REPEATS_SPENT</code>" in _page(effect.pk)
     assert list(RemoteEffectAttempt.objects.filter(effect=effect).values_list("outcome", flat=True)) == [
         "uncertain"] * 3
     assert [r["key"] for r in receiver.requests] == [key] * 3 and receiver.applied == {key: 1}
