@@ -181,3 +181,13 @@ def test_the_uncertain_sweep_runs_on_its_own_beat_and_wakes_the_egress_when_it_r
             mock.patch.object(tasks.effect_dispatch, "delay") as wake:
         tasks.uncertain_sweep()
     wake.assert_not_called()
+
+
+def test_make_run_s_demo_callout_declares_a_contract_that_proves_the_repeat():
+    """`manage.py demo_load` (make run) builds its world with the demo CRM's contract: it must be one the recovery
+    accepts, or make run's killed-worker effects would wait for a person again.
+    Proves: issue 37 item 2"""
+    from connector import demo
+
+    declared = {**demo.CALLOUT_DEFINITION, "idempotency_contract": demo.CALLOUT_IDEMPOTENCY_CONTRACT}
+    assert recovery.declared_idempotency_contract(declared) == recovery.IdempotencyContract(86400, 3, 15)
