@@ -132,9 +132,12 @@ def effect(request, pk: int):
         return redirect("governance:effect", pk=pk)
     attempts = list(effect_.attempts.order_by("ordinal"))
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
+    from effects.services.recovery import effect_recovery_outlook
+
     from .remediation import link_context, remote_call_context
 
     return render(request, "governance/effect.html", {
+        "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None,
         "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
         "command": effect_.command, **link_context(effect_, request.user),

@@ -6,7 +6,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from connector.selectors.rows import RoutedSaveMixin
-from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
+from effects.choices import UNCERTAIN_HOLDS, AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
 __all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink",
@@ -144,6 +144,7 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
                 target=EffectState.REMOTE_CONFIRMED)
     def confirm(self, *, remote_id: str) -> None:
         self.remote_id = remote_id
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=EffectState.DISPATCHING, target=EffectState.UNCERTAIN)
     def become_uncertain(self) -> None:
@@ -152,14 +153,21 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.NO_EFFECT)
     def no_effect(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.PREPARED)
     def retry(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=EffectState.REMOTE_CONFIRMED, target=EffectState.FINALIZED)
     def finalize(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+
+    def _lift_uncertain_hold(self) -> None:
+        """Leaving `uncertain` ends a stopped automatic recovery's hold (UNCERTAIN_HOLDS, D-433); other holds stay."""
+        if self.quarantine_reason in UNCERTAIN_HOLDS:
+            self.quarantine_reason = ""
 
 
 class RemoteEffectAttempt(models.Model):
