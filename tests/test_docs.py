@@ -100,3 +100,14 @@ def test_the_decision_index_is_current_and_every_number_is_used_once():
     check = subprocess.run([sys.executable, str(ROOT / "scripts" / "decisions_index.py"), "--check"],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
+
+
+def test_every_make_command_of_the_readme_and_the_integrating_page_is_a_target():
+    """A fenced `sh` line `make X` names a target of the Makefile (the other blocks are run by
+    tests/hostile/test_readme_try_it.py and tests/hostile/test_integrating_doc.py). Proves: issue 41 item 6."""
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    for page in (ROOT / "README.md", DOCS / "integrating.md"):
+        for block in re.findall(r"^```sh\n(.*?)^```", page.read_text(), re.S | re.M):
+            for line in block.splitlines():
+                if line.startswith("make "):
+                    assert line.split()[1] in targets, (page.name, line)
