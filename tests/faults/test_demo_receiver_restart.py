@@ -5,23 +5,15 @@ and a new record's push finalizes instead of waiting as REMOTE_LINK_CONFLICT."""
 from __future__ import annotations
 
 import json
-import time
+import os
+import signal
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.faults.pushes import post, wait_for
 from tests.faults.servers import Child, child_environment, free_port, make_run_commands, wait_port
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Crm:
@@ -62,8 +54,6 @@ def test_the_demo_crm_remembers_its_records_and_ids_across_a_restart(tmp_path, s
         assert crm.call("PATCH", "/v1/records/by-id/crm-1", "k3", {"display_name": "one v2"}) == (200, "crm-1")
         before = crm.state()
         if stop == "SIGKILL":
-            import os
-            import signal
             os.killpg(crm.child.proc.pid, signal.SIGKILL)
             crm.child.proc.wait(timeout=10)
         else:
@@ -91,7 +81,6 @@ def test_a_push_after_the_receiver_restarted_finalizes(product):
     Proves: issue 37 item 8"""
     from connector.demo import build_world
     from effects.models import RemoteEffect, RemoteLink
-    from tests.faults.test_record_pushes_in_order import post
 
     world = build_world("rr-", push=True)
     account = world.accounts[0].account_key
