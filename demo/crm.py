@@ -6,7 +6,8 @@ update the way a CRM does, so the README's walkthrough holds for every update of
   PATCH /v1/records/by-id/<id>        update the record with this CRM id; a merged record answers with the id it
                                       was merged into (a real identity change); 404 for an unknown id
   POST  /bulk...                      the REST bulk delivery receiver protocol (sync_batch)
-  GET   /_demo/state                  the CRM's records and every request it answered (for demos and tests)
+  GET   /_demo/state                  the CRM's records and every request it answered, with the fields it carried
+                                      (for demos and tests)
   POST  /_demo/merge/<id>             merge the record into a new id, as a CRM's duplicate merge does (forces the
                                       identity conflict the operator then resolves)
 
@@ -163,7 +164,7 @@ class DemoCrm:
             else:
                 status, answer, kind = 404, {"error": f"no route {method} {path}"}, "refused"
             request = {"method": method, "path": path, "key": key, "status": status, "kind": kind,
-                       "id": answer.get("id", "")}
+                       "id": answer.get("id", ""), "fields": fields or {}}
             self.requests.append(request)
             if kind in ("created", "updated"):
                 self.answers[key] = (status, answer)
