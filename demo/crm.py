@@ -71,7 +71,9 @@ class DemoCrm:
             with path.open("r+b") as handle:
                 handle.truncate(good)
         if self.records:
-            self.write(f"demo CRM remembers {len(self.records)} records from {path} (next id crm-{self.serial + 1})")
+            count = len(self.records)
+            self.write(f"demo CRM remembers {count} record{'' if count == 1 else 's'} from {path} "
+                       f"(next id crm-{self.serial + 1})")
 
     def _apply(self, entry: dict) -> None:
         self.serial = max(self.serial, entry.get("serial", 0))
