@@ -113,11 +113,19 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     remote_id = models.CharField(max_length=255, blank=True, default="")
     quarantine_reason = models.CharField(max_length=64, blank=True, default="")
     changed_at = models.DateTimeField(auto_now=True)
+    # The command's owner slot, copied when it is authored (immutable like the command): the pushes of one slot are
+    # sent one at a time in authored order (D-441), which the claim reads from `effects_effect_slot_open`.
+    owner_slot = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["pk"]
         indexes = [models.Index(fields=["account", "state"], name="effects_effect_claimable",
                                 condition=Q(state="prepared")),
+                   # The open (non-terminal) effects of each owner slot, in authored order (D-441): the claim's
+                   # "no earlier open effect of this slot" probe. Terminal effects leave it.
+                   models.Index(fields=["account", "owner_slot", "id"], name="effects_effect_slot_open",
+                                condition=Q(state__in=["prepared", "dispatching", "uncertain", "remote_confirmed"])
+                                & ~Q(owner_slot="")),
                    # /metrics (issue 21): effects in flight or waiting for a person, without scanning the finalized
                    # history.
                    models.Index(fields=["state", "changed_at"], name="effects_effect_unsettled",
