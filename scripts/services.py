@@ -54,6 +54,18 @@ PG_SCHEMES = {"postgres", "postgresql", "pgsql", "postgis"}
 REDIS_SCHEMES = {"redis", "rediss"}
 CONFIG_MARKER = "# --- private development server settings written by scripts/services.py ---"
 WAIT_SECONDS = 30.0
+# A private server commits durably (issue 37 item 4, D-410): `make run` answers 201s that must survive a crash.
+DURABILITY_SETTINGS = ("fsync", "full_page_writes", "synchronous_commit")
+
+
+def durability_lines(durable: bool) -> list[str]:
+    if durable:
+        return ["# every commit survives a crash (D-410); the test suite's own sessions may turn "
+                "synchronous_commit off", *(f"{name} = on" for name in DURABILITY_SETTINGS)]
+    return ["# a throwaway server of a test harness: durability traded for speed",
+            *(f"{name} = off" for name in DURABILITY_SETTINGS)]
+
+
 CONNECT_TIMEOUT = 3
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -483,7 +495,9 @@ class PrivatePostgres:
             f"{rel(self.home)} is a symlink to {outside}"
         )
 
-    def initdb(self, bindir: Path, runas: RunAs, user: str) -> float:
+    def initdb(self, bindir: Path, runas: RunAs, user: str, durable: bool = True) -> float:
+        """initdb, then our settings appended to postgresql.conf: durable unless `durable=False`, which only a test
+        harness passes (a server it starts and removes itself, D-410)."""
         self._prepare_home(runas)
         if self.data.exists():
             progress(f"{rel(self.data)} is incomplete (interrupted initdb?); recreating it")
@@ -508,15 +522,31 @@ class PrivatePostgres:
             f"port = {self.port}",
             f"unix_socket_directories = '{sock_dir}'",
             "logging_collector = off",
-            "# disposable development data: trade durability for speed",
-            "fsync = off",
-            "synchronous_commit = off",
-            "full_page_writes = off",
+            *durability_lines(durable),
             "",
         ])
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(settings)
         return time.monotonic() - started
+
+    @property
+    def durable(self) -> bool:
+        """Our section of postgresql.conf keeps every commit (no line turns fsync, full_page_writes or
+        synchronous_commit off)."""
+        ours = (self.data / "postgresql.conf").read_text().partition(CONFIG_MARKER)[2]
+        return not re.search(rf"(?m)^({'|'.join(DURABILITY_SETTINGS)}) = off\b", ours)
+
+    def make_durable(self) -> bool:
+        """Rewrite our section of postgresql.conf durable (a cluster initialised by an older checkout had fsync,
+        full_page_writes and synchronous_commit off); True when it changed. A running server needs a reload."""
+        if self.durable:
+            return False
+        conf = self.data / "postgresql.conf"
+        head, marker, ours = conf.read_text().partition(CONFIG_MARKER)
+        ours = re.sub(rf"(?m)^({'|'.join(DURABILITY_SETTINGS)}) = .*\n", "", ours)
+        ours = re.sub(r"(?m)^# disposable development data: trade durability for speed\n", "", ours)
+        conf.write_text(head + marker + ours.rstrip("\n") + "\n" + "\n".join(durability_lines(True)) + "\n")
+        return True
 
     def set_listen_address(self, host: str) -> None:
         listen = "::1" if host == "::1" else "127.0.0.1"
@@ -745,6 +775,8 @@ def execute_postgres(plan: Plan, bindir: Path) -> str:
         version = (server.data / "PG_VERSION").read_text().strip()
         bindir = find_pg_bindir(prefer_version=version) or bindir
     server.set_listen_address(plan.host)
+    if server.make_durable():
+        progress(f"{rel(server.data)}/postgresql.conf: fsync, full_page_writes and synchronous_commit turned on")
     progress(f"starting the private PostgreSQL server on {plan.host}:{plan.start_port}")
     timings.append(f"start {server.start(bindir, runas):.1f}s")
     ep = parse_url(plan.url, "postgres")
@@ -754,6 +786,21 @@ def execute_postgres(plan: Plan, bindir: Path) -> str:
                     f"{WAIT_SECONDS:.0f}s: {probe.error}\n  log tail ({rel(server.log)}):\n{tail(server.log)}")
     return (f"started private PostgreSQL server on {ep.where} ({rel(server.home)}, {', '.join(timings)}; "
             f"{plan.how})")
+
+
+def reload_durable(plan: Plan) -> str:
+    """A private server of ours that is already running with a non-durable configuration (written by an older
+    checkout) gets the durable one and a reload: fsync, full_page_writes and synchronous_commit change without a
+    restart. Servers that are not ours are never touched."""
+    ep = parse_url(plan.url, "postgres")
+    if plan.start_port is not None or not ep.is_loopback:
+        return ""
+    server = PrivatePostgres(ep.port)
+    if server.pid is None or not server.initialised or not server.make_durable():
+        return ""
+    with pg_connect(plan.url) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    return "; made durable (fsync, full_page_writes, synchronous_commit on) and reloaded"
 
 
 def execute_redis(plan: Plan, binary: str) -> str:
@@ -907,6 +954,7 @@ def cmd_ensure() -> int:
 
         pg = plans["postgres"]
         pg_line = execute_postgres(pg, pg_bindir) if pg.start_port is not None else f"using {pg.how}"
+        pg_line += reload_durable(pg)
         # the journal lives beside `default` on the same server; JOURNAL_DATABASE_URL may only rename it
         named = os.environ.get("JOURNAL_DATABASE_URL", "").strip()
         journal_name = parse_url(named, "postgres").db if named else parse_url(journal_url_for(pg.url), "postgres").db

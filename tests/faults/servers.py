@@ -104,8 +104,10 @@ class PostgresServer:
     def journal_url(self) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/connector_journal"
 
-    def start(self) -> "PostgresServer":
-        self.server.initdb(self.bindir, self.runas, "postgres")
+    def start(self, *, durable: bool = True) -> "PostgresServer":
+        """initdb (durable as scripts/services.py configures it, or with fsync, full_page_writes and
+        synchronous_commit off for `durable=False`), start, create both databases."""
+        self.server.initdb(self.bindir, self.runas, "postgres", durable=durable)
         self.server.start(self.bindir, self.runas)
         svc.ensure_databases(self.url, self.journal_url)
         return self
