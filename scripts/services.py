@@ -544,7 +544,9 @@ class PrivatePostgres:
         conf = self.data / "postgresql.conf"
         head, marker, ours = conf.read_text().partition(CONFIG_MARKER)
         ours = re.sub(rf"(?m)^({'|'.join(DURABILITY_SETTINGS)}) = .*\n", "", ours)
-        ours = re.sub(r"(?m)^# disposable development data: trade durability for speed\n", "", ours)
+        for comment in ("# disposable development data: trade durability for speed",
+                        durability_lines(True)[0], durability_lines(False)[0]):
+            ours = ours.replace(comment + "\n", "")
         conf.write_text(head + marker + ours.rstrip("\n") + "\n" + "\n".join(durability_lines(True)) + "\n")
         return True
 

@@ -122,6 +122,11 @@ def test_services_writes_a_durable_private_server_and_turns_an_old_one_durable(t
         assert f"\n{name} = on\n" in ours and f"{name} = off" not in ours, ours
     assert "port = 5999" in ours and text.startswith("#fsync = on")
     assert all(line.endswith("= on") for line in svc.durability_lines(True) if not line.startswith("#"))
+    # a durable section someone turned one setting off in: rewritten once more, its comment not repeated
+    (server.data / "postgresql.conf").write_text(text.replace("fsync = on", "fsync = off"))
+    assert server.make_durable() is True and server.durable
+    ours = (server.data / "postgresql.conf").read_text().partition(svc.CONFIG_MARKER)[2]
+    assert ours.count(svc.durability_lines(True)[0]) == 1 and ours.count("fsync = on") == 1, ours
 
 
 def test_the_suites_private_server_is_durable():

@@ -7,7 +7,7 @@ Now the child alone is restarted with backoff, the web answers throughout, and e
 (beat) find what a lost wake-up left behind."""
 from __future__ import annotations
 
-import signal
+import os
 import time
 
 import pytest
@@ -19,7 +19,8 @@ from tests.faults.supervised import (
 )
 
 TRANSACTIONAL = {"transaction": True, "databases": ["default", "journal"]}
-OUTAGE_SECONDS = 10
+# The issue's row is 10 s; item 5 asks for 60 s (FAULT_REDIS_OUTAGE_SECONDS=60 runs it, about a minute longer).
+OUTAGE_SECONDS = int(os.environ.get("FAULT_REDIS_OUTAGE_SECONDS", "10"))
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_worker_child_that_exits_is_restarted_alone_and_the_web_keeps_answerin
         burst.stop()
     output = make_run.output()
     assert not make_run.alive(killed)
-    assert f"worker-claims killed by SIGKILL on its own" in output, output[-3000:]
+    assert "worker-claims killed by SIGKILL on its own" in output, output[-3000:]
     assert "stopping the others" not in output and "stopped everything" not in output
     assert {name: make_run.pids(name)[-1] for name in others} == others, "another child was restarted"
     assert all(make_run.alive(pid) for pid in others.values())
@@ -87,7 +88,7 @@ def test_a_worker_child_that_exits_is_restarted_alone_and_the_web_keeps_answerin
 
 @pytest.mark.django_db(**TRANSACTIONAL)
 def test_redis_stopped_mid_burst_loses_no_accepted_work_and_needs_no_person(make_run, redis_broker, settings):
-    """Redis stops for 10 s in the middle of a burst and comes back empty: the web answers every delivery 201
+    """Redis stops for 10 s (FAULT_REDIS_OUTAGE_SECONDS) in the middle of a burst and comes back empty: the web answers every delivery 201
     throughout (a failed wake-up is logged, never raised), every worker group is alive at the end (it reconnected,
     or the supervisor restarted it), and every accepted delivery settles without a person; check_invariants
     passes.
@@ -100,7 +101,8 @@ def test_redis_stopped_mid_burst_loses_no_accepted_work_and_needs_no_person(make
         wait_for(lambda: len(sender.accepted()) >= 20, 60, "the first deliveries answered")
         redis_broker.stop()
         stopped_at, sent_before = time.monotonic(), burst.count
-        wait_for(lambda: time.monotonic() - stopped_at >= OUTAGE_SECONDS, OUTAGE_SECONDS + 5, "the outage")
+        wait_for(lambda: time.monotonic() - stopped_at >= OUTAGE_SECONDS, OUTAGE_SECONDS + 5, "the outage",
+                 interval=0.5)
         during = burst.count - sent_before
         redis_broker.start()
         sent_after = burst.count
@@ -120,3 +122,30 @@ def test_redis_stopped_mid_burst_loses_no_accepted_work_and_needs_no_person(make
     report = check_invariants(child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"],
                                                 **run_database_env()))
     assert report["ok"], report
+
+
+def test_restart_backoff_doubles_on_fast_exits_and_starts_over_after_a_stable_run(monkeypatch):
+    """The supervisor's schedule (D-411): 1 s after an exit, doubling for each exit within
+    RESTART_STABLE_SECONDS of the child's start, capped at RESTART_MAX_DELAY; a child that ran longer starts over
+    at 1 s. Only the exited child's process group is stopped.
+    Proves: issue 37 item 5"""
+    from scripts import run
+
+    assert [run.restart_delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    supervisor = run.Supervisor(0)
+    stopped = []
+    monkeypatch.setattr(supervisor, "_stop_groups", lambda groups, grace: stopped.append((dict(groups), grace)))
+    monkeypatch.setattr(supervisor, "note", lambda text: None)
+
+    class Exited:
+        pid = 4242
+
+    supervisor.procs["beat"] = Exited()
+    waits = []
+    for started, ended in ((100.0, 105.0), (106.0, 110.0), (111.0, 115.0), (120.0, 200.0)):
+        supervisor.started_at["beat"] = started
+        before = time.monotonic()
+        supervisor.exited("beat", 1, ended)
+        waits.append(round(supervisor.restart_at.pop("beat") - before))
+    assert waits == [1, 2, 4, 1]
+    assert stopped == [({"beat": 4242}, run.ORPHAN_GRACE_SECONDS)] * 4

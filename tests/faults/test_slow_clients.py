@@ -160,3 +160,25 @@ def test_a_body_that_stops_arriving_is_closed_at_the_body_deadline_and_holds_no_
             sock.close()
     assert max(closed) <= BODY_TIMEOUT + 3 * FACTOR, closed
     assert min(closed) >= BODY_TIMEOUT - 1, closed
+
+
+def test_the_main_loop_waits_for_the_head_and_a_declared_body_within_the_limit_only():
+    """What the worker's main loop waits for before a thread takes a request (config/webserver.py, D-412): the
+    head and the body its one Content-Length declares; not a body over the limit, a chunked one or an ambiguous
+    length (the thread refuses those unread), nor more of a request line already over its limit.
+    Proves: issue 37 item 6"""
+    from config.webserver import bytes_needed, declared_length
+
+    limits = {"head_limit": 1000, "line_limit": 100, "body_limit": 50}
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n"
+    assert bytes_needed(head[:20], **limits) == (None, 1004)
+    assert bytes_needed(head, **limits) == (len(head), len(head) + 10)
+    assert bytes_needed(head + b"0123456789", **limits) == (len(head), len(head) + 10)
+    big = head.replace(b"10", b"51")
+    assert bytes_needed(big, **limits) == (len(big), len(big))  # refused unread by the thread (413)
+    assert bytes_needed(b"GET /" + b"a" * 200, **limits) == (None, 0)  # the parser refuses it now (414)
+    assert declared_length(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5") is None
+    assert declared_length(b"POST / HTTP/1.1\r\nContent-Length: 5\r\ncontent-length: 5") is None
+    assert declared_length(b"POST / HTTP/1.1\r\nContent-Length: -5") is None
+    assert declared_length(b"GET / HTTP/1.1\r\nHost: a") is None
+    assert declared_length(b"POST / HTTP/1.1\r\ncontent-LENGTH:  7 ") == 7
