@@ -1,6 +1,6 @@
 """`/healthz` (the process answers) and `/readyz` (it can serve: both databases reachable, every migration applied,
-the serving state readable, commits durable where the settings require it). No sign-in: a load balancer or an orchestrator probes them; they reveal no data beyond
-the name of the failing check."""
+the serving state readable, commits durable where the settings require it). No sign-in: a load balancer or an
+orchestrator probes them; they reveal no data beyond the name of the failing check."""
 from __future__ import annotations
 
 from collections.abc import Callable

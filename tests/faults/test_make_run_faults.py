@@ -88,10 +88,10 @@ def test_a_worker_child_that_exits_is_restarted_alone_and_the_web_keeps_answerin
 
 @pytest.mark.django_db(**TRANSACTIONAL)
 def test_redis_stopped_mid_burst_loses_no_accepted_work_and_needs_no_person(make_run, redis_broker, settings):
-    """Redis stops for 10 s (FAULT_REDIS_OUTAGE_SECONDS) in the middle of a burst and comes back empty: the web answers every delivery 201
-    throughout (a failed wake-up is logged, never raised), every worker group is alive at the end (it reconnected,
-    or the supervisor restarted it), and every accepted delivery settles without a person; check_invariants
-    passes.
+    """Redis stops for 10 s (FAULT_REDIS_OUTAGE_SECONDS) in the middle of a burst and comes back empty: the web
+    answers every delivery 201 throughout (a failed wake-up is logged, never raised), every worker group is alive at
+    the end (it reconnected, or the supervisor restarted it), and every accepted delivery settles without a person;
+    check_invariants passes.
     Proves: issue 37 item 5"""
     world = build_world("rd-")
     sender = Sender(make_run.url, world.accounts[0].account_key, "rd")

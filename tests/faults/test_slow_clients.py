@@ -99,8 +99,8 @@ def _p99(seconds: list[float]) -> float:
 @pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 def test_fifty_slowloris_sockets_do_not_delay_normal_deliveries(web):
     """50 sockets trickle request heads (one field every 0.5 s, never complete) while 120 signed deliveries are
-    sent one after another, each on a new connection: every delivery is answered 201 and their p99 stays within 500 ms. The server closes
-    a trickling socket once its head is WEB_HEADER_TIMEOUT late.
+    sent one after another, each on a new connection: every delivery is answered 201 and their p99 stays within
+    500 ms. The server closes a trickling socket once its head is WEB_HEADER_TIMEOUT late.
     Proves: issue 37 item 6"""
     world = build_world("sl-")
     account = world.accounts[0].account_key
