@@ -121,6 +121,15 @@ class PostgresServer:
         assert result.returncode == 0, result.stdout + result.stderr
         return time.monotonic() - began
 
+    def crash_and_restart(self) -> None:
+        """`pg_ctl stop -m immediate` (every server process quits at once, no checkpoint: the next start recovers
+        from the WAL, as after a crash), then start again."""
+        home = self.server.home.resolve()
+        result = self.runas.run([str(self.bindir / "pg_ctl"), "-D", str(home / "data"), "-m", "immediate", "-w",
+                                 "-t", "30", "stop"], cwd=home)
+        assert result.returncode == 0, result.stdout + result.stderr
+        self.server.start(self.bindir, self.runas)
+
     def cleanup(self) -> None:
         self.server.stop()
         _remove_home(self.server.home)
