@@ -1,6 +1,6 @@
 """The production web server's worker: gunicorn's threaded worker, answering its own refusals like the API.
 
-Loaded by config/gunicorn.py (`worker_class`). Three things differ from `gthread` (decisions D-160, D-161, D-164):
+Loaded by config/gunicorn.py (`worker_class`). Four things differ from `gthread` (decisions D-160, D-161, D-164):
 
 - **Every refusal the server makes answers with the API's JSON error catalog** (connector.api.exceptions,
   `{"code", "detail"}`, `Connection: close`), never gunicorn's HTML page: a header field or header block over the
@@ -14,11 +14,12 @@ Loaded by config/gunicorn.py (`worker_class`). Three things differ from `gthread
   environ under connector.api.transport.RAW_IDEMPOTENCY_KEY, so a padded key is refused, not trimmed.
 - **A slow client holds no thread** (issue 37 item 6, D-412): the worker's main loop reads each request's head, and
   a body framed by a `Content-Length` within the limit, without blocking, and hands the connection to a thread only
-  once they are all here. The head must arrive within `header_timeout` seconds of the connection's first byte (or
-  of its accept), the body within `body_timeout` seconds of the head's end; otherwise the connection is closed
-  without an answer. At most `worker_connections` connections per worker are open at once (gthread stops
-  accepting above it); the rest wait in the listen backlog. gthread alone gave a thread to each connection from
-  its first byte to its head's end, with no deadline, so 12 trickling sockets held every thread of 3 workers.
+  once they are all here. The head must arrive within `header_timeout` seconds of the connection's accept (on a
+  kept-alive connection: of the next request's first byte), the body within `body_timeout` seconds of the head's
+  end; otherwise the connection is closed without an answer. At most `worker_connections` connections per worker are
+  open at once (gthread stops accepting above it); the rest wait in the listen backlog. gthread alone gave a thread
+  to each connection from its first byte to its head's end, with no deadline, so 12 trickling sockets held every
+  thread of 3 workers.
 """
 from __future__ import annotations
 
