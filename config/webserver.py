@@ -1,6 +1,6 @@
 """The production web server's worker: gunicorn's threaded worker, answering its own refusals like the API.
 
-Loaded by config/gunicorn.py (`worker_class`). Four things differ from `gthread` (decisions D-160, D-161, D-164):
+Loaded by config/gunicorn.py (`worker_class`). Four things differ from `gthread` (decisions D-160, D-161, D-164, D-412):
 
 - **Every refusal the server makes answers with the API's JSON error catalog** (connector.api.exceptions,
   `{"code", "detail"}`, `Connection: close`), never gunicorn's HTML page: a header field or header block over the
