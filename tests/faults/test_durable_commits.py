@@ -13,6 +13,7 @@ import json
 import secrets
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -129,21 +130,37 @@ def test_services_writes_a_durable_private_server_and_turns_an_old_one_durable(t
     assert ours.count(svc.durability_lines(True)[0]) == 1 and ours.count("fsync = on") == 1, ours
 
 
-def test_the_suites_private_server_is_durable():
-    """The private server scripts/services.py started for this suite (and for make run) runs with fsync and
-    full_page_writes on; the suite's own sessions turn synchronous_commit off. Skipped on a server that is not a
-    private one of ours (e.g. the machine's on the standard port).
-    Proves: issue 37 item 4"""
-    from django.db import connections
+def _setting(url: str, name: str, want: str) -> str:
+    """SHOW `name` on a new session until it reads `want` (pg_reload_conf signals the server; it applies the file
+    a moment later) or 10 s pass."""
+    deadline = time.monotonic() + 10
+    while True:
+        with svc.pg_connect(url) as conn:
+            value = conn.execute(f"SHOW {name}").fetchone()[0]
+        if value == want or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
 
-    settings_dict = connections["default"].settings_dict
-    port = int(settings_dict.get("PORT") or 5432)
-    if svc.PrivatePostgres(port).pid is None:
-        pytest.skip(f"the suite's PostgreSQL on port {port} is not a private server of scripts/services.py")
-    with svc.pg_connect(f"postgres://{settings_dict['USER']}@127.0.0.1:{port}/postgres") as conn:
-        assert conn.execute("SHOW fsync").fetchone()[0] == "on"
-        assert conn.execute("SHOW full_page_writes").fetchone()[0] == "on"
-        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"  # the server's default
+
+def test_ensure_makes_a_running_private_server_durable_and_only_the_test_suite_trades_it(careless_server):
+    """`scripts/services.py ensure` turns our running private server durable (reload, no restart); `ensure --test`
+    (make test) turns it non-durable, except while another database on it is in use (make run's): then it stays
+    durable.
+    Proves: issue 37 item 4"""
+    plan = svc.Plan("postgres", careless_server.url, "the fault harness's private server")
+    try:
+        assert "made durable" in svc.reload_durable(plan)
+        assert _setting(careless_server.url, "fsync", "on") == "on"
+        assert _setting(careless_server.url, "full_page_writes", "on") == "on"
+        assert "for the test suite" in svc.reload_durable(plan, durable=False)
+        assert _setting(careless_server.url, "fsync", "off") == "off"
+        svc.reload_durable(plan)
+        with svc.pg_connect(careless_server.url, dbname="connector"):  # make run's sessions stand-in
+            assert "kept durable" in svc.reload_durable(plan, durable=False)
+            assert _setting(careless_server.url, "fsync", "on") == "on"
+    finally:
+        svc.reload_durable(plan, durable=False)  # as the other tests of this module expect it
+    assert _setting(careless_server.url, "synchronous_commit", "off") == "off"
 
 
 WRITER = """
