@@ -63,7 +63,10 @@ run: venv services migrate demo
 
 # pytest takes config.django.test from pyproject.toml, so a DJANGO_SETTINGS_MODULE in the caller's
 # environment must not override it.
-test: venv services
+# `ensure --test`: the suite's explicit trade of durability for speed (D-410): our private PostgreSQL runs with fsync,
+# full_page_writes and synchronous_commit off unless make run is using it; `make run` makes it durable again.
+test: venv
+	$(VPY) scripts/services.py ensure --test
 	scripts/ensure_chromium.sh
 	$(LOAD_ENV); $(VENV)/bin/lint-imports
 	@# The whole suite runs as two shards side by side (scripts/test_shards.py: own test databases and Redis

@@ -4,8 +4,8 @@ second (autocommit) session.
 `pg_get_wal_records_info(start, end)` reads flushed WAL only. PostgreSQL 15 refuses a start beyond the flush LSN
 ("cannot accept future start LSN"), an end beyond it ("cannot accept future end LSN"), an empty range ("WAL start
 LSN must be less than end LSN"), and a range whose first record is not wholly flushed ("could not find a valid
-record after ..."). With `synchronous_commit = off` (the private development server of `scripts/services.py`) a
-COMMIT does not flush: the flush LSN trails the insert LSN by up to `wal_writer_delay`, and it can stop in the middle
+record after ..."). With `synchronous_commit = off` (the test suite's sessions, config.django.test; the private server ran that
+way before D-410) a COMMIT does not flush: the flush LSN trails the insert LSN by up to `wal_writer_delay`, and it can stop in the middle
 of a record (the WAL writer writes whole pages).
 
 So `wal_of` first closes the range itself (`flush_marker`): it writes a marker record and commits it with

@@ -41,6 +41,14 @@ timeout = env_int("WEB_TIMEOUT", 30)
 graceful_timeout = 8
 keepalive = 5
 
+# Slow clients (issue 37 item 6, D-412): the worker's main loop reads a request's head and body before a thread takes
+# it (config/webserver.py), so a trickling client holds a connection slot, never a thread. The head must be complete
+# within WEB_HEADER_TIMEOUT seconds (default 10) of the connection's accept (kept alive: of the next request's first
+# byte), the body within WEB_BODY_TIMEOUT seconds (default 30) of the head's end; otherwise the connection is closed.
+# Each worker holds at most this many connections (a head and a body of at most DATA_UPLOAD_MAX_MEMORY_SIZE buffered
+# each), the rest wait in the listen backlog.
+worker_connections = env_int("WEB_WORKER_CONNECTIONS", 100)
+
 # Request head limits. The API's largest header is a 255-code-point Idempotency-Key (at most 1,020 bytes).
 limit_request_line = 8190  # gunicorn's maximum
 limit_request_fields = 100

@@ -1,6 +1,6 @@
 """`/healthz` (the process answers) and `/readyz` (it can serve: both databases reachable, every migration applied,
-the serving state readable). No sign-in: a load balancer or an orchestrator probes them; they reveal no data beyond
-the name of the failing check."""
+the serving state readable, commits durable where the settings require it). No sign-in: a load balancer or an
+orchestrator probes them; they reveal no data beyond the name of the failing check."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,6 +48,35 @@ def _migrations() -> str:
     return "applied"
 
 
+#: Server settings without which a committed transaction may be lost in a crash of PostgreSQL or its host.
+DURABILITY_SQL = ("SELECT current_setting('fsync'), current_setting('full_page_writes'), "
+                  "current_setting('synchronous_commit')")
+
+
+def commit_durability(alias: str) -> list[str]:
+    """What keeps database `alias` from committing durably for this process's sessions (empty: durable): the
+    server's fsync or full_page_writes off, or the session's synchronous_commit off (D-410)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(DURABILITY_SQL)
+        fsync, full_page_writes, synchronous_commit = cursor.fetchone()
+    readings = {"fsync": fsync, "full_page_writes": full_page_writes, "synchronous_commit": synchronous_commit}
+    return [f"{name} {value}" for name, value in readings.items() if value == "off"]
+
+
+def _durability() -> str:
+    """Every database's durability; failing only where CONNECTOR_REQUIRE_DURABLE_COMMITS (production) says so."""
+    from django.conf import settings
+
+    lacking = {alias: commit_durability(alias) for alias in DATABASES}
+    lacking = {alias: found for alias, found in lacking.items() if found}
+    if not lacking:
+        return "durable (fsync, full_page_writes and synchronous_commit on)"
+    detail = "not durable: " + "; ".join(f"{alias} {', '.join(found)}" for alias, found in lacking.items())
+    if settings.CONNECTOR_REQUIRE_DURABLE_COMMITS:
+        raise RuntimeError(detail)
+    return detail + " (allowed: CONNECTOR_REQUIRE_DURABLE_COMMITS is off)"
+
+
 def _serving() -> str:
     from connector.selectors.rows import AccountServingGate
 
@@ -59,6 +88,7 @@ CHECKS: dict[str, Callable[[], str]] = {
     "database_journal": _database("journal"),
     "migrations": _migrations,
     "serving_state": _serving,
+    "durable_commits": _durability,
 }
 
 

@@ -8,8 +8,10 @@ the foreground.
 Each child runs in its own process group with this process's environment; its output is prefixed with
 its name. Every child shares one PROMETHEUS_MULTIPROC_DIR (default .data/prometheus-multiproc, emptied at start),
 so the web's /metrics sums the metrics every process counts (docs/operations.md). Ctrl-C (SIGINT), SIGTERM or
-SIGHUP stops every child (SIGTERM to its process group, SIGKILL after 10 s) and exits 0. If a child exits on its
-own, the others are stopped and this exits non-zero, naming it. Standard library only.
+SIGHUP stops every child (SIGTERM to its process group, SIGKILL after 10 s) and exits 0. A child that exits on its
+own is restarted alone, the others keep running (issue 37 item 5, D-411): after 1 s, doubling with each exit that
+follows within RESTART_STABLE_SECONDS of its start, up to RESTART_MAX_DELAY; every exit and restart is printed with
+its count. Standard library only.
 """
 from __future__ import annotations
 
@@ -24,6 +26,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GRACE_SECONDS = 10.0
+# Restarts (D-411): a child that ran at least this long before exiting is restarted after RESTART_FIRST_DELAY; each
+# exit sooner than that after its (re)start doubles the delay, up to RESTART_MAX_DELAY. Never given up on: the
+# others keep serving, and the log says what keeps failing.
+RESTART_FIRST_DELAY = 1.0
+# What is left of an exited child's process group (a Celery pool, gunicorn workers) has no leader to shut it down
+# warmly: SIGTERM, then SIGKILL after this long, before the child is started again.
+ORPHAN_GRACE_SECONDS = 3.0
+RESTART_MAX_DELAY = 30.0
+RESTART_STABLE_SECONDS = 30.0
+
+
+def restart_delay(fast_exits: int) -> float:
+    """Seconds before restarting a child after its `fast_exits`-th exit in a row (each within
+    RESTART_STABLE_SECONDS of its start; 1 for an exit after a stable run)."""
+    return min(RESTART_MAX_DELAY, RESTART_FIRST_DELAY * 2 ** max(0, fast_exits - 1))
 
 
 def worker_pools(cpus: int | None = None) -> list[tuple[str, str, int]]:
@@ -82,7 +99,7 @@ def children(port: int, dev: bool = False) -> list[tuple[str, list[str]]]:
         ("web", web_command(port, dev)),
         *worker_children(),
         ("beat", [py, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
-                  "--schedule", ".data/celerybeat-schedule"]),
+                  "--schedule", os.environ.get("RUN_BEAT_SCHEDULE", ".data/celerybeat-schedule")]),
         ("receiver", [py, "-m", "demo.receiver", "--port", os.environ.get("DEMO_RECEIVER_PORT", "8900")]),
     ]
 
@@ -108,12 +125,18 @@ class Supervisor:
     def __init__(self, port: int, dev: bool = False) -> None:
         self.port = port
         self.dev = dev
+        self.commands = dict(children(port, dev))
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started_at: dict[str, float] = {}
+        self.fast_exits: dict[str, int] = {name: 0 for name in self.commands}
+        self.restart_at: dict[str, float] = {}  # name -> monotonic time of its pending restart
+        self.restarts: dict[str, int] = {name: 0 for name in self.commands}
         self.pumps: list[threading.Thread] = []
         self.width = max(len(name) for name, _ in children(port))
         self.out_lock = threading.Lock()
         self.signalled: int | None = None
         self.hurry = False
+        self.env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ output
     def emit(self, name: str, text: str) -> None:
@@ -138,18 +161,24 @@ class Supervisor:
     # ------------------------------------------------------------------- start
     def start(self) -> None:
         (ROOT / ".data").mkdir(exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_metrics_dir(metrics_dir(os.environ)))
-        for name, cmd in children(self.port, self.dev):
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, process_group=0,
-            )
-            self.procs[name] = proc
-            self.note(f"started {name} (pid {proc.pid}): {' '.join(cmd[1:])}")
-            pump = threading.Thread(target=self._pump, args=(name, proc.stdout), daemon=True)
-            pump.start()
-            self.pumps.append(pump)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.env["PROMETHEUS_MULTIPROC_DIR"] = str(prepare_metrics_dir(metrics_dir(os.environ)))
+        for name in self.commands:
+            self.spawn(name)
+
+    def spawn(self, name: str) -> None:
+        cmd = self.commands[name]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, process_group=0,
+        )
+        self.procs[name] = proc
+        self.started_at[name] = time.monotonic()
+        again = f" (restart {self.restarts[name]})" if self.restarts[name] else ""
+        self.note(f"started {name}{again} (pid {proc.pid}): {' '.join(cmd[1:])}")
+        pump = threading.Thread(target=self._pump, args=(name, proc.stdout), daemon=True)
+        pump.start()
+        self.pumps = [p for p in self.pumps if p.is_alive()] + [pump]
 
     def web_ready(self) -> bool:
         try:
@@ -157,6 +186,27 @@ class Supervisor:
                 return True
         except OSError:
             return False
+
+    # ----------------------------------------------------------------- restart
+    def exited(self, name: str, code: int, now: float) -> None:
+        """A child exited on its own: stop what is left of its process group (a Celery pool, gunicorn's workers),
+        then schedule its restart after the backoff (D-411). The others keep running."""
+        ran = now - self.started_at[name]
+        self.fast_exits[name] = self.fast_exits[name] + 1 if ran < RESTART_STABLE_SECONDS else 1
+        delay = restart_delay(self.fast_exits[name])
+        self._stop_groups({name: self.procs[name].pid}, grace=ORPHAN_GRACE_SECONDS)
+        row = (f", {self.fast_exits[name]} times in a row within {RESTART_STABLE_SECONDS:.0f} s of its start"
+               if self.fast_exits[name] > 1 else "")
+        self.note(f"{name} {describe(code)} on its own after {ran:.1f} s{row}; restarting it in {delay:.0f} s "
+                  f"(the others keep running)")
+        self.restart_at[name] = time.monotonic() + delay
+
+    def restart_due(self, now: float) -> None:
+        for name, due in list(self.restart_at.items()):
+            if now >= due:
+                del self.restart_at[name]
+                self.restarts[name] += 1
+                self.spawn(name)
 
     # -------------------------------------------------------------------- stop
     @staticmethod
@@ -169,28 +219,32 @@ class Supervisor:
             return True
         return True
 
-    def stop_all(self) -> None:
-        groups = {name: proc.pid for name, proc in self.procs.items()}  # process_group=0: pgid == pid
-        for name, pgid in groups.items():
+    def _stop_groups(self, groups: dict[str, int], grace: float) -> None:
+        """SIGTERM to each process group (process_group=0: pgid == the child's pid), SIGKILL to what is left after
+        `grace` seconds."""
+        for pgid in groups.values():
             if self._group_alive(pgid):
                 try:
                     os.killpg(pgid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + GRACE_SECONDS
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not self.hurry:
-            for proc in self.procs.values():
-                proc.poll()  # reap leaders so their groups can disappear
+            for name in groups:
+                self.procs[name].poll()  # reap leaders so their groups can disappear
             if not any(self._group_alive(pgid) for pgid in groups.values()):
                 break
             time.sleep(0.1)
         for name, pgid in groups.items():
             if self._group_alive(pgid):
-                self.note(f"{name} did not stop within {GRACE_SECONDS:.0f}s: SIGKILL")
+                self.note(f"{name} did not stop within {grace:.0f}s: SIGKILL")
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    def stop_all(self) -> None:
+        self._stop_groups({name: proc.pid for name, proc in self.procs.items()}, grace=GRACE_SECONDS)
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=5)
@@ -205,22 +259,16 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         self.start()
         announced = False
-        died: tuple[str, int] | None = None
-        while self.signalled is None and died is None:
+        while self.signalled is None:
+            now = time.monotonic()
             for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    died = (name, proc.returncode)
-                    break
-            if died is None and not announced and self.web_ready():
+                if name not in self.restart_at and proc.poll() is not None:
+                    self.exited(name, proc.returncode, now)
+            self.restart_due(time.monotonic())
+            if not announced and self.web_ready():
                 announced = True
                 self.note(f"Admin: http://127.0.0.1:{self.port}/admin/   Governance: http://127.0.0.1:{self.port}/")
             time.sleep(0.2)
-        if died is not None:
-            name, code = died
-            self.note(f"{name} {describe(code)} on its own; stopping the others")
-            self.stop_all()
-            self.note(f"stopped everything because {name} {describe(code)}")
-            return code if 0 < code < 256 else 1
         self.note(f"received {signal.Signals(self.signalled).name}; stopping web, workers, beat and the demo receiver")
         self.stop_all()
         self.note("all stopped")

@@ -2,6 +2,7 @@
 """Make PostgreSQL and Redis reachable for this project, or stop the private ones it started.
 
     python scripts/services.py ensure   # find or start servers, write .data/services.env
+    python scripts/services.py ensure --test   # the same for the test suite: our private PostgreSQL non-durable
     python scripts/services.py stop     # stop the private servers under .data/ (nothing else)
     python scripts/services.py env      # print .data/services.env
 
@@ -54,6 +55,18 @@ PG_SCHEMES = {"postgres", "postgresql", "pgsql", "postgis"}
 REDIS_SCHEMES = {"redis", "rediss"}
 CONFIG_MARKER = "# --- private development server settings written by scripts/services.py ---"
 WAIT_SECONDS = 30.0
+# A private server commits durably (issue 37 item 4, D-410): `make run` answers 201s that must survive a crash.
+DURABILITY_SETTINGS = ("fsync", "full_page_writes", "synchronous_commit")
+
+
+def durability_lines(durable: bool) -> list[str]:
+    if durable:
+        return ["# every commit survives a crash (D-410); the test suite's own sessions may turn "
+                "synchronous_commit off", *(f"{name} = on" for name in DURABILITY_SETTINGS)]
+    return ["# the test suite's server (`ensure --test`, no other database in use): durability traded for speed",
+            *(f"{name} = off" for name in DURABILITY_SETTINGS)]
+
+
 CONNECT_TIMEOUT = 3
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -483,7 +496,9 @@ class PrivatePostgres:
             f"{rel(self.home)} is a symlink to {outside}"
         )
 
-    def initdb(self, bindir: Path, runas: RunAs, user: str) -> float:
+    def initdb(self, bindir: Path, runas: RunAs, user: str, durable: bool = True) -> float:
+        """initdb, then our settings appended to postgresql.conf: durable unless `durable=False`, which only a test
+        harness passes (a server it starts and removes itself, D-410)."""
         self._prepare_home(runas)
         if self.data.exists():
             progress(f"{rel(self.data)} is incomplete (interrupted initdb?); recreating it")
@@ -508,15 +523,34 @@ class PrivatePostgres:
             f"port = {self.port}",
             f"unix_socket_directories = '{sock_dir}'",
             "logging_collector = off",
-            "# disposable development data: trade durability for speed",
-            "fsync = off",
-            "synchronous_commit = off",
-            "full_page_writes = off",
+            *durability_lines(durable),
             "",
         ])
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(settings)
         return time.monotonic() - started
+
+    @property
+    def durable(self) -> bool:
+        """Our section of postgresql.conf keeps every commit (no line turns fsync, full_page_writes or
+        synchronous_commit off)."""
+        ours = (self.data / "postgresql.conf").read_text().partition(CONFIG_MARKER)[2]
+        return not re.search(rf"(?m)^({'|'.join(DURABILITY_SETTINGS)}) = off\b", ours)
+
+    def make_durable(self, durable: bool = True) -> bool:
+        """Rewrite our section of postgresql.conf durable (or, for `ensure --test` only, not); True when it changed.
+        A cluster initialised by an older checkout had fsync, full_page_writes and synchronous_commit off. A
+        running server needs a reload (all three are reload-time settings)."""
+        if self.durable == durable:
+            return False
+        conf = self.data / "postgresql.conf"
+        head, marker, ours = conf.read_text().partition(CONFIG_MARKER)
+        ours = re.sub(rf"(?m)^({'|'.join(DURABILITY_SETTINGS)}) = .*\n", "", ours)
+        for comment in ("# disposable development data: trade durability for speed",
+                        durability_lines(True)[0], durability_lines(False)[0]):
+            ours = ours.replace(comment + "\n", "")
+        conf.write_text(head + marker + ours.rstrip("\n") + "\n" + "\n".join(durability_lines(durable)) + "\n")
+        return True
 
     def set_listen_address(self, host: str) -> None:
         listen = "::1" if host == "::1" else "127.0.0.1"
@@ -732,7 +766,7 @@ def plan_service(kind: str) -> Plan:
                 absent=f"nothing answers on the standard port {std.where} and {var} is unset")
 
 
-def execute_postgres(plan: Plan, bindir: Path) -> str:
+def execute_postgres(plan: Plan, bindir: Path, durable: bool = True) -> str:
     server = PrivatePostgres(plan.start_port)
     runas = RunAs.for_postgres()
     if server.pid is None:
@@ -745,6 +779,9 @@ def execute_postgres(plan: Plan, bindir: Path) -> str:
         version = (server.data / "PG_VERSION").read_text().strip()
         bindir = find_pg_bindir(prefer_version=version) or bindir
     server.set_listen_address(plan.host)
+    if server.make_durable(durable):
+        state = "on" if durable else "off, for the test suite (ensure --test)"
+        progress(f"{rel(server.data)}/postgresql.conf: fsync, full_page_writes and synchronous_commit {state}")
     progress(f"starting the private PostgreSQL server on {plan.host}:{plan.start_port}")
     timings.append(f"start {server.start(bindir, runas):.1f}s")
     ep = parse_url(plan.url, "postgres")
@@ -754,6 +791,40 @@ def execute_postgres(plan: Plan, bindir: Path) -> str:
                     f"{WAIT_SECONDS:.0f}s: {probe.error}\n  log tail ({rel(server.log)}):\n{tail(server.log)}")
     return (f"started private PostgreSQL server on {ep.where} ({rel(server.home)}, {', '.join(timings)}; "
             f"{plan.how})")
+
+
+def others_connected(url: str) -> int:
+    """Client sessions on the server's databases other than the test suite's (test_*) and the maintenance ones:
+    e.g. `make run`'s, which must keep a durable server."""
+    with pg_connect(url) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            " AND datname IS NOT NULL AND datname NOT LIKE 'test\\_%' AND datname NOT IN ('postgres', 'template1')"
+        ).fetchone()[0]
+
+
+def reload_durable(plan: Plan, durable: bool = True) -> str:
+    """Our private server, already running, gets the durable configuration (or, for `ensure --test`, the
+    non-durable one) and a reload: fsync, full_page_writes and synchronous_commit change without a restart. A
+    configuration written non-durable by an older checkout is made durable here. Servers that are not ours are
+    never touched."""
+    ep = parse_url(plan.url, "postgres")
+    if plan.start_port is not None or not ep.is_loopback:
+        return ""
+    server = PrivatePostgres(ep.port)
+    if server.pid is None or not server.initialised:
+        return ""
+    if not durable and others_connected(plan.url):
+        durable = True  # make run (or anything else) is using it: it stays durable, the suite runs slower
+        if server.durable:
+            return "; kept durable for the test suite: other databases on it are in use (e.g. make run)"
+    if not server.make_durable(durable):
+        return ""
+    with pg_connect(plan.url) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    if durable:
+        return "; made durable (fsync, full_page_writes, synchronous_commit on) and reloaded"
+    return "; fsync, full_page_writes and synchronous_commit off for the test suite (ensure --test) and reloaded"
 
 
 def execute_redis(plan: Plan, binary: str) -> str:
@@ -879,7 +950,10 @@ class Locked:
         self.fh.close()
 
 
-def cmd_ensure() -> int:
+def cmd_ensure(test: bool = False) -> int:
+    """`test`: `ensure --test`, the test suite's explicit trade (D-410): our private PostgreSQL runs with fsync,
+    full_page_writes and synchronous_commit off, unless something else (make run) uses its other databases.
+    A plain `ensure` (make run, migrate, bench) makes it durable again."""
     with Locked():
         plans = {kind: plan_service(kind) for kind in ("postgres", "redis")}
         missing = []
@@ -906,7 +980,8 @@ def cmd_ensure() -> int:
                         f"or set {variables} to a running server.", 2)
 
         pg = plans["postgres"]
-        pg_line = execute_postgres(pg, pg_bindir) if pg.start_port is not None else f"using {pg.how}"
+        pg_line = execute_postgres(pg, pg_bindir, not test) if pg.start_port is not None else f"using {pg.how}"
+        pg_line += reload_durable(pg, not test)
         # the journal lives beside `default` on the same server; JOURNAL_DATABASE_URL may only rename it
         named = os.environ.get("JOURNAL_DATABASE_URL", "").strip()
         journal_name = parse_url(named, "postgres").db if named else parse_url(journal_url_for(pg.url), "postgres").db
@@ -958,11 +1033,13 @@ def cmd_env() -> int:
 
 def main(argv: list[str]) -> int:
     commands = {"ensure": cmd_ensure, "stop": cmd_stop, "env": cmd_env}
-    if len(argv) != 1 or argv[0] not in commands:
-        print(f"usage: {Path(sys.argv[0]).name} {{{'|'.join(commands)}}}", file=sys.stderr)
+    test = argv[1:] == ["--test"] and argv[0] == "ensure"
+    if not (len(argv) == 1 or test) or argv[0] not in commands:
+        print(f"usage: {Path(sys.argv[0]).name} {{{'|'.join(commands)}}}   (ensure --test: the test suite's "
+              f"non-durable private PostgreSQL)", file=sys.stderr)
         return 64
     try:
-        return commands[argv[0]]()
+        return cmd_ensure(test=True) if test else commands[argv[0]]()
     except Fatal as exc:
         print(f"services.py: {exc}", file=sys.stderr)
         return exc.status

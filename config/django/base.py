@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import BASE_DIR, env_bool, env_int, env_list, env_str, journal_url_for
 from config.settings.celery import *  # noqa: F401,F403
@@ -98,8 +99,30 @@ DATABASES = {
     "journal": dj_database_url.parse(JOURNAL_DATABASE_URL, conn_max_age=DATABASE_CONN_MAX_AGE,
                                      conn_health_checks=True),
 }
-for _db in DATABASES.values():
+# Durable commits (issue 37 item 4, D-410): every session of the product commits with this synchronous_commit,
+# whatever the server's default, so a 201 (or any answer after a COMMIT) survives a crash of PostgreSQL or its host.
+# Only the test suite trades it for speed (config/django/test.py); production refuses `off`. /readyz reports the
+# server's fsync and full_page_writes beside it (observability/health.py).
+DATABASE_SYNCHRONOUS_COMMIT = env_str("CONNECTOR_DB_SYNCHRONOUS_COMMIT", "on")
+SYNCHRONOUS_COMMIT_LEVELS = ("on", "remote_apply", "remote_write", "local", "off")
+if DATABASE_SYNCHRONOUS_COMMIT not in SYNCHRONOUS_COMMIT_LEVELS:
+    raise ImproperlyConfigured(f"CONNECTOR_DB_SYNCHRONOUS_COMMIT={DATABASE_SYNCHRONOUS_COMMIT!r}: expected one of "
+                               f"{', '.join(SYNCHRONOUS_COMMIT_LEVELS)}")
+# /readyz fails (503) when a database does not commit durably: fsync or full_page_writes off on the server, or the
+# session's synchronous_commit off. Production requires it; elsewhere the check only reports.
+CONNECTOR_REQUIRE_DURABLE_COMMITS = env_bool("CONNECTOR_REQUIRE_DURABLE_COMMITS", False)
+
+
+def session_options(options: str, synchronous_commit: str) -> str:
+    """libpq `options` setting synchronous_commit for the session, after any the URL already carries."""
+    return " ".join(filter(None, [options, f"-c synchronous_commit={synchronous_commit}"]))
+
+
+# the libpq `options` each URL carried (?options=...), kept so that test settings can set another level
+DATABASE_URL_OPTIONS = {alias: _db.get("OPTIONS", {}).get("options", "") for alias, _db in DATABASES.items()}
+for _alias, _db in DATABASES.items():
     _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"]["options"] = session_options(DATABASE_URL_OPTIONS[_alias], DATABASE_SYNCHRONOUS_COMMIT)
     # TEST_DB_SUFFIX lets several suites run side by side on one server (e.g. a fallback proof, a helper).
     _db["TEST"] = {"NAME": "test_" + _db["NAME"] + env_str("TEST_DB_SUFFIX", "")}
 DATABASE_ROUTERS = ["config.routers.JournalRouter"]

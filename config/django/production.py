@@ -25,6 +25,13 @@ if len(CONNECTOR_METRICS_TOKEN) < 32:
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [f"https://{h}" for h in ALLOWED_HOSTS
                                                                   if not h.startswith(".")])
 
+# Durable commits (issue 37 item 4, D-410): never `off` in production, and /readyz fails while a database does not
+# commit durably (the server's fsync or full_page_writes off).
+if DATABASE_SYNCHRONOUS_COMMIT == "off":  # noqa: F405 - from base
+    raise ImproperlyConfigured("CONNECTOR_DB_SYNCHRONOUS_COMMIT=off is refused by config.django.production: an "
+                               "answered request must survive a crash of PostgreSQL (docs/operations.md)")
+CONNECTOR_REQUIRE_DURABLE_COMMITS = True
+
 # TLS ends at the reverse proxy: it sets X-Forwarded-Proto, and only the proxy may reach the web process.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)

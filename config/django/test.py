@@ -5,7 +5,7 @@ a test assumes the role named in DATABASE_ASSUME_ROLE."""
 from urllib.parse import unquote, urlsplit
 
 from config.django.base import *  # noqa: F401,F403
-from config.django.base import DATABASES
+from config.django.base import DATABASE_URL_OPTIONS, DATABASES, session_options
 from config.env import env_str
 from connector import dbroles
 
@@ -23,3 +23,10 @@ for _db in DATABASES.values():
         _db["PASSWORD"] = unquote(_ADMIN.password or "")
     _db["OPTIONS"]["assume_role"] = env_str("DATABASE_ASSUME_ROLE", "") or None
     _db["TEST"]["OWNER"] = dbroles.OWNER
+
+# The one place durability is traded for speed, explicitly (issue 37 item 4, D-410): the suite's sessions, and the
+# child processes a test starts with these settings, commit without waiting for the WAL flush unless
+# CONNECTOR_DB_SYNCHRONOUS_COMMIT says otherwise. The product's settings (local, production) keep `on`.
+DATABASE_SYNCHRONOUS_COMMIT = env_str("CONNECTOR_DB_SYNCHRONOUS_COMMIT", "off")
+for _alias, _db in DATABASES.items():
+    _db["OPTIONS"]["options"] = session_options(DATABASE_URL_OPTIONS[_alias], DATABASE_SYNCHRONOUS_COMMIT)

@@ -25,6 +25,15 @@ CELERY_TASK_ROUTES = {
     "observability.tasks.*": {"queue": "sweeper"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker outage of any length (issue 37 item 5, D-411): a worker keeps reconnecting instead of exiting after
+# Celery's default 100 attempts. A task running when the connection drops finishes its PostgreSQL work (leases and
+# fences, not the broker message, own the work); its late ack is lost, so the restored or re-delivered wake-up
+# finds nothing left to claim. Cancelling such tasks (terminating their pool processes) would only make uncertain
+# effects out of sends in flight. Where kombu itself crashes while restoring unacknowledged messages on the lost
+# connection (AttributeError in the Redis transport, a known class of bugs), scripts/run.py restarts the worker.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Celery's Django fixup closes every database connection before and after each task unless this is set (celery 5.7,
 # celery/fixups/django.py). Set, the fixup closes them only every 2 x this many task boundaries, and
 # config/celery.py applies Django's own rule at each boundary instead (close_old_connections: CONN_MAX_AGE, a

@@ -1,6 +1,6 @@
 """The activation bench's WAL figure (pg_walinspect) is measured, not refused, for a range the server has not flushed
 yet and for an empty range: PostgreSQL 15 refuses a future start LSN, an empty range and a range whose first record
-is not wholly flushed, and with synchronous_commit off (the private server of `scripts/services.py`) a COMMIT does
+is not wholly flushed, and with synchronous_commit off (the test suite's own sessions, D-410) a COMMIT does
 not flush (CV2-14-006: the activation's WAL figure is a budgeted figure)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROUNDS = 25  # each one a fresh race against the WAL writer; today's code lost i
 
 @pytest.fixture
 def async_observer(transactional_db, administrator):
-    """A second session committing like the fresh clone's server does: synchronous_commit off (the WAL writer
+    """A second session committing as the test suite's sessions do: synchronous_commit off (the WAL writer
     flushes every wal_writer_delay, 200 ms, and may stop in the middle of a record)."""
     assert _ensure_extensions()["pg_walinspect"], "pg_walinspect is needed to measure the activation's WAL"
     observer = _observer()

@@ -104,8 +104,10 @@ class PostgresServer:
     def journal_url(self) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/connector_journal"
 
-    def start(self) -> "PostgresServer":
-        self.server.initdb(self.bindir, self.runas, "postgres")
+    def start(self, *, durable: bool = True) -> "PostgresServer":
+        """initdb (durable as scripts/services.py configures it, or with fsync, full_page_writes and
+        synchronous_commit off for `durable=False`), start, create both databases."""
+        self.server.initdb(self.bindir, self.runas, "postgres", durable=durable)
         self.server.start(self.bindir, self.runas)
         svc.ensure_databases(self.url, self.journal_url)
         return self
@@ -118,6 +120,15 @@ class PostgresServer:
                                  str(home / "postgres.log"), "-m", "fast", "-w", "-t", "30", "restart"], cwd=home)
         assert result.returncode == 0, result.stdout + result.stderr
         return time.monotonic() - began
+
+    def crash_and_restart(self) -> None:
+        """`pg_ctl stop -m immediate` (every server process quits at once, no checkpoint: the next start recovers
+        from the WAL, as after a crash), then start again."""
+        home = self.server.home.resolve()
+        result = self.runas.run([str(self.bindir / "pg_ctl"), "-D", str(home / "data"), "-m", "immediate", "-w",
+                                 "-t", "30", "stop"], cwd=home)
+        assert result.returncode == 0, result.stdout + result.stderr
+        self.server.start(self.bindir, self.runas)
 
     def cleanup(self) -> None:
         self.server.stop()

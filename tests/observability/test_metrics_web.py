@@ -85,7 +85,8 @@ def test_readyz_and_healthz_answer_from_the_web_process(web_server):
     body = ready.json()
     assert body["status"] == "ok" and body["failing"] == []
     assert {name: check["status"] for name, check in body["checks"].items()} == {
-        "database_default": "ok", "database_journal": "ok", "migrations": "ok", "serving_state": "ok"}
+        "database_default": "ok", "database_journal": "ok", "migrations": "ok", "serving_state": "ok",
+        "durable_commits": "ok"}
     assert body["checks"]["serving_state"]["detail"] == "2 gates"
 
 
