@@ -30,6 +30,17 @@ EFFECT_TRANSITIONS = (
 )
 EFFECT_TERMINAL = (EffectState.NO_EFFECT, EffectState.QUARANTINED, EffectState.FINALIZED)
 
+# The retry schedule (seconds) of attempts that never reached the receiver when the callout declares none (D-420):
+# Svix's, about 27.6 hours in all, so an outage of a day is outlasted.
+DEFAULT_RETRY_SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 36000)
+
+
+class NoEffectReason(models.TextChoices):
+    """Closed reason codes of a terminal `no_effect` the frozen policy decided (D-423)."""
+    RECEIVER_UNREACHABLE = "RECEIVER_UNREACHABLE"  # dispatching -> no_effect: the retry schedule is spent
+    ATTEMPTS_SPENT = "NO_EFFECT_ATTEMPTS_SPENT"  # dispatching|uncertain -> no_effect: max_attempts proved no effect
+    PATH_UNSAFE = "OUTBOUND_PATH_UNSAFE"  # dispatching -> no_effect: the frozen path can never be sent
+
 
 class PermitState(models.TextChoices):
     GRANTED = "granted"  # initial (permit_acquire)

@@ -215,6 +215,9 @@ def quarantines() -> list[Quarantine]:
         *_uncertain(),
         *_grouped("effect", RemoteEffect.objects.filter(state="remote_confirmed").exclude(quarantine_reason=""),
                   "quarantine_reason", "changed_at"),
+        # Terminal no_effect with a reason code the frozen policy wrote (issue 37, D-423), until a new remote call.
+        *_grouped("effect", RemoteEffect.objects.filter(state="no_effect", successor_intents__isnull=True)
+                  .exclude(quarantine_reason=""), "quarantine_reason", "changed_at"),
         *_grouped("materialization", MaterializationDue.objects.exclude(held_reason=""), "held_reason", "held_at"),
         *_grouped("delivery", DeliveryOperation.objects.exclude(held_reason=""), "held_reason", "held_at"),
     ]

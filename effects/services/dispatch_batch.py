@@ -75,12 +75,14 @@ WITH pick(account_id) AS (
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id >= %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
               ORDER BY e.account_id LIMIT 1)
             UNION ALL
             (SELECT e.account_id, 1 AS wrap FROM effects_remoteeffect e
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id < %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
               ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1)
 )
 SELECT x.id, p.account_id, x.credential_generation_id
@@ -89,6 +91,7 @@ SELECT x.id, p.account_id, x.credential_generation_id
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id IS NULL
        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
      ORDER BY e.id LIMIT %(n)s) x
  ORDER BY x.id"""
 
@@ -98,6 +101,7 @@ SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect 
   JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
  WHERE e.account_id = %(account)s AND e.state = 'prepared' AND c.limiter_id IS NULL
    AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
  ORDER BY e.id LIMIT %(n)s"""
 
 # The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
@@ -111,6 +115,7 @@ SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_p
  WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.state = 'prepared'
    AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
    AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
  ORDER BY e.id
    FOR UPDATE OF e SKIP LOCKED"""
 
@@ -124,6 +129,7 @@ _LIMITED_PICK = """
       WHERE e.state = 'prepared' AND c.limiter_id {op} %(start)s{account}
         AND (l.not_before IS NULL OR l.not_before <= %(now)s)
         AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+        AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
       ORDER BY c.limiter_id LIMIT 1)"""
 _LIMITED_CANDIDATES = """
 WITH pick(limiter_id, account_id) AS (
@@ -135,6 +141,7 @@ SELECT x.id, p.account_id, x.credential_generation_id, p.limiter_id
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id = p.limiter_id
        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s)
      ORDER BY e.id LIMIT %(n)s) x
  ORDER BY x.id"""
 _LIMITED = {scoped: _LIMITED_CANDIDATES.format(**{
