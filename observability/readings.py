@@ -76,9 +76,20 @@ STAGES = (
           ("governance:execution", "pk"),
           "Its worker died holding the lease; the next claim takes it with a new fence. If it stays, check the "
           "claims workers."),
-    Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared"), "changed_at",
-          ("governance:effect", "pk"),
+    Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__isnull=True),
+          "changed_at", ("governance:effect", "pk"),
           "Waiting for a permit: check the egress workers and the credential gate of its generation."),
+    # A retry after an attempt that never reached the receiver (issue 37, D-421): waiting for its time is normal
+    # (its page shows the schedule); one due and not taken is aged from its due time.
+    Stage("effect_retry_scheduled",
+          lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__gt=now), "changed_at",
+          ("governance:effect", "pk"),
+          "Its receiver was unreachable; the next attempt waits for its scheduled time (the effect's page shows "
+          "the schedule). Many of them mean the receiver is down."),
+    Stage("effect_retry_due",
+          lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__lte=now), "next_attempt_at",
+          ("governance:effect", "pk"),
+          "Its scheduled retry is due and not taken: check the egress workers and the effects sweeper (beat)."),
     Stage("effect_dispatching", lambda now: RemoteEffect.objects.filter(state="dispatching"), "changed_at",
           ("governance:effect", "pk"),
           "A permit is open; settlement records the answer. An effect that stays here becomes uncertain and waits "

@@ -145,14 +145,14 @@ def _ended_no_effect(request, prefix: str, code: str, mode: str | None):
     call authorized by an operator, and the item leaves the board (its successor carries on)."""
     from connector import demo
     from effects.services import intents, worker
-    from tests.effects.helpers import author
+    from tests.effects.test_remote_identity import push
     from tests.faults.servers import free_port
 
     monkeypatch, settings = request.getfixturevalue("monkeypatch"), request.getfixturevalue("settings")
     receiver = request.getfixturevalue("receiver")
     monkeypatch.setattr(demo, "CALLOUT_DEFINITION", {**demo.CALLOUT_DEFINITION, "retry": {"schedule_seconds": [1]}})
     account = demo.build_world(prefix, push=True).accounts[0]
-    author(account)
+    push(account, "r1", 1)  # Runtime authors the push, naming its owner slot (a new remote call repeats it)
     if mode is None:
         settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": f"http://127.0.0.1:{free_port()}"}
     else:
