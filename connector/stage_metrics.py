@@ -85,6 +85,7 @@ SETTLEMENT_RETRIES = Counter(
     "tried again",
     labelnames=["step"], registry=None)
 NO_EFFECT_REASONS = ("RECEIVER_UNREACHABLE", "NO_EFFECT_ATTEMPTS_SPENT", "OUTBOUND_PATH_UNSAFE")
+SETTLE_STEPS = ("settlement", "give-up")
 
 COLLECTORS = (RESULT_LATENCY, EFFECT_LATENCY, EGRESS, RATE_LIMIT_DEFERRALS, RECEIVER_DEFERRALS, RETRIES_SCHEDULED,
               NO_EFFECT, SETTLEMENT_RETRIES)
@@ -181,4 +182,4 @@ def effect_no_effect(*, callout: str, reason: str) -> None:
 
 def settlement_retried(*, step: str) -> None:
     """A settlement (or give-up) failed with the database and is tried again: counted now (nothing committed)."""
-    SETTLEMENT_RETRIES.labels(step if step in ("settlement", "give-up") else UNKNOWN).inc()
+    SETTLEMENT_RETRIES.labels(step if step in SETTLE_STEPS else UNKNOWN).inc()

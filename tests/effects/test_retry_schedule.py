@@ -69,6 +69,9 @@ def test_an_attempt_that_never_reached_the_receiver_is_retried_on_the_frozen_sch
     assert attempt.evidence.startswith("connect failed: " + type(failure).__name__)
     assert dispatch.effect_claim(holder=dispatch.holder_register(holder_id="h1")) is None
     assert worker.effects_sweep()["claimable"] == 0
+    from observability import readings  # the overview: waiting for its time, not a stuck prepared effect (D-426)
+    counts = {b.stage: b.count for b in readings.backlogs()}
+    assert (counts["effect_prepared"], counts["effect_retry_scheduled"], counts["effect_retry_due"]) == (0, 1, 0)
     for step, wait in enumerate((40, 130)):
         with pytest.MonkeyPatch.context() as later:
             now = timezone.now()
