@@ -72,6 +72,14 @@ def test_an_attempt_that_never_reached_the_receiver_is_retried_on_the_frozen_sch
     from observability import readings  # the overview: waiting for its time, not a stuck prepared effect (D-426)
     counts = {b.stage: b.count for b in readings.backlogs()}
     assert (counts["effect_prepared"], counts["effect_retry_scheduled"], counts["effect_retry_due"]) == (0, 1, 0)
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    page = Client()
+    page.force_login(User.objects.create_superuser("ops-rs", password="pw-ops"))
+    shown = page.get(f"/queue/effect/{effect.pk}/").content.decode()  # the schedule and the next attempt's time
+    assert "1 of 3" in shown and "30 s, 60 s" in shown
+    assert f"not before {timezone.localtime(effect.next_attempt_at):%Y-%m-%d %H:%M:%S}" in shown
     for step, wait in enumerate((40, 130)):
         with pytest.MonkeyPatch.context() as later:
             now = timezone.now()
