@@ -4,7 +4,8 @@ transaction before any byte leaves, each permit checked exactly as `effects.egre
 the adapter makes each permit's one HTTP exchange (`egress._exchange`, sequentially, on the process's kept client)
 and settles: the `remote_confirmed` answers and their finalizations in one transaction
 (`dispatch_batch.permits_settle_confirmed`), every other answer (or an item the batch settlement refused) alone
-through `permit_settle` / `permit_settle_and_finalize`, each isolated (D-168).
+through `egress.settle_exchange` (`permit_settle` / `permit_settle_and_finalize`, tried again until it lands, D-424),
+each isolated (D-168).
 
 A limited destination's batch (D-371..D-373) sends one permit at a time, each behind its own committed marker that
 reads the destination's limiter `FOR SHARE` and refuses while a receiver's deferral is pending; an answer that
@@ -165,7 +166,8 @@ def _send_limited(*, permits: list[BatchPermit], holder_id: str, base_url: str |
 def _settle(account_id: int, effects: dict[int, RemoteEffect], answers: list, holder_id: str,
             batch: bool = True) -> dict[int, RemoteEffect]:
     """The answers' settlements: the confirmed ones (without a deferral to record) in one transaction, every other
-    one alone through `permit_settle` / `permit_settle_and_finalize`, isolated (D-168)."""
+    one alone through `egress.settle_exchange` (the settlement of `send`, tried again until it lands, D-424),
+    isolated (D-168)."""
     confirmed = [(p, done) for p, done in answers if batch and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED
                  and (p.limiter_pk is None or done.outcome.get("defer_seconds") is None)]
     settled: dict[int, RemoteEffect] = {}
