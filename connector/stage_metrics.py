@@ -13,6 +13,12 @@ worker's own port (observability/workers.py).
   (DESTINATION_DEFERRED, D-222).
 - `connector_receiver_deferrals_total{destination, status}`: a receiver's `429` or `Retry-After` that deferred its
   destination (D-223).
+- `connector_effect_retries_scheduled_total{destination}`: attempts that never reached the receiver and were
+  followed by a scheduled retry (issue 37, D-421).
+- `connector_effects_no_effect_total{destination, reason}`: effects the frozen policy ended terminal `no_effect`, by
+  closed reason code (RECEIVER_UNREACHABLE, NO_EFFECT_ATTEMPTS_SPENT, OUTBOUND_PATH_UNSAFE; D-423).
+- `connector_settlement_retries_total{step}`: egress settlements (or generation give-ups) PostgreSQL could not take
+  and that were tried again (issue 37 item 3, D-424); counted at once, not after a commit.
 
 Every observation runs after the commit of the transaction that did the work (`after_commit`), so a rolled-back
 transaction counts nothing, and a failing observation never fails committed work. Every label value comes from a
@@ -64,7 +70,25 @@ RECEIVER_DEFERRALS = Counter(
     "Receiver answers (429 or Retry-After) that deferred a destination declaring a limit, by answer status",
     labelnames=["destination", "status"], registry=None)
 
-COLLECTORS = (RESULT_LATENCY, EFFECT_LATENCY, EGRESS, RATE_LIMIT_DEFERRALS, RECEIVER_DEFERRALS)
+RETRIES_SCHEDULED = Counter(
+    "connector_effect_retries_scheduled",
+    "Attempts that never reached the receiver (connection refused, DNS, TLS handshake, connect timeout) followed by a "
+    "retry scheduled on the frozen policy's schedule, by destination",
+    labelnames=["destination"], registry=None)
+NO_EFFECT = Counter(
+    "connector_effects_no_effect",
+    "Effects the frozen policy ended terminal no_effect, by destination and closed reason code",
+    labelnames=["destination", "reason"], registry=None)
+SETTLEMENT_RETRIES = Counter(
+    "connector_settlement_retries",
+    "Egress settlements (step settlement) or holder generation give-ups (step give-up) PostgreSQL could not take, "
+    "tried again",
+    labelnames=["step"], registry=None)
+NO_EFFECT_REASONS = ("RECEIVER_UNREACHABLE", "NO_EFFECT_ATTEMPTS_SPENT", "OUTBOUND_PATH_UNSAFE")
+SETTLE_STEPS = ("settlement", "give-up")
+
+COLLECTORS = (RESULT_LATENCY, EFFECT_LATENCY, EGRESS, RATE_LIMIT_DEFERRALS, RECEIVER_DEFERRALS, RETRIES_SCHEDULED,
+              NO_EFFECT, SETTLEMENT_RETRIES)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _destinations: set[str] = set()
@@ -142,3 +166,20 @@ def receiver_deferred(*, callout: str, code: int | None) -> None:
     """A receiver's answer deferred its destination (call inside the settling transaction)."""
     labels = (destination(callout), status(code))
     after_commit(lambda: RECEIVER_DEFERRALS.labels(*labels).inc())
+
+
+def retry_scheduled(*, callout: str) -> None:
+    """An unreached attempt's retry was scheduled (call inside the settling transaction)."""
+    label = destination(callout)
+    after_commit(lambda: RETRIES_SCHEDULED.labels(label).inc())
+
+
+def effect_no_effect(*, callout: str, reason: str) -> None:
+    """The frozen policy ended an effect terminal no_effect with `reason` (call inside its transaction)."""
+    labels = (destination(callout), reason if reason in NO_EFFECT_REASONS else UNKNOWN)
+    after_commit(lambda: NO_EFFECT.labels(*labels).inc())
+
+
+def settlement_retried(*, step: str) -> None:
+    """A settlement (or give-up) failed with the database and is tried again: counted now (nothing committed)."""
+    SETTLEMENT_RETRIES.labels(step if step in SETTLE_STEPS else UNKNOWN).inc()

@@ -85,15 +85,15 @@ class RemoteEffectAdmin(FactAdmin):
                         "the others wait for an operator's reconciliation with evidence; nothing is retried "
                         "blindly.")
     list_display = ("id", "account", "state_badge", "attempt_count", "lease_holder", "remote_id",
-                    "quarantine_reason", "changed_at")
+                    "quarantine_reason", "next_attempt_at", "changed_at")
     list_filter = ("state", "account")
     search_fields = ("remote_id", "command__effect_root_id")
     list_select_related = ("account",)
     inlines = [AttemptInline, PermitInline]
     actions = ["reconcile_no_effect", "reconcile_idempotent_repeat", "reconcile_quarantine"]
     fieldsets = ((None, {"fields": ("account", "command_link", "state_badge", "attempt_count", "lease_holder",
-                                    "lease_fence", "lease_expires_at", "remote_id", "quarantine_reason",
-                                    "digest", "links", "step_failures_col")}),)
+                                    "lease_fence", "lease_expires_at", "next_attempt_at", "remote_id",
+                                    "quarantine_reason", "digest", "links", "step_failures_col")}),)
     step_failures_col = step_failures_col
     state_badge = admin.display(description="state")(lambda self, o: badge(o.state))
     digest = digest_col("logical_effect_digest", "logical effect digest")

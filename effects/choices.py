@@ -33,6 +33,17 @@ EFFECT_TERMINAL = (EffectState.NO_EFFECT, EffectState.QUARANTINED, EffectState.F
 # (effects.services.recovery, D-433): it waits for a person; leaving `uncertain` lifts the hold.
 UNCERTAIN_HOLDS = ("UNCERTAIN_REPEATS_SPENT", "UNCERTAIN_KEY_RETENTION_PASSED")
 
+# The retry schedule (seconds) of attempts that never reached the receiver when the callout declares none (D-420):
+# Svix's, about 27.6 hours in all, so an outage of a day is outlasted.
+DEFAULT_RETRY_SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 36000)
+
+
+class NoEffectReason(models.TextChoices):
+    """Closed reason codes of a terminal `no_effect` the frozen policy decided (D-423)."""
+    RECEIVER_UNREACHABLE = "RECEIVER_UNREACHABLE"  # dispatching -> no_effect: the retry schedule is spent
+    ATTEMPTS_SPENT = "NO_EFFECT_ATTEMPTS_SPENT"  # dispatching|uncertain -> no_effect: max_attempts proved no effect
+    PATH_UNSAFE = "OUTBOUND_PATH_UNSAFE"  # dispatching -> no_effect: the frozen path can never be sent
+
 
 class PermitState(models.TextChoices):
     GRANTED = "granted"  # initial (permit_acquire)

@@ -14,6 +14,7 @@ import ssl
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 from django.conf import settings
@@ -32,6 +33,7 @@ from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
 from effects.errors import DestinationDeferred, EgressRefused
 from effects.models import CommandTrace, DispatchPermit, RemoteEffect
+from effects import settlement
 from effects.services.dispatch import permit_settle
 from effects.services.dispatch_together import permit_settle_and_finalize
 from effects.services.identity import effect_slot
@@ -236,9 +238,11 @@ def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
         result = _classify(response)
         digest = hashlib.sha256(response.content).digest()
         answered = stage_metrics.status(response.status_code)
-    except httpx.ConnectError as exc:
-        # The connection was never established: no request bytes reached the receiver.
-        result, digest = SendResult(AttemptOutcome.NO_EFFECT, None, "", f"connect failed: {exc}"), None
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        # The connection was never established (refused, DNS, TLS handshake, connect timeout) or none was free in
+        # the pool: no request byte reached the receiver. The frozen retry schedule decides what follows (D-420).
+        result, digest = SendResult(AttemptOutcome.NO_EFFECT, None, "",
+                                    f"connect failed: {type(exc).__name__}: {exc}"), None
         answered = "transport_error"
     except httpx.HTTPError as exc:
         result, digest = SendResult(AttemptOutcome.UNCERTAIN, None, "", f"{type(exc).__name__}: {exc}"), None
@@ -269,14 +273,23 @@ def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_f
     if account_id is not None:
         effects = effects.filter(account_id=account_id, command__account_id=account_id)
     effect = effects.get(pk=permit.effect_id)
+    done = _exchange(permit_pk=permit.pk, command=effect.command, base_url=base_url)
+    return settle_exchange(permit_pk=permit.pk, effect=effect, done=done, finalize=finalize, holder_id=holder_id)
+
+
+def settle_exchange(*, permit_pk: int, effect: RemoteEffect, done: Exchange, finalize: bool,
+                    holder_id: str) -> RemoteEffect:
+    """Settle one exchange's answer (`send`, and each answer `egress_batch` settles alone): `finalize` and an answer
+    proving `remote_confirmed`: settled and finalized in one transaction (`permit_settle_and_finalize`, D-336); any
+    other: `permit_settle`. A settlement PostgreSQL cannot take now is tried again until it lands
+    (`settlement.until_landed`, issue 37 item 3), or `holder_id`'s generation is given up. Counted in the egress metric once committed (issue 21)."""
     command, settle = effect.command, {"effect_pk": effect.pk, "account_id": effect.account_id}
-    done = _exchange(permit_pk=permit.pk, command=command, base_url=base_url)
     if finalize and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED:
-        effect = permit_settle_and_finalize(permit_pk=permit.pk, owner_slot=effect_slot(effect),
-                                            commanded_at=command.created_at, callout=command.callout,
-                                            **done.outcome, **settle)
+        call = partial(permit_settle_and_finalize, permit_pk=permit_pk, owner_slot=effect_slot(effect),
+                       commanded_at=command.created_at, callout=command.callout, **done.outcome, **settle)
     else:
-        effect = permit_settle(permit_pk=permit.pk, **done.outcome, **settle)
+        call = partial(permit_settle, permit_pk=permit_pk, **done.outcome, **settle)
+    effect = settlement.until_landed(call, permit_pk=permit_pk, holder_id=holder_id)
     if done.answered is not None:
         # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
         stage_metrics.egress_observe(callout=command.callout, status_label=done.answered, seconds=done.seconds)

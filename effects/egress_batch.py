@@ -4,7 +4,8 @@ transaction before any byte leaves, each permit checked exactly as `effects.egre
 the adapter makes each permit's one HTTP exchange (`egress._exchange`, sequentially, on the process's kept client)
 and settles: the `remote_confirmed` answers and their finalizations in one transaction
 (`dispatch_batch.permits_settle_confirmed`), every other answer (or an item the batch settlement refused) alone
-through `permit_settle` / `permit_settle_and_finalize`, each isolated (D-168).
+through `egress.settle_exchange` (`permit_settle` / `permit_settle_and_finalize`, tried again until it lands, D-424),
+each isolated (D-168).
 
 A limited destination's batch (D-371..D-373) sends one permit at a time, each behind its own committed marker that
 reads the destination's limiter `FOR SHARE` and refuses while a receiver's deferral is pending; an answer that
@@ -28,9 +29,7 @@ from connector.services import poison
 from effects import egress, locks
 from effects.choices import AttemptOutcome
 from effects.models import CommandTrace, RemoteEffect
-from effects.services.dispatch import permit_settle
 from effects.services.dispatch_batch import BatchPermit, Confirmed, permits_settle_confirmed
-from effects.services.dispatch_together import permit_settle_and_finalize
 from effects.services.dispatch_withdraw import permits_abandon_fenced_out, permits_withdraw
 from effects.services.identity import effect_slot
 from effects.services.limiter import receiver_deferral
@@ -114,7 +113,7 @@ def send_batch(*, permits: list[BatchPermit], holder_id: str, base_url: str | No
         return settled
     fault_point("egress.after_sending")
     effects = _effects(won)
-    return settled | _settle(won[0].account_id, effects, [(p, _send(p, effects, base_url)) for p in won])
+    return settled | _settle(won[0].account_id, effects, [(p, _send(p, effects, base_url)) for p in won], holder_id)
 
 
 def _abandon_refused(refused: list[BatchPermit]) -> dict[int, RemoteEffect]:
@@ -153,21 +152,22 @@ def _send_limited(*, permits: list[BatchPermit], holder_id: str, base_url: str |
         if done.outcome.get("defer_seconds") is None:
             answers.append((p, done))
         else:  # the deferral is recorded by this settlement, before any further marker of the destination
-            settled.update(_settle(p.account_id, effects, [(p, done)], batch=False))
+            settled.update(_settle(p.account_id, effects, [(p, done)], holder_id, batch=False))
     if refused:
         with _isolated(SweepStep.EFFECT_SEND, refused[0].effect_pk):
             for pk in permits_withdraw(permits=refused, holder_id=holder_id):
                 settled[pk] = RemoteEffect.objects.get(pk=pk, account_id=refused[0].account_id)
         settled.update(_abandon_refused([p for p in refused if p.effect_pk not in settled]))
     if answers:
-        settled.update(_settle(permits[0].account_id, effects, answers))
+        settled.update(_settle(permits[0].account_id, effects, answers, holder_id))
     return settled
 
 
-def _settle(account_id: int, effects: dict[int, RemoteEffect], answers: list,
+def _settle(account_id: int, effects: dict[int, RemoteEffect], answers: list, holder_id: str,
             batch: bool = True) -> dict[int, RemoteEffect]:
     """The answers' settlements: the confirmed ones (without a deferral to record) in one transaction, every other
-    one alone through `permit_settle` / `permit_settle_and_finalize`, isolated (D-168)."""
+    one alone through `egress.settle_exchange` (the settlement of `send`, tried again until it lands, D-424),
+    isolated (D-168)."""
     confirmed = [(p, done) for p, done in answers if batch and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED
                  and (p.limiter_pk is None or done.outcome.get("defer_seconds") is None)]
     settled: dict[int, RemoteEffect] = {}
@@ -184,18 +184,12 @@ def _settle(account_id: int, effects: dict[int, RemoteEffect], answers: list,
         log.warning("batch settlement failed; settling each item alone", extra={"error": f"{type(exc).__name__}"})
     for p, done in answers:
         effect = effects[p.effect_pk]
-        if p.effect_pk not in settled:
-            settle = {"effect_pk": p.effect_pk, "account_id": account_id}
-            with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):
-                if done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED:
-                    settled[p.effect_pk] = permit_settle_and_finalize(
-                        permit_pk=p.permit_pk, owner_slot=effect_slot(effect), commanded_at=effect.command.created_at,
-                        callout=effect.command.callout, **done.outcome, **settle)
-                else:
-                    settled[p.effect_pk] = permit_settle(permit_pk=p.permit_pk, **done.outcome, **settle)
-            if p.effect_pk not in settled:
-                continue
-        if done.answered is not None:  # issue 21: counted once the settlement committed
-            stage_metrics.egress_observe(callout=effect.command.callout, status_label=done.answered,
-                                         seconds=done.seconds)
+        if p.effect_pk in settled:
+            if done.answered is not None:  # issue 21: counted once the settlement committed
+                stage_metrics.egress_observe(callout=effect.command.callout, status_label=done.answered,
+                                             seconds=done.seconds)
+            continue
+        with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):  # the one settlement of `send` (retried until it lands)
+            settled[p.effect_pk] = egress.settle_exchange(permit_pk=p.permit_pk, effect=effect, done=done,
+                                                          finalize=True, holder_id=holder_id)
     return settled

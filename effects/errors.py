@@ -87,6 +87,16 @@ class RateLimitInvalid(OutboundRefused):
     operator_action = "Correct the callout definition's rate_limit in the pack and install a new pack generation."
 
 
+class RetryPolicyInvalid(OutboundRefused):
+    """The callout's `retry` is not `{"schedule_seconds": [d1, d2, ...]}` (1 to 100 integers from 1 to 604800) nor
+    `{"exponential": {"first_seconds": F, "factor": X, "max_delay_seconds": M}, "horizon_seconds": H}`: the command
+    is not authored; nothing was written (D-420)."""
+
+    code = "RETRY_POLICY_INVALID"
+    http_status = 422
+    operator_action = "Correct the callout definition's retry in the pack and install a new pack generation."
+
+
 class DestinationDeferred(ConnectorError):
     """The destination's declared limit admits no permit now (its in-flight maximum is reached, its token bucket
     is empty, or a receiver's Retry-After defers it): no permit was granted, nothing was sent, and the effect is

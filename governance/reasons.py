@@ -54,6 +54,17 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
        "Look the record up at the provider, then on the effect's page either keep the existing link (evidence that "
        "the linked record is the one changed) or relink the slot to the proven identity (two approvers); the "
        "effect then finalizes"),
+    _r("RECEIVER_UNREACHABLE", "Effect ended no_effect: the receiver was unreachable for its whole retry schedule "
+       "(nothing was sent)", "integration on-call", 60,
+       "Once the receiver is reachable again, authorize a new remote call on the effect page (a successor generation "
+       "repeating the request); or leave it terminal: the change was applied locally and is not pushed"),
+    _r("NO_EFFECT_ATTEMPTS_SPENT", "Effect ended no_effect: every attempt the policy allows proved no effect (the "
+       "receiver refused the request)", "integration on-call", 240,
+       "Read the refusals on the effect page; after correcting the receiver or the data, authorize a new remote call "
+       "on the effect page; or leave it terminal"),
+    _r("OUTBOUND_PATH_UNSAFE", "Effect ended no_effect: its frozen path is outside its callout's template",
+       "integration owner", 240,
+       "Correct the callout template in a new pack generation; a new business intent authors a new command"),
     _r("DEPENDENCY_EXPIRED", "Execution quarantined: its dependency expired", "runtime owner", 120,
        "Replay the execution on its page once the dependency exists (a new generation, external effects "
        "suppressed)"),
@@ -116,7 +127,8 @@ class Remedy:
     terminal: str = ""  # why it is terminal (kind "terminal" only)
 
 
-REMEDY_KINDS = ("reconcile_effect", "automatic", "resolve_link", "replay", "resume_lane", "reconcile_delivery", "v1_reconcile",
+REMEDY_KINDS = ("reconcile_effect", "automatic", "resolve_link", "remote_call", "replay", "resume_lane",
+                "reconcile_delivery", "v1_reconcile",
                 "gate_action", "credential_reenable", "journal_epoch", "poison_release", "epoch_reject", "terminal",
                 "unmapped")
 
@@ -135,6 +147,15 @@ REMEDIES: dict[str, Remedy] = {
                                                                  "effect page"),
     "REMOTE_LINK_CONFLICT": Remedy("resolve_link", "Keep the link, or relink with two approvers, on the effect "
                                                    "page"),
+    # A terminal no_effect the frozen policy decided (issue 37, D-423): an operator-authorized new remote call (a
+    # successor generation, D-305) is the way forward; it leaves the queue once one was authorized.
+    "RECEIVER_UNREACHABLE": Remedy("remote_call", "Authorize a new remote call on the effect page once the receiver "
+                                                  "is reachable (or leave it terminal: nothing was sent)"),
+    "NO_EFFECT_ATTEMPTS_SPENT": Remedy("remote_call", "Authorize a new remote call on the effect page after the "
+                                                      "refusal's cause is corrected (or leave it terminal)"),
+    "OUTBOUND_PATH_UNSAFE": _terminal("the frozen path can never be sent (no attempt of these bytes can do better); "
+                                      "a corrected callout template in a new pack generation and a new business "
+                                      "intent author a new command"),
     "RESULT_FAILED": Remedy("replay", "Replay it on the execution page, or resume its lane past it with evidence"),
     "RESULT_REJECTED": Remedy("replay", "Replay it on the execution page, or resume its lane past it with evidence"),
     "DEPENDENCY_EXPIRED": Remedy("replay", "Replay it on the execution page"),

@@ -77,6 +77,13 @@ def link_conflicts() -> list[Item]:
             .filter(state="remote_confirmed").exclude(quarantine_reason="")]
 
 
+def ended_effects() -> list[Item]:
+    """Effects the frozen policy ended terminal `no_effect` with a closed reason code (issue 37, D-423), until a new
+    remote call for their root and slot was authorized (the successor carries on from there)."""
+    return [_effect(e, e.quarantine_reason) for e in RemoteEffect.objects.select_related("command")
+            .filter(state="no_effect", successor_intents__isnull=True).exclude(quarantine_reason="")]
+
+
 def quarantined_executions() -> list[Item]:
     """Quarantined executions still waiting for their remedy (one already replayed, or passed by a lane resume,
     is followed through its successor fact instead), each with whether a replay would run now."""
@@ -164,7 +171,7 @@ def v1_reconciliations() -> list[Item]:
 # Every kind of halted or quarantined item. A new quarantine reason adds its reason (reasons.py), its remedy and,
 # for a new kind of item, a source here: the board and the queue pick it up from there.
 SOURCES: tuple[Callable[[], list[Item]], ...] = (
-    uncertain_effects, quarantined_effects, link_conflicts, quarantined_executions, halted_lanes,
+    uncertain_effects, quarantined_effects, link_conflicts, ended_effects, quarantined_executions, halted_lanes,
     quarantined_components, halted_gates, revoked_credential_gates, blocked_delivery_gates, waiting_deliveries,
     v1_reconciliations,
     poison_items,  # held receipts and deliveries, quarantined windows, epochs not verified (D-168)

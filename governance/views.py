@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
@@ -18,11 +19,12 @@ from effects.selectors import DeliveryOperation, ReceiverCertification, RemoteEf
 from effects.services.delivery import reconciliation as delivery_reconciliation
 from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
+from effects.services.retry import schedule_view
 
 from . import selectors
 from .access import _audit, screen
 from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, parse
-from .reasons import REASONS
+from .reasons import REASONS, reason
 
 
 def _decide(request, call, *, success: str) -> bool:
@@ -140,7 +142,9 @@ def effect(request, pk: int):
         "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None,
         "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
-        "command": effect_.command, **link_context(effect_, request.user),
+        "command": effect_.command, "retry": schedule_view(effect_, timezone.now()),
+        "reason": reason(effect_.quarantine_reason) if effect_.quarantine_reason else None,
+        **link_context(effect_, request.user),
         **remote_call_context(effect_, request.user)})
 
 

@@ -76,11 +76,22 @@ STAGES = (
           ("governance:execution", "pk"),
           "Its worker died holding the lease; the next claim takes it with a new fence. If it stays, check the "
           "claims workers."),
-    Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared"), "changed_at",
-          ("governance:effect", "pk"),
+    Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__isnull=True),
+          "changed_at", ("governance:effect", "pk"),
           "Waiting for a permit: check the egress workers and the credential gate of its generation. A push also "
           "waits while an earlier push of the same record is uncertain or in REMOTE_LINK_CONFLICT: resolve that "
           "one first (D-441)."),
+    # A retry after an attempt that never reached the receiver (issue 37, D-421): waiting for its time is normal
+    # (its page shows the schedule); one due and not taken is aged from its due time.
+    Stage("effect_retry_scheduled",
+          lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__gt=now), "changed_at",
+          ("governance:effect", "pk"),
+          "Its receiver was unreachable; the next attempt waits for its scheduled time (the effect's page shows "
+          "the schedule). Many of them mean the receiver is down."),
+    Stage("effect_retry_due",
+          lambda now: RemoteEffect.objects.filter(state="prepared", next_attempt_at__lte=now), "next_attempt_at",
+          ("governance:effect", "pk"),
+          "Its scheduled retry is due and not taken: check the egress workers and the effects sweeper (beat)."),
     Stage("effect_dispatching", lambda now: RemoteEffect.objects.filter(state="dispatching"), "changed_at",
           ("governance:effect", "pk"),
           "A permit is open; settlement records the answer. An effect that stays here becomes uncertain and waits "
@@ -217,6 +228,9 @@ def quarantines() -> list[Quarantine]:
         *_uncertain(),
         *_grouped("effect", RemoteEffect.objects.filter(state="remote_confirmed").exclude(quarantine_reason=""),
                   "quarantine_reason", "changed_at"),
+        # Terminal no_effect with a reason code the frozen policy wrote (issue 37, D-423), until a new remote call.
+        *_grouped("effect", RemoteEffect.objects.filter(state="no_effect", successor_intents__isnull=True)
+                  .exclude(quarantine_reason=""), "quarantine_reason", "changed_at"),
         *_grouped("materialization", MaterializationDue.objects.exclude(held_reason=""), "held_reason", "held_at"),
         *_grouped("delivery", DeliveryOperation.objects.exclude(held_reason=""), "held_reason", "held_at"),
     ]

@@ -38,6 +38,11 @@ CONNECTOR = {
     "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),
     "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
+    # A settlement PostgreSQL cannot take is tried again with backoff (issue 37 item 3, D-424); after this long the
+    # egress process gives its holder generation up instead (D-425).
+    "SETTLE_RETRY_FIRST_SECONDS": float(env_str("CONNECTOR_SETTLE_RETRY_FIRST_SECONDS", "0.25")),
+    "SETTLE_RETRY_MAX_SECONDS": float(env_str("CONNECTOR_SETTLE_RETRY_MAX_SECONDS", "5")),
+    "SETTLE_GIVE_UP_SECONDS": env_int("CONNECTOR_SETTLE_GIVE_UP_SECONDS", 60),
     # Effects per batched egress worker step (issue 20, D-350): up to this many `prepared` effects of one account
     # whose destinations declare no limit are claimed, marked `sending` and settled in one transaction each; the
     # lease (LEASE_SECONDS) covers the batch's sequential exchanges. 0 or 1: the one-by-one step (before D-350).
@@ -56,6 +61,7 @@ CONNECTOR = {
         "execution_ready": env_int("CONNECTOR_BUDGET_EXECUTION_READY_SECONDS", 120),
         "execution_lease_expired": env_int("CONNECTOR_BUDGET_LEASE_EXPIRED_SECONDS", 60),
         "effect_prepared": env_int("CONNECTOR_BUDGET_EFFECT_PREPARED_SECONDS", 120),
+        "effect_retry_due": env_int("CONNECTOR_BUDGET_EFFECT_RETRY_DUE_SECONDS", 60),
         "effect_dispatching": env_int("CONNECTOR_BUDGET_EFFECT_DISPATCHING_SECONDS", 300),
         "permit_granted": env_int("CONNECTOR_BUDGET_PERMIT_GRANTED_SECONDS", 60),
         "permit_sending": env_int("CONNECTOR_BUDGET_PERMIT_SENDING_SECONDS", 120),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import FilteredRelation, Q
+from django.db.models import FilteredRelation, JSONField, Q
 from django.utils import timezone
 
 from connector import locks, logcontext, tracing
@@ -249,15 +249,15 @@ def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",
     assert transaction.get_connection().in_atomic_block
     if not rows:
         return []
-    fields = _fields(model)
-    now = timezone.now()
-    columns = []
+    fields, now, columns, connection = _fields(model), timezone.now(), [], transaction.get_connection()
     for f in fields:
         if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
             columns.append([row.get(f.attname, now) for row in rows])
             continue
         default = f.get_default() if f.attname not in rows[0] else None
-        columns.append([bytes(v) if isinstance(v, memoryview) else v
+        json = isinstance(f, JSONField)  # a list or dict is bound as jsonb, not as an array or a record
+        columns.append([bytes(v) if isinstance(v, memoryview) else f.get_db_prep_value(v, connection)
+                        if json and v is not None else v
                         for v in (row.get(f.attname, default) for row in rows)])
     shared = tuple(_one_value(values) for values in columns)
     sql, _ = _insert_statement(model, returning, conflict_nothing, shared)

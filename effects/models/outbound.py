@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from connector.selectors.rows import RoutedSaveMixin
-from effects.choices import UNCERTAIN_HOLDS, AttemptOutcome, EffectState, LinkState, PermitState
+from effects.choices import DEFAULT_RETRY_SCHEDULE, UNCERTAIN_HOLDS, AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
 __all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink",
@@ -49,6 +49,12 @@ class OutboundCommand(models.Model):
     request_digest = models.BinaryField(max_length=32)
     provider_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     max_attempts = models.PositiveIntegerField()
+    # The retry schedule of attempts that never reached the receiver (connection refused, DNS, TLS handshake, connect
+    # or pool timeout: no request byte left), frozen from the callout definition's `retry` (D-420): the n-th such
+    # attempt is followed by a new one after about `retry_schedule[n-1]` seconds (with jitter); once the schedule is
+    # spent the effect is terminal `no_effect` with RECEIVER_UNREACHABLE. The database default is the product's
+    # default schedule, so commands written before the column keep the same policy.
+    retry_schedule = models.JSONField(db_default=Value(list(DEFAULT_RETRY_SCHEDULE), output_field=models.JSONField()))
     # The destination's declared rate and concurrency limit, frozen from the callout definition's `rate_limit`
     # (all null: none declared, no limiter is ever locked). Part of the route policy digest (D-222).
     rate_requests_per_second = models.PositiveIntegerField(null=True, blank=True)
@@ -111,7 +117,12 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     lease_fence = models.BigIntegerField(default=0)
     attempt_count = models.PositiveIntegerField(default=0)
     remote_id = models.CharField(max_length=255, blank=True, default="")
+    # The closed reason code of a quarantined effect, of a remote_confirmed one held (REMOTE_LINK_CONFLICT), or of a
+    # terminal no_effect the frozen policy decided (RECEIVER_UNREACHABLE, NO_EFFECT_ATTEMPTS_SPENT, D-423).
     quarantine_reason = models.CharField(max_length=64, blank=True, default="")
+    # A `prepared` effect is not claimed before this time: the next attempt of a retry scheduled after an attempt that
+    # never reached the receiver (D-421). Null: claimable now.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
     changed_at = models.DateTimeField(auto_now=True)
     # The command's owner slot, copied when it is authored (immutable like the command): the pushes of one slot are
     # sent one at a time in authored order (D-441), which the claim reads from `effects_effect_slot_open`.
@@ -159,14 +170,16 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
         self.lease_holder, self.lease_expires_at = "", None
 
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.NO_EFFECT)
-    def no_effect(self) -> None:
+    def no_effect(self, *, reason: str = "") -> None:
         self.lease_holder, self.lease_expires_at = "", None
         self._lift_uncertain_hold()
+        self.quarantine_reason, self.next_attempt_at = reason, None
 
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.PREPARED)
-    def retry(self) -> None:
+    def retry(self, *, not_before=None) -> None:
         self.lease_holder, self.lease_expires_at = "", None
         self._lift_uncertain_hold()
+        self.next_attempt_at = not_before
 
     @transition(field=state, source=EffectState.REMOTE_CONFIRMED, target=EffectState.FINALIZED)
     def finalize(self) -> None:

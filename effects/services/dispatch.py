@@ -25,7 +25,7 @@ from connector.services import poison
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
 from effects import locks
-from effects.choices import AttemptOutcome, EffectState, HolderState, PermitState
+from effects.choices import AttemptOutcome, EffectState, HolderState, NoEffectReason, PermitState
 from effects.errors import AbandonRefused, DestinationDeferred, PermitRefused, ProviderIoHeld, ReconcileRefused
 from effects.models import (
     DestinationLimiter,
@@ -39,6 +39,7 @@ from effects.models import (
 from effects.services import identity
 from effects.services.limiter import destination_open as _destination_open, limiter_admit as _limiter_admit
 from effects.services.limiter import limiter_granted, limiter_refused
+from effects.services import retry
 from effects.services.poison import effect_quarantine
 from effects.services.holders import holder_heartbeat, holder_register, holder_terminate  # noqa: F401 (re-exported)
 
@@ -71,6 +72,11 @@ def effect_claim(*, holder: ProcessGeneration, lease_seconds: int = 60,
         holder=holder, pk=pk, acct=acct, lease_seconds=lease_seconds))
 
 
+def due(now: datetime) -> Q:
+    """A prepared effect's scheduled next attempt (D-421) is due: claims and the sweeper's count alike."""
+    return Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+
+
 CLOSED = object()  # take()'s answer when the destination refused under its lock: pass the destination over
 
 
@@ -83,7 +89,7 @@ def claim_scan(*, account_id: int | None, take, limited_only: bool = False):
     effect that heads its owner slot is a candidate (`identity.slot_head_sql`, D-441)."""
     now = timezone.now()
     base = identity.slot_heads(RemoteEffect.objects.filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), state=EffectState.PREPARED))
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), due(now), state=EffectState.PREPARED))
     if limited_only:
         base = base.filter(command__limiter__isnull=False)
     if account_id is None:
@@ -115,6 +121,11 @@ def claim_scan(*, account_id: int | None, take, limited_only: bool = False):
     return None
 
 
+def not_due(effect: RemoteEffect, now: datetime) -> bool:
+    """The locked effect's scheduled next attempt (D-421) is still ahead: no claim takes it yet."""
+    return effect.next_attempt_at is not None and effect.next_attempt_at > now
+
+
 def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: int) -> EffectClaim | None:
     claim = None
     # A ConnectorError (the gate moved) skips the candidate; a deterministic failure quarantines it
@@ -125,7 +136,7 @@ def _claim_one(*, holder: ProcessGeneration, pk: int, acct: int, lease_seconds: 
             lock_serving(account_id=acct)
             effect = locks.effect_for_update(pk, skip_locked=True, account_id=acct)
             now = timezone.now()
-            if (effect is None or effect.state != EffectState.PREPARED
+            if (effect is None or effect.state != EffectState.PREPARED or not_due(effect, now)
                     or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
                 return None
             command = OutboundCommand.objects.select_related("credential_generation").get(
@@ -223,21 +234,6 @@ def _defer_claim(*, limiter: DestinationLimiter, claim: EffectClaim, retry_at: d
 
 # -- settlement ------------------------------------------------------------------------------------------------
 
-def _after_no_effect(effect: RemoteEffect) -> None:
-    """Proven no effect: another attempt only if the frozen policy permits it (CV2-10-028). The policy counts
-    attempts that crossed (or may have crossed) the provider boundary — those whose permit reached `sending`;
-    claims that never sent (a lease lost before acquisition, a `granted` permit abandoned, a claim the destination
-    limiter deferred) do not count (D-117), and neither do attempts the receiver refused with `429` (D-224)."""
-    # An attempt the receiver refused with 429 (its rate limit, D-224) is proven unprocessed and does not count:
-    # a throttled destination delays its effects, it never exhausts them.
-    sent = (RemoteEffectAttempt.objects.filter(effect=effect, permit__io_may_have_started=True)
-            .exclude(response_status=429).count())
-    if sent < effect.command.max_attempts:
-        effect.retry()
-    else:
-        effect.no_effect()
-
-
 def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, response_digest: bytes | None,
                   remote_id: str, evidence: str, final: bool = False,
                   defer_seconds: float | None = None, effect_pk: int | None = None,
@@ -288,9 +284,9 @@ def settle_locked(*, effect: RemoteEffect, permit_pk: int, outcome: str, respons
     if outcome == AttemptOutcome.REMOTE_CONFIRMED:
         effect.confirm(remote_id=remote_id)
     elif outcome == AttemptOutcome.NO_EFFECT and final:
-        effect.no_effect()
-    elif outcome == AttemptOutcome.NO_EFFECT:
-        _after_no_effect(effect)
+        retry.no_effect(effect, reason=NoEffectReason.PATH_UNSAFE)
+    elif outcome == AttemptOutcome.NO_EFFECT:  # the frozen policy decides (issue 37, D-420..D-423)
+        retry.after_no_effect(effect, unreached=response_status is None, now=now)
     else:
         effect.become_uncertain()
     effect.save()
@@ -450,7 +446,7 @@ def effect_reconcile(*, effect_pk: int, decision: str, evidence: str, actor: Act
     if decision == "remote_confirmed":
         effect.confirm(remote_id=remote_id)
     elif decision == "no_effect":
-        _after_no_effect(effect)
+        retry.after_no_effect(effect, unreached=False, now=timezone.now())
     elif decision == "idempotent_repeat":
         if not effect.command.provider_idempotency_key:
             raise ReconcileRefused("no frozen provider idempotency contract: an exact repeat is not provably safe")

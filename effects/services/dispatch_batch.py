@@ -78,14 +78,14 @@ WITH pick(account_id) AS (
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id >= %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-                AND {head}
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
               ORDER BY e.account_id LIMIT 1)
             UNION ALL
             (SELECT e.account_id, 1 AS wrap FROM effects_remoteeffect e
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id < %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-                AND {head}
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
               ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1)
 )
 SELECT x.id, p.account_id, x.credential_generation_id
@@ -93,7 +93,8 @@ SELECT x.id, p.account_id, x.credential_generation_id
     SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id IS NULL
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
      ORDER BY e.id LIMIT %(n)s) x
  ORDER BY x.id""".replace("{head}", _HEAD)
 
@@ -102,7 +103,8 @@ _ACCOUNT_CANDIDATES = """
 SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect e
   JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
  WHERE e.account_id = %(account)s AND e.state = 'prepared' AND c.limiter_id IS NULL
-   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
  ORDER BY e.id LIMIT %(n)s""".replace("{head}", _HEAD)
 
 # The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
@@ -115,7 +117,8 @@ SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_p
   JOIN connector_credentialgeneration g ON g.id = c.credential_generation_id
  WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.state = 'prepared'
    AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
-   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
  ORDER BY e.id
    FOR UPDATE OF e SKIP LOCKED""".replace("{head}", _HEAD)
 
@@ -128,7 +131,8 @@ _LIMITED_PICK = """
        JOIN effects_destinationlimiter l ON l.id = c.limiter_id AND l.account_id = c.account_id
       WHERE e.state = 'prepared' AND c.limiter_id {op} %(start)s{account}
         AND (l.not_before IS NULL OR l.not_before <= %(now)s)
-        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+        AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
       ORDER BY c.limiter_id LIMIT 1)""".replace("{head}", _HEAD)
 _LIMITED_CANDIDATES = """
 WITH pick(limiter_id, account_id) AS (
@@ -139,7 +143,8 @@ SELECT x.id, p.account_id, x.credential_generation_id, p.limiter_id
     SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id = p.limiter_id
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
      ORDER BY e.id LIMIT %(n)s) x
  ORDER BY x.id""".replace("{head}", _HEAD)
 _LIMITED = {scoped: _LIMITED_CANDIDATES.format(**{

@@ -86,7 +86,7 @@ def _claim_and_permit_one(*, holder: ProcessGeneration, pk: int, acct: int, gene
         credential_gate = connector_locks.credential_gate_for_share(generation_pk)
         effect = locks.effect_for_update(pk, skip_locked=True, account_id=acct)
         now = timezone.now()
-        if (effect is None or effect.state != EffectState.PREPARED
+        if (effect is None or effect.state != EffectState.PREPARED or dispatch.not_due(effect, now)
                 or (effect.lease_expires_at is not None and effect.lease_expires_at >= now)):
             return None
         command = OutboundCommand.objects.select_related("credential_generation").get(

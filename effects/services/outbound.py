@@ -21,6 +21,7 @@ from connector.interpreters import callout as callout_paths
 from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused, RateLimitInvalid
 from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect
 from effects.services import identity
+from effects.services.retry import frozen_schedule
 
 PATH_MAX_LENGTH = OutboundCommand._meta.get_field("path").max_length
 
@@ -296,6 +297,9 @@ def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, e
     if rate is not None:
         # Only a declared limit enters the digest: commands of callouts without one keep their exact bytes.
         policy["rate_limit"] = rate
+    retry_schedule, declared = frozen_schedule(callout_def)
+    if declared:  # as the rate limit: only a declared schedule enters the digest (D-420)
+        policy["retry"] = retry_schedule
     route_policy_digest = profile.digest("route-policy", canonical_json(policy))
     request_digest = profile.digest("outbound-request", rec(method=callout_def["method"], path=path,
                                                             body=request_body, provider_key=provider_key))
@@ -308,7 +312,7 @@ def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, e
         effect_version=push.definition_version, callout=callout, route_policy_digest=route_policy_digest,
         configuration_id=epoch.configuration_pk, credential_generation_id=credential_generation_pk,
         method=callout_def["method"], path=path, request_body=request_body, request_digest=request_digest,
-        provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"],
+        provider_idempotency_key=provider_key, max_attempts=policy["max_attempts"], retry_schedule=retry_schedule,
         predecessor=predecessor, predecessor_digest=bytes(predecessor.binding_digest) if predecessor else None,
         owner_slot=owner_slot, target_link=link,
         rate_requests_per_second=rate and rate["requests_per_second"], rate_max_in_flight=rate and rate["max_in_flight"],

@@ -19,7 +19,7 @@ from connector.choices import SweepStep
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.services import poison
-from effects import egress
+from effects import egress, settlement
 from effects.choices import EffectState
 from effects.models import ProcessGeneration, RemoteEffect
 from effects import egress_batch
@@ -31,11 +31,26 @@ _HOLDER_ID: str | None = None
 
 
 def holder_id() -> str:
-    """This process generation's identity: host, pid and a boot nonce (a restarted pid is a new generation)."""
+    """This process generation's identity: host, pid and a boot nonce (a restarted pid is a new generation; so is
+    the next one after this process gave its generation up, `settlement.give_up`)."""
     global _HOLDER_ID
-    if _HOLDER_ID is None:
+    if _HOLDER_ID is None or settlement.given_up(_HOLDER_ID):
         _HOLDER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     return _HOLDER_ID
+
+
+def _left_open(effect: RemoteEffect) -> bool:
+    """The step is over and its effect is still `dispatching` without a hold: its permit is open (granted, or
+    sending with its settlement lost); only giving up the generation closes it (D-425)."""
+    return effect.state == EffectState.DISPATCHING and not effect.quarantine_reason
+
+
+def _stranded(holder: ProcessGeneration, what: str) -> None:
+    """A step left one of its own permits open: its marker, send or settlement failed (the database lost, or a
+    defect), and nothing else ever closes a permit of a running generation (issue 37 item 3, D-425). The process
+    gives its generation up (tried again until it lands): its permits are abandoned with that proof (`granted` ->
+    prepared, `sending` -> uncertain)."""
+    settlement.give_up(holder.holder_id, evidence=f"{what} failed and left its permits open")
 
 
 def _isolated(step: str, effect_pk: int) -> poison.Isolated:
@@ -73,15 +88,22 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
                              credential_generation_pk=permit.credential_gate.credential_generation_id,
                              limiter_pk=permit.limiter_id)
     if effect is None:  # refused or failed before any byte: withdrawn while its destination is deferred (D-402),
-        # abandoned with its proof after a revocation (D-399); otherwise left for reconciliation
-        withdrawn = permit.limiter_id is not None and dispatch_withdraw.permits_withdraw(permits=[
-            dispatch_batch.BatchPermit(permit.pk, permit.effect_id, permit.attempt_id, claim.account_id,
-                                       permit.holder_fence, permit.credential_gate_fence,
-                                       permit.credential_gate.credential_generation_id, permit.limiter_id)],
-            holder_id=holder.holder_id)
-        if not withdrawn:
-            dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
-        return RemoteEffect.objects.get(pk=claim.effect_pk)
+        # abandoned with its proof after a revocation (D-399); a permit still open then is given up (D-425)
+        try:
+            withdrawn = permit.limiter_id is not None and dispatch_withdraw.permits_withdraw(permits=[
+                dispatch_batch.BatchPermit(permit.pk, permit.effect_id, permit.attempt_id, claim.account_id,
+                                           permit.holder_fence, permit.credential_gate_fence,
+                                           permit.credential_gate.credential_generation_id, permit.limiter_id)],
+                holder_id=holder.holder_id)
+            if not withdrawn:
+                dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
+            effect = RemoteEffect.objects.get(pk=claim.effect_pk)
+        except settlement.LOST:
+            effect = None
+        if effect is None or _left_open(effect):
+            _stranded(holder, f"the send of effect #{claim.effect_pk}")
+            effect = RemoteEffect.objects.get(pk=claim.effect_pk)
+        return effect
     if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
         # The finalization inside the settlement's transaction failed (its savepoint rolled back, D-336): the
         # settlement committed; finalize again from the attempt evidence (the sweeper would too).
@@ -162,11 +184,23 @@ def _batch_step(*, holder: ProcessGeneration, n: int, account_id: int | None,
     if permits:
         try:
             settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
+        except settlement.LOST:  # the database failed around the markers: nothing more is sent by this generation
+            _stranded(holder, "a batch's sending markers")
+            settled = {}
         except Exception:  # noqa: BLE001 - each permit takes the one-by-one send, whose committed CAS is the guard
             log.exception("the batched send failed; sending each permit alone")
             settled = {p.effect_pk: e for p in permits if (e := _send_one(p, holder.holder_id)) is not None}
+        try:
+            read = {p.effect_pk: settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk,
+                                                                                    account_id=p.account_id)
+                    for p in permits}
+        except settlement.LOST:
+            read = {}
+        if not read or any(_left_open(e) for e in read.values()):
+            _stranded(holder, "a batch's send")  # its permits are closed now; read them again
+            read = {p.effect_pk: RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id) for p in permits}
         for p in permits:
-            effect = settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id)
+            effect = read[p.effect_pk]
             if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
                 fault_point("dispatch.after_confirmed")  # finalization held in the settlement: again (D-336)
                 effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
@@ -213,5 +247,6 @@ def effects_sweep() -> dict[str, int]:
             finalized += 1
     now = timezone.now()
     claimable = identity.slot_heads(RemoteEffect.objects.filter(  # a push waiting behind its slot's earlier one
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), state=EffectState.PREPARED)).count()
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), dispatch.due(now),
+        state=EffectState.PREPARED)).count()
     return {"finalized": finalized, "claimable": claimable}

@@ -32,7 +32,7 @@ import pytest
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[dict] = []
         self.applied: dict[str, int] = {}  # idempotency key (or path) -> times applied
         self.modes: list[str] = []
@@ -129,7 +129,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port: a receiver back on the same port
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -218,7 +218,9 @@ def test_limited_destinations_take_their_own_batch_after_the_unlimited_one(trans
 def test_a_failing_batch_send_falls_back_to_each_permit_alone_and_never_sends_twice(tx_world, receiver, monkeypatch):
     """D-350: the batch's exchanges fail after the markers committed for the first permit's exchange (a defect in
     the batch path): the step sends each permit alone through `egress.send`, whose committed CAS refuses every
-    permit the batch already marked `sending`: nothing is sent twice, and the unmarked ones land once.
+    permit the batch already marked `sending`: nothing is sent twice, and the unmarked ones land once. The marked
+    permit is never left open under a live holder (issue 37 item 3, D-425): the step gives its generation up, so it
+    is abandoned with that proof and its effect is `uncertain` for reconciliation.
     Proves: CV2-10-038, CV2-13-001"""
     acme = tx_world.accounts[0]
     pks = _author(acme, 3)
@@ -229,6 +231,7 @@ def test_a_failing_batch_send_falls_back_to_each_permit_alone_and_never_sends_tw
         raise ValueError("a defect after the first marker committed")
     monkeypatch.setattr(egress_batch, "win_sending_batch", marks_one_then_fails)
     done = {e.pk: e.state for e in worker.effect_dispatch_batch(n=10, holder_name="h-send", account_id=acme.pk)}
-    assert done == {pks[0]: EffectState.DISPATCHING, pks[1]: EffectState.FINALIZED, pks[2]: EffectState.FINALIZED}
-    assert DispatchPermit.objects.get(effect_id=pks[0]).state == PermitState.SENDING  # for isolation + reconcile
+    assert done == {pks[0]: EffectState.UNCERTAIN, pks[1]: EffectState.FINALIZED, pks[2]: EffectState.FINALIZED}
+    permit = DispatchPermit.objects.get(effect_id=pks[0])
+    assert permit.state == PermitState.ABANDONED and "gave up its generation" in permit.abandonment_proof
     assert receiver.applied_total() == 2 and set(receiver.applied.values()) == {1}

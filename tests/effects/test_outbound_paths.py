@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import posixpath
 from urllib.parse import unquote, urlsplit
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +26,7 @@ from connector.selectors.owners import binding_definition_read
 from connector.services import admission, execution, materialize, owners
 from effects.errors import OutboundPathUnsafe
 from effects.models import DispatchPermit, OutboundCommand, RemoteEffect, RemoteEffectAttempt
-from tests.effects.helpers import acquire, author, force, send
+from tests.effects.helpers import acquire, author, claim, force, send
 
 TEMPLATE = "/v1/records/{record_key}"  # the demo callout's frozen template
 HOSTILE = [
@@ -251,7 +253,8 @@ def test_outbound_command_names_the_execution_that_authored_it_and_the_admin_lin
 def test_egress_retries_when_the_template_cannot_be_read_right_now(push_world, receiver, monkeypatch):
     """A template read that fails retryably (OWNER_UNAVAILABLE) after `granted -> sending` sends nothing and is
     not final: the attempt settles `no_effect` with that evidence and the effect returns to `prepared` for its
-    next attempt, which sends the request. Proves: CV2-10-022, CV2-10-028"""
+    next attempt on the frozen retry schedule (issue 37, D-421: not claimable before about 5 s), which sends the
+    request. Proves: CV2-10-022, CV2-10-028"""
     from connector.errors import OwnerUnavailable
     from effects import egress
 
@@ -265,5 +268,9 @@ def test_egress_retries_when_the_template_cannot_be_read_right_now(push_world, r
     assert receiver.requests == [] and effect.state == "prepared"
     assert RemoteEffectAttempt.objects.get(effect=effect).evidence.startswith("OWNER_UNAVAILABLE, nothing sent")
     monkeypatch.undo()
+    assert 4 <= (effect.next_attempt_at - timezone.now()).total_seconds() <= 6
+    assert claim("h1")[1] is None  # not before its scheduled time
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=7))
     assert send(acquire("h1")).state == "remote_confirmed"
     assert [r["path"] for r in receiver.requests] == ["/v1/records/r1"]

@@ -121,13 +121,25 @@ class PostgresServer:
         assert result.returncode == 0, result.stdout + result.stderr
         return time.monotonic() - began
 
+    def pg_ctl(self, *args: str) -> None:
+        """`pg_ctl <args>` on this server's data directory, as the postgres user."""
+        home = self.server.home.resolve()
+        result = self.runas.run([str(self.bindir / "pg_ctl"), "-D", str(home / "data"), "-l",
+                                 str(home / "postgres.log"), "-w", "-t", "30", *args], cwd=home)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def crash_stop(self) -> None:
+        """`pg_ctl stop -m immediate`: every session is cut at once, no shutdown checkpoint (a crash)."""
+        self.pg_ctl("-m", "immediate", "stop")
+
+    def start_again(self) -> None:
+        """`pg_ctl start` after `crash_stop`: crash recovery, then the server accepts connections again."""
+        self.pg_ctl("start")
+
     def crash_and_restart(self) -> None:
         """`pg_ctl stop -m immediate` (every server process quits at once, no checkpoint: the next start recovers
         from the WAL, as after a crash), then start again."""
-        home = self.server.home.resolve()
-        result = self.runas.run([str(self.bindir / "pg_ctl"), "-D", str(home / "data"), "-m", "immediate", "-w",
-                                 "-t", "30", "stop"], cwd=home)
-        assert result.returncode == 0, result.stdout + result.stderr
+        self.crash_stop()
         self.server.start(self.bindir, self.runas)
 
     def cleanup(self) -> None:

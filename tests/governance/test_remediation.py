@@ -150,6 +150,47 @@ def _conflict(request):
     assert items("REMOTE_LINK_CONFLICT") == []
 
 
+def _ended_no_effect(request, prefix: str, code: str, mode: str | None):
+    """An effect the frozen policy ends terminal `no_effect` with `code` (issue 37, D-423): a callout whose retry
+    schedule is one second, the receiver refusing (`mode`) or not listening (None); then the remedy, a new remote
+    call authorized by an operator, and the item leaves the board (its successor carries on)."""
+    from connector import demo
+    from effects.services import intents, worker
+    from tests.effects.test_remote_identity import push
+    from tests.faults.servers import free_port
+
+    monkeypatch, settings = request.getfixturevalue("monkeypatch"), request.getfixturevalue("settings")
+    receiver = request.getfixturevalue("receiver")
+    monkeypatch.setattr(demo, "CALLOUT_DEFINITION", {**demo.CALLOUT_DEFINITION, "retry": {"schedule_seconds": [1]}})
+    account = demo.build_world(prefix, push=True).accounts[0]
+    push(account, "r1", 1)  # Runtime authors the push, naming its owner slot (a new remote call repeats it)
+    if mode is None:
+        settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": f"http://127.0.0.1:{free_port()}"}
+    else:
+        receiver.default_mode = mode
+    effect = None
+    for step in range(4):
+        with later(2 * step):
+            effect = worker.effect_dispatch_once(holder_name="h-rem", account_id=account.pk) or effect
+    assert effect.state == "no_effect" and effect.quarantine_reason == code
+    assert [i.pk for i in waiting(code)] == [effect.pk]
+    intent = intents.remote_call_for_effect(effect_pk=effect.pk, reason="receiver back [T]",
+                                            actor=Actor.for_user(person("op", "operator")),
+                                            expected_changed_at=effect.changed_at)
+    assert intent.disposition == "successor"
+    assert items(code) == []
+
+
+@scenario("RECEIVER_UNREACHABLE")
+def _unreachable(request):
+    _ended_no_effect(request, "ru-", "RECEIVER_UNREACHABLE", None)
+
+
+@scenario("NO_EFFECT_ATTEMPTS_SPENT")
+def _attempts_spent(request):
+    _ended_no_effect(request, "ra-", "NO_EFFECT_ATTEMPTS_SPENT", "refuse")
+
+
 # -- executions and lanes -----------------------------------------------------------------------------------------
 
 def _strict_world():

@@ -59,7 +59,9 @@ def assert_labels_closed() -> None:
     """Every series of every stage metric carries label values of the closed sets only."""
     allowed = {"source": set(stage_metrics.SOURCES), "outcome": {*stage_metrics.OUTCOMES, stage_metrics.UNKNOWN},
                "status": set(stage_metrics.STATUSES), "cause": {*stage_metrics.CAUSES, stage_metrics.UNKNOWN},
-               "destination": {CALLOUT, stage_metrics.OTHER}}
+               "destination": {CALLOUT, stage_metrics.OTHER},
+               "reason": {*stage_metrics.NO_EFFECT_REASONS, stage_metrics.UNKNOWN},
+               "step": {*stage_metrics.SETTLE_STEPS, stage_metrics.UNKNOWN}}
     for family in _registry().collect():
         for sample in family.samples:
             for label, given in sample.labels.items():
