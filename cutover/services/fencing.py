@@ -16,5 +16,6 @@ def check_holder(row: ServingPublicationBarrierSet, holder: str | None, expected
     with FENCE_STALE and changes nothing. None skips that part (an operator acting as whoever holds the set; the
     console compares the fence its page showed)."""
     if holder is not None and row.holder != holder:
-        raise FenceStale(f"{row} is held by {row.holder!r}, not {holder!r}: a taken-over coordinator acts on nothing")
+        raise FenceStale(f"{row} is held by {row.holder!r}, not {holder!r}: only its holder acts on it (a new "
+                         "coordinator takes it over first; a taken-over one acts on nothing)")
     check_fence(row, expected_fence)
