@@ -32,6 +32,11 @@ POINTS = (
     "delivery.after_submit",  # delivery attempt reserved (SUBMITTING, marker, attempt) committed, no I/O marked
     "delivery.after_io_marked",  # io_may_have_started committed, no byte sent yet
     "delivery.after_request",  # the receiver answered (or not), the outcome not recorded
+    "succession.after_acquire",  # successor barrier set `acquiring` committed, owners not reread
+    "succession.after_hold",  # successor barrier set `held` committed, no drain open
+    "succession.after_drain",  # the drain `drained` committed, every gate still v2_serving on the predecessor
+    "succession.after_halt",  # every gate v2_halted on the predecessor committed, no handoff yet
+    "succession.after_handoff_chunk",  # one chunk's OrderingHandoffs committed (the cutoff), others not yet
     "succession.drain_open_before_commit",  # the succession drain row written (roots closed), not committed
     "succession.drain_complete_before_commit",  # the drain `draining -> drained` written, not committed
     "succession.before_commit",  # successor activation wrote every transition, not yet committed

@@ -25,7 +25,7 @@ from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
 from cutover.selectors import (CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet,
                                SuccessionDrain)
-from cutover.services import succession, succession_phases
+from cutover.services import succession, succession_phases, succession_recovery
 
 from .forms import SuccessionActionForm, parse
 from .access import screen
@@ -74,6 +74,8 @@ def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
         barriers.status, barriers.blockers = "blocked", [f"released without activation: {row.release_reason}"]
     else:
         barriers.status = "done"
+    if is_open:  # a crashed coordinator's set is taken over, never waited out (D-133)
+        barriers.actions.append(("takeover", f"Take over the barrier set from {row.holder}"))
 
     modes: dict[str, int] = {}
     for gate in gates:
@@ -160,6 +162,11 @@ def _act(request, row: ServingPublicationBarrierSet, action: str, reason: str = 
     if action == "hold":
         row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=actor)
         return f"Barrier set #{row.pk} is {row.state}."
+    if action == "takeover":
+        holder = f"console:{request.user.get_username()}"
+        row = succession_recovery.succession_takeover(predecessor_epoch_id=row.predecessor_epoch.epoch_id,
+                                                      holder=holder, expected_fence=row.fence, actor=actor)
+        return f"Barrier set #{row.pk} ({row.state}) is held by {row.holder} at fence {row.fence}."
     if action == "drain":
         drain, inventory = succession_phases.drain_all(barrier_set=row, actor=actor)
         return (f"Drain #{drain.pk} is {drain.state}"

@@ -76,8 +76,10 @@ def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 6
                 break
             out.append(one)
         return out
-    if int(settings.CONNECTOR.get("RUN_BATCH", 1)):
-        return execution_run_batch(tokens=tokens)  # D-254..D-256: the batch path, the per-item one for the rest
+    if int(settings.CONNECTOR.get("RUN_BATCH", 1)) and not tracing.enabled():
+        # D-254..D-256: the batch path, the per-item one for the rest. Traced, each Execution keeps its own
+        # `execution_run` span and trace links: the per-item path (D-480, as materialize_together does).
+        return execution_run_batch(tokens=tokens)
     return [_run_one(token) for token in tokens]
 
 
@@ -114,13 +116,7 @@ def execution_claim_and_run(*, holder: str, lease_seconds: int = 60) -> Executio
     token = execution_claim(holder=holder, lease_seconds=lease_seconds)
     if token is None:
         return None
-    with tracing.stage("execution_run", ExecutionTrace, execution_id=token.execution_pk,  # issue 21
-                       log={"execution_id": token.execution_pk}), \
-            poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
-                         quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
-                                            step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
-        return execution_run(token=token)
-    return Execution.objects.get(pk=token.execution_pk)
+    return _run_one(token)
 
 
 def _execution_for_result(execution_pk: int, account_id: int | None) -> Execution:
@@ -405,11 +401,14 @@ def _record_batch(candidates: list) -> dict[int, Execution]:
 
 
 def _run_one(token: ClaimToken) -> Execution:
-    """The per-item step, exactly as `execution_claim_batch_and_run` ran each claimed Execution before D-254."""
+    """The per-item step of every claim path (one claim, a batch's leftovers, a traced batch): the run under poison
+    isolation, in the `execution_run` span continuing the Execution's stored trace (issue 21)."""
     ran = None
-    with poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
-                         quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
-                                            step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
+    with tracing.stage("execution_run", ExecutionTrace, execution_id=token.execution_pk,
+                       log={"execution_id": token.execution_pk}), \
+            poison.isolated(step=SweepStep.EXECUTION_RUN, item=f"execution {token.execution_pk}",
+                            quarantine=partial(poison.execution_quarantine, execution_pk=token.execution_pk,
+                                               step=SweepStep.EXECUTION_RUN), refusals_quarantine=True):
         ran = execution_run(token=token)
     return ran if ran is not None else Execution.objects.get(pk=token.execution_pk)
 

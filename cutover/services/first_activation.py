@@ -63,6 +63,7 @@ from cutover.services import barrier_receipts
 from cutover.services import activation_inventory
 from cutover.services import decision as decisions
 from cutover.services import succession
+from cutover.services.fencing import check_holder  # one holder fence for both kinds of set (D-133)
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
 from cutover.services.restore_point import rehearsed_restore_point
 from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest, l2_frozen_by
@@ -74,15 +75,6 @@ __all__ = ["first_activation_acquire", "first_activation_hold", "first_activatio
 def default_holder(attempt_key: str) -> str:
     """The holder of a set acquired without a named coordinator (the operator's phase actions)."""
     return f"cutover:{attempt_key}"
-
-
-def check_holder(row: ServingPublicationBarrierSet, holder: str | None, expected_fence: int | None) -> None:
-    """On the locked set: refuse a coordinator that is not the set's holder (it was taken over) or acts with a
-    stale fence (CV2-11-045/056). None skips the check (an operator acting as whoever holds the set)."""
-    if holder is not None and row.holder != holder:
-        raise BarrierSetRefused(f"{row} is held by {row.holder!r}, not {holder!r}: a stale coordinator acts on "
-                                "nothing")
-    succession._fence(row, expected_fence)
 
 
 def barrier_set_of(attempt: ServiceCutoverAttempt) -> ServingPublicationBarrierSet | None:

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
 from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
-from connector.errors import ConnectorError, EpochNotFound, FenceStale, PermissionRefused
+from connector.errors import ConnectorError, EpochNotFound, PermissionRefused
 from connector.faults import fault_point
 from connector.selectors import locks as connector_locks
 from connector.selectors.rows import (AccountServingGate, Execution, OrderingLane, Projection, ProjectionWindow,
@@ -33,6 +33,8 @@ from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivati
                             SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import barrier_receipts
+from cutover.services.fencing import check_fence as _fence
+from cutover.services.fencing import check_holder
 from cutover.services.succession_drain import release_drain_of
 from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
                                               _same, _verify_handoff_digests)
@@ -49,11 +51,6 @@ CONTRACT_KEYS = ("partition", "position", "position_kind", "tie_breaker", "first
 def _require_perm(actor: Actor) -> None:
     if actor.user is not None and not actor.user.has_perm(PERMISSION):
         raise PermissionRefused(f"{actor} lacks {PERMISSION}")
-
-
-def _fence(row: ServingPublicationBarrierSet, expected_fence: int | None) -> None:
-    if expected_fence is not None and row.fence != expected_fence:
-        raise FenceStale(f"{row}: acted on with fence {expected_fence}; the set holds fence {row.fence}")
 
 
 def _epoch(epoch_id: str) -> ServingEpoch:
@@ -119,7 +116,8 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
         predecessor_epoch=predecessor, state__in=[BarrierSetState.ACQUIRING, BarrierSetState.HELD,
                                                   BarrierSetState.ACTIVATION_COMMITTED]).first()
     if existing is not None:
-        if existing.successor_epoch_id == successor.pk and existing.holder == holder:
+        if existing.successor_epoch_id == successor.pk:
+            check_holder(existing, holder, None)  # taken over: the earlier holder is stale (D-133)
             return existing
         raise BarrierSetRefused(f"{existing} is open for holder {existing.holder}; release it first")
     if pred_state != EpochState.ACTIVE:
@@ -144,7 +142,8 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
     return row
 
 
-def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingPublicationBarrierSet:
+def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor,
+                     holder: str | None = None) -> ServingPublicationBarrierSet:
     """`acquiring -> held`: lock the set (FOR UPDATE, after every owner barrier exclusive) and the successor
     epoch (FOR SHARE), reread every owner of the successor under those locks (the final reread, D-285), require the
     same verified bytes and no owner drift, and freeze the owner receipts digest (CV2-11-013/035). Drift raises
@@ -152,10 +151,11 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.HELD:
+        check_holder(current, holder, None)
         return current
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)  # every owner barrier exclusive first (D-284)
-        _fence(row, expected_fence)
+        check_holder(row, holder, expected_fence)
         if row.state != BarrierSetState.ACQUIRING:
             raise BarrierSetRefused(f"{row} is {row.state}, not acquiring")
         successor = connector_locks.epoch_for_share(row.successor_epoch_id)
@@ -189,7 +189,7 @@ def record_release(row: ServingPublicationBarrierSet, reason: str, actor: Actor)
 
 @transaction.atomic
 def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reason: str, actor: Actor,
-                        replacement: bool = False) -> ServingPublicationBarrierSet:
+                        replacement: bool = False, holder: str | None = None) -> ServingPublicationBarrierSet:
     """Explicit fenced release (never by elapsed time, CV2-11-036/045). Locks the set FOR UPDATE, then gates.
 
     - `acquiring -> released`: always (no owner fence was frozen).
@@ -203,7 +203,7 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
     if not reason.strip():
         raise BarrierSetRefused("a release needs a reason")
     row = locks.barrier_set_for_update(barrier_set_pk)
-    _fence(row, expected_fence)
+    check_holder(row, holder, expected_fence)
     from_state = row.state
     if from_state == BarrierSetState.RELEASED:
         raise BarrierSetRefused(f"{row} is already released (terminal)")
@@ -259,8 +259,11 @@ def _route(epoch: ServingEpoch, account_id: int, channel: str):
                              f"{exc.detail}") from exc
 
 
-def handoff_epochs_for_share(row: ServingPublicationBarrierSet) -> tuple[ServingEpoch, ServingEpoch]:
-    """Under a held set's share lock: both epochs FOR SHARE, ascending pk, each the bound state and bytes."""
+def handoff_epochs_for_share(row: ServingPublicationBarrierSet, holder: str | None = None,
+                             expected_fence: int | None = None) -> tuple[ServingEpoch, ServingEpoch]:
+    """Under a held set's share lock (its holder and fence checked): both epochs FOR SHARE, ascending pk, each the
+    bound state and bytes."""
+    check_holder(row, holder, expected_fence)
     if row.state != BarrierSetState.HELD:
         raise HandoffRefused(f"{row} is {row.state}; handoffs run under a held barrier set")
     epochs = {pk: connector_locks.epoch_for_share(pk)
@@ -273,7 +276,7 @@ def handoff_epochs_for_share(row: ServingPublicationBarrierSet) -> tuple[Serving
     return pred, succ
 
 
-def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> OrderingHandoff:
+def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder: str | None = None) -> OrderingHandoff:
     """Freeze one predecessor lane and stage its successor lane (CV2-11-014/015/018/046).
 
     One transaction: barrier set FOR SHARE (must be `held`), both epochs FOR SHARE (predecessor `active`,
@@ -308,7 +311,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
     accounts = _accounts(predecessor)
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
-        pred, succ = handoff_epochs_for_share(row)
+        pred, succ = handoff_epochs_for_share(row, holder)
         gates = locks.gates_for_share(accounts)
         bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk]
         if bad or len(gates) != len(accounts):
@@ -377,7 +380,8 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor) -> Orde
 
 # -- activation -----------------------------------------------------------------------------------------------
 
-def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor) -> ServingEpoch:
+def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor,
+                       holder: str | None = None) -> ServingEpoch:
     """The one successor activation transaction (CV2-11-023/024/057); the hold reread the owners (D-285).
 
     Locks, in order: the barrier set FOR UPDATE (`held`, holder fence), predecessor and successor epochs FOR
@@ -394,6 +398,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     _require_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.ACTIVATION_COMMITTED:
+        check_holder(current, holder, None)
         return ServingEpoch.objects.get(pk=current.successor_epoch_id)
     if current.successor_class != SuccessorClass.REQUIRES_DRAIN:
         raise SuccessorClassUnsupported()
@@ -410,7 +415,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     verified = _verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch_id=current.successor_epoch_id))
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)
-        _fence(row, expected_fence)
+        check_holder(row, holder, expected_fence)
         if row.state != BarrierSetState.HELD:
             raise SuccessorActivationRefused(f"{row} is {row.state}; activation needs a held barrier set")
         epochs = {e.pk: e for e in connector_locks.epochs_for_update([row.predecessor_epoch_id,

@@ -34,6 +34,7 @@ from cutover import locks
 from cutover.choices import BarrierSetState, SuccessionDrainState
 from cutover.errors import SuccessionDrainRefused
 from cutover.models import ServingPublicationBarrierSet, SuccessionDrain
+from cutover.services.fencing import check_holder
 from effects.selectors import open_effects_of_epoch
 
 __all__ = ["DrainInventory", "succession_drain_open", "succession_drain_inventory", "succession_drain_complete",
@@ -104,12 +105,14 @@ def _accounts(epoch: ServingEpoch) -> list[int]:
     return sorted(configuration.accounts.values_list("account_id", flat=True))
 
 
-def succession_drain_open(*, barrier_set_pk: int, actor: Actor) -> SuccessionDrain:
+def succession_drain_open(*, barrier_set_pk: int, actor: Actor, holder: str | None = None) -> SuccessionDrain:
     """Open the drain of the attempt's barrier set: require the set `held`, its predecessor `active` with the
     bound digest and every gate of the predecessor's account set `v2_serving` on it; close the predecessor's roots
     barrier (exclusive: waits for every root writer already past it) and write the `draining` row, with its audit
     row. Idempotent: an existing drain of the set is returned (whatever its state). Refusals write nothing."""
     _require_perm(actor)
+    if holder is not None:  # a taken-over coordinator is refused even where the answer would be a read (D-133)
+        check_holder(ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk), holder, None)
     existing = SuccessionDrain.objects.filter(barrier_set_id=barrier_set_pk).first()
     if existing is not None:
         return existing
@@ -119,6 +122,7 @@ def succession_drain_open(*, barrier_set_pk: int, actor: Actor) -> SuccessionDra
     with transaction.atomic():
         locks.succession_roots_lock(current.predecessor_epoch_id)  # order 0: every root already past it committed
         row = ServingPublicationBarrierSet.objects.select_for_update().get(pk=barrier_set_pk)
+        check_holder(row, holder, None)
         existing = SuccessionDrain.objects.filter(barrier_set=row).first()
         if existing is not None:
             return existing
@@ -147,14 +151,16 @@ def succession_drain_open(*, barrier_set_pk: int, actor: Actor) -> SuccessionDra
     return drain
 
 
-def succession_drain_complete(*, barrier_set_pk: int, expected_fence: int | None,
-                              actor: Actor) -> SuccessionDrain:
+def succession_drain_complete(*, barrier_set_pk: int, expected_fence: int | None, actor: Actor,
+                              holder: str | None = None) -> SuccessionDrain:
     """`draining -> drained` once the predecessor's continuation inventory is empty (measured after the roots
     closed, so nothing can add to it: new roots are refused and continuation only follows open work). Locks the
     drain row FOR UPDATE (after the barrier set FOR SHARE, which must still be `held`), measures, and records the
     (empty) inventory as evidence. Not empty: SUCCESSION_DRAIN_REFUSED naming the work; nothing moves; rerun
     later (no timeout decides). Idempotent on a drained drain."""
     _require_perm(actor)
+    if holder is not None:
+        check_holder(ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk), holder, None)
     current = SuccessionDrain.objects.filter(barrier_set_id=barrier_set_pk).first()
     if current is None:
         raise SuccessionDrainRefused("no drain is open for this barrier set; open it first")
@@ -162,6 +168,7 @@ def succession_drain_complete(*, barrier_set_pk: int, expected_fence: int | None
         return current
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
+        check_holder(row, holder, None)
         drain = SuccessionDrain.objects.select_for_update().get(pk=current.pk)
         if expected_fence is not None and drain.fence != expected_fence:
             raise FenceStale(f"{drain}: acted on with fence {expected_fence}; it holds fence {drain.fence}")

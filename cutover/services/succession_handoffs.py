@@ -79,9 +79,11 @@ def _contracts(lanes: list[dict], predecessor: ServingEpoch, successor: ServingE
     return found
 
 
-def _succession_locked(row: ServingPublicationBarrierSet, accounts: list[int], chunk_accounts: list[int]):
-    """The checks of the whole succession under their locks (raise HandoffRefused for the chunk)."""
-    pred, succ = handoff_epochs_for_share(row)
+def _succession_locked(row: ServingPublicationBarrierSet, accounts: list[int], chunk_accounts: list[int],
+                       holder: str | None = None):
+    """The checks of the whole succession under their locks (raise HandoffRefused for the chunk, FENCE_STALE for a
+    coordinator that no longer holds the set)."""
+    pred, succ = handoff_epochs_for_share(row, holder)
     cutoff_committed = OrderingHandoff.objects.filter(predecessor_epoch_id=pred.pk).exists()
     locked = chunk_accounts if cutoff_committed else accounts
     gates = locks.gates_for_share(locked)
@@ -223,7 +225,8 @@ def _insert_handoffs(handoffs: list[OrderingHandoff]) -> None:
         handoff.pk = created[handoff.predecessor_lane_id]
 
 
-def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> HandoffChunk:
+def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor,
+                  holder: str | None = None) -> HandoffChunk:
     """Freeze the predecessor lanes `lane_pks` (the lanes of at most HALT_CHUNK_ACCOUNTS accounts) and stage their
     successor lanes, as `succession.ordering_handoff` does for each, in one transaction: the locks of the module
     docstring, then ONE UPDATE freezing the lanes (`halted`, ORDERING_HANDOFF, fence + 1), ONE INSERT of the
@@ -247,7 +250,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor) -> 
     accounts = _accounts(predecessor)
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
-        pred, succ = _succession_locked(row, accounts, sorted({lane["account_id"] for lane in lanes}))
+        pred, succ = _succession_locked(row, accounts, sorted({lane["account_id"] for lane in lanes}), holder)
         locked = locks.lane_rows_for_update(contracts)
         existing = {h.predecessor_lane_id: h for h in OrderingHandoff.objects.filter(
             successor_epoch=succ, predecessor_lane_id__in=[lane.pk for lane in locked])}

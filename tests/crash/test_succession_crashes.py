@@ -54,7 +54,7 @@ def serving_view(world) -> tuple:
 def test_crash_before_the_activation_commit_leaves_the_predecessor_halted(run_child):
     """The coordinator is SIGKILLed after writing every transition but before commit: the predecessor is still
     active, the successor verified, every gate v2_halted on the predecessor and the set `held`; the same set then
-    activates. Proves: CV2-11-057, CV2-11-044, CV2-11-049"""
+    activates. Proves: CV2-11-057, CV2-11-044"""
     world, barrier = prepared("ka-")
     assert_killed(run_child(ACTIVATE_SCRIPT, "succession.before_commit", barrier=barrier.pk, fence=barrier.fence))
     assert serving_view(world) == (EpochState.ACTIVE, EpochState.VERIFIED, {(GateMode.V2_HALTED, world.epoch.pk)})

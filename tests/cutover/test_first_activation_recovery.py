@@ -134,7 +134,7 @@ def test_a_coordinator_crash_at_every_barrier_boundary_recovers_by_one_fenced_ta
         # rollback still open: recovery resumed acquisition only; the activation needs its own decision, taken by
         # the new holder alone
         assert serving_state(world) == "offline" and result.decision == DecisionState.ROLLBACK_OPEN
-        with pytest.raises(BarrierSetRefused):
+        with pytest.raises(FenceStale):  # the taken-over holder (D-133)
             fa.first_activation_commit(attempt_key=KEY, actor=ACTOR, holder=A)
         fa.first_activation_commit(attempt_key=KEY, actor=ACTOR, holder=B)
     assert serving_state(world) == "serving"

@@ -249,7 +249,7 @@ def test_barrier_release_rules(sworld):
     drain()
     row = succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
                                          successor_epoch_id=sworld.successor.epoch_id, holder="c", actor=ACTOR)
-    with pytest.raises(BarrierSetRefused, match="open for holder"):
+    with pytest.raises(FenceStale, match="held by 'c', not 'other'"):  # only its holder acts on it (D-133)
         succession.barrier_set_acquire(predecessor_epoch_id=sworld.epoch.epoch_id,
                                        successor_epoch_id=sworld.successor.epoch_id, holder="other", actor=ACTOR)
     with pytest.raises(FenceStale):

@@ -26,7 +26,7 @@ def test_command_runs_every_phase_idempotently_and_resumes_after_a_refusal():
     """status -> barriers -> halt refused (not drained) -> drain (refused while an execution is nonterminal, every
     gate still v2_serving; resumed after it completes under v2_serving) -> halt -> handoffs -> activate (with
     readback and release); every phase rerun changes nothing more.
-    Proves: CV2-11-023, CV2-11-025, CV2-11-049, CV2-11-005"""
+    Proves: CV2-11-023, CV2-11-025, CV2-11-005"""
     world = build_succession_world("sc-")
     send(world, "evt-5", 5, record="rec-2")
     drain()

@@ -78,6 +78,36 @@ def test_stale_page_is_refused_and_changes_nothing(acquiring, people):
     assert (after.state, after.fence) == (before.state, before.fence) == ("held", before.fence)
 
 
+def test_an_approver_takes_over_a_crashed_coordinators_set_and_finishes_it(acquiring, people):
+    """A coordinator held the barriers and halted the gates, then vanished. The console offers "Take over" while
+    the set is open: the approver becomes its holder by one fenced step (same set and phase, fence + 1), the
+    vanished coordinator's next act fails with FENCE_STALE, and the remaining phases finish from the console.
+    Proves: issue 42 item 1"""
+    from connector.errors import FenceStale
+    from cutover.services import succession_phases
+
+    world, row = acquiring
+    row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, holder="console", actor=ACTOR)
+    succession_phases.drain_all(barrier_set=row, holder="console", actor=ACTOR)
+    succession_phases.halt_drained(barrier_set=row, holder="console", actor=ACTOR)
+    crashed = ServingPublicationBarrierSet.objects.get(pk=row.pk)
+    client = client_for(people["approver"])
+    url = f"/cutover/succession/{row.pk}/"
+    assert "Take over the barrier set from console" in client.get(url).content.decode()
+    body = _post(client, url, crashed, "takeover").content.decode()
+    holder = f"console:{people['approver'].username}"
+    assert f"is held by {holder}" in body, body[:3000]
+    taken = ServingPublicationBarrierSet.objects.get(pk=row.pk)
+    assert (taken.holder, taken.state, taken.fence) == (holder, crashed.state, crashed.fence + 1)
+    with pytest.raises(FenceStale):
+        succession_phases.handoff_all(barrier_set=taken, holder="console", actor=ACTOR)
+    for action in ("handoffs", "activate"):
+        response = _post(client, url, ServingPublicationBarrierSet.objects.get(pk=row.pk), action)
+        assert "msg error" not in response.content.decode(), (action, response.content.decode()[:3000])
+    assert ServingPublicationBarrierSet.objects.get(pk=row.pk).state == "released"
+    assert ServingEpoch.objects.get(pk=world.successor.pk).state == "active"
+
+
 def test_an_action_outside_the_current_phase_is_refused(acquiring, people):
     """Activating before the gates halted and the lanes were handed off is not offered and a crafted POST is
     refused. Proves: CV2-11-024."""

@@ -11,10 +11,15 @@ durable state says, and `status` names the next phase.
   handoffs   one OrderingHandoff per predecessor lane (refused lanes are listed; rerun after draining them)
   activate   the one successor activation transaction, then readback and barrier release
   release    explicit fenced release (abort before any handoff; `--replacement` after the cutoff)
+  takeover   a new coordinator (`--holder`) takes over the open barrier set of a crashed one: one holder-fenced
+             step (the set, its drain and handoffs stay; the fence advances; every later act of the earlier
+             holder is refused with FENCE_STALE, D-133); `--resume` then continues as the set's state says
+             (`acquiring`/`held`: hold, drain, halt, handoffs, activate; `activation_committed`: read back, release)
   retire     the draining predecessor `draining -> retired`, once every fact naming it is terminal (D-267)
 
 All phases take `--predecessor EPOCH_ID`; `release` and `retire` also `--reason`; `barriers` also `--successor EPOCH_ID`; the coordinator identity is
-`--holder` (a set held by another holder is refused: a stale coordinator cannot act on it).
+`--holder` (a set held by another holder is refused with FENCE_STALE: a stale coordinator cannot act on it;
+`takeover` is how a new holder takes it).
 """
 from __future__ import annotations
 
@@ -25,17 +30,17 @@ from connector.errors import ConnectorError
 from connector.selectors.rows import ServingEpoch
 from connector.services import serving
 from cutover.selectors import barrier_set_open_for, succession_status
-from cutover.services import succession, succession_phases
+from cutover.services import succession, succession_phases, succession_recovery
 
 
 class Command(BaseCommand):
     help = "Coordinate a V2 -> V2 successor activation (requires_drain): status | barriers | drain | halt | " \
-           "handoffs | activate | release | retire."
+           "handoffs | activate | release | retire | takeover."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="phase", required=True)
         for name in ("status", "barriers", "drain", "halt", "handoffs", "activate", "release",
-                     "retire"):
+                     "retire", "takeover"):
             p = sub.add_parser(name)
             p.add_argument("--predecessor", required=True, help="the active predecessor epoch ID")
             p.add_argument("--holder", default="succession-coordinator", help="this coordinator's identity")
@@ -48,6 +53,9 @@ class Command(BaseCommand):
             if name == "release":
                 p.add_argument("--replacement", action="store_true",
                                help="after the first handoff: release only to replace the candidate")
+            if name == "takeover":
+                p.add_argument("--resume", action="store_true",
+                               help="after the takeover, continue every remaining phase as this holder")
 
     def handle(self, *args, phase: str, **options):
         self.actor = Actor.system(f"succession:{options['holder']}")
@@ -67,7 +75,8 @@ class Command(BaseCommand):
         if row is None:
             raise CommandError("no open barrier set for this predecessor; run `succession barriers` first")
         if row.holder != holder:
-            raise CommandError(f"{row} is held by {row.holder}, not {holder}; a stale coordinator may not act")
+            raise CommandError(f"FENCE_STALE: {row} is held by {row.holder}, not {holder}; a stale coordinator may "
+                               "not act (a new coordinator takes it over with `succession takeover`)")
         return row
 
     def _progress(self, i: int, n: int, text: str) -> None:
@@ -94,13 +103,14 @@ class Command(BaseCommand):
                                              successor_epoch_id=successor, holder=holder, actor=self.actor,
                                              successor_class=successor_class)
         self.stdout.write(f"barrier set #{row.pk} {row.state} (fence {row.fence})")
-        row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=self.actor)
+        row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=self.actor,
+                                          holder=holder)
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state} (fence {row.fence}); owner "
                                              f"receipts {bytes(row.owner_receipts_digest).hex()[:16]}…"))
 
     def phase_drain(self, *, holder: str, **_):
         row = self._open_set(holder)
-        drain, inventory = succession_phases.drain_all(barrier_set=row, actor=self.actor)
+        drain, inventory = succession_phases.drain_all(barrier_set=row, actor=self.actor, holder=holder)
         if drain.state != "drained":
             raise CommandError(f"{drain}: predecessor continuation work still open (new roots stay refused; rerun "
                                f"when it finished, or `release` to abort): {inventory.describe()}")
@@ -108,7 +118,8 @@ class Command(BaseCommand):
 
     def phase_halt(self, *, holder: str, **_):
         row = self._open_set(holder)
-        outcome = succession_phases.halt_drained(barrier_set=row, actor=self.actor, on_step=self._progress)
+        outcome = succession_phases.halt_drained(barrier_set=row, actor=self.actor, on_step=self._progress,
+                                                 holder=holder)
         if outcome.refused:
             raise CommandError("not every gate is v2_halted (rerun when open permits settled):\n  "
                                + "\n  ".join(outcome.refused))
@@ -116,7 +127,8 @@ class Command(BaseCommand):
 
     def phase_handoffs(self, *, holder: str, **_):
         row = self._open_set(holder)
-        outcome = succession_phases.handoff_all(barrier_set=row, actor=self.actor, on_step=self._progress)
+        outcome = succession_phases.handoff_all(barrier_set=row, actor=self.actor, on_step=self._progress,
+                                                holder=holder)
         if outcome.refused:
             raise CommandError(f"{len(outcome.refused)} lane(s) refused; drain them and rerun:\n  "
                                + "\n  ".join(outcome.refused))
@@ -125,15 +137,30 @@ class Command(BaseCommand):
     def phase_activate(self, *, holder: str, **_):
         row = self._open_set(holder)
         successor, row = succession_phases.activate_and_release(barrier_set=row, expected_fence=row.fence,
-                                                                actor=self.actor)
+                                                                actor=self.actor, holder=holder)
         self.stdout.write(f"successor {successor.epoch_id} {successor.state}; read back")
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state}; {successor.epoch_id} serves"))
 
     def phase_release(self, *, holder: str, reason: str, replacement: bool, **_):
         row = self._open_set(holder)
         row = succession.barrier_set_release(barrier_set_pk=row.pk, expected_fence=row.fence, reason=reason,
-                                             replacement=replacement, actor=self.actor)
+                                             replacement=replacement, actor=self.actor, holder=holder)
         self.stdout.write(self.style.SUCCESS(f"barrier set #{row.pk} {row.state}"))
+
+    def phase_takeover(self, *, holder: str, resume: bool, **_):
+        """A crashed coordinator's set, taken over by this one (D-133); nothing here waits for time to pass."""
+        row = succession_recovery.succession_takeover(predecessor_epoch_id=self.predecessor.epoch_id, holder=holder,
+                                                      actor=self.actor)
+        self.stdout.write(f"barrier set #{row.pk} {row.state} (fence {row.fence}) held by {row.holder}")
+        if not resume:
+            return
+        result = succession_recovery.succession_resume(predecessor_epoch_id=self.predecessor.epoch_id,
+                                                       holder=holder, actor=self.actor)
+        if result.stopped_at:
+            raise CommandError(f"stopped at `{result.stopped_at}` (rerun `takeover --resume` or that phase with "
+                               f"--holder {holder} when it can proceed): {result.blocked_by}")
+        self.stdout.write(self.style.SUCCESS(f"barrier set #{result.barrier_set_pk} {result.set_state} (fence "
+                                             f"{result.fence}); the successor serves"))
 
     def phase_retire(self, *, reason: str, **_):
         """The predecessor's facts are all terminal (each refusal names its code and rows): retire it. Nothing
