@@ -222,6 +222,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict,
                                      connections["journal"].settings_dict["NAME"]),
         "REDIS_URL": redis_url or broker.url, "PORT": str(port), "DEMO_RECEIVER_PORT": str(receiver_port),
+        "DEMO_RECEIVER_JOURNAL": "",  # throwaway databases, a CRM in memory only (D-440)
         "CONNECTOR_EGRESS_BASE_URL": f"http://127.0.0.1:{receiver_port}",
         "CONNECTOR_SECRET_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"],
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE") or "config.django.local",

@@ -281,7 +281,7 @@ class Overhead:
 
     name = "overhead"
     help = ("Throughput of the hot-account mix with metrics and tracing on against off, in alternating pairs of "
-            "runs on a throwaway database (issue 21: overhead <= 5%).")
+            "runs on a throwaway database (issue 21: overhead <= 5%%).")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--clients", type=int, default=2, help="client processes (default 2)")

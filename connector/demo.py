@@ -48,6 +48,11 @@ MAPPING_DEFINITION = {"fields": [{"source": "/name", "target": "display_name"},
 CALLOUT_DEFINITION = {"method": "POST", "path_template": "/v1/records/{record_key}", "timeout_ms": 5000,
                       "update": {"method": "PATCH", "path_template": "/v1/records/by-id/{remote_id}"}}
 PUSH_DEFINITION = {"effect_definition": "record-upsert", "effect_version": 1, "idempotency": "provider_key"}
+# The demo CRM's promise (demo/crm.py: each mutation applied once per Idempotency-Key, a repeat answered with the
+# first answer): an uncertain push is repeated by the product itself under the same key (issue 37 item 2, D-430).
+# `make run`'s world declares it; the test worlds only when they ask (`idempotency_contract=True`).
+CALLOUT_IDEMPOTENCY_CONTRACT = {"key_header": "Idempotency-Key", "guarantee": "byte_identical_repeat_is_one_effect",
+                                "retention_seconds": 86400, "automatic_repeats": 3, "repeat_backoff_seconds": 15}
 
 
 @dataclass
@@ -67,12 +72,18 @@ CREDENTIAL_REFS = {"inbound": "webhook-signing", "outbound": "crm-api"}
 
 def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "globex-us"),
                  actor: Actor | None = None, push: bool = False, sequenced: bool = False,
-                 extra_routes: dict | None = None, disabled_routes: tuple[str, ...] = ()) -> World:
+                 extra_routes: dict | None = None, disabled_routes: tuple[str, ...] = (),
+                 idempotency_contract: dict | bool = False) -> World:
     """Accounts, packs, Catalog view, credential generations and one configuration generation. `sequenced` adds
     the strict-sequence channel beside the latest-position one; `extra_routes` ({business key: definition}) adds
-    more inbound routes of the webhook pack, each bound and enabled unless named in `disabled_routes`."""
+    more inbound routes of the webhook pack, each bound and enabled unless named in `disabled_routes`.
+    `idempotency_contract`: the callout profile declares CALLOUT_IDEMPOTENCY_CONTRACT (True) or the given one."""
     extra_routes = extra_routes or {}
     actor = actor or Actor.system("demo")
+    callout_definition = CALLOUT_DEFINITION
+    if idempotency_contract:
+        callout_definition = {**CALLOUT_DEFINITION, "idempotency_contract": (
+            CALLOUT_IDEMPOTENCY_CONTRACT if idempotency_contract is True else idempotency_contract)}
     world = World(prefix=prefix)
     for key in account_keys:
         world.accounts.append(owners.account_create(account_key=f"{prefix}{key}", provider_scope="demo-provider",
@@ -93,7 +104,7 @@ def build_owners(prefix: str, *, account_keys: tuple[str, ...] = ("acme-eu", "gl
         generation_id=f"{prefix}callout-pack.g1", owner_pack="callout-pack", pack_installation_id=f"{prefix}inst-2",
         definitions=[
             {"kind": BindingKind.CALLOUT_PROFILE, "business_key": "records.callout", "version": 1,
-             "definition": CALLOUT_DEFINITION},
+             "definition": callout_definition},
             {"kind": BindingKind.PUSH_CONTRACT, "business_key": "records.push", "version": 1,
              "definition": PUSH_DEFINITION},
         ], actor=actor))
@@ -154,9 +165,10 @@ def walk_gates_to_validating(world: World, actor: Actor) -> None:
 
 
 def build_world(prefix: str = "", *, actor: Actor | None = None, push: bool = False,
-                sequenced: bool = False) -> World:
+                sequenced: bool = False, idempotency_contract: dict | bool = False) -> World:
     actor = actor or Actor.system("demo")
-    world = build_owners(prefix, actor=actor, push=push, sequenced=sequenced)
+    world = build_owners(prefix, actor=actor, push=push, sequenced=sequenced,
+                         idempotency_contract=idempotency_contract)
     epoch = serving.epoch_prepare_from_owners(epoch_id=f"{prefix}epoch-1",
                                               configuration_generation_id=world.configuration.generation_id,
                                               actor=actor)

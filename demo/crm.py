@@ -6,18 +6,27 @@ update the way a CRM does, so the README's walkthrough holds for every update of
   PATCH /v1/records/by-id/<id>        update the record with this CRM id; a merged record answers with the id it
                                       was merged into (a real identity change); 404 for an unknown id
   POST  /bulk...                      the REST bulk delivery receiver protocol (sync_batch)
-  GET   /_demo/state                  the CRM's records and every request it answered (for demos and tests)
+  GET   /_demo/state                  the CRM's records and every request it answered, with the fields it carried
+                                      (for demos and tests)
   POST  /_demo/merge/<id>             merge the record into a new id, as a CRM's duplicate merge does (forces the
                                       identity conflict the operator then resolves)
 
 Every mutation is applied once per Idempotency-Key: a repeat gets the first answer again (status 200) and
 changes nothing.
+
+The CRM remembers across restarts when it is given a journal file (`DemoCrm(journal=path)`; `python -m demo.receiver`
+keeps one under .data/, D-440), as a real receiver would: every change (the records it touched, its id sequence, the
+Idempotency-Key's answer, the request) is appended as one JSON line and flushed before the answer is sent, and a
+restart replays the file. So ids continue where they stopped (never `crm-1` twice) and a repeat of a key answered
+before the restart still gets its first answer. A last line torn by a kill is ignored (its request was never
+answered). Without a journal the CRM lives in memory only (the tests' in-process receivers).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -26,7 +35,7 @@ BY_ID = "/v1/records/by-id/"
 
 
 class DemoCrm:
-    def __init__(self, write=None) -> None:
+    def __init__(self, write=None, journal: str | Path | None = None) -> None:
         self.records: dict[str, dict] = {}  # CRM id -> {external_key, version, fields, merged_into}
         self.by_key: dict[str, str] = {}  # external key -> CRM id
         self.answers: dict[str, tuple[int, dict]] = {}  # Idempotency-Key -> first answer
@@ -35,6 +44,56 @@ class DemoCrm:
         self.lock = threading.Lock()
         self.serial = 0
         self.write = write or (lambda line: None)
+        self.journal = None
+        if journal is not None:
+            self._replay(Path(journal))
+            self.journal = Path(journal).open("a", encoding="utf-8")
+
+    # -- the journal (D-440) ------------------------------------------------------------------------------------
+
+    def _replay(self, path: Path) -> None:
+        """Apply every complete line of the journal; cut a torn last line off (its request was never answered)."""
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return
+        raw = path.read_bytes()
+        good = 0
+        for line in raw.splitlines(keepends=True):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break
+            if not line.endswith(b"\n"):
+                break
+            self._apply(entry)
+            good += len(line)
+        if good < len(raw):
+            with path.open("r+b") as handle:
+                handle.truncate(good)
+        if self.records:
+            count = len(self.records)
+            self.write(f"demo CRM remembers {count} record{'' if count == 1 else 's'} from {path} "
+                       f"(next id crm-{self.serial + 1})")
+
+    def _apply(self, entry: dict) -> None:
+        self.serial = max(self.serial, entry.get("serial", 0))
+        for crm_id, record in entry.get("records", {}).items():
+            self.records[crm_id] = record
+            if not record["merged_into"]:
+                self.by_key[record["external_key"]] = crm_id
+        if entry.get("key"):
+            status, answer = entry["answer"]
+            self.answers[entry["key"]] = (status, answer)
+        if entry.get("batch"):
+            self.batches.setdefault(entry["batch"], entry["count"])
+        if entry.get("request"):
+            self.requests.append(entry["request"])
+
+    def _remember(self, **entry) -> None:
+        """Append one change to the journal (under the lock, before the answer is sent)."""
+        if self.journal is not None:
+            self.journal.write(json.dumps({"serial": self.serial, **entry}, sort_keys=True) + "\n")
+            self.journal.flush()
 
     # -- the CRM ------------------------------------------------------------------------------------------------
 
@@ -81,6 +140,7 @@ class DemoCrm:
             self.records[new_id] = {**old, "merged_into": ""}
             old["merged_into"] = new_id
             self.by_key[old["external_key"]] = new_id
+            self._remember(records={surviving: old, new_id: self.records[new_id]})
         self.write(f"merged {surviving} into {new_id}")
         return 200, {"id": new_id}
 
@@ -105,10 +165,15 @@ class DemoCrm:
                 kind = "created" if status == 201 else "updated"
             else:
                 status, answer, kind = 404, {"error": f"no route {method} {path}"}, "refused"
+            request = {"method": method, "path": path, "key": key, "status": status, "kind": kind,
+                       "id": answer.get("id", ""), "fields": fields or {}}
+            self.requests.append(request)
             if kind in ("created", "updated"):
                 self.answers[key] = (status, answer)
-            self.requests.append({"method": method, "path": path, "key": key, "status": status, "kind": kind,
-                                  "id": answer.get("id", "")})
+                self._remember(records={answer["id"]: self.records[answer["id"]]}, key=key, answer=[status, answer],
+                               request=request)
+            else:
+                self._remember(request=request)
         self.write(f"{kind} {method} {path} key={key[:16]}... -> {answer.get('id', answer.get('error'))}")
         return status, answer
 
@@ -122,6 +187,8 @@ class DemoCrm:
         with self.lock:
             first = key not in self.batches
             self.batches.setdefault(key, len(records))
+            if first:
+                self._remember(batch=key, count=len(records))
         self.write(f"{'applied' if first else 'repeat'} bulk batch of {len(records)} records key={key[:16]}...")
         return 200, {"status": "succeeded", "applied": len(records), "payload_sha256": hashlib.sha256(body).hexdigest()}
 

@@ -80,8 +80,10 @@ class OutboundCommandAdmin(FactAdmin):
 
 @admin.register(RemoteEffect)
 class RemoteEffectAdmin(FactAdmin):
-    fact_description = ("The sole lifecycle authority of one logical external side effect. Uncertain effects wait "
-                        "for an operator's reconciliation with evidence; nothing is retried blindly.")
+    fact_description = ("The sole lifecycle authority of one logical external side effect. Uncertain effects are "
+                        "repeated by the product only under their callout's frozen idempotency contract (D-430); "
+                        "the others wait for an operator's reconciliation with evidence; nothing is retried "
+                        "blindly.")
     list_display = ("id", "account", "state_badge", "attempt_count", "lease_holder", "remote_id",
                     "quarantine_reason", "changed_at")
     list_filter = ("state", "account")

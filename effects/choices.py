@@ -29,6 +29,9 @@ EFFECT_TRANSITIONS = (
     (EffectState.REMOTE_CONFIRMED, EffectState.FINALIZED),
 )
 EFFECT_TERMINAL = (EffectState.NO_EFFECT, EffectState.QUARANTINED, EffectState.FINALIZED)
+# The holds on an `uncertain` effect whose automatic recovery under its frozen idempotency contract stopped
+# (effects.services.recovery, D-433): it waits for a person; leaving `uncertain` lifts the hold.
+UNCERTAIN_HOLDS = ("UNCERTAIN_REPEATS_SPENT", "UNCERTAIN_KEY_RETENTION_PASSED")
 
 
 class PermitState(models.TextChoices):

@@ -29,6 +29,18 @@ def effects_sweep() -> dict[str, int]:
     return report
 
 
+@shared_task(name="effects.tasks.uncertain_sweep", acks_late=True, ignore_result=True)
+def uncertain_sweep() -> dict[str, int]:
+    """Uncertain effects whose frozen idempotency contract proves a repeat safe, found in PostgreSQL: the due ones
+    go back to `prepared` (effects.services.recovery, D-430); the egress is woken when any did."""
+    from effects.services import recovery
+
+    report = recovery.uncertain_sweep()
+    if report["recovered"]:
+        effect_dispatch.delay()
+    return report
+
+
 @shared_task(name="effects.tasks.delivery_step", acks_late=True, ignore_result=True)
 def delivery_step(operation_pk: int) -> str:
     """Advance one delivery operation by one step (queue `delivery`); the service re-reads and claims it. A

@@ -42,13 +42,14 @@ def effect_upstream(effect_: RemoteEffect) -> dict:
 def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
     """The effect page; with `kept`, the refused form as it was typed."""
     from effects.services.dispatch import RECONCILE_DECISIONS
+    from effects.services.recovery import effect_recovery_outlook
 
     from .offers import link_context, remote_call_context
 
     may_decide = request.user.has_perm("effects.reconcile_effect")
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
     return render(request, "governance/effect.html", {
-        "effect": effect_, "attempts": list(effect_.attempts.order_by("ordinal")), "permits": permits,
+        "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None, "effect": effect_, "attempts": list(effect_.attempts.order_by("ordinal")), "permits": permits,
         "audit": _audit(effect_), "nav": "effects",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
         "command": effect_.command, "links": effect_links(effect_pk=effect_.pk), **effect_upstream(effect_),

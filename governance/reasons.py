@@ -32,6 +32,19 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
     _r("EFFECT_UNCERTAIN", "Remote effect uncertain: the request may have reached the provider", "integration on-call",
        30, "Query the provider by idempotency key, then reconcile: remote_confirmed, no_effect (with proof), "
            "idempotent_repeat (only with the frozen provider idempotency key) or quarantine"),
+    _r("UNCERTAIN_REPEAT_SCHEDULED", "Remote effect uncertain: the product repeats it under its frozen idempotency "
+       "contract", "integration on-call", 60,
+       "Nothing to do: the sweeper repeats the byte-identical request under the same key when it is due (the item "
+       "names the time); it leaves the board when the repeat is prepared, or waits for a person with "
+       "UNCERTAIN_REPEATS_SPENT or UNCERTAIN_KEY_RETENTION_PASSED"),
+    _r("UNCERTAIN_REPEATS_SPENT", "Remote effect uncertain after every automatic repeat its contract allows",
+       "integration on-call", 30,
+       "Query the provider by idempotency key (the receiver answered ambiguously each time), then reconcile: "
+       "remote_confirmed, no_effect (with proof), idempotent_repeat or quarantine"),
+    _r("UNCERTAIN_KEY_RETENTION_PASSED", "Remote effect uncertain; a repeat would fall outside the provider's key "
+       "retention", "integration on-call", 30,
+       "Query the provider by idempotency key: past the retention the provider may have forgotten it, so a repeat "
+       "is no longer provably one effect; reconcile remote_confirmed, no_effect (with proof) or quarantine"),
     _r("OPERATOR_QUARANTINE", "Effect quarantined by an operator", "integration on-call", 240,
        "A new business intent needs a new EffectRoot; the quarantined effect stays as evidence"),
     _r("CREDENTIAL_MATERIAL_MISSING", "Frozen credential version is missing", "credential authority", 60,
@@ -103,7 +116,7 @@ class Remedy:
     terminal: str = ""  # why it is terminal (kind "terminal" only)
 
 
-REMEDY_KINDS = ("reconcile_effect", "resolve_link", "replay", "resume_lane", "reconcile_delivery", "v1_reconcile",
+REMEDY_KINDS = ("reconcile_effect", "automatic", "resolve_link", "replay", "resume_lane", "reconcile_delivery", "v1_reconcile",
                 "gate_action", "credential_reenable", "journal_epoch", "poison_release", "epoch_reject", "terminal",
                 "unmapped")
 
@@ -114,6 +127,12 @@ def _terminal(why: str) -> Remedy:
 
 REMEDIES: dict[str, Remedy] = {
     "EFFECT_UNCERTAIN": Remedy("reconcile_effect", "Reconcile it with the provider's evidence on the effect page"),
+    "UNCERTAIN_REPEAT_SCHEDULED": Remedy("automatic", "None needed: the sweeper repeats it under the same key when "
+                                                      "due (D-430)", queue=False),
+    "UNCERTAIN_REPEATS_SPENT": Remedy("reconcile_effect", "Reconcile it with the provider's evidence on the effect "
+                                                          "page"),
+    "UNCERTAIN_KEY_RETENTION_PASSED": Remedy("reconcile_effect", "Reconcile it with the provider's evidence on the "
+                                                                 "effect page"),
     "REMOTE_LINK_CONFLICT": Remedy("resolve_link", "Keep the link, or relink with two approvers, on the effect "
                                                    "page"),
     "RESULT_FAILED": Remedy("replay", "Replay it on the execution page, or resume its lane past it with evidence"),

@@ -3,6 +3,7 @@ and the overview. Read-only; every item links to its evidence (an admin changeli
 behind it) and to its decision page."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,8 +47,23 @@ def _effect(e: RemoteEffect, code: str) -> Item:
 
 
 def uncertain_effects() -> list[Item]:
-    return [_effect(e, "EFFECT_UNCERTAIN")
-            for e in RemoteEffect.objects.select_related("command").filter(state="uncertain")]
+    """Uncertain effects: waiting for a person (EFFECT_UNCERTAIN without the proof of a safe repeat, or the hold
+    of a stopped automatic recovery), or on the board only while the product repeats them itself under their
+    frozen idempotency contract (UNCERTAIN_REPEAT_SCHEDULED, with the time the repeat is due; D-430)."""
+    from effects.services.recovery import NO_PROOF, effect_recovery_outlook
+
+    items = []
+    for e in RemoteEffect.objects.select_related("command").filter(state="uncertain"):
+        outlook = effect_recovery_outlook(e)
+        if outlook.kind == NO_PROOF:
+            items.append(_effect(e, "EFFECT_UNCERTAIN"))
+        elif outlook.code:
+            items.append(_effect(e, outlook.code))
+        else:
+            items.append(dataclasses.replace(_effect(e, "UNCERTAIN_REPEAT_SCHEDULED"), hint=(
+                f"repeated under its frozen idempotency key at {outlook.due_at:%Y-%m-%d %H:%M:%S} UTC: "
+                f"{outlook.detail}")))
+    return items
 
 
 def quarantined_effects() -> list[Item]:

@@ -78,7 +78,9 @@ STAGES = (
           "claims workers."),
     Stage("effect_prepared", lambda now: RemoteEffect.objects.filter(state="prepared"), "changed_at",
           ("governance:effect", "pk"),
-          "Waiting for a permit: check the egress workers and the credential gate of its generation."),
+          "Waiting for a permit: check the egress workers and the credential gate of its generation. A push also "
+          "waits while an earlier push of the same record is uncertain or in REMOTE_LINK_CONFLICT: resolve that "
+          "one first (D-441)."),
     Stage("effect_dispatching", lambda now: RemoteEffect.objects.filter(state="dispatching"), "changed_at",
           ("governance:effect", "pk"),
           "A permit is open; settlement records the answer. An effect that stays here becomes uncertain and waits "

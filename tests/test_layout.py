@@ -89,7 +89,7 @@ def test_no_product_module_is_over_the_line_limit():
 
 def test_the_boundary_contracts_are_declared_and_hold():
     """The import-linter configuration declares the app-boundary contracts, and `lint-imports` keeps them all.
-    Proves the boundaries of ARCHITECTURE.md "Imports": between apps only services, selectors and the shared
+    Proves the boundaries of docs/spec/ARCHITECTURE.md "Layout": between apps only services, selectors and the shared
     kernel; connector below effects below cutover; no cycles."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
     names = {contract["name"] for contract in config["contracts"]}

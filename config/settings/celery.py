@@ -48,6 +48,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 5.0,
         "options": {"expires": 5.0},
     },
+    # Uncertain effects under a frozen idempotency contract (issue 37 item 2, D-430): their own beat, so the
+    # effects sweep's report and cadence stay as they are.
+    "sweeper-uncertain": {
+        "task": "effects.tasks.uncertain_sweep",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
     "observability-stage-sample": {
         "task": "observability.tasks.stage_sample",
         "schedule": 60.0,

@@ -1,4 +1,4 @@
-"""The connector's row-locking reads, as the public entry point other apps use (D-258, ARCHITECTURE.md "Imports").
+"""The connector's row-locking reads, as the public entry point other apps use (D-258, docs/spec/ARCHITECTURE.md "Layout").
 
 Other apps never import `connector.locks` (an import-linter contract holds it); they take connector rows in the
 canonical order (docs/locking.md: 1 publication barrier set, 2 ServingEpoch(s), 3 AccountServingGate, 4

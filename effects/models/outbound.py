@@ -6,7 +6,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from connector.selectors.rows import RoutedSaveMixin
-from effects.choices import AttemptOutcome, EffectState, LinkState, PermitState
+from effects.choices import UNCERTAIN_HOLDS, AttemptOutcome, EffectState, LinkState, PermitState
 from effects.models.holders import ProcessGeneration
 
 __all__ = ["OutboundCommand", "RemoteEffect", "RemoteEffectAttempt", "DispatchPermit", "RemoteLink",
@@ -113,11 +113,19 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     remote_id = models.CharField(max_length=255, blank=True, default="")
     quarantine_reason = models.CharField(max_length=64, blank=True, default="")
     changed_at = models.DateTimeField(auto_now=True)
+    # The command's owner slot, copied when it is authored (immutable like the command): the pushes of one slot are
+    # sent one at a time in authored order (D-441), which the claim reads from `effects_effect_slot_open`.
+    owner_slot = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["pk"]
         indexes = [models.Index(fields=["account", "state"], name="effects_effect_claimable",
                                 condition=Q(state="prepared")),
+                   # The open (non-terminal) effects of each owner slot, in authored order (D-441): the claim's
+                   # "no earlier open effect of this slot" probe. Terminal effects leave it.
+                   models.Index(fields=["account", "owner_slot", "id"], name="effects_effect_slot_open",
+                                condition=Q(state__in=["prepared", "dispatching", "uncertain", "remote_confirmed"])
+                                & ~Q(owner_slot="")),
                    # /metrics (issue 21): effects in flight or waiting for a person, without scanning the finalized
                    # history.
                    models.Index(fields=["state", "changed_at"], name="effects_effect_unsettled",
@@ -151,6 +159,7 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
                 target=EffectState.REMOTE_CONFIRMED)
     def confirm(self, *, remote_id: str) -> None:
         self.remote_id = remote_id
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=EffectState.DISPATCHING, target=EffectState.UNCERTAIN)
     def become_uncertain(self) -> None:
@@ -159,14 +168,21 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.NO_EFFECT)
     def no_effect(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.PREPARED)
     def retry(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+        self._lift_uncertain_hold()
 
     @transition(field=state, source=EffectState.REMOTE_CONFIRMED, target=EffectState.FINALIZED)
     def finalize(self) -> None:
         self.lease_holder, self.lease_expires_at = "", None
+
+    def _lift_uncertain_hold(self) -> None:
+        """Leaving `uncertain` ends a stopped automatic recovery's hold (UNCERTAIN_HOLDS, D-433); other holds stay."""
+        if self.quarantine_reason in UNCERTAIN_HOLDS:
+            self.quarantine_reason = ""
 
 
 class RemoteEffectAttempt(models.Model):

@@ -36,6 +36,7 @@ from effects.models import (
     RemoteEffectAttempt,
     RemoteLink,
 )
+from effects.services import identity
 from effects.services.limiter import destination_open as _destination_open, limiter_admit as _limiter_admit
 from effects.services.limiter import limiter_granted, limiter_refused
 from effects.services.poison import effect_quarantine
@@ -78,10 +79,11 @@ def claim_scan(*, account_id: int | None, take, limited_only: bool = False):
     claimable `prepared` effects in pk order, passing over destinations whose unlocked hint says they cannot
     admit a permit now; `take(pk, account_id, credential_generation_pk)` is tried on each and its first non-None
     answer returned (CLOSED closes that candidate's destination for the rest of the scan). `limited_only`: only
-    effects of destinations that declare a limit (the batched worker step takes the others, D-350)."""
+    effects of destinations that declare a limit (the batched worker step takes the others, D-350). Only the
+    effect that heads its owner slot is a candidate (`identity.slot_head_sql`, D-441)."""
     now = timezone.now()
-    base = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
-                                       state=EffectState.PREPARED)
+    base = identity.slot_heads(RemoteEffect.objects.filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), state=EffectState.PREPARED))
     if limited_only:
         base = base.filter(command__limiter__isnull=False)
     if account_id is None:

@@ -41,7 +41,7 @@ from effects import locks
 from effects.choices import EffectState, HolderState
 from effects.errors import PermitRefused, ProviderIoHeld
 from effects.models import ProcessGeneration, RemoteEffect
-from effects.services import dispatch
+from effects.services import dispatch, identity
 from effects.services.limiter import limiter_admit_batch
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ class BatchPermit:
     limiter_pk: int | None = None  # a limited destination's batch (D-372): its markers read the limiter
 
 
+# Every candidate read and the re-check under the lock take only the effect that heads its owner slot (D-441).
+_HEAD = identity.slot_head_sql("e")
+
 # Where this process's next batch starts its rotation over accounts (round-robin across batches, D-346), and its
 # next limited batch over limited destinations (D-372).
 _ROTATION = {"start": 0, "limiter": 0}
@@ -75,12 +78,14 @@ WITH pick(account_id) AS (
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id >= %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+                AND {head}
               ORDER BY e.account_id LIMIT 1)
             UNION ALL
             (SELECT e.account_id, 1 AS wrap FROM effects_remoteeffect e
                JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = e.account_id
               WHERE e.state = 'prepared' AND c.limiter_id IS NULL AND e.account_id < %(start)s
                 AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+                AND {head}
               ORDER BY e.account_id LIMIT 1)) a ORDER BY a.wrap LIMIT 1)
 )
 SELECT x.id, p.account_id, x.credential_generation_id
@@ -88,17 +93,17 @@ SELECT x.id, p.account_id, x.credential_generation_id
     SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id IS NULL
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
      ORDER BY e.id LIMIT %(n)s) x
- ORDER BY x.id"""
+ ORDER BY x.id""".replace("{head}", _HEAD)
 
 # A given account's candidates (the claimer of one account, the scale-out path): every table pinned to the account.
 _ACCOUNT_CANDIDATES = """
 SELECT e.id, e.account_id, c.credential_generation_id FROM effects_remoteeffect e
   JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = %(account)s
  WHERE e.account_id = %(account)s AND e.state = 'prepared' AND c.limiter_id IS NULL
-   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
- ORDER BY e.id LIMIT %(n)s"""
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+ ORDER BY e.id LIMIT %(n)s""".replace("{head}", _HEAD)
 
 # The batch's effects FOR UPDATE SKIP LOCKED in ascending pk (entity rows after the guard and the credential
 # gates), re-checked under the lock, with what the checks need from their commands (frozen, never moving).
@@ -110,9 +115,9 @@ SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_p
   JOIN connector_credentialgeneration g ON g.id = c.credential_generation_id
  WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.state = 'prepared'
    AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
-   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+   AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
  ORDER BY e.id
-   FOR UPDATE OF e SKIP LOCKED"""
+   FOR UPDATE OF e SKIP LOCKED""".replace("{head}", _HEAD)
 
 # A limited batch's candidates (no lock, D-372): the first limited destination in rotation from the cursor (limiter
 # id at or after it, else the first before it) whose `not_before` is due and that has claimable effects, then its
@@ -123,8 +128,8 @@ _LIMITED_PICK = """
        JOIN effects_destinationlimiter l ON l.id = c.limiter_id AND l.account_id = c.account_id
       WHERE e.state = 'prepared' AND c.limiter_id {op} %(start)s{account}
         AND (l.not_before IS NULL OR l.not_before <= %(now)s)
-        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-      ORDER BY c.limiter_id LIMIT 1)"""
+        AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
+      ORDER BY c.limiter_id LIMIT 1)""".replace("{head}", _HEAD)
 _LIMITED_CANDIDATES = """
 WITH pick(limiter_id, account_id) AS (
     SELECT a.limiter_id, a.account_id FROM ({first} UNION ALL {second}) a ORDER BY a.wrap LIMIT 1
@@ -134,9 +139,9 @@ SELECT x.id, p.account_id, x.credential_generation_id, p.limiter_id
     SELECT e.id, c.credential_generation_id FROM effects_remoteeffect e
       JOIN effects_outboundcommand c ON c.id = e.command_id AND c.account_id = p.account_id
      WHERE e.account_id = p.account_id AND e.state = 'prepared' AND c.limiter_id = p.limiter_id
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) AND {head}
      ORDER BY e.id LIMIT %(n)s) x
- ORDER BY x.id"""
+ ORDER BY x.id""".replace("{head}", _HEAD)
 _LIMITED = {scoped: _LIMITED_CANDIDATES.format(**{
     name: _LIMITED_PICK.format(wrap=wrap, op=op, account=(" AND e.account_id = %(account)s AND c.account_id = "
                                                           "%(account)s") if scoped else "")

@@ -72,6 +72,31 @@ def conflicting_links(effect: RemoteEffect, slot: str) -> list[RemoteLink]:
     return [link for link in links if (link.owner_slot, link.remote_identity) != (slot, effect.remote_id)]
 
 
+# -- one push of a slot at a time (D-441) ---------------------------------------------------------------------------
+
+OPEN_STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed")  # effects_effect_slot_open's states
+
+
+def slot_head_sql(effect: str) -> str:
+    """The claim's condition that the effect aliased `effect` heads its owner slot: no earlier effect (smaller pk:
+    authored before it) of the same account and slot is still open (prepared, dispatching, uncertain or
+    remote_confirmed). The one implementation every claim path embeds (`dispatch.claim_scan`, the batched claims of
+    `dispatch_batch`, the sweep's claimable count), answered from the partial index `effects_effect_slot_open`.
+    An effect without a slot is never held. Terminal states never reopen, so a statement that saw the earlier
+    effects terminal cannot be contradicted later: two claimers never send two pushes of one slot at once."""
+    states = ", ".join(f"'{state}'" for state in OPEN_STATES)
+    # No OR: an effect without a slot finds no earlier one (`<> ''`), and the account equality stays a plain join
+    # to the outer effect (routable by account, docs/scale-out.md).
+    return (f"NOT EXISTS (SELECT 1 FROM effects_remoteeffect earlier"
+            f" WHERE earlier.account_id = {effect}.account_id AND earlier.owner_slot = {effect}.owner_slot"
+            f" AND earlier.owner_slot <> '' AND earlier.id < {effect}.id AND earlier.state IN ({states}))")
+
+
+def slot_heads(queryset):
+    """`queryset` (of RemoteEffect, its own table unaliased) restricted to effects that head their slot."""
+    return queryset.extra(where=[slot_head_sql(queryset.model._meta.db_table)])
+
+
 # -- the subject two approvers see --------------------------------------------------------------------------------
 
 def relink_subject_key(effect_pk: int) -> str:

@@ -237,7 +237,7 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         try:
             with transaction.atomic():
                 command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
-                RemoteEffect.objects.create(command=command, logical_effect_digest=key, account_id=ctx.account_id)
+                RemoteEffect.objects.create(**effect_row(command_id=command.pk, fields=fields))
                 return command
         except IntegrityError as exc:
             if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
@@ -249,6 +249,14 @@ def outbound_command_author(*, ctx: ServingContext, account_key: str, applicatio
         raise OutboundConflict(f"logical effect {effect_root_id}/{effect_slot_id}/{effect_generation_id} exists with "
                                "a different frozen binding")
     return existing
+
+
+def effect_row(*, command_id: int, fields: dict) -> dict:
+    """The RemoteEffect authored with a command (`fields`, from `_prepare`), for both authoring paths: its logical
+    effect digest is the command's idempotency key, and it carries the command's owner slot, whose pushes are
+    sent one at a time in authored order (D-441)."""
+    return dict(command_id=command_id, logical_effect_digest=fields["idempotency_key"],
+                account_id=fields["account_id"], owner_slot=fields["owner_slot"])
 
 
 def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,

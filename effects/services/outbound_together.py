@@ -18,7 +18,7 @@ from connector.services.materialize import insert_rows
 from effects.choices import LinkState
 from effects.errors import OutboundConflict, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect, RemoteLink
-from effects.services.outbound import _prepare
+from effects.services.outbound import _prepare, effect_row
 
 
 def _links(pairs: set[tuple[int, str]]) -> dict[tuple[int, str], RemoteLink]:
@@ -81,6 +81,5 @@ def outbound_commands_author(*, calls: list[dict]) -> list[int]:
             raise closed from None
         raise
     if rows:
-        insert_rows(RemoteEffect, [dict(command_id=pk, logical_effect_digest=row["idempotency_key"],
-                                        account_id=row["account_id"]) for pk, row in zip(pks, rows)])
+        insert_rows(RemoteEffect, [effect_row(command_id=pk, fields=row) for pk, row in zip(pks, rows)])
     return [pk if pk is not None else pks[index] for pk, index, _ in order]

@@ -201,7 +201,8 @@ def effect_finalize_from_evidence(effect_pk: int, *, account_id: int | None = No
 
 def effects_sweep() -> dict[str, int]:
     """Due outbound work from PostgreSQL: confirmed effects to finalize (never redispatched; held ones
-    excepted) and the count of claimable prepared effects (free or expired lease)."""
+    excepted) and the count of claimable prepared effects (free or expired lease, heading their owner slot,
+    D-441)."""
     from django.db.models import Q
     from django.utils import timezone
 
@@ -211,6 +212,6 @@ def effects_sweep() -> dict[str, int]:
         if effect_finalize_from_evidence(pk, account_id=account_pk).state == EffectState.FINALIZED:
             finalized += 1
     now = timezone.now()
-    claimable = RemoteEffect.objects.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
-                                            state=EffectState.PREPARED).count()
+    claimable = identity.slot_heads(RemoteEffect.objects.filter(  # a push waiting behind its slot's earlier one
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), state=EffectState.PREPARED)).count()
     return {"finalized": finalized, "claimable": claimable}

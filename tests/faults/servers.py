@@ -296,12 +296,15 @@ def web_server_command(port: int) -> list[str]:
 @contextlib.contextmanager
 def product_processes(*, secret_dir: str, redis_url: str, log_dir: Path, **extra_env: str):
     """Every process `make run` starts (scripts/run.py `children`: the demo CRM receiver, web, one Celery worker
-    group per stage, beat) against this run's test databases. Yields {"url", "crm", "children"}; stops them all."""
+    group per stage, beat) against this run's test databases; the CRM keeps its journal in `log_dir`. Yields {"url",
+    "crm", "children"}; stops them all."""
     port, receiver_port = free_port(), free_port()
     commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=log_dir / "beat-schedule")
     env = child_environment(secret_dir=secret_dir, REDIS_URL=redis_url,
                             CONNECTOR_EGRESS_BASE_URL=f"http://127.0.0.1:{receiver_port}",
-                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5", **run_database_env(), **extra_env)
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5",
+                            DEMO_RECEIVER_JOURNAL=str(log_dir / "demo-crm.jsonl"),  # this test's CRM (D-440)
+                            **run_database_env(), **extra_env)
     started = []
     try:
         # receiver and web first (waited on below), then each stage's worker group and beat

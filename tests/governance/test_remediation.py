@@ -38,6 +38,17 @@ PROVEN_ELSEWHERE = {
                            "test_a_finalization_failure_holds_that_effect_and_the_sweep_finalizes_the_others"),
     "DELIVERY_STEP_FAILED": ("tests/effects/delivery/test_poison_delivery.py",
                              "test_a_delivery_step_failure_holds_that_operation_and_the_others_complete"),
+    # uncertain effects under a frozen idempotency contract (issue 37 item 2, D-430): repeated by the sweeper, then
+    # held for a person, whose reconciliation lifts the hold
+    "UNCERTAIN_REPEAT_SCHEDULED": ("tests/effects/test_uncertain_recovery.py",
+                                   "test_repeats_back_off_doubling_then_stop_with_uncertain_repeats_spent_until_a_"
+                                   "person_reconciles"),
+    "UNCERTAIN_REPEATS_SPENT": ("tests/effects/test_uncertain_recovery.py",
+                                "test_repeats_back_off_doubling_then_stop_with_uncertain_repeats_spent_until_a_"
+                                "person_reconciles"),
+    "UNCERTAIN_KEY_RETENTION_PASSED": ("tests/effects/test_uncertain_recovery.py",
+                                       "test_a_repeat_past_half_the_key_retention_waits_with_uncertain_key_retention_"
+                                       "passed"),
     "EPOCH_VERIFY_FAILED": ("tests/connector/test_poison_items.py",
                             "test_an_epoch_whose_verification_fails_is_recorded_and_the_sweep_verifies_the_others"),
 }

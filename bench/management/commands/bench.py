@@ -499,8 +499,10 @@ class ThrowawayDatabases:
         journal = connections["journal"]
         self.saved_journal = journal.settings_dict["NAME"]
         journal.settings_dict["NAME"] = self.journal
-        self.say(f"database {self.journal}: migrating")
+        began = time.monotonic()
+        self.say(f"database {self.journal}: migrating (the journal's few tables) ...")
         call_command("migrate", database="journal", interactive=False, verbosity=0)
+        self.say(f"database {self.journal}: migrated in {time.monotonic() - began:.0f} s")
         self.original = connections["default"]
         for name in self.names:
             settings_dict = copy.deepcopy(self.original.settings_dict)
@@ -508,8 +510,10 @@ class ThrowawayDatabases:
             wrapper = self.original.__class__(settings_dict, alias="default")
             self.wrappers[name] = wrapper
             connections["default"] = wrapper
-            self.say(f"database {name}: migrating")
+            began = time.monotonic()
+            self.say(f"database {name}: migrating (every app, about a minute) ...")
             call_command("migrate", database="default", interactive=False, verbosity=0)
+            self.say(f"database {name}: migrated in {time.monotonic() - began:.0f} s")
         connections["default"] = self.wrappers[self.names[0]]
         return self
 
@@ -677,6 +681,23 @@ from bench.metrics_plans import MetricsPlans  # noqa: E402 - metrics queries ove
 SUBCOMMANDS[MetricsPlans.name] = MetricsPlans()
 
 
+def run_as_administrator(command: Command) -> None:
+    """The benches create, migrate and drop throwaway databases, which the application role may not. When
+    `.data/services.env` names the administrator (DATABASE_ADMIN_URL) and this process connects as someone else,
+    start the same command again as the administrator, the way `make bench` runs it (children inherit it)."""
+    admin = os.environ.get("DATABASE_ADMIN_URL")
+    if not getattr(command, "_called_from_command_line", False) or not admin \
+            or os.environ.get("DATABASE_URL") == admin:
+        return
+    command.progress("bench: throwaway databases need the administrator; running as DATABASE_ADMIN_URL "
+                     f"({admin.split('@')[-1]})")
+    env = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_DATABASE_URL", "DATABASE_ASSUME_ROLE")}
+    env["DATABASE_URL"] = admin
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 class Command(BaseCommand):
     help = "Performance measurements on a throwaway database. Subcommands: " + ", ".join(SUBCOMMANDS)
 
@@ -691,6 +712,7 @@ class Command(BaseCommand):
         self.stderr.flush()
 
     def handle(self, *args, subcommand: str, **options):
+        run_as_administrator(self)
         SUBCOMMANDS[subcommand].handle(self, options)
         sys.stdout.flush()
 

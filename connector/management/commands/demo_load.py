@@ -46,7 +46,7 @@ class Command(BaseCommand):
             self.stdout.write("Demo world already loaded: nothing to do.")
         else:
             self.stdout.write("Loading the demo world through the services ...")
-            world = build_world("", push=True, sequenced=True)
+            world = build_world("", push=True, sequenced=True, idempotency_contract=True)
             channels = ", ".join(world.view.bindings.filter(kind="inbound_route").order_by("business_key")
                                  .values_list("business_key", flat=True))
             self.stdout.write(self.style.SUCCESS(

@@ -98,8 +98,13 @@ class Command(BaseCommand):
     def _status(self, attempt_key: str | None, compact: bool = False) -> None:
         attempt = (ServiceCutoverAttempt.objects.filter(attempt_key=attempt_key).first() if attempt_key
                    else ServiceCutoverAttempt.objects.order_by("-pk").first())
+        if attempt is None and attempt_key:
+            raise CommandError(f"no service cutover attempt {attempt_key!r}")
         if attempt is None:
-            raise CommandError("no service cutover attempt" + (f" {attempt_key!r}" if attempt_key else ""))
+            self.stdout.write("No cutover has started: V1 serves as before. `manage.py cutover open --attempt K "
+                              "--configuration G --epoch E` (or the cutover console) begins one; docs/cutover.md "
+                              "says what comes first.")
+            return
         phases = cutover_phases.attempt_phases(attempt)
         done = sum(p.status == "done" for p in phases)
         width = 30

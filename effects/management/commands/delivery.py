@@ -158,9 +158,13 @@ class Command(BaseCommand):
             self.stdout.write(f"finding: {finding}")
 
     def do_errors(self, options):
-        for code, spec in contract().errors.items():
-            self.stdout.write(f"{code}  exit {spec.exit_class}  {spec.retryability}  {spec.operator_action}  "
-                              f"{spec.alert_severity}  {spec.evidence_schema}")
+        header = ("code", "exit class", "retryability", "operator action", "alert severity", "evidence schema")
+        rows = [header] + [(code, str(spec.exit_class), str(spec.retryability), str(spec.operator_action),
+                            str(spec.alert_severity), str(spec.evidence_schema))
+                           for code, spec in contract().errors.items()]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        for row in rows:
+            self.stdout.write("  ".join([cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]))
 
     # -- helpers ----------------------------------------------------------------------------------------------
 

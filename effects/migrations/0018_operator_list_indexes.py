@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('effects', '0016_halt_drain_notify'),
+        ('effects', '0017_effect_owner_slot'),
     ]
 
     operations = [

@@ -1,0 +1,113 @@
+"""The documentation is checked like code (issue 41 item 6): every link of README.md and docs/ resolves inside the
+repository (a heading anchor included), every backticked path to a file of the repository exists, the pages stay
+short enough to read (docs/benchmarks.md ≤ 400 lines, every other page ≤ 600, decisions.md and the vendored
+specification excepted), and the vendored specification equals the shared one when that sits beside the checkout.
+Pure file reads: no database."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+# Records of history, where a file's former name is a fact, and the specification as received (it names the paths
+# of its own map): their links are checked, their path mentions are not.
+HISTORY = {DOCS / "decisions.md", *DOCS.glob("benchmarks/journal/*.md"), *DOCS.glob("spec/*.md")}
+# Long by nature: the decision record and the specification as the project received it.
+LONG = {DOCS / "decisions.md", *DOCS.glob("spec/*.md")}
+SHARED = ROOT.parent / "shared"
+VENDORED = {"connector-v2-execution-architecture.md": "seeds/connector-v2-execution-architecture.md",
+            "connector-v2-requirements.md": "spec/connector-v2-requirements.md",
+            "decisions.md": "spec/decisions.md", "ARCHITECTURE.md": "ARCHITECTURE.md", "STYLE.md": "STYLE.md"}
+TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")}
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+PATH = re.compile(r"`([A-Za-z_][\w./-]*\.(?:py|md|sql|yaml|json|sh|html|txt|svg|toml|png))(?::\d+(?:-\d+)?)?`")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+
+
+def prose(page: Path) -> str:
+    """The page without its fenced code blocks (a link inside a code sample is not a link)."""
+    return re.sub(r"^ *```.*?^ *```", "", page.read_text(), flags=re.S | re.M)
+
+
+def broken_references(pages: list[Path]) -> list[tuple[str, str, str]]:
+    broken = []
+    for page in pages:
+        text = prose(page)
+        for target in LINK.findall(re.sub(r"`[^`\n]*`", "", text)):
+            if re.match(r"^(https?:|mailto:)", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append((str(page.relative_to(ROOT)), "link", target))
+            elif anchor and resolved.suffix == ".md" and anchor not in {
+                    slug(line.lstrip("#")) for line in resolved.read_text().splitlines() if line.startswith("#")}:
+                broken.append((str(page.relative_to(ROOT)), "anchor", target))
+        if page in HISTORY:
+            continue
+        for path in PATH.findall(text):
+            if path.split("/")[0] in TOP and not (ROOT / path).exists():
+                broken.append((str(page.relative_to(ROOT)), "file", path))
+    return broken
+
+
+def test_every_link_and_file_reference_of_the_docs_resolves():
+    """Proves: issue 41 item 6 (links and code references)."""
+    assert broken_references(PAGES) == []
+
+
+def test_the_checker_fails_on_a_broken_link_anchor_or_path(tmp_path):
+    """A page linking a missing file, a missing heading, or naming a missing module is reported; the same page
+    pointing at what exists is not. Proves: issue 41 item 6 (the checker can fail)."""
+    page = DOCS / "_probe_checker.md"
+    try:
+        page.write_text("# Probe\n\n[ok](api.md) [gone](no-such-page.md) [anchor](api.md#no-such-heading) "
+                        "[here](#probe) `connector/no_such_module.py` `connector/dbroles.py`\n")
+        assert sorted(kind for _, kind, _ in broken_references([page])) == ["anchor", "file", "link"]
+    finally:
+        page.unlink()
+
+
+def test_pages_are_short_enough_to_read():
+    """Proves: issue 41 (docs/benchmarks.md ≤ 400 lines, every other page ≤ 600)."""
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PAGES if p not in LONG}
+    assert lengths["docs/benchmarks.md"] <= 400
+    assert {page: n for page, n in lengths.items() if n > 600} == {}
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared specification is not beside this checkout")
+def test_the_vendored_specification_equals_the_shared_one():
+    """docs/spec/ is the specification a clone reads; it must not drift from the shared one. Proves: issue 41
+    item 2 (the repository stands on its own)."""
+    for name, shared in VENDORED.items():
+        assert (DOCS / "spec" / name).read_text() == (SHARED / shared).read_text(), name
+
+
+def test_the_decision_index_is_current_and_every_number_is_used_once():
+    """docs/decisions-index.md is what scripts/decisions_index.py writes from decisions.md: every decision with its
+    topic and status; no number is used twice; a superseded decision says so at its top. Proves: issue 41 item 4."""
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "decisions_index.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+
+
+def test_every_make_command_of_the_readme_and_the_integrating_page_is_a_target():
+    """A fenced `sh` line `make X` names a target of the Makefile (the other blocks are run by
+    tests/hostile/test_readme_try_it.py and tests/hostile/test_integrating_doc.py). Proves: issue 41 item 6."""
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    for page in (ROOT / "README.md", DOCS / "integrating.md"):
+        for block in re.findall(r"^```sh\n(.*?)^```", page.read_text(), re.S | re.M):
+            for line in block.splitlines():
+                if line.startswith("make "):
+                    assert line.split()[1] in targets, (page.name, line)
