@@ -25,25 +25,34 @@ SMALL, BIG = 1_000, 100_000
 LIST_TABLES = HISTORY_TABLES | {"effects_remoteeffect", "effects_outboundcommand"}
 
 
+def _columns(cursor, table: str) -> list[str]:
+    cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s AND column_name <> 'id' "
+                   "ORDER BY ordinal_position", [table])
+    return [c for (c,) in cursor.fetchall()]
+
+
 def effect_history(account, start: int, count: int) -> None:
     """`count` finalized RemoteEffects (with their OutboundCommands), copies of the account's first real command
-    under new EffectRoots, changed long ago: the effect history a year of pushes leaves."""
+    and effect under new EffectRoots, changed long ago: the effect history a year of pushes leaves."""
     template = OutboundCommand.objects.filter(account=account).order_by("pk").first()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = "
-                       "'effects_outboundcommand' AND column_name <> 'id' ORDER BY ordinal_position")
-        columns = [c for (c,) in cursor.fetchall()]
+        columns = _columns(cursor, "effects_outboundcommand")
         chosen = {"effect_root_id": "'hist-root-' || g", "effect_generation_id": "'hist-gen-' || g",
                   "idempotency_key": "sha256(convert_to('hist-cmd-' || g, 'UTF8'))",
                   "created_at": "now() - interval '400 days' + g * interval '10 seconds'"}
         cursor.execute(f"INSERT INTO effects_outboundcommand ({', '.join(columns)}) "
                        f"SELECT {', '.join(chosen.get(c, c) for c in columns)} FROM effects_outboundcommand, "
                        f"generate_series(%s, %s) g WHERE id = %s", [start, start + count - 1, template.pk])
-        cursor.execute("INSERT INTO effects_remoteeffect (command_id, logical_effect_digest, account_id, state, "
-                       "lease_holder, lease_fence, attempt_count, remote_id, quarantine_reason, changed_at) "
-                       "SELECT c.id, c.idempotency_key, c.account_id, 'finalized', '', 0, 1, 'remote-' || c.id, '', "
-                       "c.created_at FROM effects_outboundcommand c WHERE c.effect_root_id LIKE 'hist-root-%%' "
-                       "AND NOT EXISTS (SELECT 1 FROM effects_remoteeffect e WHERE e.command_id = c.id)")
+        columns = _columns(cursor, "effects_remoteeffect")
+        chosen = {"command_id": "c.id", "logical_effect_digest": "c.idempotency_key", "state": "'finalized'",
+                  "lease_holder": "''", "lease_expires_at": "NULL", "lease_fence": "0", "attempt_count": "1",
+                  "remote_id": "'remote-' || c.id", "quarantine_reason": "''", "changed_at": "c.created_at"}
+        cursor.execute(f"INSERT INTO effects_remoteeffect ({', '.join(columns)}) "
+                       f"SELECT {', '.join(chosen.get(col, 'e.' + col) for col in columns)} "
+                       "FROM effects_outboundcommand c, effects_remoteeffect e WHERE e.command_id = %s "
+                       "AND c.effect_root_id LIKE 'hist-root-%%' "
+                       "AND NOT EXISTS (SELECT 1 FROM effects_remoteeffect x WHERE x.command_id = c.id)",
+                       [template.pk])
 
 
 def pages(table: str) -> int:
