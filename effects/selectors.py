@@ -11,6 +11,7 @@ from effects.models import (
     OutboundCommand,
     ReceiverCertification,
     RemoteEffect,
+    RemoteLink,
     ReplayEffectCorrelation,
 )
 from effects.models.delivery.operations import RECONCILIATION_WAITING
@@ -19,8 +20,9 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
-           "ReceiverCertification", "RemoteEffect", "destination_limiter_overview", "effect_retention_blockers",
-           "effect_root_chain", "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of",
+           "ReceiverCertification", "RemoteEffect", "RemoteLink", "destination_limiter_overview", "effect_retention_blockers",
+           "effect_list", "effect_links", "effect_root_chain", "effects_of_execution", "link_get",
+           "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of",
            "replay_effect_roots"]
 
 
@@ -108,3 +110,46 @@ def replay_effect_roots(*, replay_request_pk: int) -> list[tuple[str, str, str]]
     predecessor event authored, recorded at its admission; the replay itself minted none (CV2-09-019, D-309)."""
     return list(ReplayEffectCorrelation.objects.filter(replay_request_id=replay_request_pk).order_by("pk")
                 .values_list("effect_root_id", "effect_slot_id", "predecessor_generation_id"))
+
+
+# -- the operator screens' lists and chains (issue 38 item 2, D-470) ------------------------------------------------
+
+def effect_list(*, account: int | None, state: str, reason: str, cutoff, before: int | None, size: int) -> list:
+    """RemoteEffects newest first (keyset on pk: below `before`), by account, state, quarantine reason and age
+    (last change at or before `cutoff`), with their commands; at most `size` rows."""
+    rows = RemoteEffect.objects.select_related("command", "account").defer(
+        "logical_effect_digest", "command__request_body", "command__idempotency_key", "command__epoch_digest",
+        "command__pack_payload_digest", "command__route_policy_digest", "command__request_digest",
+        "command__predecessor_digest", "command__binding_digest")
+    if account is not None:
+        rows = rows.filter(account_id=account)
+    if state:
+        rows = rows.filter(state=state)
+    if reason:
+        rows = rows.filter(quarantine_reason=reason)
+    if cutoff is not None:
+        rows = rows.filter(changed_at__lte=cutoff)
+    if before is not None:
+        rows = rows.filter(pk__lt=before)
+    return list(rows.order_by("-pk")[:size])
+
+
+def effects_of_execution(*, execution_pk: int, limit: int = 50) -> list:
+    """The OutboundCommands an execution authored, each with its RemoteEffect (the chain's downstream half)."""
+    return list(OutboundCommand.objects.filter(source_execution_id=execution_pk).select_related("effect")
+                .only("pk", "effect_root_id", "effect_slot_id", "effect_generation_id", "method", "path",
+                      "effect__id", "effect__state", "effect__quarantine_reason").order_by("pk")[:limit])
+
+
+def effect_links(*, effect_pk: int) -> list:
+    """The RemoteLinks an effect created (active or retired), oldest first."""
+    return list(RemoteLink.objects.filter(effect_id=effect_pk).order_by("pk"))
+
+
+def link_get(*, link_pk: int) -> tuple:
+    """A RemoteLink, with the effects whose commands addressed it (updates sent to its remote identity)."""
+    link = RemoteLink.objects.select_related("effect", "account").get(pk=link_pk)
+    addressed = list(RemoteEffect.objects.filter(command__target_link_id=link_pk).select_related("command")
+                     .only("pk", "state", "command__effect_root_id", "command__effect_slot_id",
+                           "command__effect_generation_id", "command__method", "command__path").order_by("pk")[:50])
+    return link, addressed

@@ -14,29 +14,27 @@ from django.views.decorators.http import require_http_methods, require_POST
 from connector.actors import Actor
 from connector.errors import ConnectorError
 from connector.selectors.rows import (
-    DualApprovalRequest,
-    Execution,
     GapDecision,
     LaneResumption,
     OrderingLane,
     Projection,
-    ReplayRequest,
 )
 from connector.selectors.lanes import (
-    execution_remedy,
     halting_execution,
     lane_halt_fact,
     pending_positions,
     replay_outlook,
 )
-from connector.selectors.replay import remediation_request_id, replay_dispositions
+from connector.selectors.replay import replay_dispositions
 from connector.services import execution as execution_services
 from connector.services import lanes, replay
 from effects.selectors import RemoteEffect
 from effects.services import identity, intents
 
-from .reasons import reason
 from .access import _audit, screen
+from .chain import EFFECT_FIELDS, REPLAY_FIELDS, effect_page, execution_or_404, execution_page
+from .kept import Kept, kept_context
+from .reasons import reason
 
 
 def _shown(request):
@@ -54,46 +52,29 @@ def _evidence(request) -> str:
 
 # -- a RemoteLink conflict ------------------------------------------------------------------------------------------
 
-def link_context(effect: RemoteEffect, user) -> dict:
-    """What the effect page shows about a RemoteLink conflict: the slot, its link, the links in the way, the live
-    dual-approval request of the relink and whether it is approved for the current subject."""
-    if effect.state != "remote_confirmed" or effect.quarantine_reason != identity.CONFLICT:
-        return {"conflict": None}
-    slot = identity.effect_slot(effect)
-    digest, summary = identity.relink_subject(identity.relink_subject_key(effect.pk))
-    approval = (DualApprovalRequest.objects.filter(kind=identity.APPROVAL_KIND,
-                                                   subject_key=identity.relink_subject_key(effect.pk),
-                                                   state__in=("pending", "approved")).first())
-    return {"conflict": {
-        "slot": slot, "link": identity.active_link(account_id=effect.account_id, owner_slot=slot),
-        "addressed": effect.command.target_link, "in_the_way": identity.conflicting_links(effect, slot),
-        "summary": summary, "approval": approval,
-        "approved": approval is not None and approval.state == "approved" and bytes(approval.subject_digest) == digest,
-        "may_resolve": user.has_perm(identity.PERMISSION)}}
-
-
 @screen
 @require_POST
 def effect_link(request, pk: int):
-    """One resolution of a conflict: `keep_link`, `relink_request` (asks two approvers) or `relink_apply`."""
-    get_object_or_404(RemoteEffect, pk=pk)
+    """One resolution of a conflict: `keep_link`, `relink_request` (asks two approvers) or `relink_apply`.
+    A refusal renders the effect page again with the form as it was typed (issue 38 item 3)."""
+    effect_ = get_object_or_404(RemoteEffect.objects.select_related("command", "account"), pk=pk)
     if not request.user.has_perm(identity.PERMISSION):
         raise PermissionDenied(f"resolving a RemoteLink conflict needs {identity.PERMISSION}")
     action, evidence = request.POST.get("action", ""), _evidence(request)
     calls = {"keep_link": identity.effect_link_keep, "relink_request": identity.effect_relink_request,
              "relink_apply": identity.effect_relink_apply}
+    form = "keep_link" if action == "keep_link" else "relink"
+    kept = Kept.of(request, form, EFFECT_FIELDS[form])
     if action not in calls:
-        messages.error(request, "Refused: choose keep_link, relink_request or relink_apply.")
-        return redirect("governance:effect", pk=pk)
-    if not evidence:
-        messages.error(request, "A resolution needs a reason and an evidence reference.")
-        return redirect("governance:effect", pk=pk)
+        kept.add("action", "Refused: choose keep_link, relink_request or relink_apply.")
+        return effect_page(request, effect_, kept)
+    if not kept.require(reason="the reason for this resolution", evidence_ref="an evidence reference"):
+        return effect_page(request, effect_, kept)
     try:
         result = calls[action](effect_pk=pk, evidence=evidence, actor=Actor.for_user(request.user),
                                expected_changed_at=_shown(request))
     except ConnectorError as error:
-        messages.error(request, f"{error.code}: {error.detail}")
-        return redirect("governance:effect", pk=pk)
+        return effect_page(request, effect_, kept.refused("action", error))
     if action == "relink_request":
         messages.success(request, f"Dual approval requested (request #{result.pk}): two approvers other than you "
                                   "approve it on the attestations screen, then apply the relink here.")
@@ -105,29 +86,21 @@ def effect_link(request, pk: int):
 
 # -- an intentional new remote call (D-305) ------------------------------------------------------------------------
 
-def remote_call_context(effect: RemoteEffect, user) -> dict:
-    """The effect page's offer of an intentional new remote call: only on a proven terminal `no_effect` effect
-    (the one state from which the admission can mint a successor); the admission itself decides."""
-    if effect.state != "no_effect":
-        return {"remote_call": None}
-    return {"remote_call": {"may_authorize": user.has_perm(intents.PERMISSION)}}
-
-
 @screen
 @require_POST
 def effect_remote_call(request, pk: int):
     """Authorize an intentional new remote call for the effect's root and slot, with a reason and the page's
-    state token (`intents.remote_call_for_effect`)."""
-    get_object_or_404(RemoteEffect, pk=pk)
+    state token (`intents.remote_call_for_effect`). A refusal renders the page again as typed."""
+    effect_ = get_object_or_404(RemoteEffect.objects.select_related("command", "account"), pk=pk)
     if not request.user.has_perm(intents.PERMISSION):
         raise PermissionDenied(f"authorizing a new remote call needs {intents.PERMISSION}")
+    kept = Kept.of(request, "remote_call", EFFECT_FIELDS["remote_call"])
     try:
         intent = intents.remote_call_for_effect(effect_pk=pk, reason=request.POST.get("reason", "").strip(),
                                                 actor=Actor.for_user(request.user),
                                                 expected_changed_at=_shown(request))
     except ConnectorError as error:
-        messages.error(request, f"{error.code}: {error.detail}")
-        return redirect("governance:effect", pk=pk)
+        return effect_page(request, effect_, kept.refused("reason", error))
     if intent.disposition == "resumed":
         messages.success(request, f"Intent {intent.intent_id}: effect #{intent.resumed_effect_id} is still open and "
                                   "resumes; no new effect was authored.")
@@ -140,6 +113,9 @@ def effect_remote_call(request, pk: int):
 
 # -- a halted lane --------------------------------------------------------------------------------------------------
 
+LANE_FIELDS = {"mode": "mode", "reason": "reason", "evidence_ref": "evidence_ref"}
+
+
 @screen
 @require_http_methods(["GET", "POST"])
 def lane(request, pk: int):
@@ -148,26 +124,32 @@ def lane(request, pk: int):
     if request.method == "POST":
         if not may_resume:
             raise PermissionDenied(f"resuming a lane needs {lanes.PERMISSION}")
+        kept = Kept.of(request, "resume", LANE_FIELDS)
         mode, evidence = request.POST.get("mode", ""), _evidence(request)
         try:
             fence = int(request.POST.get("fence", ""))
         except ValueError:
             fence = -1
-        if not evidence:
-            messages.error(request, "A resume needs a reason and an evidence reference.")
-            return redirect("governance:lane", pk=pk)
+        if not kept.require(reason="the reason for resuming", evidence_ref="an evidence reference"):
+            return _lane_page(request, lane_, may_resume, kept)
         try:
             lanes.lane_resume(lane_pk=pk, mode=mode, evidence=evidence, actor=Actor.for_user(request.user),
                               expected_fence=fence)
         except ConnectorError as error:
-            messages.error(request, f"{error.code}: {error.detail}")
-            return redirect("governance:lane", pk=pk)
+            return _lane_page(request, lane_, may_resume, kept.refused("mode", error))
         try:  # take the first step now; the sweeper would take it a few seconds later anyway
             execution_services.lane_advance(lane_pk=pk)
         except ConnectorError:
             pass
         messages.success(request, f"Lane #{pk} resumed ({mode}) under a new fence; its events apply in order.")
         return redirect("governance:lane", pk=pk)
+    return _lane_page(request, lane_, may_resume)
+
+
+def _lane_page(request, lane_: OrderingLane, may_resume: bool, kept: Kept | None = None):
+    """The lane page; with `kept`, the refused resume form as it was typed (issue 38 item 3)."""
+    from connector.selectors.browse import lane_executions
+
     halting = halting_execution(lane_)
     fact = lane_halt_fact(lane_)
     return render(request, "governance/lane.html", {
@@ -175,41 +157,31 @@ def lane(request, pk: int):
         "halting": halting, "outlook": replay_outlook(halting) if halting else None,
         "pending": pending_positions(lane_),
         "projections": list(Projection.objects.filter(lane=lane_).select_related("event").order_by("-pk")[:20]),
+        "executions": lane_executions(lane_.pk, limit=20),
         "gaps": list(GapDecision.objects.filter(lane=lane_).order_by("-pk")[:10]),
         "resumptions": list(LaneResumption.objects.filter(lane=lane_).order_by("-pk")[:10]),
         "modes": (("missing_arrived", "skip_with_evidence") if lane_.halt_reason == lanes.GAP_DEADLINE else
                   ("skip_with_evidence",) if halting is not None else ()),
-        "may_resume": may_resume and lane_.state == "halted", "audit": _audit(lane_), "nav": "board"})
+        "may_resume": may_resume and lane_.state == "halted", "audit": _audit(lane_), "nav": "board",
+        **kept_context(kept)}, status=kept.status if kept else 200)
 
 
 # -- a quarantined execution ----------------------------------------------------------------------------------------
 
-def execution_context(execution: Execution, user) -> dict:
-    """The replay outlook (whether a replay runs now, and why) and the replay already made of it, if any."""
-    made = (ReplayRequest.objects.select_related("receipt", "target_epoch")
-            .filter(account_id=execution.account_id, request_id=remediation_request_id(execution.pk)).first())
-    return {"outlook": replay_outlook(execution), "replay": made, "remedied": execution_remedy(execution),
-            "replay_events": replay_dispositions(made) if made else [],
-            "may_replay": (user.has_perm(replay.REMEDIATION_PERMISSION) and execution.state == "quarantined"
-                           and made is None)}
-
-
 @screen
 @require_POST
 def execution_replay(request, pk: int):
-    get_object_or_404(Execution, pk=pk)
+    execution_ = execution_or_404(pk)
     if not request.user.has_perm(replay.REMEDIATION_PERMISSION):
         raise PermissionDenied(f"replaying needs {replay.REMEDIATION_PERMISSION}")
-    evidence = _evidence(request)
-    if not evidence:
-        messages.error(request, "A replay needs a reason and an evidence reference.")
-        return redirect("governance:execution", pk=pk)
+    kept = Kept.of(request, "replay", REPLAY_FIELDS)
+    if not kept.require(reason="the reason for the replay", evidence_ref="an evidence reference"):
+        return execution_page(request, execution_, kept)
     try:
-        admission = replay.execution_replay(execution_pk=pk, reason=evidence, actor=Actor.for_user(request.user),
-                                            expected_changed_at=_shown(request))
+        admission = replay.execution_replay(execution_pk=pk, reason=_evidence(request),
+                                            actor=Actor.for_user(request.user), expected_changed_at=_shown(request))
     except ConnectorError as error:
-        messages.error(request, f"{error.code}: {error.detail}")
-        return redirect("governance:execution", pk=pk)
+        return execution_page(request, execution_, kept.refused("reason", error))
     for entry in replay_dispositions(admission.request):
         messages.success(request, f"Replay {admission.request.request_id} ({admission.outcome}): "
                                   f"{entry['disposition']} — {entry['detail']}.")

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import approvals, attempts, console, remediation, views
+from . import approvals, attempts, chain, console, lists, remediation, views
 
 app_name = "governance"
 urlpatterns = [
@@ -22,4 +22,11 @@ urlpatterns = [
     path("cutover/", console.cutover, name="cutover"),
     path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),
     path("cutover/attempt/<str:key>/", attempts.attempt_view, name="attempt"),
+    # issue 38 item 2: lists outside the admin and the chain's pages (D-470, D-471)
+    path("receipts/", lists.receipts, name="receipts"),
+    path("lanes/", lists.lanes, name="lanes"),
+    path("executions/", lists.executions, name="executions"),
+    path("effects/", lists.effects, name="effects"),
+    path("events/<int:pk>/", chain.event, name="event"),
+    path("links/<int:pk>/", chain.link, name="link"),
 ]

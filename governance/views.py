@@ -9,22 +9,23 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
+from connector.selectors import browse
 from effects.delivery.contract import contract
 from effects.selectors import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
 from effects.services.delivery import setup as delivery_setup
-from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
-from effects.services.retry import schedule_view
+from effects.services.dispatch import effect_reconcile
 
 from . import selectors
 from .access import _audit, screen
-from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, parse
-from .reasons import REASONS, reason
+from .chain import EFFECT_FIELDS, effect_page, execution_or_404, execution_page
+from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
+from .kept import Kept
+from .reasons import REASONS
 
 
 def _decide(request, call, *, success: str) -> bool:
@@ -100,7 +101,7 @@ def receipt(request, pk: int):
         "receipt": receipt_, "status": selectors.receipt_status(receipt_),
         "components": list(receipt_.components.order_by("ordinal").values("ordinal", "disposition", "reason_code",
                                                                           "event_id")[:100]),
-        "nav": "overview"})
+        "chain": browse.receipt_chain(pk), "nav": "receipts"})
 
 
 @screen
@@ -124,28 +125,22 @@ def effect(request, pk: int):
     if request.method == "POST":
         if not may_decide:
             raise PermissionDenied("reconciling an effect needs effects.reconcile_effect")
-        form = parse(request, EffectDecisionForm)
+        kept = Kept.of(request, "decide", EFFECT_FIELDS["decide"])
+        try:
+            form = parse(request, EffectDecisionForm)
+        except FormRefused as refused:  # the page again, as typed (issue 38 item 3)
+            return effect_page(request, effect_, kept.form_refused(refused))
         decision = form["decision"]
-        if _decide(request, lambda: effect_reconcile(
-                effect_pk=pk, decision=decision, evidence=f"{form['reason']} [evidence: {form['evidence_ref']}]",
-                actor=Actor.for_user(request.user), remote_id=form["remote_id"],
-                expected_changed_at=form["changed_at"]), success=f"Effect #{pk}: {decision} recorded."):
-            return redirect("governance:queue")
-        return redirect("governance:effect", pk=pk)
-    attempts = list(effect_.attempts.order_by("ordinal"))
-    permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
-    from effects.services.recovery import effect_recovery_outlook
-
-    from .remediation import link_context, remote_call_context
-
-    return render(request, "governance/effect.html", {
-        "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None,
-        "effect": effect_, "attempts": attempts, "permits": permits, "audit": _audit(effect_), "nav": "queue",
-        "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
-        "command": effect_.command, "retry": schedule_view(effect_, timezone.now()),
-        "reason": reason(effect_.quarantine_reason) if effect_.quarantine_reason else None,
-        **link_context(effect_, request.user),
-        **remote_call_context(effect_, request.user)})
+        try:
+            effect_reconcile(effect_pk=pk, decision=decision,
+                             evidence=f"{form['reason']} [evidence: {form['evidence_ref']}]",
+                             actor=Actor.for_user(request.user), remote_id=form["remote_id"],
+                             expected_changed_at=form["changed_at"])
+        except ConnectorError as error:
+            return effect_page(request, effect_, kept.refused("decision", error))
+        messages.success(request, f"Effect #{pk}: {decision} recorded.")
+        return redirect("governance:queue")
+    return effect_page(request, effect_)
 
 
 # -- a quarantined execution ---------------------------------------------------------------------------------------
@@ -155,16 +150,7 @@ def execution(request, pk: int):
     """Evidence and the owner's remediation for a quarantined execution. There is no transition to take here: a
     quarantined execution stays immutable; remediation is a replay (offered here, with whether it would run), a
     successor or a corrected generation made by its owner (the seed's "Operational liveness")."""
-    from connector.selectors.rows import ApplicationResult, Execution
-
-    from .remediation import execution_context
-
-    execution_ = get_object_or_404(Execution.objects.select_related("projection", "account", "lane"), pk=pk)
-    result = ApplicationResult.objects.filter(command_id=execution_.command_id).first()
-    return render(request, "governance/execution.html", {
-        "execution": execution_, "result": result, "reason": REASONS.get(execution_.quarantine_reason),
-        "attempts": list(execution_.attempts.order_by("pk")) if hasattr(execution_, "attempts") else [],
-        "audit": _audit(execution_), "nav": "queue", **execution_context(execution_, request.user)})
+    return execution_page(request, execution_or_404(pk))
 
 
 # -- a delivery operation waiting for reconciliation ------------------------------------------------------------

@@ -120,7 +120,8 @@ class Execution(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     generation = models.PositiveIntegerField()
     account = models.ForeignKey(ConnectorAccount, on_delete=models.PROTECT, related_name="executions")
     epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="executions")
-    lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, null=True, blank=True,
+    # Indexed by connector_exec_lane_newest (lane, id), which serves the foreign key too.
+    lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, null=True, blank=True, db_index=False,
                              related_name="executions")
     state = FSMField(default=ExecutionState.READY, choices=ExecutionState.choices, protected=True)
     command_id = models.CharField(max_length=128, unique=True)
@@ -154,7 +155,13 @@ class Execution(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
                                 condition=Q(state="ready")),
                    # /metrics (issue 21): quarantined executions by reason without scanning the completed history.
                    models.Index(fields=["quarantine_reason", "changed_at"], name="connector_exec_quarantined",
-                                condition=Q(state="quarantined"))]
+                                condition=Q(state="quarantined")),
+                   # The operator screens' execution list (issue 38, D-473): a lane's executions newest first, and
+                   # the executions in a state other than `completed` (the history's state) newest first, each a
+                   # page without reading the completed history.
+                   models.Index(fields=["lane", "id"], name="connector_exec_lane_newest"),
+                   models.Index(fields=["state", "id"], name="connector_exec_live_newest",
+                                condition=~Q(state="completed"))]
 
     def __str__(self) -> str:
         return f"execution #{self.pk} gen {self.generation} ({self.state})"

@@ -187,6 +187,10 @@ class ReceiptComponent(models.Model):
                                                  & Q(event__isnull=False))),
                                    name="connector_component_disposition_event"),
         ]
+        # The operator screens' receipt list by reason code (issue 38, D-473): the few coded components, newest
+        # receipt first, without reading the retained history.
+        indexes = [models.Index(fields=["reason_code", "receipt"], name="connector_component_coded",
+                                condition=~Q(reason_code=""))]
 
 
 class Event(models.Model):

@@ -144,7 +144,14 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
                    # The overview's "effects finalized" of the last hour (issue 21): finalized effects by time, written
                    # once per effect when it finalizes.
                    models.Index(fields=["changed_at"], name="effects_effect_finalized_time",
-                                condition=Q(state="finalized"))]
+                                condition=Q(state="finalized")),
+                   # The operator screens' effect list (issue 38, D-473): effects in a state other than `finalized`
+                   # (the history's state) and effects with a reason code, newest first, without reading the
+                   # finalized history.
+                   models.Index(fields=["state", "id"], name="effects_effect_live_newest",
+                                condition=~Q(state="finalized")),
+                   models.Index(fields=["quarantine_reason", "id"], name="effects_effect_coded",
+                                condition=~Q(quarantine_reason=""))]
         permissions = [("reconcile_effect", "Can reconcile an uncertain remote effect with evidence")]
 
     def __str__(self) -> str:

@@ -51,7 +51,7 @@ def test_link_conflict_forms_need_the_permission_evidence_and_the_shown_state(pe
                  changed_at=(conflict.changed_at - timedelta(seconds=1)).isoformat())
     assert "changed since the page was shown" in stale.content.decode()
     missing = post(operator, action, action="keep_link", reason="r", evidence_ref="", changed_at=shown)
-    assert "needs a reason and an evidence reference" in missing.content.decode()
+    assert "Enter an evidence reference" in missing.content.decode()  # beside the field, input kept (issue 38)
     unknown = post(operator, action, action="relabel", reason="r", evidence_ref="e", changed_at=shown)
     assert "Refused" in unknown.content.decode()
     assert RemoteEffect.objects.get(pk=conflict.pk).state == "remote_confirmed"

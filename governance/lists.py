@@ -1,0 +1,98 @@
+"""Lists of receipts, lanes, executions and remote effects outside the Django admin (issue 38 item 2, D-470):
+filtered by account, state, reason code and age, newest first, one keyset page at a time (`before` = the last pk
+shown), each row a link into the chain. The reads are the owners' selectors (connector.selectors.browse,
+effects.selectors); a malformed filter value narrows nothing and is named on the page, never a 500."""
+from __future__ import annotations
+
+from django import forms
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import urlencode
+
+from connector.choices import ExecutionState, LaneState
+from connector.selectors import browse
+from connector.selectors.rows import ConnectorAccount
+from effects.choices import EffectState
+from effects.selectors import effect_list
+
+from .access import screen
+
+AGES = [("", "any age"), ("5", "older than 5 minutes"), ("60", "older than 1 hour"),
+        ("1440", "older than 1 day"), ("10080", "older than 7 days")]
+
+
+class ListFilterForm(forms.Form):
+    """The query string of a list page; every field optional."""
+
+    account = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    state = forms.ChoiceField(required=False)
+    reason = forms.RegexField(required=False, regex=r"^[A-Z0-9_]{1,64}$", strip=True)
+    older_than = forms.TypedChoiceField(required=False, choices=AGES, coerce=int, empty_value=None)
+    lane = forms.IntegerField(required=False, min_value=1)
+    before = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, data, *, states):
+        super().__init__(data)
+        self.fields["account"].choices = [("", "every account")] + [
+            (str(pk), key) for pk, key in ConnectorAccount.objects.order_by("account_key").values_list("pk",
+                                                                                                     "account_key")]
+        self.fields["state"].choices = [("", "every state")] + [(s, s) for s in states]
+
+    def filters(self) -> browse.Filters:
+        self.is_valid()  # an invalid field is left out of cleaned_data: it narrows nothing
+        data = self.cleaned_data
+        return browse.Filters(account=data.get("account"), state=data.get("state") or "",
+                              reason=data.get("reason") or "", older_than=data.get("older_than"),
+                              lane=data.get("lane"), before=data.get("before"))
+
+
+def _render(request, template: str, *, title: str, nav: str, states, page: browse.Page, form: ListFilterForm,
+            extra: dict | None = None):
+    kept = {k: v for k, v in request.GET.items() if k != "before" and v}
+    next_url = (f"{request.path}?{urlencode({**kept, 'before': page.next_before})}"
+                if page.next_before is not None else "")
+    first_url = f"{request.path}?{urlencode(kept)}" if request.GET.get("before") else ""
+    return render(request, template, {"title": title, "nav": nav, "page": page, "form": form, "states": states,
+                                      "ages": AGES, "values": kept, "next_url": next_url, "first_url": first_url,
+                                      "invalid": form.errors, **(extra or {})})
+
+
+@screen
+def receipts(request):
+    form = ListFilterForm(request.GET, states=browse.RECEIPT_STATES)
+    page = browse.receipt_list(form.filters())
+    return _render(request, "governance/list_receipts.html", title="Receipts", nav="receipts",
+                   states=browse.RECEIPT_STATES, page=page, form=form)
+
+
+@screen
+def executions(request):
+    form = ListFilterForm(request.GET, states=ExecutionState.values)
+    page = browse.execution_list(form.filters())
+    return _render(request, "governance/list_executions.html", title="Executions", nav="executions",
+                   states=ExecutionState.values, page=page, form=form)
+
+
+@screen
+def lanes(request):
+    form = ListFilterForm(request.GET, states=LaneState.values)
+    page = browse.lane_list(form.filters())
+    return _render(request, "governance/list_lanes.html", title="Ordering lanes", nav="lanes",
+                   states=LaneState.values, page=page, form=form)
+
+
+@screen
+def effects(request):
+    form = ListFilterForm(request.GET, states=EffectState.values)
+    f = form.filters()
+    rows = effect_list(account=f.account, state=f.state, reason=f.reason, cutoff=f.cutoff(), before=f.before,
+                       size=browse.PAGE_SIZE + 1)
+    page = browse.Page(rows[:browse.PAGE_SIZE],
+                       rows[browse.PAGE_SIZE - 1].pk if len(rows) > browse.PAGE_SIZE else None)
+    return _render(request, "governance/list_effects.html", title="Remote effects", nav="effects",
+                   states=EffectState.values, page=page, form=form)
+
+
+def list_url(name: str, **filters) -> str:
+    """The URL of a list narrowed by `filters` (e.g. a lane's executions)."""
+    return reverse(f"governance:{name}") + (f"?{urlencode(filters)}" if filters else "")
