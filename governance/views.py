@@ -189,8 +189,8 @@ def delivery(request, pk: int):
     c = contract()
     moves = [t for t in c.transitions if t.source == op.state and t.operator_only]
     return render(request, "governance/delivery.html", {
-        "op": op, "axes": zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
-                              c.tuples[op.state]),
+        "op": op, "axes": list(zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
+                                   c.tuples[op.state])),
         "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
         "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
         "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})
