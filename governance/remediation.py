@@ -88,8 +88,10 @@ def effect_link(request, pk: int):
     if not evidence:
         messages.error(request, "A resolution needs a reason and an evidence reference.")
         return redirect("governance:effect", pk=pk)
+    why = ({"reason": request.POST.get("reason", ""), "evidence_ref": request.POST.get("evidence_ref", "")}
+           if action == "relink_request" else {"evidence": evidence})  # the approvers read reason and evidence apart
     try:
-        result = calls[action](effect_pk=pk, evidence=evidence, actor=Actor.for_user(request.user),
+        result = calls[action](effect_pk=pk, **why, actor=Actor.for_user(request.user),
                                expected_changed_at=_shown(request))
     except ConnectorError as error:
         messages.error(request, f"{error.code}: {error.detail}")

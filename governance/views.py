@@ -200,9 +200,11 @@ def delivery(request, pk: int):
 
 @screen
 def attestations(request):
+    from .approval_context import filed_requests
+
     return render(request, "governance/attestations.html", {
         "pending": selectors.attestations(), "due": selectors.recertification_due(),
-        "cutover_requests": selectors.cutover_approvals(), "nav": "attestations"})
+        "filed": filed_requests(), "nav": "attestations"})
 
 
 @screen
