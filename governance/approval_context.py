@@ -129,3 +129,23 @@ def filed_requests(*, recent: int = 20) -> Filed:
     return Filed(waiting=list(rows.filter(state="pending").order_by("pk")),
                  relinks=list(decided.filter(kind=relink)[:recent]),
                  cutover=list(decided.exclude(kind=relink)[:recent]))
+
+
+def certification_context(cert) -> Context:
+    """A platform-attested receiver certification: the receiver identity it certifies, linked to its binding in
+    the facts (admin), and the binding's certified identity before and after."""
+    binding = cert.binding
+    try:
+        link = (f"Receiver binding {binding.name}", reverse("admin:effects_receiverbinding_change", args=[binding.pk]))
+    except NoReverseMatch:
+        link = None
+    current = (binding.certifications.filter(state="certified").exclude(pk=cert.pk).order_by("-valid_until")
+               .first())
+    before = (f"principal {current.principal_id}, account {current.account_id}, valid until "
+              f"{current.valid_until:%Y-%m-%d}" if current else "no certified identity")
+    after = f"principal {cert.principal_id}, account {cert.account_id}, valid until {cert.valid_until:%Y-%m-%d}"
+    return Context(
+        what=(f"Certify receiver binding {binding.name}'s remote identity (platform attested): principal "
+              f"{cert.principal_id}, account {cert.account_id}, from {cert.verified_at:%Y-%m-%d %H:%M} to "
+              f"{cert.valid_until:%Y-%m-%d %H:%M}"), link=link, note="Read from the binding's certifications now.",
+        rows=[("Certified remote identity", before, after)])

@@ -224,8 +224,10 @@ def attestation(request, pk: int):
     digest = delivery_setup.certification_subject_digest(cert)
     approvals = list(cert.approvals.select_related("approver").order_by("pk"))
     already = any(a.approver_id == request.user.pk for a in approvals)
+    from .approval_context import certification_context
+
     return render(request, "governance/attestation.html", {
-        "cert": cert, "digest": digest.hex(), "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals],
+        "cert": cert, "digest": digest.hex(), "context": certification_context(cert), "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals],
         "may_approve": may_approve and cert.state == "pending_approval" and not already
         and cert.requested_by_id != request.user.pk, "already": already,
         "is_requester": cert.requested_by_id == request.user.pk, "nav": "attestations"})

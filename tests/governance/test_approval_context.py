@@ -197,3 +197,20 @@ def test_the_console_asks_for_a_reason_and_says_who_may_act(people):
     assert "Request dual approval</button>" not in table and "<td>—</td>" not in table
     assert "need the approver role" in table and people["approver"].username in table
     assert f"Waiting for approvers other than {people['approver'].username}: 0 of 2 given" in table
+
+
+def test_the_attestation_page_shows_what_is_certified(people, delivery_world):  # noqa: F811
+    """A receiver certification's approval page shows the identity it certifies in words, a link to the receiver
+    binding, the requester with the evidence reference, the binding's certified identity before and after, and the
+    digest short with the full value. Proves: issue 38 item 1"""
+    from tests.governance.test_screens import _platform_request
+
+    world, _ = delivery_world
+    cert = _platform_request(world, people["certifier"])
+    page = client_for(people["certifier2"]).get(f"/attestations/certification/{cert.pk}/").content.decode()
+    assert f"/admin/effects/receiverbinding/{world.binding.pk}/change/" in page
+    assert "handshake:p" in page and people["certifier"].username in page
+    before_after = page.split("<h2>Before and after</h2>", 1)[1].split("</table>", 1)[0]
+    assert "Certified remote identity" in before_after and "principal svc-crm-writer" in before_after
+    digest = page.split('name="digest" value="', 1)[1].split('"', 1)[0]
+    assert f'title="{digest}"' in page and f'<code class="mono">{digest}</code>' in page
