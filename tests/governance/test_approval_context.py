@@ -108,6 +108,9 @@ def test_a_refusal_needs_a_reason_is_audited_and_ends_the_request(people, relink
     assert "APPROVAL_REFUSED" in late and "the request is refused" in late
     assert DualApprovalRequest.objects.get(pk=row.pk).state == "refused" and row.approvals.count() == 1
     assert "APPROVAL_REFUSED" in _refuse(alma, row.pk, digest, "again").content.decode()
+    effect_page = requester.get(f"/queue/effect/{effect.pk}/").content.decode()
+    assert f"request #{row.pk}</a>, was refused by abe: The merge ticket names another record" in effect_page
+    assert "Request dual approval of the relink" in effect_page  # what comes next: a new request
 
 
 def test_four_eyes_still_holds_on_the_approval_page(people, relink_request):
