@@ -21,7 +21,7 @@ from effects.services.dispatch import RECONCILE_DECISIONS, effect_reconcile
 
 from . import selectors
 from .access import _audit, screen
-from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, parse
+from .forms import ApprovalRefusalForm, DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, parse
 from .reasons import REASONS
 
 
@@ -210,27 +210,45 @@ def attestations(request):
 @screen
 @require_http_methods(["GET", "POST"])
 def attestation(request, pk: int):
-    cert = get_object_or_404(ReceiverCertification.objects.select_related("binding", "requested_by"), pk=pk)
+    cert = get_object_or_404(ReceiverCertification.objects.select_related("binding", "requested_by", "refused_by"),
+                             pk=pk)
     may_approve = request.user.has_perm("effects.approve_certification")
     if request.method == "POST":
         if not may_approve:
-            raise PermissionDenied("approving a certification needs effects.approve_certification")
+            raise PermissionDenied("deciding a certification needs effects.approve_certification")
+        if request.POST.get("action") == "refuse":  # D-464
+            form = parse(request, ApprovalRefusalForm)
+            try:
+                delivery_setup.certification_refuse(actor=Actor.for_user(request.user), certification=cert,
+                                                    digest_seen=form["digest"], reason=form["reason"])
+            except ConnectorError as error:
+                return _attestation_page(request, cert, status=error.http_status, refusal={
+                    "error": f"{error.code}: {error.detail}", "reason": form["reason"]})
+            messages.success(request, f"Refused: certification #{pk} is ended and can no longer be approved.")
+            return redirect("governance:attestation", pk=pk)
         seen = parse(request, DigestApprovalForm)["digest"]
         if _decide(request, lambda: delivery_setup.certification_approve(
                 actor=Actor.for_user(request.user), certification=cert, digest_seen=seen),
                 success=f"Approval of certification #{pk} recorded."):
             return redirect("governance:attestations")
         return redirect("governance:attestation", pk=pk)
+    return _attestation_page(request, cert)
+
+
+def _attestation_page(request, cert, *, refusal: dict | None = None, status: int = 200):
+    from .approval_context import certification_context
+
+    may_approve = request.user.has_perm("effects.approve_certification")
     digest = delivery_setup.certification_subject_digest(cert)
     approvals = list(cert.approvals.select_related("approver").order_by("pk"))
     already = any(a.approver_id == request.user.pk for a in approvals)
-    from .approval_context import certification_context
-
+    pending, is_requester = cert.state == "pending_approval", cert.requested_by_id == request.user.pk
     return render(request, "governance/attestation.html", {
-        "cert": cert, "digest": digest.hex(), "context": certification_context(cert), "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals],
-        "may_approve": may_approve and cert.state == "pending_approval" and not already
-        and cert.requested_by_id != request.user.pk, "already": already,
-        "is_requester": cert.requested_by_id == request.user.pk, "nav": "attestations"})
+        "cert": cert, "digest": digest.hex(), "context": certification_context(cert),
+        "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals], "refusal": refusal or {},
+        "may_approve": may_approve and pending and not already and not is_requester,
+        "may_refuse": may_approve and pending and not is_requester, "already": already,
+        "is_requester": is_requester, "nav": "attestations"}, status=status)
 
 
 def method_not_allowed(request):  # pragma: no cover - routing helper

@@ -217,3 +217,39 @@ def test_the_attestation_page_shows_what_is_certified(people, delivery_world):  
     assert "Certified remote identity" in before_after and "principal svc-crm-writer" in before_after
     digest = page.split('name="digest" value="', 1)[1].split('"', 1)[0]
     assert f'title="{digest}"' in page and f'<code class="mono">{digest}</code>' in page
+
+
+def test_a_certification_can_be_refused_with_a_reason(people, delivery_world):  # noqa: F811
+    """A certifier refuses a pending platform attestation: without a reason nothing changes (the typed page comes
+    back with the error); with one it ends `refused` with who and why and one audit row, reads as finished, cannot
+    be approved afterwards, and is not expired by the recertification sweep; the requester is offered neither
+    action. Proves: issue 38 item 1"""
+    from connector.models import AuditRecord
+    from effects.services.delivery import setup
+    from tests.governance.test_screens import _platform_request
+
+    world, _ = delivery_world
+    cert = _platform_request(world, people["certifier"])
+    url = f"/attestations/certification/{cert.pk}/"
+    digest = setup.certification_subject_digest(cert).hex()
+    requester = client_for(people["certifier"]).get(url).content.decode()
+    assert "Approve</button>" not in requester and "Refuse</button>" not in requester
+    cora = client_for(people["certifier2"])
+    blank = post(cora, url, digest=digest, action="refuse", reason=" ")
+    assert blank.status_code == 400 and "APPROVAL_REASON_MISSING" in blank.content.decode()
+    assert type(cert).objects.get(pk=cert.pk).state == "pending_approval"
+    done = post(cora, url, digest=digest, action="refuse", reason="The handshake names another principal")
+    assert "Finished: refused by cora-certifier" in done.content.decode()
+    cert = type(cert).objects.get(pk=cert.pk)
+    assert (cert.state, cert.refused_by_id, cert.refusal_reason) == (
+        "refused", people["certifier2"].pk, "The handshake names another principal")
+    assert AuditRecord.objects.filter(action="delivery_certification_refuse", entity_id=str(cert.pk),
+                                      to_state="refused").count() == 1
+    people["approver"].groups.add(Group.objects.get(name="certifier"))
+    late = post(client_for(User.objects.get(pk=people["approver"].pk)), url, digest=digest)
+    assert "certification is refused" in late.content.decode()
+    assert type(cert).objects.get(pk=cert.pk).state == "refused" and cert.approvals.count() == 0
+    from datetime import timedelta
+
+    setup.certification_expire_due(now=cert.valid_until + timedelta(seconds=1))
+    assert type(cert).objects.get(pk=cert.pk).state == "refused"
