@@ -136,7 +136,8 @@ def _approve_activation(epoch_id: str, prefix: str) -> None:
         user = User.objects.create_user(f"{prefix}bench-{role}")
         user.groups.add(group)
         people.append(Actor.for_user(User.objects.get(pk=user.pk)))
-    request = approvals.approval_request(kind="activation_decision", subject_key=epoch_id, actor=people[0])
+    request = approvals.approval_request(kind="activation_decision", subject_key=epoch_id, actor=people[0],
+                                         reason="bench: activation", evidence_ref="bench")
     for approver in people[1:]:
         approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest), actor=approver)
 

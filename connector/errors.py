@@ -189,12 +189,22 @@ class SecretBackendError(ConnectorError):
 
 
 class ApprovalRefused(ConnectorError):
-    """The approval cannot be recorded: the requester may not approve, one person approves once, or the subject
-    changed since it was shown (approvals of an old digest are void)."""
+    """The approval (or refusal) cannot be recorded: the requester may not approve or refuse their own request, one
+    person approves once, the subject changed since it was shown (approvals of an old digest are void), or the
+    request is no longer pending."""
 
     code = "APPROVAL_REFUSED"
     http_status = 409
     operator_action = "Reload the subject and its current digest; a second approval needs a different person."
+
+
+class ApprovalReasonMissing(ConnectorError):
+    """A dual-approval request needs the requester's reason and evidence reference, and a refusal needs the
+    refuser's reason; nothing was written."""
+
+    code = "APPROVAL_REASON_MISSING"
+    http_status = 400
+    operator_action = "Say why (and, for a request, where the evidence is) and submit again."
 
 
 class ApprovalMissing(ConnectorError):
@@ -240,5 +250,6 @@ ERROR_CATALOG = MappingProxyType({
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, EpochRetentionUnmet,
                 ActivationCardinalityExceeded, FenceStale,
                 GateNotServing, SuccessionRootsClosed, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
+                ApprovalReasonMissing,
                 StateTokenInvalid, FormInvalid, ApproverNotIndependent)
 })

@@ -28,4 +28,4 @@ class CutoverConfig(AppConfig):
         from cutover.services import approval_subjects
 
         for kind, resolver in approval_subjects.SUBJECTS.items():  # dual approval of cutover subjects
-            approvals.register_subject(kind, resolver)
+            approvals.register_subject(kind, resolver, approval_subjects.OUTCOMES.get(kind))

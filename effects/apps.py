@@ -26,6 +26,6 @@ class EffectsConfig(AppConfig):
         # Admission refuses a record key the outbound command could never store (decision D-165).
         hooks.register_admission_check(runtime_bridge.admission_problems)
         # Relinking an owner slot to another remote identity needs two approvers of exactly that change (D-191).
-        approvals.register_subject(identity.APPROVAL_KIND, identity.relink_subject)
+        approvals.register_subject(identity.APPROVAL_KIND, identity.relink_subject, identity.relink_outcome)
         # A replay preserves its predecessor's EffectRootIDs as correlation evidence and mints nothing (D-309).
         hooks.register_replay_admitted(intents.replay_correlate)

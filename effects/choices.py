@@ -99,6 +99,7 @@ class CertificationState(models.TextChoices):
     PENDING_APPROVAL = "pending_approval"  # platform_attested, waiting for two distinct approvers
     CERTIFIED = "certified"
     EXPIRED = "expired"  # valid_until passed: periodic recertification due
+    REFUSED = "refused"  # pending_approval -> refused: an approver refused it with a reason (D-464); terminal
 
 
 class ParentState(models.TextChoices):

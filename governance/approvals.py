@@ -1,6 +1,10 @@
-"""Dual approval of cutover subjects in the browser: request approval of a subject's current digest, and give one
-of the two approvals. The rules live in connector.services.approvals; these views only call it. The form carries
-the digest the page showed, so an approval of a subject that changed meanwhile is refused, never counted."""
+"""Dual approval in the browser: request approval of a subject's current digest (with the requester's reason and
+evidence reference), and decide a request: give one of the two approvals, or refuse it with a reason. The rules
+live in connector.services.approvals; these views only call it. The forms carry the digest the page showed, so an
+approval of a subject that changed meanwhile is refused, never counted.
+
+The page shows what is approved (the subject in words with a link to its own page, the change as before/after,
+the requester's reason and evidence), and reads as finished once the guarded step ran (`subject_outcome`)."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -10,11 +14,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
-from connector.selectors.rows import DualApprovalRequest
+from connector.selectors.rows import ApprovalKind, DualApprovalRequest
 from connector.services import approvals
 
-from .forms import ApprovalRequestForm, DigestApprovalForm, parse
 from .access import screen
+from .approval_context import approval_context
+from .forms import ApprovalRefusalForm, ApprovalRequestForm, DigestApprovalForm, parse
 
 GIVE = approvals.PERMISSION
 
@@ -22,36 +27,56 @@ GIVE = approvals.PERMISSION
 @screen
 @require_POST
 def request_approval(request):
-    """Open the live request for a subject's current digest (voiding a live request of another digest)."""
+    """Open the live request for a subject's current digest (voiding a live request of another digest). A refused
+    request from the cutover console comes back to the console with the error beside its form and the typing
+    kept."""
     if not request.user.has_perm(GIVE):
         raise PermissionDenied(f"requesting dual approval needs {GIVE}")
     form = parse(request, ApprovalRequestForm)
     kind, key = form["kind"], form["subject_key"]
     try:
-        row = approvals.approval_request(kind=kind, subject_key=key, actor=Actor.for_user(request.user))
+        row = approvals.approval_request(kind=kind, subject_key=key, actor=Actor.for_user(request.user),
+                                         reason=form["reason"], evidence_ref=form["evidence_ref"])
     except ConnectorError as error:
+        if kind == ApprovalKind.ACTIVATION_DECISION:
+            from .console import cutover_page
+
+            return cutover_page(request, status=error.http_status, refused={
+                "subject_key": key, "reason": form["reason"], "evidence_ref": form["evidence_ref"],
+                "error": f"{error.code}: {error.detail}"})
         messages.error(request, f"{error.code}: {error.detail}")
         return redirect("governance:attestations")
-    messages.success(request, f"Dual approval requested for {row.kind} {row.subject_key}.")
+    messages.success(request, f"Dual approval requested for {row.get_kind_display()} {row.subject_key}: two "
+                              "approvers other than you approve or refuse it here.")
     return redirect("governance:approval", pk=row.pk)
 
 
-@screen
-@require_http_methods(["GET", "POST"])
-def approval(request, pk: int):
-    row = get_object_or_404(DualApprovalRequest.objects.select_related("requested_by"), pk=pk)
-    may_give = request.user.has_perm(GIVE)
-    if request.method == "POST":
-        if not may_give:
-            raise PermissionDenied(f"approving needs {GIVE}")
-        seen = parse(request, DigestApprovalForm)["digest"]
+def _decide(request, pk: int):
+    """One decision on the request: `action=refuse` (with a reason) or an approval."""
+    actor = Actor.for_user(request.user)
+    if request.POST.get("action") == "refuse":
+        form = parse(request, ApprovalRefusalForm)
         try:
-            row = approvals.approval_give(request_pk=pk, digest_seen=seen, actor=Actor.for_user(request.user))
+            row = approvals.approval_refuse(request_pk=pk, digest_seen=form["digest"], reason=form["reason"],
+                                            actor=actor)
         except ConnectorError as error:
-            messages.error(request, f"{error.code}: {error.detail}")
-            return redirect("governance:approval", pk=pk)
-        messages.success(request, f"Approval recorded; the request is {row.state}.")
+            row = get_object_or_404(DualApprovalRequest.objects.select_related("requested_by"), pk=pk)
+            return _page(request, row, status=error.http_status, refusal={
+                "error": f"{error.code}: {error.detail}", "reason": form["reason"]})
+        messages.success(request, f"Refused: request #{row.pk} is ended and can no longer be approved.")
         return redirect("governance:approval", pk=pk)
+    seen = parse(request, DigestApprovalForm)["digest"]
+    try:
+        row = approvals.approval_give(request_pk=pk, digest_seen=seen, actor=actor)
+    except ConnectorError as error:
+        messages.error(request, f"{error.code}: {error.detail}")
+        return redirect("governance:approval", pk=pk)
+    messages.success(request, f"Approval recorded; the request is {row.state}.")
+    return redirect("governance:approval", pk=pk)
+
+
+def _page(request, row: DualApprovalRequest, *, refusal: dict | None = None, status: int = 200):
+    may_give = request.user.has_perm(GIVE)
     try:
         current, summary = approvals.subject_current(row.kind, row.subject_key)
     except ConnectorError as error:
@@ -60,8 +85,22 @@ def approval(request, pk: int):
     given = list(row.approvals.select_related("approver").order_by("pk"))
     already = any(a.approver_id == request.user.pk for a in given)
     is_requester = row.requested_by_id == request.user.pk
+    outcome = approvals.subject_outcome(row)
+    pending = row.state == "pending"
     return render(request, "governance/approval.html", {
         "row": row, "digest": stored.hex(), "current_summary": summary, "changed": current != stored,
-        "approvals": given, "already": already, "is_requester": is_requester,
-        "may_give": may_give and row.state == "pending" and not already and not is_requester and current == stored,
-        "nav": "attestations"})
+        "outcome": outcome, "context": approval_context(row), "approvals": given, "already": already,
+        "is_requester": is_requester, "refusal": refusal or {},
+        "may_give": may_give and pending and not already and not is_requester and current == stored,
+        "may_refuse": may_give and pending and not is_requester, "nav": "attestations"}, status=status)
+
+
+@screen
+@require_http_methods(["GET", "POST"])
+def approval(request, pk: int):
+    row = get_object_or_404(DualApprovalRequest.objects.select_related("requested_by", "refused_by"), pk=pk)
+    if request.method == "POST":
+        if not request.user.has_perm(GIVE):
+            raise PermissionDenied(f"deciding a dual approval needs {GIVE}")
+        return _decide(request, pk)
+    return _page(request, row)

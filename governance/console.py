@@ -136,6 +136,12 @@ def succession_phases_of(row: ServingPublicationBarrierSet) -> list[Phase]:
 
 @screen
 def cutover(request):
+    return cutover_page(request)
+
+
+def cutover_page(request, *, refused: dict | None = None, status: int = 200):
+    """The console; `refused`: a dual-approval request the service refused (subject key, what was typed, the
+    error), shown beside that epoch's form with the typed reason and evidence kept."""
     gates = AccountServingGate.objects.select_related("account", "epoch").order_by("account_id")
     modes: dict[str, int] = {}
     for gate in gates:
@@ -146,7 +152,28 @@ def cutover(request):
         "attempts": ServiceCutoverAttempt.objects.select_related("candidate_epoch").order_by("-pk")[:10],
         "successions": ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch")
         .filter(predecessor_epoch__isnull=False).order_by("-pk")[:20], "activation_subjects": _activation_subjects(),
-        "may_request": request.user.has_perm(approvals.PERMISSION), "nav": "cutover"})
+        "may_request": request.user.has_perm(approvals.PERMISSION), "refused": refused or {},
+        "approvers": _holders(approvals.PERMISSION),
+        "nav": "cutover"}, status=status)
+
+
+def _holders(permission: str) -> list[str]:
+    """The active users who hold `permission` (through a group, directly, or as superusers), by name."""
+    from django.contrib.auth import get_user_model
+    from django.db.models import Q
+
+    app, codename = permission.split(".")
+    held = Q(content_type__app_label=app, codename=codename)
+    users = get_user_model().objects.filter(
+        Q(groups__permissions__in=_permissions(held)) | Q(user_permissions__in=_permissions(held))
+        | Q(is_superuser=True), is_active=True).distinct().order_by("username")
+    return [u.get_username() for u in users[:20]]
+
+
+def _permissions(held):
+    from django.contrib.auth.models import Permission
+
+    return Permission.objects.filter(held)
 
 
 def _activation_subjects() -> list[tuple[ServingEpoch, DualApprovalRequest | None]]:

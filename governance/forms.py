@@ -96,9 +96,23 @@ class DigestApprovalForm(DecisionForm):
     digest = StateTokenField(statetokens.digest)
 
 
+class ApprovalRefusalForm(DecisionForm):
+    """A refusal of a dual-approval request: the digest of the request the page showed and the refuser's reason
+    (blank is the service's APPROVAL_REASON_MISSING, answered on the page with what was typed kept)."""
+
+    token_field = "digest"
+    digest = StateTokenField(statetokens.digest)
+    reason = _text(required=False)
+
+
 class ApprovalRequestForm(DecisionForm):
+    """A dual-approval request: the subject, with the requester's reason and evidence reference (blank ones are
+    the service's APPROVAL_REASON_MISSING)."""
+
     kind = forms.ChoiceField(choices=ApprovalKind.choices)
     subject_key = _text(max_length=255)
+    reason = _text(required=False)
+    evidence_ref = _text(required=False, max_length=500)
 
 
 class SuccessionActionForm(DecisionForm):

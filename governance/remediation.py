@@ -70,8 +70,10 @@ def effect_link(request, pk: int):
         return effect_page(request, effect_, kept)
     if not kept.require(reason="the reason for this resolution", evidence_ref="an evidence reference"):
         return effect_page(request, effect_, kept)
+    why = ({"reason": request.POST.get("reason", ""), "evidence_ref": request.POST.get("evidence_ref", "")}
+           if action == "relink_request" else {"evidence": evidence})  # the approvers read reason and evidence apart
     try:
-        result = calls[action](effect_pk=pk, evidence=evidence, actor=Actor.for_user(request.user),
+        result = calls[action](effect_pk=pk, **why, actor=Actor.for_user(request.user),
                                expected_changed_at=_shown(request))
     except ConnectorError as error:
         return effect_page(request, effect_, kept.refused("action", error))

@@ -19,6 +19,7 @@ from connector.selectors.rows import (
     ApplicationResult,
     ConnectorAccount,
     CredentialGenerationDispatchGate,
+    DualApprovalRequest,
     Execution,
     OrderingLane,
     Receipt,
@@ -217,15 +218,6 @@ def attestations() -> list[Attestation]:
     return out
 
 
-def cutover_approvals(*, recent: int = 20) -> list:
-    """Dual-approval requests of cutover subjects: every pending one, then the most recent decided ones."""
-    from connector.selectors.rows import DualApprovalRequest
-
-    rows = DualApprovalRequest.objects.select_related("requested_by").prefetch_related("approvals__approver")
-    return list(rows.filter(state="pending").order_by("pk")) + list(rows.exclude(state="pending")
-                                                                   .order_by("-pk")[:recent])
-
-
 def recertification_due(*, within: timedelta = timedelta(days=14)) -> list[ReceiverCertification]:
     """Certified identities whose validity ends soon or has ended (periodic recertification), soonest first."""
     horizon = timezone.now() + within
@@ -261,7 +253,8 @@ def overview() -> dict:
     series = [(m, admissions.get(m, 0), completions.get(m, 0)) for m in minutes]
     return {"accounts": accounts, "series": series,
             "totals": {"queue": len(queue()), "board": sum(len(v) for v in board().values()),
-                       "attestations": len(attestations()), "delivery_waiting": DeliveryOperation.objects.filter(
+                       "attestations": len(attestations()) + DualApprovalRequest.objects.filter(state="pending")
+                       .count(), "delivery_waiting": DeliveryOperation.objects.filter(
                            state__regex=WAITING_DELIVERY).count()}}
 
 

@@ -23,7 +23,7 @@ from effects.services.dispatch import effect_reconcile
 from . import selectors
 from .access import _audit, screen
 from .chain import EFFECT_FIELDS, effect_page, execution_or_404, execution_page
-from .forms import DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
+from .forms import ApprovalRefusalForm, DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
 from .kept import Kept
 from .reasons import REASONS
 
@@ -182,8 +182,8 @@ def delivery(request, pk: int):
     c = contract()
     moves = [t for t in c.transitions if t.source == op.state and t.operator_only]
     return render(request, "governance/delivery.html", {
-        "op": op, "axes": zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
-                              c.tuples[op.state]),
+        "op": op, "axes": list(zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
+                                   c.tuples[op.state])),
         "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
         "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
         "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})
@@ -193,33 +193,55 @@ def delivery(request, pk: int):
 
 @screen
 def attestations(request):
+    from .approval_context import filed_requests
+
     return render(request, "governance/attestations.html", {
         "pending": selectors.attestations(), "due": selectors.recertification_due(),
-        "cutover_requests": selectors.cutover_approvals(), "nav": "attestations"})
+        "filed": filed_requests(), "nav": "attestations"})
 
 
 @screen
 @require_http_methods(["GET", "POST"])
 def attestation(request, pk: int):
-    cert = get_object_or_404(ReceiverCertification.objects.select_related("binding", "requested_by"), pk=pk)
+    cert = get_object_or_404(ReceiverCertification.objects.select_related("binding", "requested_by", "refused_by"),
+                             pk=pk)
     may_approve = request.user.has_perm("effects.approve_certification")
     if request.method == "POST":
         if not may_approve:
-            raise PermissionDenied("approving a certification needs effects.approve_certification")
+            raise PermissionDenied("deciding a certification needs effects.approve_certification")
+        if request.POST.get("action") == "refuse":  # D-464
+            form = parse(request, ApprovalRefusalForm)
+            try:
+                delivery_setup.certification_refuse(actor=Actor.for_user(request.user), certification=cert,
+                                                    digest_seen=form["digest"], reason=form["reason"])
+            except ConnectorError as error:
+                return _attestation_page(request, cert, status=error.http_status, refusal={
+                    "error": f"{error.code}: {error.detail}", "reason": form["reason"]})
+            messages.success(request, f"Refused: certification #{pk} is ended and can no longer be approved.")
+            return redirect("governance:attestation", pk=pk)
         seen = parse(request, DigestApprovalForm)["digest"]
         if _decide(request, lambda: delivery_setup.certification_approve(
                 actor=Actor.for_user(request.user), certification=cert, digest_seen=seen),
                 success=f"Approval of certification #{pk} recorded."):
             return redirect("governance:attestations")
         return redirect("governance:attestation", pk=pk)
+    return _attestation_page(request, cert)
+
+
+def _attestation_page(request, cert, *, refusal: dict | None = None, status: int = 200):
+    from .approval_context import certification_context
+
+    may_approve = request.user.has_perm("effects.approve_certification")
     digest = delivery_setup.certification_subject_digest(cert)
     approvals = list(cert.approvals.select_related("approver").order_by("pk"))
     already = any(a.approver_id == request.user.pk for a in approvals)
+    pending, is_requester = cert.state == "pending_approval", cert.requested_by_id == request.user.pk
     return render(request, "governance/attestation.html", {
-        "cert": cert, "digest": digest.hex(), "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals],
-        "may_approve": may_approve and cert.state == "pending_approval" and not already
-        and cert.requested_by_id != request.user.pk, "already": already,
-        "is_requester": cert.requested_by_id == request.user.pk, "nav": "attestations"})
+        "cert": cert, "digest": digest.hex(), "context": certification_context(cert),
+        "approvals": [(a, bytes(a.digest_seen) == digest) for a in approvals], "refusal": refusal or {},
+        "may_approve": may_approve and pending and not already and not is_requester,
+        "may_refuse": may_approve and pending and not is_requester, "already": already,
+        "is_requester": is_requester, "nav": "attestations"}, status=status)
 
 
 def method_not_allowed(request):  # pragma: no cover - routing helper

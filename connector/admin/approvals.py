@@ -16,18 +16,20 @@ class DualApprovalInline(FactInline):
 
 @admin.register(DualApprovalRequest)
 class DualApprovalRequestAdmin(FactAdmin):
-    fact_description = ("A request for two distinct approvals of one cutover subject (readiness certificate, "
-                        "restore point or activation decision) at an exact digest. Written by "
-                        "connector.services.approvals; a request for a changed subject voids this one and its "
-                        "approvals. Approve on the attestation screens, not here.")
+    fact_description = ("A request for two distinct approvals of one subject (readiness certificate, restore point, "
+                        "activation decision or remote identity change) at an exact digest, with the requester's "
+                        "reason and evidence reference. Written by connector.services.approvals; a request for a "
+                        "changed subject voids this one and its approvals; an approver may refuse it with a reason, "
+                        "which ends it. Approve or refuse on the attestation screens, not here.")
     list_display = ("id", "kind", "subject_key", "state_badge", "requested_by", "approval_count", "created_at")
     list_filter = ("kind", "state")
     search_fields = ("subject_key", "summary")
     date_hierarchy = "created_at"
     inlines = (DualApprovalInline,)
     fieldsets = (
-        (None, {"fields": ("kind", "subject_key", "summary", "state_badge", "void_reason", "requested_by",
-                           "created_at", "changed_at")}),
+        (None, {"fields": ("kind", "subject_key", "summary", "state_badge", "requested_by", "reason",
+                           "evidence_ref", "void_reason", "refused_by", "refusal_reason", "created_at",
+                           "changed_at")}),
         ("Digest", {"fields": ("digest_hex",)}),
         ("Transitions", {"fields": ("diagram",)}),
     )

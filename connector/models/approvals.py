@@ -4,7 +4,9 @@ requester, each approving the exact subject digest they were shown.
 
 Invariants: at most one live (pending or approved) request per (kind, subject key); a request for a changed
 subject (another digest) voids the live one and every approval it had; an approval is append-only, one per
-(request, approver), never by the requester (a CHECK on the copied requester column).
+(request, approver), never by the requester (a CHECK on the copied requester column). A request carries its
+requester's reason and evidence reference; an approver may refuse a pending request with a reason, which ends it
+(`refused`, terminal, D-460).
 """
 from __future__ import annotations
 
@@ -31,12 +33,14 @@ class ApprovalState(models.TextChoices):
     PENDING = "pending"  # initial: waiting for two distinct approvers
     APPROVED = "approved"  # pending -> approved: the second distinct approver approved the current digest
     VOIDED = "voided"  # pending|approved -> voided: the subject changed (a new request) or was withdrawn; terminal
+    REFUSED = "refused"  # pending -> refused: an approver refused it, with a reason (D-460); terminal
 
 
 APPROVAL_TRANSITIONS = (
     (ApprovalState.PENDING, ApprovalState.APPROVED),
     (ApprovalState.PENDING, ApprovalState.VOIDED),
     (ApprovalState.APPROVED, ApprovalState.VOIDED),
+    (ApprovalState.PENDING, ApprovalState.REFUSED),
 )
 APPROVAL_LIVE = (ApprovalState.PENDING, ApprovalState.APPROVED)
 
@@ -49,6 +53,11 @@ class DualApprovalRequest(ConcurrentTransitionMixin, models.Model):
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     state = FSMField(default=ApprovalState.PENDING, choices=ApprovalState.choices, protected=True)
     void_reason = models.TextField(blank=True, default="")
+    reason = models.TextField(blank=True, default="")  # the requester's why (required by approval_request, D-461)
+    evidence_ref = models.CharField(max_length=500, blank=True, default="")  # the requester's evidence reference
+    refused_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True,
+                                   blank=True)
+    refusal_reason = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     changed_at = models.DateTimeField(auto_now=True)
 
@@ -63,6 +72,10 @@ class DualApprovalRequest(ConcurrentTransitionMixin, models.Model):
                                    name="connector_dualapproval_digest_length"),
             models.CheckConstraint(condition=Q(state=ApprovalState.VOIDED) | Q(void_reason=""),
                                    name="connector_dualapproval_reason_only_when_voided"),
+            models.CheckConstraint(condition=(Q(state=ApprovalState.REFUSED, refused_by__isnull=False)
+                                              & ~Q(refusal_reason=""))
+                                   | (~Q(state=ApprovalState.REFUSED) & Q(refused_by__isnull=True, refusal_reason="")),
+                                   name="connector_dualapproval_refusal_has_who_and_why"),
         ]
         permissions = [("give_dual_approval", "Can give one of the two approvals of a cutover subject")]
 
@@ -76,6 +89,10 @@ class DualApprovalRequest(ConcurrentTransitionMixin, models.Model):
     @transition(field=state, source=[ApprovalState.PENDING, ApprovalState.APPROVED], target=ApprovalState.VOIDED)
     def void(self, *, reason: str) -> None:
         self.void_reason = reason
+
+    @transition(field=state, source=ApprovalState.PENDING, target=ApprovalState.REFUSED)
+    def refuse(self, *, by, reason: str) -> None:
+        self.refused_by, self.refusal_reason = by, reason
 
 
 class DualApproval(models.Model):

@@ -6,6 +6,11 @@ Requesting approval of a changed subject voids the live request and its approval
 and the digest they saw; it is refused unless that digest is the subject's current one, the approver is not the
 requester, has not approved this request before, and is independent of the requester and of the other approver
 (no person controlled two of their accounts within the identity cooling period, D-180). The second distinct approval moves the request to `approved`.
+A request carries the requester's reason and evidence reference (D-461). An approver other than the requester may
+refuse a pending request with a reason instead (`approval_refuse`): the request ends `refused` and can never be
+approved; a new request of the subject starts again from zero (D-460).
+The owning app may also register, per kind, what the guarded step did with an approved request
+(`subject_outcome`), so a request whose step ran reads as finished, not as a changed subject (D-462).
 `approval_require` is what the guarded step calls: it passes only for an approved request of exactly the digest
 the step is about to act on.
 """
@@ -16,7 +21,8 @@ from collections.abc import Callable
 from django.db import IntegrityError, transaction
 
 from connector.actors import Actor
-from connector.errors import ApprovalMissing, ApprovalRefused, PermissionRefused, TransitionRefused
+from connector.errors import (ApprovalMissing, ApprovalReasonMissing, ApprovalRefused, PermissionRefused,
+                              TransitionRefused)
 from connector.models import ApprovalKind, ApprovalState, DualApproval, DualApprovalRequest
 from connector.models.approvals import APPROVAL_LIVE
 from connector.services.audit import audit_record
@@ -25,13 +31,28 @@ from connector.services.identity import approver_require_independent
 PERMISSION = "connector.give_dual_approval"
 REQUIRED_APPROVALS = 2
 Resolver = Callable[[str], tuple[bytes, str]]
+Outcome = Callable[[DualApprovalRequest], "str | None"]
 _RESOLVERS: dict[str, Resolver] = {}
+_OUTCOMES: dict[str, Outcome] = {}
 
 
-def register_subject(kind: str, resolver: Resolver) -> None:
+def register_subject(kind: str, resolver: Resolver, outcome: Outcome | None = None) -> None:
+    """`resolver(subject_key) -> (digest, summary)`; `outcome(request) -> words or None`: what the guarded step
+    did with this approved request (None: it has not run)."""
     if kind not in ApprovalKind.values:
         raise ValueError(f"{kind!r} is not an approval kind")
     _RESOLVERS[kind] = resolver
+    if outcome is not None:
+        _OUTCOMES[kind] = outcome
+
+
+def subject_outcome(request: DualApprovalRequest) -> str | None:
+    """What the step this approved request guarded did with it, in words, or None (not approved, not run yet, or
+    the kind registers no outcome). Read-only."""
+    outcome = _OUTCOMES.get(request.kind)
+    if request.state != ApprovalState.APPROVED or outcome is None:
+        return None
+    return outcome(request)
 
 
 def subject_current(kind: str, subject_key: str) -> tuple[bytes, str]:
@@ -49,10 +70,16 @@ def _person(actor: Actor) -> None:
 
 
 @transaction.atomic
-def approval_request(*, kind: str, subject_key: str, actor: Actor) -> DualApprovalRequest:
-    """Open (or return) the live request for the subject's current digest. A live request for another digest is
-    voided first: the subject changed, so its approvals count for nothing."""
+def approval_request(*, kind: str, subject_key: str, actor: Actor, reason: str, evidence_ref: str
+                     ) -> DualApprovalRequest:
+    """Open (or return) the live request for the subject's current digest, with the requester's reason and evidence
+    reference (both required: the approvers read them). A live request for another digest is voided first: the
+    subject changed, so its approvals count for nothing. Returning the live request of the same digest keeps its
+    original reason."""
     _person(actor)
+    reason, evidence_ref = reason.strip(), evidence_ref.strip()
+    if not reason or not evidence_ref:
+        raise ApprovalReasonMissing("a dual-approval request needs the requester's reason and an evidence reference")
     digest, summary = subject_current(kind, subject_key)
     live = (DualApprovalRequest.objects.select_for_update()
             .filter(kind=kind, subject_key=subject_key, state__in=APPROVAL_LIVE).first())
@@ -65,9 +92,10 @@ def approval_request(*, kind: str, subject_key: str, actor: Actor) -> DualApprov
         audit_record(actor=actor, entity=live, action="dual_approval_void", from_state=from_state,
                      to_state=live.state, evidence_digest=digest, reason=live.void_reason)
     request = DualApprovalRequest.objects.create(kind=kind, subject_key=subject_key, subject_digest=digest,
-                                                 summary=summary, requested_by=actor.user)
+                                                 summary=summary, requested_by=actor.user, reason=reason,
+                                                 evidence_ref=evidence_ref[:500])
     audit_record(actor=actor, entity=request, action="dual_approval_request", to_state=request.state,
-                 evidence_digest=digest)
+                 evidence_digest=digest, reason=f"{reason} [evidence: {evidence_ref}]"[:500])
     return request
 
 
@@ -102,6 +130,32 @@ def approval_give(*, request_pk: int, digest_seen: bytes, actor: Actor) -> DualA
         request.save()
         audit_record(actor=actor, entity=request, action="dual_approval_approved", from_state=ApprovalState.PENDING,
                      to_state=request.state, evidence_digest=current)
+    return request
+
+
+@transaction.atomic
+def approval_refuse(*, request_pk: int, digest_seen: bytes, reason: str, actor: Actor) -> DualApprovalRequest:
+    """Refuse a pending request (`pending -> refused`, terminal): an approver other than the requester, with a
+    reason, about the request whose digest the page showed. Approvals it had count for nothing from then on; the
+    requester may ask again (a new request, approvals from zero). No independence check: a refusal only stops.
+    Locks: the request, FOR UPDATE. Raises ApprovalReasonMissing, ApprovalRefused or PermissionRefused."""
+    _person(actor)
+    if not actor.user.has_perm(PERMISSION):
+        raise PermissionRefused(f"{actor} lacks {PERMISSION}")
+    reason = reason.strip()
+    if not reason:
+        raise ApprovalReasonMissing("a refusal needs the refuser's reason")
+    request = DualApprovalRequest.objects.select_for_update().get(pk=request_pk)
+    if request.state != ApprovalState.PENDING:
+        raise ApprovalRefused(f"the request is {request.state}; nothing to refuse")
+    if bytes(digest_seen) != bytes(request.subject_digest):
+        raise ApprovalRefused("the page showed another request's digest; reload and decide again")
+    if request.requested_by_id == actor.user.pk:
+        raise ApprovalRefused("the requester cannot refuse their own request: two other people decide it")
+    request.refuse(by=actor.user, reason=reason)
+    request.save()
+    audit_record(actor=actor, entity=request, action="dual_approval_refuse", from_state=ApprovalState.PENDING,
+                 to_state=request.state, evidence_digest=bytes(request.subject_digest), reason=reason[:500])
     return request
 
 

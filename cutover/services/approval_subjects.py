@@ -88,6 +88,19 @@ def restore_point(subject_key: str) -> tuple[bytes, str]:
                                              f"release {point.v1_release_id}, rehearsed in {rehearsal.scratch_database}")
 
 
+def activation_outcome(request) -> str | None:
+    """What became of an approved activation decision: the epoch left `verified` by activation (it is active, or
+    later draining or retired), or None while it waits. A rejected epoch is not an outcome: its approval counts for
+    nothing, as the changed digest says."""
+    epoch = ServingEpoch.objects.only("epoch_id", "state").filter(epoch_id=request.subject_key).first()
+    if epoch is None or epoch.state not in ("active", "draining", "retired"):
+        return None
+    return (f"Taken: ServingEpoch {epoch.epoch_id} was activated and is now {epoch.state}; the activation decision "
+            "this approval guarded has run.")
+
+
+OUTCOMES = {"activation_decision": activation_outcome}
+
 SUBJECTS = {"activation_decision": activation_decision, "readiness_certificate": readiness_certificate,
             "restore_point": restore_point}
 

@@ -123,6 +123,24 @@ def relink_subject(subject_key: str) -> tuple[bytes, str]:
     return hashlib.sha256(canonical_json(facts)).digest(), summary
 
 
+def relink_outcome(request: DualApprovalRequest) -> str | None:
+    """What became of an approved relink request: the resolution that used it (or the other resolution that
+    ended the conflict without it), or None while the conflict is still open. Read-only (`subject_outcome`)."""
+    kind, _, raw = request.subject_key.partition(":")
+    resolution = RemoteLinkResolution.objects.filter(effect_id=int(raw) if kind == "effect" and raw.isdigit()
+                                                     else 0).first()
+    if resolution is None:
+        return None
+    when = f"{resolution.created_at:%Y-%m-%d %H:%M:%S}"
+    if resolution.approval_id == request.pk:
+        retired = ", ".join(f"#{pk}" for pk in resolution.retired_links) or "none"
+        return (f"Applied by {resolution.decided_by} at {when}: owner slot {resolution.owner_slot!r} is linked to "
+                f"{resolution.proven_identity!r} (link #{resolution.new_link_id}; retired links {retired}); "
+                f"effect #{resolution.effect_id} finalized.")
+    return (f"Not used: {resolution.decided_by} resolved effect #{resolution.effect_id}'s conflict with "
+            f"{resolution.decision} at {when}; nothing this approval covers was applied.")
+
+
 # -- resolution --------------------------------------------------------------------------------------------------
 
 def _conflicted(*, effect_pk: int, evidence: str, actor: Actor, expected_changed_at) -> RemoteEffect:
@@ -172,12 +190,15 @@ def effect_link_keep(*, effect_pk: int, evidence: str, actor: Actor, expected_ch
 
 
 @transaction.atomic
-def effect_relink_request(*, effect_pk: int, evidence: str, actor: Actor, expected_changed_at
+def effect_relink_request(*, effect_pk: int, reason: str, evidence_ref: str, actor: Actor, expected_changed_at
                           ) -> DualApprovalRequest:
     """Ask two approvers to approve relinking the effect's owner slot to its proven identity: opens (or returns)
-    the dual-approval request for the current subject digest (`relink_subject`). Changes no link or effect."""
+    the dual-approval request for the current subject digest (`relink_subject`), carrying the requester's reason
+    and evidence reference for the approvers to read. Changes no link or effect."""
+    evidence = f"{reason.strip()} [evidence: {evidence_ref.strip()}]" if reason.strip() and evidence_ref.strip() else ""
     effect = _conflicted(effect_pk=effect_pk, evidence=evidence, actor=actor, expected_changed_at=expected_changed_at)
-    request = approvals.approval_request(kind=APPROVAL_KIND, subject_key=relink_subject_key(effect.pk), actor=actor)
+    request = approvals.approval_request(kind=APPROVAL_KIND, subject_key=relink_subject_key(effect.pk), actor=actor,
+                                         reason=reason, evidence_ref=evidence_ref)
     audit_record(actor=actor, entity=effect, action="effect_relink_request", from_state=effect.state,
                  to_state=effect.state, evidence_digest=bytes(request.subject_digest), reason=evidence[:500])
     return request

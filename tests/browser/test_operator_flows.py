@@ -197,6 +197,8 @@ def test_activation_decision_needs_two_approvers_other_than_the_requester(browse
         _user(name, "approver")
     context, page = _login(browser, live_server, "alma")
     page.goto(f"{live_server.url}/cutover/")
+    page.get_by_label("Reason for requesting").first.fill("Rehearsal passed; the successor is verified")
+    page.get_by_label("Evidence reference").first.fill("CHG-2041")
     page.get_by_role("button", name="Request dual approval").first.click()
     page.wait_for_url("**/attestations/approval/*/")
     assert page.get_by_role("button", name="Approve").count() == 0

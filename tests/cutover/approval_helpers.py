@@ -20,6 +20,7 @@ def approve(kind: str, subject_key: str) -> None:
         user = User.objects.create_user(f"{role}-{next(_people)}")
         user.groups.add(group)
         people.append(Actor.for_user(User.objects.get(pk=user.pk)))
-    request = approvals.approval_request(kind=kind, subject_key=subject_key, actor=people[0])
+    request = approvals.approval_request(kind=kind, subject_key=subject_key, actor=people[0],
+                                         reason="the cutover step is due", evidence_ref="test")
     for approver in people[1:]:
         approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest), actor=approver)

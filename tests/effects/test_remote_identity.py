@@ -179,8 +179,9 @@ def test_a_relink_needs_two_approvers_of_exactly_that_identity_change(conflict, 
     with pytest.raises(ApprovalMissing):
         identity.effect_relink_apply(effect_pk=effect.pk, evidence="merged", actor=operator,
                                      expected_changed_at=effect.changed_at)
-    request = identity.effect_relink_request(effect_pk=effect.pk, evidence="CRM merged crm record [T-9]",
-                                             actor=operator, expected_changed_at=effect.changed_at)
+    request = identity.effect_relink_request(effect_pk=effect.pk, reason="CRM merged crm record",
+                                             evidence_ref="T-9", actor=operator,
+                                             expected_changed_at=effect.changed_at)
     assert request.kind == "remote_identity_change" and effect.remote_id in request.summary
     second = person("abe-approver", "approver")
     approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest),
@@ -210,8 +211,8 @@ def test_an_approval_of_a_changed_subject_does_not_count(conflict, people, acme,
     first, say), the approved digest is no longer the subject's and the apply is APPROVAL_MISSING."""
     created, effect = conflict
     operator = Actor.for_user(people["operator"])
-    request = identity.effect_relink_request(effect_pk=effect.pk, evidence="merged [T-1]", actor=operator,
-                                             expected_changed_at=effect.changed_at)
+    request = identity.effect_relink_request(effect_pk=effect.pk, reason="merged", evidence_ref="T-1",
+                                             actor=operator, expected_changed_at=effect.changed_at)
     for approver in (people["approver"], person("abe-approver", "approver")):
         approvals.approval_give(request_pk=request.pk, digest_seen=bytes(request.subject_digest),
                                 actor=Actor.for_user(approver))

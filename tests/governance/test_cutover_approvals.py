@@ -26,7 +26,8 @@ def _approver(name):
 def _request(client, epoch_id):
     token = _csrf(client, "/cutover/")
     return client.post("/attestations/request/", {"csrfmiddlewaretoken": token, "kind": "activation_decision",
-                                                   "subject_key": epoch_id}, follow=True)
+                                                   "subject_key": epoch_id, "reason": "rehearsal passed",
+                                                   "evidence_ref": "CHG-1"}, follow=True)
 
 
 def _approve(client, pk, digest):

@@ -91,12 +91,20 @@ class ReceiverCertification(models.Model):
                      protected=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     certified_at = models.DateTimeField(null=True, blank=True)
+    refused_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True,
+                                   blank=True)
+    refusal_reason = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["pk"]
         constraints = [models.CheckConstraint(condition=Q(valid_until__gt=models.F("verified_at")),
-                                              name="delivery_certification_window")]
+                                              name="delivery_certification_window"),
+                       models.CheckConstraint(
+                           condition=(Q(state=CertificationState.REFUSED, refused_by__isnull=False)
+                                      & ~Q(refusal_reason=""))
+                           | (~Q(state=CertificationState.REFUSED) & Q(refused_by__isnull=True, refusal_reason="")),
+                           name="delivery_certification_refusal_has_who_and_why")]
 
     @transition(field=state, source=CertificationState.PENDING_APPROVAL, target=CertificationState.CERTIFIED)
     def certify(self, *, at) -> None:
@@ -106,6 +114,10 @@ class ReceiverCertification(models.Model):
                 target=CertificationState.EXPIRED)
     def expire(self) -> None:
         pass
+
+    @transition(field=state, source=CertificationState.PENDING_APPROVAL, target=CertificationState.REFUSED)
+    def refuse(self, *, by, reason: str) -> None:
+        self.refused_by, self.refusal_reason = by, reason
 
 
 class CertificationApproval(models.Model):

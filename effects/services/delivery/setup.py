@@ -204,15 +204,45 @@ def certification_approve(*, actor: Actor, certification: ReceiverCertification,
     return cert
 
 
+def certification_refuse(*, actor: Actor, certification: ReceiverCertification, digest_seen: bytes,
+                         reason: str) -> ReceiverCertification:
+    """Refuse a platform-attested certification waiting for approval (`pending_approval -> refused`, terminal,
+    D-464): an approver other than the requester, with a reason, about the subject digest the page showed. The
+    binding stays uncertified by it; a new certification request starts again. No independence check: a refusal
+    only stops. Raises StateTokenInvalid, ApprovalReasonMissing, DeliveryRequestInvalid or
+    DeliveryPermissionDenied."""
+    from connector.errors import ApprovalReasonMissing
+
+    if not isinstance(digest_seen, (bytes, bytearray, memoryview)) or len(bytes(digest_seen)) != 32:
+        raise StateTokenInvalid("a refusal carries the 32-byte subject digest the approver was shown")
+    _require_perm(actor, "effects.approve_certification")
+    if not reason.strip():
+        raise ApprovalReasonMissing("a refusal needs the refuser's reason")
+    with transaction.atomic():
+        cert = ReceiverCertification.objects.select_for_update().get(pk=certification.pk)
+        if cert.state != CertificationState.PENDING_APPROVAL:
+            raise DeliveryRequestInvalid(f"certification is {cert.state}; nothing to refuse")
+        if bytes(digest_seen) != certification_subject_digest(cert):
+            raise DeliveryRequestInvalid("the subject changed since it was shown; review the current subject")
+        if cert.requested_by_id == actor.user.pk:
+            raise DeliveryPermissionDenied("the requester cannot refuse their own certification")
+        cert.refuse(by=actor.user, reason=reason.strip())
+        cert.save()
+        audit_record(actor=actor, entity=cert, action="delivery_certification_refuse",
+                     from_state=CertificationState.PENDING_APPROVAL, to_state=cert.state, reason=reason.strip())
+    return cert
+
+
 def certification_expire_due(*, now: datetime | None = None) -> int:
     """Periodic recertification: certifications past valid_until become expired (deliveries then refuse)."""
     now = now or timezone.now()
     expired = 0
-    for pk in ReceiverCertification.objects.filter(valid_until__lte=now).exclude(
-            state=CertificationState.EXPIRED).values_list("pk", flat=True):
+    open_states = (CertificationState.PENDING_APPROVAL, CertificationState.CERTIFIED)  # refused stays refused
+    for pk in ReceiverCertification.objects.filter(valid_until__lte=now, state__in=open_states).values_list(
+            "pk", flat=True):
         with transaction.atomic():
             cert = ReceiverCertification.objects.select_for_update().get(pk=pk)
-            if cert.state != CertificationState.EXPIRED and cert.valid_until <= now:
+            if cert.state in open_states and cert.valid_until <= now:
                 cert.expire()
                 cert.save()
                 audit_record(actor=Actor.system("recertification"), entity=cert,
