@@ -1,0 +1,53 @@
+"""Several test runs on one PostgreSQL server and one Redis (issue 37 item 9, D-451): each run's test databases end
+with its run id, `<checkout digest>_<pid>` (config/django/test.py), and every key it writes to Redis begins with
+`connector-test-<run id>:`. A run that was killed leaves its databases behind; the next run from the same checkout
+drops those whose pytest process is gone."""
+from __future__ import annotations
+
+import os
+import re
+
+import psycopg
+from django.conf import settings
+from django.db import connections
+
+
+def run_id() -> str:
+    return settings.TEST_RUN
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def abandoned(names: list[str], checkout: str) -> list[str]:
+    """The databases among `names` that a run of this checkout (digest `checkout`) created and whose pytest process
+    no longer exists."""
+    pattern = re.compile(rf"^test_\w*_{re.escape(checkout)}_(\d+)$")
+    out = []
+    for name in names:
+        found = pattern.match(name)
+        if found and int(found.group(1)) != os.getpid() and not _alive(int(found.group(1))):
+            out.append(name)
+    return out
+
+
+def drop_abandoned_databases() -> list[str]:
+    """Drop the test databases of this checkout's killed runs (as the administrator the suite connects as)."""
+    checkout = run_id().rsplit("_", 1)[0]
+    if not re.fullmatch(r"[0-9a-f]{6}", checkout):
+        return []  # an explicit CONNECTOR_TEST_RUN: its owner manages its databases
+    s = connections["default"].settings_dict
+    with psycopg.connect(host=s.get("HOST") or None, port=s.get("PORT") or None, user=s.get("USER") or None,
+                         password=s.get("PASSWORD") or None, dbname="postgres", autocommit=True) as conn:
+        names = [r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test\\_%'")]
+        gone = abandoned(names, checkout)
+        for name in gone:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return gone
