@@ -45,6 +45,7 @@ from tests.faults.servers import (
     run_database_env,
     wait_port,
 )
+from tests.support import scaled, wait_for
 
 pytestmark = pytest.mark.django_db(**DB)
 KILLED = -signal.SIGKILL
@@ -84,15 +85,6 @@ def children(tmp_path):
         child.stop()
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 # -- web process ---------------------------------------------------------------------------------------------------
 
 def _web(env: dict, port: int, tmp_path, fault: str | None) -> Child:
@@ -107,7 +99,7 @@ def _signed_post(port: int, account: str, key: str, body: bytes) -> httpx.Respon
     headers = {"Idempotency-Key": key, "Connector-Signature": sign(secret, int(time.time()), body),
                "Content-Type": "application/json"}
     return httpx.post(f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{CHANNEL}/receipts",
-                      content=body, headers=headers, timeout=20)
+                      content=body, headers=headers, timeout=scaled(20))
 
 
 def test_web_killed_after_receipt_commit_retry_gets_same_receipt(env, children, tmp_path):
@@ -193,9 +185,9 @@ def test_worker_killed_after_runtime_commit_restart_completes_once(env, children
 
     restarted = _worker(env, tmp_path, None)
     children.append(restarted.start())
-    _wait_for(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at < timezone.now(), 10, "lease expiry")
+    wait_for(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at < timezone.now(), 10, "lease expiry")
     _send(redis_server.url, "connector.tasks.inbound_sweep", "sweeper")  # beat's job: finds the claimable work
-    _wait_for(lambda: Execution.objects.get(pk=execution.pk).state == "completed", 30,
+    wait_for(lambda: Execution.objects.get(pk=execution.pk).state == "completed", 30,
               "the restarted worker to complete the Execution")
     done = Execution.objects.get(pk=execution.pk)
     assert done.attempt_count == 2 and bytes(done.result_digest) == bytes(result.result_digest)
@@ -203,7 +195,7 @@ def test_worker_killed_after_runtime_commit_restart_completes_once(env, children
     assert CrmRecord.objects.get(account=account, record_key="rec-1").version == 1
 
     _send(redis_server.url, "effects.tasks.effects_sweep", "sweeper")
-    _wait_for(lambda: RemoteEffect.objects.get(command=command).state == "finalized", 30, "the effect to finalize")
+    wait_for(lambda: RemoteEffect.objects.get(command=command).state == "finalized", 30, "the effect to finalize")
     per_key = Counter(r["key"] for r in receiver.requests)
     assert per_key == {command.provider_idempotency_key: 1}, per_key  # one request, one logical application
     assert receiver.applied_total() == 1
