@@ -9,7 +9,6 @@ fast_flush.install()
 fast_migrate.install()
 
 
-
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """pytest-timeout's per-test limit (pyproject.toml `timeout`, or the test's own `timeout` marker) stretched by
@@ -23,6 +22,16 @@ def pytest_runtest_protocol(item, nextitem):
     yield
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The run's Redis keys go with it (tests/isolation.py); its test databases are dropped by pytest-django."""
+    from django.conf import settings
+
+    if settings.configured and hasattr(settings, "TEST_RUN"):
+        from tests import isolation
+
+        isolation.drop_redis_keys(abandoned_only=False)
+
+
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
 
 
@@ -34,6 +43,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
     dbroles.prepare_server()
     isolation.drop_abandoned_databases()
+    isolation.drop_redis_keys(abandoned_only=True)
     dbroles.use(dbroles.OWNER)
 
 

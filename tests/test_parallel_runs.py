@@ -117,6 +117,27 @@ def test_a_killed_runs_databases_are_recognised_and_live_ones_kept():
     assert isolation.abandoned(names, checkout) == names[:2]
 
 
+def test_a_killed_runs_redis_keys_go_and_live_runs_keep_theirs():
+    """At its start a run removes the Redis keys of this checkout's runs whose pytest process is gone; its own
+    keys, a live run's and other checkouts' stay. Proves: issue 37 item 9"""
+    checkout = settings.TEST_RUN.rsplit("_", 1)[0]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = {"dead": f"connector-test-{checkout}_{dead.pid}:_kombu.binding.egress",
+            "mine": settings.CONNECTOR_REDIS_KEY_PREFIX + "isolation-probe",
+            "live": f"connector-test-{checkout}_1:isolation-probe",  # pid 1 lives
+            "other": f"connector-test-{'abcdef' if checkout != 'abcdef' else '012345'}_{dead.pid}:isolation-probe"}
+    try:
+        for key in keys.values():
+            client.set(key, b"1")
+        assert isolation.drop_redis_keys(abandoned_only=True) >= 1
+        assert {name: bool(client.exists(key)) for name, key in keys.items()} == {
+            "dead": False, "mine": True, "live": True, "other": True}
+    finally:
+        client.delete(*keys.values())
+
+
 def test_deadlines_stretch_with_the_factor_and_the_load(monkeypatch):
     """A deadline is its seconds times CONNECTOR_TEST_TIME_FACTOR times the load per core (at least 1, at most
     the cap, off with CONNECTOR_TEST_LOAD_SCALING=0); a condition that holds ends the wait at once, one that
