@@ -15,9 +15,13 @@ The per-test timeout of pytest-timeout (pyproject.toml `timeout`, or a test's ow
 same way when the test starts (tests/conftest.py).
 
 `wait_for` polls a condition until it holds or its scaled deadline passes; `deadline` is the same deadline for a
-loop that does more than poll; `scaled` is the bare number, for a subprocess or HTTP timeout."""
+loop that does more than poll; `scaled` is the bare number, for a subprocess or HTTP timeout; `whole_seconds` the
+same rounded up, for the product's own timeouts a test sets (the egress read timeout: a loopback receiver that
+answers in milliseconds idle may take seconds on a loaded machine, and the test would see a timeout it did not
+stage)."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
@@ -64,6 +68,12 @@ def time_factor() -> float:
 def scaled(seconds: float) -> float:
     """`seconds` stretched by the time factor now."""
     return seconds * time_factor()
+
+
+def whole_seconds(seconds: float) -> int:
+    """`scaled(seconds)` rounded up to whole seconds: for a setting that takes an integer (the egress client's
+    read timeout a test gives the product, CONNECTOR_EGRESS_TIMEOUT_SECONDS)."""
+    return max(1, math.ceil(scaled(seconds)))
 
 
 class Deadline:

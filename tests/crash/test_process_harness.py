@@ -17,6 +17,7 @@ from collections import Counter
 import httpx
 import pytest
 from celery import Celery
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from connector.demo import build_world
@@ -45,7 +46,7 @@ from tests.faults.servers import (
     run_database_env,
     wait_port,
 )
-from tests.support import scaled, wait_for
+from tests.support import scaled, wait_for, whole_seconds
 
 pytestmark = pytest.mark.django_db(**DB)
 KILLED = -signal.SIGKILL
@@ -63,7 +64,7 @@ def redis_server():
 @pytest.fixture
 def receiver(settings):
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     yield r
     r.stop()
 
@@ -72,7 +73,8 @@ def receiver(settings):
 def env(settings, redis_server, receiver):
     """A child process bound to this test's databases, secret directory, the private Redis and the receiver."""
     return child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=redis_server.url,
-                             CONNECTOR_EGRESS_BASE_URL=receiver.url, CONNECTOR_EGRESS_TIMEOUT_SECONDS="2",
+                             CONNECTOR_EGRESS_BASE_URL=receiver.url,
+                             CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(2)),
                              CONNECTOR_LEASE_SECONDS="1", **run_database_env())
 
 
@@ -150,8 +152,10 @@ def _worker(env: dict, tmp_path, fault: str | None) -> Child:
 
 
 def _send(broker_url: str, task: str, queue: str) -> None:
-    """Enqueue one task by name on the private broker, as beat or another process would."""
+    """Enqueue one task by name on the private broker, as beat or another process would (behind this run's Redis
+    key prefix, where the workers of this run listen)."""
     app = Celery("harness-client", broker=broker_url, set_as_current=False)  # leave the project's app current
+    app.conf.broker_transport_options = dict(django_settings.CELERY_BROKER_TRANSPORT_OPTIONS)
     try:
         app.send_task(task, queue=queue)
     finally:

@@ -28,7 +28,7 @@ from tests.connector.inbound_helpers import drain as v2_drain
 from tests.crash.conftest import ROOT
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, approve_activation, build_v1_world
-from tests.support import scaled, wait_for
+from tests.support import scaled, wait_for, whole_seconds
 from v1 import runtime
 from v1.errors import V1BarrierClosed
 from v1.models import EffectState, V1OutboundEffect, V1WorkItem, WorkState
@@ -53,7 +53,8 @@ def provider(settings, tmp_path):
     v1_owner.cache_clear()
     settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
     receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     yield receiver
     receiver.stop()
     connections.close_all()

@@ -22,7 +22,7 @@ import pytest
 
 from scripts import services as svc
 from tests import dbroles
-from tests.support import deadline, scaled, wait_for
+from tests.support import deadline, scaled, wait_for, whole_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -346,7 +346,7 @@ def product_processes(*, secret_dir: str, redis_url: str, log_dir: Path, **extra
     commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=log_dir / "beat-schedule")
     env = child_environment(secret_dir=secret_dir, REDIS_URL=redis_url,
                             CONNECTOR_EGRESS_BASE_URL=f"http://127.0.0.1:{receiver_port}",
-                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5", **run_database_env(), **extra_env)
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(5)), **run_database_env(), **extra_env)
     started = []
     try:
         # receiver and web first (waited on below), then each stage's worker group and beat

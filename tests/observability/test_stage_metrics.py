@@ -25,7 +25,7 @@ from effects.services import dispatch, worker
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 from tests.effects.helpers import CALLOUT, author, claim
 from tests.effects.receiver import Receiver
-from tests.support import scaled
+from tests.support import scaled, whole_seconds
 
 RESULT = "connector_result_latency_seconds"
 EFFECT = "connector_effect_latency_seconds"
@@ -85,7 +85,7 @@ def quiet(monkeypatch):
 @pytest.fixture
 def receiver(settings):
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     yield r
     r.stop()
 

@@ -27,7 +27,7 @@ from tests.faults.servers import child_environment, free_port, run_database_env
 from tests.faults.test_stage_queues import _body, _stop_all, broker  # noqa: F401 - the private Redis fixture
 from tests.faults.servers import Child
 from tests.observability.conftest import start_web
-from tests.support import deadline, holds_within, scaled, wait_for
+from tests.support import deadline, holds_within, scaled, wait_for, whole_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 6  # deliveries
@@ -83,7 +83,8 @@ def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sum
     port = free_port()
     env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=broker.url,
                             PROMETHEUS_MULTIPROC_DIR=str(shared), CONNECTOR_WORKER_METRICS_PORT=str(port),
-                            CONNECTOR_EGRESS_BASE_URL=receiver.url, CONNECTOR_EGRESS_TIMEOUT_SECONDS="5",
+                            CONNECTOR_EGRESS_BASE_URL=receiver.url,
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(5)),
                             CONNECTOR_WORKER_HEARTBEAT_FILE=str(tmp_path / "beat"), **run_database_env())
     worker = Child("worker-metrics", [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", QUEUES,
                                       "-l", "INFO", "--pool", "prefork", "--concurrency", "2", "-n",
