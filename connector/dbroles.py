@@ -94,6 +94,16 @@ def grants(table: str, *, guarded: bool, deletes: frozenset[str] | set[str] = fr
     return privileges, {}
 
 
+# Role and database setup runs from several places at once on a shared server (two `make test` runs, the two
+# shards of one, a `make run` beside them), and PostgreSQL refuses two concurrent ALTERs of one catalog row
+# ("tuple concurrently updated"): every setup takes this advisory lock first, in the database it connects to
+# (D-452). Session-level for the statement lists below (released at the end, or when the connection closes after
+# an error); transaction-level inside the adoption's DO block.
+SETUP_LOCK_KEY = 0x636F6E6E  # "conn"
+_LOCK = f"SELECT pg_advisory_lock({SETUP_LOCK_KEY})"
+_UNLOCK = f"SELECT pg_advisory_unlock({SETUP_LOCK_KEY})"
+
+
 def installed_tables(alias: str) -> dict[str, bool]:
     """{table: belongs to a library app} for every model (auto-created many-to-many tables included) that
     migrates on database `alias`. A project app is a top-level package of this repository; every other installed
@@ -130,8 +140,9 @@ def required_deletes() -> frozenset[str]:
 
 def roles_sql(*, owner_password: str | None = None, app_password: str | None = None) -> list[str]:
     """Create both roles if missing (tolerating a concurrent creator) and pin their attributes. Run as an
-    administrator (CREATEROLE or superuser)."""
-    statements = []
+    administrator (CREATEROLE or superuser), in order, on one autocommit connection (the first statement takes
+    the setup lock, the last releases it)."""
+    statements = [_LOCK]
     for kind, role, password in (("owner", OWNER, owner_password), ("app", APP, app_password)):
         statements.append(f"""
 DO $$ BEGIN
@@ -145,14 +156,15 @@ END $$""")
         statements.append(f"ALTER ROLE {_ident(role)} {ROLE_ATTRIBUTES[kind]}")
         if password:
             statements.append(f"ALTER ROLE {_ident(role)} PASSWORD {_literal(password)}")
-    return statements
+    return [*statements, _UNLOCK]
 
 
 def database_sql(database: str) -> list[str]:
-    """Run as an administrator, connected anywhere: the owner owns the database; only the two roles connect."""
-    return [f"ALTER DATABASE {_ident(database)} OWNER TO {_ident(OWNER)}",
+    """Run as an administrator, connected anywhere, in order on one autocommit connection (under the setup lock):
+    the owner owns the database; only the two roles connect."""
+    return [_LOCK, f"ALTER DATABASE {_ident(database)} OWNER TO {_ident(OWNER)}",
             f"REVOKE ALL ON DATABASE {_ident(database)} FROM PUBLIC",
-            f"GRANT CONNECT, TEMPORARY ON DATABASE {_ident(database)} TO {_ident(APP)}"]
+            f"GRANT CONNECT, TEMPORARY ON DATABASE {_ident(database)} TO {_ident(APP)}", _UNLOCK]
 
 
 # Run as an administrator connected to the database: hand every object of the public schema to the owner (tables
@@ -161,6 +173,7 @@ ADOPT_SQL = """
 DO $$
 DECLARE r record;
 BEGIN
+  PERFORM pg_advisory_xact_lock({lock});
   EXECUTE format('ALTER SCHEMA %I OWNER TO %I', current_schema(), {owner});
   FOR r IN SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
@@ -183,7 +196,8 @@ END $$
 
 
 def adopt_sql() -> str:
-    return ADOPT_SQL.replace("{owner}", _literal(OWNER)).replace("{app}", _literal(APP))
+    return (ADOPT_SQL.replace("{owner}", _literal(OWNER)).replace("{app}", _literal(APP))
+            .replace("{lock}", str(SETUP_LOCK_KEY)))
 
 
 def required_grants(table: str, *, guarded: bool, alias: str) -> tuple[set[str], dict[str, str]]:

@@ -95,8 +95,10 @@ def _redis() -> redis.Redis:
     return client
 
 
-def _wake_key(account_pk: int, slot: int = 0) -> str:
-    return f"connector:wake:materialize:{account_pk}:{slot}"
+def _wake_key(account_pk: int | str, slot: int | str = 0) -> str:
+    """The debounce key of one account's slot, behind the deployment's Redis key prefix (the broker's own keys
+    carry the same prefix: CONNECTOR_REDIS_KEY_PREFIX)."""
+    return f"{settings.CONNECTOR_REDIS_KEY_PREFIX}connector:wake:materialize:{account_pk}:{slot}"
 
 
 def _slots() -> int:

@@ -8,6 +8,8 @@ from typing import Any
 
 from django.db import connections
 
+from tests.support import holds_within, scaled
+
 
 class Worker(threading.Thread):
     def __init__(self, fn: Callable[[], Any], name: str) -> None:
@@ -43,12 +45,8 @@ def backend_pid_waiting(using: str = "default") -> list[int]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
+    """Whether `predicate` comes true within `timeout` seconds scaled by the suite's time factor (tests.support)."""
+    return holds_within(predicate, timeout)
 
 
 def run_concurrently(jobs: list, expect: type[BaseException] | tuple[type[BaseException], ...] = BaseException,
@@ -66,7 +64,7 @@ def run_concurrently(jobs: list, expect: type[BaseException] | tuple[type[BaseEx
         try:
             if before is not None:
                 before()
-            barrier.wait(timeout=30)
+            barrier.wait(timeout=scaled(30))
             results[i] = job()
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             results[i] = exc
@@ -77,7 +75,7 @@ def run_concurrently(jobs: list, expect: type[BaseException] | tuple[type[BaseEx
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(scaled(120))
         assert not t.is_alive(), "a thread hung (lock wait without end?)"
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, expect):

@@ -1,21 +1,49 @@
 import pytest
 
 from tests import fast_flush, fast_migrate
+from tests.support import scaled
 
 # Test-harness speedups (D-175): transactional tests end with a DELETE of every table instead of a TRUNCATE
 # (tests/fast_flush.py); migrations do not pile up django-fsm receivers for historical models (tests/fast_migrate.py).
 fast_flush.install()
 fast_migrate.install()
 
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """pytest-timeout's per-test limit (pyproject.toml `timeout`, or the test's own `timeout` marker) stretched by
+    the suite's time factor when the test starts (tests/support.py): a slow machine fails no test for being slow."""
+    marker = item.get_closest_marker("timeout")
+    base = marker.args[0] if marker and marker.args else marker.kwargs.get("timeout") if marker else None
+    if base is None:
+        base = float(item.config.getini("timeout") or 0)
+    if base:
+        item.add_marker(pytest.mark.timeout(scaled(float(base))), append=False)
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's Redis keys go with it (tests/isolation.py); its test databases are dropped by pytest-django."""
+    from django.conf import settings
+
+    if settings.configured and hasattr(settings, "TEST_RUN"):
+        from tests import isolation
+
+        isolation.drop_redis_keys(abandoned_only=False)
+
+
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
 
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
-    """The roles exist on the server, and the test databases are migrated by the connector owner."""
-    from tests import dbroles
+    """The roles exist on the server, the databases of this checkout's killed runs are gone (tests/isolation.py),
+    and the test databases are migrated by the connector owner."""
+    from tests import dbroles, isolation
 
     dbroles.prepare_server()
+    isolation.drop_abandoned_databases()
+    isolation.drop_redis_keys(abandoned_only=True)
     dbroles.use(dbroles.OWNER)
 
 

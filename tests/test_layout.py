@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.support import scaled
+
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_PACKAGES = ("connector", "effects", "cutover", "governance", "observability", "v1", "bench", "config")
 MAX_LINES = 500
@@ -95,7 +97,7 @@ def test_the_boundary_contracts_are_declared_and_hold():
     names = {contract["name"] for contract in config["contracts"]}
     assert not set(BOUNDARY_CONTRACTS) - names, set(BOUNDARY_CONTRACTS) - names
     lint = Path(sys.executable).with_name("lint-imports")
-    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=scaled(300),
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     for name in BOUNDARY_CONTRACTS:
@@ -170,7 +172,7 @@ def test_the_migrations_match_the_models():
     would change the schema every database gets without the models saying so)."""
     settings_module = os.environ.get("DJANGO_SETTINGS_MODULE") or "config.django.test"
     result = subprocess.run([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300,
+                            capture_output=True, text=True, timeout=scaled(300),
                             env={**os.environ, "DJANGO_SETTINGS_MODULE": settings_module})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "No changes detected" in result.stdout

@@ -30,3 +30,20 @@ def test_each_shard_gets_its_own_redis_database():
     assert module._redis_db("redis://127.0.0.1:6379/0", 1) == "redis://127.0.0.1:6379/1"
     assert module._redis_db("redis://127.0.0.1:6379/3", 2) == "redis://127.0.0.1:6379/5"
     assert module._redis_db("redis://127.0.0.1:6379", 2) == "redis://127.0.0.1:6379/2"
+
+
+def test_each_runner_keeps_its_own_shard_logs(tmp_path):
+    """Two `make test` in one checkout write their shard logs side by side (`test-shard-N-<runner pid>.log`); a
+    runner removes only the logs of runners that are gone. Proves: issue 37 item 9"""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, gone, other = (tmp_path / f"test-shard-1-{os.getpid()}.log", tmp_path / f"test-shard-2-{dead.pid}.log",
+                         tmp_path / "test-shard-1.log")
+    for log in (mine, gone, other):
+        log.write_text("x")
+    _module()._remove_old_logs(tmp_path)
+    assert (mine.exists(), gone.exists(), other.exists()) == (True, False, True)

@@ -3,6 +3,11 @@ from config.env import env_int, env_str
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
+# Several deployments (or test runs) sharing one Redis database: every key the product writes there (Celery's queues,
+# bindings and unacknowledged messages through kombu's `global_keyprefix`, and the materialization wake-up
+# debounce keys of connector/tasks.py) begins with this prefix, so neither sees the other's (D-451). Empty: none.
+CONNECTOR_REDIS_KEY_PREFIX = env_str("CONNECTOR_REDIS_KEY_PREFIX", "")
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CONNECTOR_REDIS_KEY_PREFIX} if CONNECTOR_REDIS_KEY_PREFIX else {}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

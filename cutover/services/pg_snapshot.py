@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,9 +197,23 @@ def create_scratch(name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
 
 
+# An autovacuum worker analyzing a freshly restored scratch database is a session no role but a superuser may
+# terminate: DROP ... WITH (FORCE) run as the owner then fails ("must be a member of the role whose process is being
+# terminated"). The worker leaves within seconds on a scratch database; the drop waits for it this long (D-453).
+DROP_WAIT_SECONDS = 60.0
+
+
 def drop_database(name: str) -> None:
-    with _connect("postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    deadline = time.monotonic() + DROP_WAIT_SECONDS
+    while True:
+        try:
+            with _connect("postgres", autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.errors.InsufficientPrivilege:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 # Extensions the product's own migrations create (effects 0005: btree_gist for the delivery exclusion constraints,

@@ -14,6 +14,7 @@ from effects.services import worker
 from effects.services.delivery import setup
 from tests.effects.helpers import author
 from tests.effects.receiver import Receiver
+from tests.support import whole_seconds
 
 PASSWORD = "correct horse battery"
 
@@ -42,7 +43,8 @@ def uncertain_effect(settings):
     from connector.demo import build_world
 
     receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     try:
         world = build_world("b-", push=True)
         acme = world.accounts[0]

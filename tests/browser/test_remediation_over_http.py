@@ -25,19 +25,10 @@ from connector.secrets import secret_backend
 from connector.services.signatures import sign
 from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
 from governance import selectors
+from tests.support import scaled, wait_for
 
 PASSWORD = "correct horse battery"
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def person(name: str, *groups: str) -> User:
@@ -53,7 +44,7 @@ def signed(product, account: str, channel: str, key: str, events: list[dict]) ->
         generation_id=f"{account}.webhook-signing.g1").secret_version_ref)
     response = httpx.post(f"{product['url']}/api/v2/accounts/{account}/channels/{channel}/receipts", content=body,
                           headers={"Idempotency-Key": key, "Content-Type": "application/json",
-                                   "Connector-Signature": sign(secret, int(time.time()), body)}, timeout=30)
+                                   "Connector-Signature": sign(secret, int(time.time()), body)}, timeout=scaled(30))
     assert response.status_code == 201, response.text
     return response
 
@@ -75,7 +66,7 @@ def login(browser, base: str, username: str):
 
 
 def crm_state(product) -> dict:
-    return httpx.get(f"{product['crm']}/_demo/state", timeout=10).json()
+    return httpx.get(f"{product['crm']}/_demo/state", timeout=scaled(10)).json()
 
 
 def test_updates_address_the_linked_identity_and_a_real_identity_change_is_resolved_on_the_screen(
@@ -101,7 +92,7 @@ def test_updates_address_the_linked_identity_and_a_real_identity_change_is_resol
     assert (link.owner_slot, link.remote_identity, link.state) == ("cust-42", record["id"], "active")
     assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
 
-    merged = httpx.post(f"{product['crm']}/_demo/merge/{record['id']}", timeout=10).json()["id"]
+    merged = httpx.post(f"{product['crm']}/_demo/merge/{record['id']}", timeout=scaled(10)).json()["id"]
     signed(product, account, "records.webhook", "upd-6", [update("cust-42", 6, "v6")])
     effect = wait_for(lambda: RemoteEffect.objects.filter(quarantine_reason="REMOTE_LINK_CONFLICT").first(), 60,
                       "the identity conflict")

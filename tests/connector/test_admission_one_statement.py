@@ -29,6 +29,7 @@ from tests.cutover.succession_helpers import (
     send,
 )
 from tests.connector.inbound_helpers import webhook_body, webhook_event
+from tests.support import scaled
 
 ACTOR = Actor.system("one-statement-test")
 
@@ -141,7 +142,7 @@ def test_an_admission_waiting_on_a_committing_halt_is_refused_and_writes_nothing
             gate_services.gate_transition(account_id=account.pk, action="halt_v2", expected_fence=fence,
                                           actor=ACTOR)
             locked.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
 
     def admit():
         return receipt_admit(account_key=account.account_key, channel=DEMO_CHANNEL, transport_key="racing-halt",
@@ -149,12 +150,12 @@ def test_an_admission_waiting_on_a_committing_halt_is_refused_and_writes_nothing
 
     before = rows()
     halter = start(halt, "halt")
-    assert locked.wait(10)
+    assert locked.wait(scaled(10))
     writer = start(admit, "admit")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the admission never waited for the halt"
     release.set()
-    halter.join(10)
-    writer.join(10)
+    halter.join(scaled(10))
+    writer.join(scaled(10))
     assert halter.error is None, halter.error
     assert isinstance(writer.error, GateNotServing), writer.error
     assert rows() == before
@@ -178,7 +179,7 @@ def test_a_same_key_race_lost_on_the_unique_constraint_resolves_as_the_duplicate
             out = receipt_admit(account_key=account.account_key, channel=DEMO_CHANNEL, transport_key="race",
                                 body=payload, actor=ACTOR)
             inserted.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
             return out
 
     def loser():
@@ -187,12 +188,12 @@ def test_a_same_key_race_lost_on_the_unique_constraint_resolves_as_the_duplicate
                              body=payload, actor=ACTOR)
 
     first = start(winner, "winner")
-    assert inserted.wait(10)
+    assert inserted.wait(scaled(10))
     second = start(loser, "loser")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the second admission never waited on the key"
     release.set()
-    first.join(10)
-    second.join(10)
+    first.join(scaled(10))
+    second.join(scaled(10))
     assert first.error is None and second.error is None, (first.error, second.error)
     assert first.result.outcome == "created"
     assert second.result.outcome == "duplicate" and second.result.receipt.pk == first.result.receipt.pk

@@ -16,6 +16,7 @@ from django.db import connection
 from bench.burst import started_pid
 from bench.burst_cpu import BurstCpu, cpu_lines, descendants, parent_pids, per_event
 from bench.hot_account import _conninfo
+from tests.support import scaled
 
 SERVER_WORK = "SELECT count(*) FROM generate_series(1, 4000000) g WHERE g % 7 = 3"
 # A stand-in for a run.py child: after 0.5 s it starts a grandchild (born inside the window, as a Celery pool
@@ -38,13 +39,13 @@ def test_burst_window_counts_descendants_born_inside_it_and_their_backends_by_ro
     cpu = BurstCpu(conninfo, [settings_dict["NAME"]], {"web": root.pid}, client_pid=os.getpid(),
                    supervisor_pid=None).start()
     try:
-        assert root.wait(timeout=60) == 0
+        assert root.wait(timeout=scaled(60)) == 0
         time.sleep(0.6)  # one more poll after the exit changes nothing: an exited process keeps its last sample
         result = cpu.stop()
     finally:
         if root.poll() is None:
             root.kill()
-            root.wait(timeout=30)
+            root.wait(timeout=scaled(30))
     roles = result["roles"]
     assert roles["web"]["processes"] >= 2, result  # the root and the grandchild born inside the window
     assert roles["web"]["ms"] >= 300, result  # 0.4 s burned (jiffies of 10 ms; interpreter start-up adds)

@@ -14,6 +14,7 @@ from django.db import connection
 from bench.claims_cpu import CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
 from bench.cpu import CLOCK_TICKS, CpuWindow, per_completion, process_jiffies
 from bench.hot_account import _conninfo
+from tests.support import scaled
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\ntime.sleep({linger})\n"
 SERVER_WORK = "SELECT count(*) FROM generate_series(1, 4000000) g WHERE g % 7 = 3"
@@ -35,14 +36,14 @@ def test_cpu_window_counts_the_workers_and_the_backends_born_inside_it():
         window.begin()
         with psycopg.connect(conninfo, autocommit=True) as work:  # its backend is born inside the window
             work.execute(SERVER_WORK).fetchone()
-            deadline = time.time() + 20
+            deadline = time.time() + scaled(20)
             while (process_jiffies(child.pid) or 0) < 0.4 * CLOCK_TICKS and time.time() < deadline:
                 time.sleep(0.02)  # until the burn is spent (the child idles afterwards)
             cpu = window.end()
     finally:
         window.close()
         child.kill()
-        child.wait(timeout=30)
+        child.wait(timeout=scaled(30))
     assert cpu["workers"] == 1 and cpu["backends"] >= 1, cpu
     assert cpu["workers_ms"] >= 300, cpu  # 0.4 s burned (jiffies of 10 ms; the interpreter's start-up adds)
     assert cpu["backends_ms"] > 0, cpu
@@ -60,19 +61,19 @@ def test_claims_window_samples_exactly_the_window_and_divides_by_its_completions
     setup = {"names": {"default": connection.settings_dict["NAME"]}}
     before = _burner(0.3)
     start = time.time()
-    before.wait(timeout=30)  # its CPU is all spent before the window opens
+    before.wait(timeout=scaled(30))  # its CPU is all spent before the window opens
     inside = _burner(0.5, linger=5.0)
     exits = _burner(0.3, linger=0.5)  # burns, idles, exits about 1 s into the 4 s window
     hook = CpuOfWindow(setup, conninfo, warm=max(0.0, time.time() - start) + 0.05, seconds=4.0)
     hook(start, [before.pid, inside.pid, exits.pid])
-    exits.wait(timeout=30)  # reaped inside the window, as `_run_workers` joins a worker that returned early
+    exits.wait(timeout=scaled(30))  # reaped inside the window, as `_run_workers` joins a worker that returned early
     try:
         with psycopg.connect(conninfo, autocommit=True) as work:
             work.execute(SERVER_WORK).fetchone()
             result = hook.result(completions=4)
     finally:
         inside.kill()
-        inside.wait(timeout=30)
+        inside.wait(timeout=scaled(30))
     assert "error" not in result, result
     assert result["workers"] == 2, result  # the process that exited before the window is not there
     assert exits.returncode == 0 and 600 <= result["workers_ms"] <= 1600, result  # 0.5 + 0.3 s burned inside

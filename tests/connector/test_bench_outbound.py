@@ -25,6 +25,7 @@ from bench.outbound import (
     summarize,
 )
 from tests.effects.receiver import Receiver
+from tests.support import whole_seconds
 
 pytestmark = pytest.mark.usefixtures("administrator")
 
@@ -94,7 +95,7 @@ def test_tiny_run_counts_finalized_effects_baseline_jobs_and_a_duplicate():
         conninfo = _conninfo(default)
         setup = {"settings_module": os.environ["DJANGO_SETTINGS_MODULE"],
                  "names": {"default": default["NAME"], "journal": journal["NAME"]},
-                 "connector": {"EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 5,
+                 "connector": {"EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(5),
                                "SECRET_BACKEND_DIR": settings.CONNECTOR["SECRET_BACKEND_DIR"]}}
         connections.close_all()
         product = run_phase(setup, conninfo, kind="product", workers=1, warm=0.0, seconds=2.0, say=lambda _: None)

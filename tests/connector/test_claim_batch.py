@@ -19,6 +19,7 @@ from tests.concurrency import start
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import ACTOR, advance_lanes, build_inbound_world, deliver, webhook_body, \
     webhook_event
+from tests.support import scaled
 
 
 def later(seconds: int):
@@ -98,7 +99,7 @@ def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_acco
 
     def claimer(name):
         def run():
-            barrier.wait(10)
+            barrier.wait(scaled(10))
             got = []
             while batch := execution.execution_claim_batch(holder=name, n=5, lease_seconds=60):
                 got += [t.execution_pk for t in batch]
@@ -107,7 +108,7 @@ def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_acco
 
     workers = [start(claimer(f"claimer-{i}"), f"claimer-{i}") for i in range(2)]
     for w in workers:
-        w.join(60)
+        w.join(scaled(60))
     assert [w.error for w in workers] == [None, None]
     claimed = workers[0].result + workers[1].result
     assert sorted(claimed) == sorted(ready)  # each exactly once

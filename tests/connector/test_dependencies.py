@@ -29,6 +29,7 @@ from tests.connector.inbound_helpers import (
     webhook_body,
     webhook_event,
 )
+from tests.support import scaled
 
 LINKED = "records.linked"
 DEADLINE = 120
@@ -165,17 +166,17 @@ def _contend(dependency_pk: int, execution_pk: int, calls: list[dict]):
         with transaction.atomic():
             locks.execution_for_update(execution_pk)
             held.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
 
     holder = start(hold, "holder")
-    assert held.wait(15)
+    assert held.wait(scaled(15))
     resolvers = [start(lambda kw=kw: dependencies.dependency_resolve(dependency_pk=dependency_pk, **kw),
                        f"resolver-{i}") for i, kw in enumerate(calls)]
     assert wait_until(lambda: waiting_in_this_database() >= len(calls)), "the resolvers never queued on the lock"
     release.set()
-    holder.join(15)
+    holder.join(scaled(15))
     for r in resolvers:
-        r.join(15)
+        r.join(scaled(15))
     assert holder.error is None
     return resolvers
 
@@ -237,17 +238,17 @@ def test_parent_completion_racing_the_deadline_never_leaves_the_child_stuck():
         with transaction.atomic():
             done = execution.execution_run(token=token)
             recording.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
             return done.state
 
     dependency = ExecutionDependency.objects.get()
     recorder = start(record_parent, "parent-result")
-    assert recording.wait(15)
+    assert recording.wait(scaled(15))
     with later(DEADLINE + 1):
         resolver = start(lambda: dependencies.dependency_resolve(dependency_pk=dependency.pk), "sweeper")
-        resolver.join(15)
+        resolver.join(scaled(15))
     release.set()
-    recorder.join(15)
+    recorder.join(scaled(15))
     assert recorder.error is None and recorder.result == ExecutionState.COMPLETED
     assert resolver.error is None and resolver.result == DependencyState.EXPIRED
     assert dependencies.dependency_resolve(dependency_pk=dependency.pk) == DependencyState.EXPIRED

@@ -60,6 +60,7 @@ from tests.crash.support import webhook_body
 from tests.effects.delivery import world as delivery_world
 from tests.effects.receiver import Receiver
 from tests import dbroles
+from tests.support import whole_seconds
 
 CHANNEL = "records.webhook"
 ACTOR = Actor.system("invariants-test")
@@ -145,7 +146,7 @@ def run_traffic(receiver, delivery_receiver) -> Traffic:
 @pytest.fixture
 def receiver(settings):
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     yield r
     r.stop()
 

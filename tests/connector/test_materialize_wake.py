@@ -64,7 +64,7 @@ def clean_keys():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)  # the test Redis, whatever a test points at
 
     def clear() -> None:
-        for key in client.scan_iter("connector:wake:materialize:*"):
+        for key in client.scan_iter(tasks._wake_key("*", "*")):  # this run's keys only (its Redis key prefix)
             client.delete(key)
     clear()
     yield

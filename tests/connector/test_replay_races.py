@@ -25,6 +25,7 @@ from tests.connector.inbound_helpers import (
     webhook_body,
     webhook_event,
 )
+from tests.support import scaled
 
 WEBHOOK = "records.webhook"
 
@@ -57,7 +58,7 @@ def _held_halt(world, holding: threading.Event, release: threading.Event):
             gate = gate_services.gate_transition(account_id=world.account.pk, action="halt_v2", expected_fence=None,
                                                  actor=ACTOR, reason="race")
             holding.set()
-            assert release.wait(20)
+            assert release.wait(scaled(20))
             return gate.fence
     return run
 
@@ -67,13 +68,13 @@ def test_replay_admission_waiting_on_a_committing_halt_writes_nothing(world):
     GateNotServing, no ReplayRequest and no replay Receipt. Proves: CV2-09-026"""
     receipts, holding, release = Receipt.objects.count(), threading.Event(), threading.Event()
     halter = start(_held_halt(world, holding, release), "halter")
-    assert holding.wait(20)
+    assert holding.wait(scaled(20))
     replayer = start(lambda: _replay(world, "replay-waits"), "replayer")
     assert wait_until(lambda: waiting_in_this_database() >= 1), "the replay must wait on the gate row"
     assert replayer.is_alive()
     release.set()
-    halter.join(20)
-    replayer.join(20)
+    halter.join(scaled(20))
+    replayer.join(scaled(20))
     assert halter.error is None
     assert isinstance(replayer.error, GateNotServing), replayer.error
     assert not ReplayRequest.objects.exists() and Receipt.objects.count() == receipts
@@ -89,18 +90,18 @@ def test_replay_admission_holding_the_gate_commits_under_the_old_fence_first(wor
         with transaction.atomic():
             admitted = _replay(world, "replay-first")
             in_write.set()
-            assert release.wait(20)
+            assert release.wait(scaled(20))
             return admitted.request.pk
 
     replayer = start(slow_replay, "replayer")
-    assert in_write.wait(20)
+    assert in_write.wait(scaled(20))
     halter = start(lambda: gate_services.gate_transition(account_id=world.account.pk, action="halt_v2",
                                                          expected_fence=before, actor=ACTOR, reason="race"), "halter")
     assert wait_until(lambda: waiting_in_this_database() >= 1), "the halt must wait for the replay"
     assert halter.is_alive()
     release.set()
-    replayer.join(20)
-    halter.join(20)
+    replayer.join(scaled(20))
+    halter.join(scaled(20))
     assert replayer.error is None and halter.error is None
     request = ReplayRequest.objects.get(pk=replayer.result)
     assert request.gate_fence == before and halter.result.fence == before + 1
@@ -112,11 +113,11 @@ def test_replay_materialization_waiting_on_a_committing_halt_creates_no_descenda
     admitted = _replay(world, "replay-inert")
     holding, release = threading.Event(), threading.Event()
     halter = start(_held_halt(world, holding, release), "halter")
-    assert holding.wait(20)
+    assert holding.wait(scaled(20))
     materializer = start(lambda: materialize.receipt_materialize(receipt_pk=admitted.receipt.pk), "materializer")
     assert wait_until(lambda: waiting_in_this_database() >= 1), "materialization must wait on the gate row"
     release.set()
-    halter.join(20)
-    materializer.join(20)
+    halter.join(scaled(20))
+    materializer.join(scaled(20))
     assert isinstance(materializer.error, GateNotServing), materializer.error
     assert not Event.objects.filter(replay_request=admitted.request).exists()

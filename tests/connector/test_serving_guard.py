@@ -16,6 +16,7 @@ from connector.services import gates as gate_services
 from connector.services import serving
 from connector.services.guard import lock_serving
 from tests.concurrency import backend_pid_waiting, start, wait_until
+from tests.support import scaled
 from tests import dbroles
 
 ACTOR = Actor.system("test")
@@ -152,7 +153,7 @@ def _hold_gate_transition(account_id, action, fence, locked: threading.Event, re
             gate = gate_services.gate_transition(account_id=account_id, action=action, expected_fence=fence,
                                                  actor=ACTOR)
             locked.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
             return gate.fence
     return run
 
@@ -165,15 +166,15 @@ def test_two_transactions_changing_one_gate_serialize(tx_world):
     account = tx_world.accounts[0]
     locked, release = threading.Event(), threading.Event()
     first = start(_hold_gate_transition(account.pk, "halt_v2", 6, locked, release), "first")
-    assert locked.wait(10)
+    assert locked.wait(scaled(10))
     second = start(lambda: gate_services.gate_transition(account_id=account.pk, action="halt_v2",
                                                          expected_fence=6, actor=ACTOR), "second")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the second transaction never waited on the lock"
     assert second.is_alive()
     released_at = time.monotonic()  # the first commits only after this; the second cannot finish before it
     release.set()
-    first.join(10)
-    second.join(10)
+    first.join(scaled(10))
+    second.join(scaled(10))
     assert first.error is None and first.result == 7
     assert isinstance(second.error, FenceStale)
     assert second.finished_at >= released_at
@@ -196,22 +197,22 @@ def test_writer_share_lock_and_transition_serialize(tx_world):
             AuditRecord.objects.create(actor="probe", entity_type="probe", entity_id="slow", action="w",
                                        fence=ctx.fence)
             in_write.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
             return ctx.fence
 
     writer = start(slow_write, "writer")
-    assert in_write.wait(10)
+    assert in_write.wait(scaled(10))
     # a second writer of the same account is not blocked by the first (share locks)
     other = start(lambda: guarded_write(account.pk).fence, "writer-2")
-    other.join(10)
+    other.join(scaled(10))
     assert other.error is None and other.result == 6
     halter = start(lambda: gate_services.gate_transition(account_id=account.pk, action="halt_v2",
                                                          expected_fence=6, actor=ACTOR), "halter")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1)
     assert halter.is_alive(), "halt must wait for the writer holding the share lock"
     release.set()
-    writer.join(10)
-    halter.join(10)
+    writer.join(scaled(10))
+    halter.join(scaled(10))
     assert writer.error is None and writer.result == 6
     assert halter.error is None and halter.result.fence == 7
     with pytest.raises(GateNotServing):
@@ -244,16 +245,16 @@ def test_admission_racing_activation_binds_only_the_new_epoch(transactional_db):
             serving.activate_first_locked(epoch=locked, account_ids=[a.pk for a in world.accounts], actor=ACTOR,
                                           observed=bytes(locked.digest))
             activated.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
 
     activator = start(activation, "activation")
-    assert activated.wait(10)
+    assert activated.wait(scaled(10))
     writer = start(lambda: guarded_write(account.pk), "writer")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1)
     assert writer.is_alive()
     release.set()
-    activator.join(10)
-    writer.join(10)
+    activator.join(scaled(10))
+    writer.join(scaled(10))
     assert activator.error is None
     assert writer.error is None, writer.error
     assert (writer.result.epoch_id, writer.result.fence) == ("r-epoch", 6)
@@ -272,10 +273,10 @@ def test_a_waiting_transition_is_not_starved_by_later_writers(tx_world):
         with transaction.atomic():
             lock_serving(account_id=account.pk)
             in_write.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
 
     first = start(slow_write, "writer-1")
-    assert in_write.wait(10)
+    assert in_write.wait(scaled(10))
     halter = start(lambda: gate_services.gate_transition(account_id=account.pk, action="halt_v2",
                                                          expected_fence=6, actor=ACTOR), "halter")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1)
@@ -284,7 +285,7 @@ def test_a_waiting_transition_is_not_starved_by_later_writers(tx_world):
     assert late.is_alive()
     release.set()
     for worker in (first, halter, late):
-        worker.join(10)
+        worker.join(scaled(10))
     assert first.error is None and halter.error is None and halter.result.fence == 7
     # The late writer was refused because it saw the halted gate: it ran after the halt committed. (Comparing
     # the threads' own finish times is not evidence: a thread may record its time after the other woke.)
@@ -357,7 +358,7 @@ def _epoch_locked_elsewhere(epoch_pk: int) -> bool:
         except OperationalError:
             return True
     worker = start(probe, "probe")
-    worker.join(10)
+    worker.join(scaled(10))
     assert worker.error is None, worker.error
     return worker.result
 
@@ -379,7 +380,7 @@ def test_a_lost_race_releases_the_old_epoch_and_retries_epoch_before_gate(tx_wor
             dbroles.admin_on(cursor)
             cursor.execute("SELECT 1 FROM connector_servingepoch WHERE id = %s FOR UPDATE", [old.pk])
             holding.set()
-            assert release.wait(10)
+            assert release.wait(scaled(10))
             cursor.execute("SET LOCAL session_replication_role = replica")
             cursor.execute("UPDATE connector_accountservinggate SET epoch_id=%s, epoch_digest=%s WHERE account_id=%s",
                            [new.pk, bytes(new.digest), account.pk])
@@ -390,23 +391,23 @@ def test_a_lost_race_releases_the_old_epoch_and_retries_epoch_before_gate(tx_wor
         with transaction.atomic():
             row = locks.serving_for_share(account.pk, attempts=attempts)
             locked.set()
-            assert finish.wait(10)
+            assert finish.wait(scaled(10))
             return row
 
     mover = start(repoint, "repoint")
-    assert holding.wait(10)
+    assert holding.wait(scaled(10))
     writer = start(guard, "guard")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1), "the guard never waited for the old epoch"
     release.set()
-    mover.join(10)
+    mover.join(scaled(10))
     assert mover.error is None, mover.error
-    assert locked.wait(10)
+    assert locked.wait(scaled(10))
     try:
         assert _epoch_locked_elsewhere(old.pk) is False, "the lost attempt kept the old epoch locked"
         assert _epoch_locked_elsewhere(new.pk) is (attempts == 2)
     finally:
         finish.set()
-        writer.join(10)
+        writer.join(scaled(10))
     assert writer.error is None, writer.error
     if attempts == 2:
         assert (writer.result.outcome, writer.result.gate_epoch_pk, writer.result.epoch_id) == (

@@ -39,6 +39,7 @@ from tests.connector.inbound_helpers import (
     webhook_body,
     webhook_event,
 )
+from tests.support import scaled
 from tests import dbroles
 
 GROUPED = "ledger.grouped"
@@ -146,7 +147,7 @@ def _held(fn, entered: threading.Event, release: threading.Event):
         with transaction.atomic():
             result = fn()
             entered.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
             return result
     return run
 
@@ -170,13 +171,13 @@ def test_window_close_racing_new_input_loses_nothing(first):
     entered, release = threading.Event(), threading.Event()
     with later(61):  # the window is due; the patch is process-wide, so both threads see it
         holder = start(_held(seal if first == "seal" else add, entered, release), "first")
-        assert entered.wait(15)
+        assert entered.wait(scaled(15))
         other = start(add if first == "seal" else seal, "second")
         assert wait_until(lambda: waiting_in_this_database() >= 1), "the second transaction never waited"
         assert other.is_alive()
         release.set()
-        holder.join(20)
-        other.join(20)
+        holder.join(scaled(20))
+        other.join(scaled(20))
     assert holder.error is None and other.error is None, (holder.error, other.error)
     windows = list(ProjectionWindow.objects.order_by("pk"))
     if first == "seal":
@@ -240,22 +241,22 @@ def test_successor_window_creation_race_does_not_fail():
             calls["b"] += 1
             if calls["b"] == 2:  # after its INSERT lost on the unique index
                 reselecting.set()
-                assert sealed.wait(15)
+                assert sealed.wait(scaled(15))
         return real(**kwargs)
 
     with mock.patch.object(materialize.locks, "open_window_for_update", side_effect=instrumented):
         winner = start(_held(lambda: materialize.receipt_materialize(receipt_pk=ra.pk), entered, release), "winner")
-        assert entered.wait(15)
+        assert entered.wait(scaled(15))
         loser = start(lambda: materialize.receipt_materialize(receipt_pk=rb.pk), "loser")
         assert wait_until(lambda: waiting_in_this_database() >= 1), "the loser never waited on the unique index"
         release.set()
-        winner.join(20)
-        assert reselecting.wait(15), "the loser never lost the INSERT race"
+        winner.join(scaled(20))
+        assert reselecting.wait(scaled(15)), "the loser never lost the INSERT race"
         window = ProjectionWindow.objects.get(state="open")
         with later(61):
             assert execution.window_seal_due(window_pk=window.pk) is not None
         sealed.set()
-        loser.join(20)
+        loser.join(scaled(20))
     assert winner.error is None
     if loser.error is not None:
         raise BugReproduced(repr(loser.error))

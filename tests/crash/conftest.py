@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import dbroles
+from tests.support import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 60
@@ -85,7 +86,7 @@ def run_child(child_env):
         if fault_point:
             env["CONNECTOR_FAULT_POINT"] = fault_point
         proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False)
+                              capture_output=True, text=True, timeout=scaled(CHILD_TIMEOUT), check=False)
         return ChildRun(proc.returncode, proc.stdout, proc.stderr)
 
     return run

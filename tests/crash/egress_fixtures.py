@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.effects.receiver import receiver  # noqa: F401 - the fixture tests/effects/conftest.py binds too
+from tests.support import whole_seconds
 
 
 @pytest.fixture
@@ -14,5 +15,5 @@ def child_env(child_env, receiver):
     """tests/crash/conftest.py's child environment, plus the receiver's URL and a short egress timeout; the
     DATABASE_URL already names the test database, so TEST_DB_SUFFIX is dropped."""
     env = {k: v for k, v in child_env.items() if k != "TEST_DB_SUFFIX"}
-    env.update({"CONNECTOR_EGRESS_BASE_URL": receiver.url, "CONNECTOR_EGRESS_TIMEOUT_SECONDS": "1"})
+    env.update({"CONNECTOR_EGRESS_BASE_URL": receiver.url, "CONNECTOR_EGRESS_TIMEOUT_SECONDS": str(whole_seconds(1))})
     return env

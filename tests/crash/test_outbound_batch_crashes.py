@@ -29,6 +29,7 @@ from tests.crash.support import DB, assert_killed
 from tests.effects.helpers import author
 from tests.crash import egress_fixtures
 from tests.effects.receiver import Receiver
+from tests.support import scaled
 
 OPERATOR = Actor.system("ob-crash-operator")
 DEAD = "ob-crash-child"
@@ -191,7 +192,7 @@ def test_crash_inside_a_limited_batch_withdrawal_sends_nothing_more_and_each_lan
         (PermitState.GRANTED, False), (PermitState.GRANTED, False), (PermitState.RETURNED, True)]
     _isolate_dead_holder()
     assert _abandon_all() == {EffectState.PREPARED}
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while RemoteEffect.objects.filter(pk__in=[e.pk for e in effects]).exclude(state=EffectState.FINALIZED).exists():
         assert time.monotonic() < deadline
         effect_dispatch_batch(n=10, holder_name=RECOVERY, account_id=account_id)

@@ -17,6 +17,7 @@ from collections import Counter
 import httpx
 import pytest
 from celery import Celery
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from connector.demo import build_world
@@ -45,6 +46,7 @@ from tests.faults.servers import (
     run_database_env,
     wait_port,
 )
+from tests.support import scaled, wait_for, whole_seconds
 
 pytestmark = pytest.mark.django_db(**DB)
 KILLED = -signal.SIGKILL
@@ -62,7 +64,7 @@ def redis_server():
 @pytest.fixture
 def receiver(settings):
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     yield r
     r.stop()
 
@@ -71,7 +73,8 @@ def receiver(settings):
 def env(settings, redis_server, receiver):
     """A child process bound to this test's databases, secret directory, the private Redis and the receiver."""
     return child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=redis_server.url,
-                             CONNECTOR_EGRESS_BASE_URL=receiver.url, CONNECTOR_EGRESS_TIMEOUT_SECONDS="2",
+                             CONNECTOR_EGRESS_BASE_URL=receiver.url,
+                             CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(2)),
                              CONNECTOR_LEASE_SECONDS="1", **run_database_env())
 
 
@@ -82,15 +85,6 @@ def children(tmp_path):
     yield started
     for child in started:
         child.stop()
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # -- web process ---------------------------------------------------------------------------------------------------
@@ -107,7 +101,7 @@ def _signed_post(port: int, account: str, key: str, body: bytes) -> httpx.Respon
     headers = {"Idempotency-Key": key, "Connector-Signature": sign(secret, int(time.time()), body),
                "Content-Type": "application/json"}
     return httpx.post(f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{CHANNEL}/receipts",
-                      content=body, headers=headers, timeout=20)
+                      content=body, headers=headers, timeout=scaled(20))
 
 
 def test_web_killed_after_receipt_commit_retry_gets_same_receipt(env, children, tmp_path):
@@ -158,8 +152,10 @@ def _worker(env: dict, tmp_path, fault: str | None) -> Child:
 
 
 def _send(broker_url: str, task: str, queue: str) -> None:
-    """Enqueue one task by name on the private broker, as beat or another process would."""
+    """Enqueue one task by name on the private broker, as beat or another process would (behind this run's Redis
+    key prefix, where the workers of this run listen)."""
     app = Celery("harness-client", broker=broker_url, set_as_current=False)  # leave the project's app current
+    app.conf.broker_transport_options = dict(django_settings.CELERY_BROKER_TRANSPORT_OPTIONS)
     try:
         app.send_task(task, queue=queue)
     finally:
@@ -193,9 +189,9 @@ def test_worker_killed_after_runtime_commit_restart_completes_once(env, children
 
     restarted = _worker(env, tmp_path, None)
     children.append(restarted.start())
-    _wait_for(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at < timezone.now(), 10, "lease expiry")
+    wait_for(lambda: Execution.objects.get(pk=execution.pk).lease_expires_at < timezone.now(), 10, "lease expiry")
     _send(redis_server.url, "connector.tasks.inbound_sweep", "sweeper")  # beat's job: finds the claimable work
-    _wait_for(lambda: Execution.objects.get(pk=execution.pk).state == "completed", 30,
+    wait_for(lambda: Execution.objects.get(pk=execution.pk).state == "completed", 30,
               "the restarted worker to complete the Execution")
     done = Execution.objects.get(pk=execution.pk)
     assert done.attempt_count == 2 and bytes(done.result_digest) == bytes(result.result_digest)
@@ -203,7 +199,7 @@ def test_worker_killed_after_runtime_commit_restart_completes_once(env, children
     assert CrmRecord.objects.get(account=account, record_key="rec-1").version == 1
 
     _send(redis_server.url, "effects.tasks.effects_sweep", "sweeper")
-    _wait_for(lambda: RemoteEffect.objects.get(command=command).state == "finalized", 30, "the effect to finalize")
+    wait_for(lambda: RemoteEffect.objects.get(command=command).state == "finalized", 30, "the effect to finalize")
     per_key = Counter(r["key"] for r in receiver.requests)
     assert per_key == {command.provider_idempotency_key: 1}, per_key  # one request, one logical application
     assert receiver.applied_total() == 1

@@ -18,6 +18,7 @@ from cutover.models import ServiceCutoverAttempt, V1ShutdownCertificate
 from cutover.ports import BarrierKind, v1_owner
 from tests.conformance.packs import PACK_A
 from tests.effects.receiver import Receiver
+from tests.support import whole_seconds
 from v1 import runtime
 from v1.models import RELEASE_ID, V1SourceCursor
 
@@ -88,7 +89,8 @@ def build_owners(prefix: str, account_keys=("acct-1", "acct-2")) -> RestoreWorld
 def start_provider(settings) -> Receiver:
     """The provider V1's egress calls: a real loopback HTTP receiver."""
     receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     return receiver
 
 

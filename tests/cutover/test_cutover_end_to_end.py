@@ -28,6 +28,7 @@ from tests.connector.inbound_helpers import drain as v2_drain
 from tests.crash.conftest import ROOT
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, approve_activation, build_v1_world
+from tests.support import scaled, wait_for, whole_seconds
 from v1 import runtime
 from v1.errors import V1BarrierClosed
 from v1.models import EffectState, V1OutboundEffect, V1WorkItem, WorkState
@@ -52,7 +53,8 @@ def provider(settings, tmp_path):
     v1_owner.cache_clear()
     settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
     receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 2}
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     yield receiver
     receiver.stop()
     connections.close_all()
@@ -107,17 +109,18 @@ def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(
         sd.cutover_certify(attempt_key="e2e", budgets=BUDGETS, actor=ACTOR)
         approve("readiness_certificate", "e2e")
         sd.maintenance_close(attempt_key="e2e", actor=ACTOR)
-        load.thread.join(30)
+        load.thread.join(scaled(30))
         assert load.refused, "the source kept sending after the barriers closed"
-        deadline = time.monotonic() + 60
-        while True:  # the live V1 worker finishes every accepted item under its own authority
+
+        def stopped() -> bool:  # the live V1 worker finishes every accepted item under its own authority
             try:
                 sd.v1_stop(attempt_key="e2e", actor=ACTOR)
-                break
             except sd.DrainBlocked:
-                assert time.monotonic() < deadline, "V1 did not drain"
-                time.sleep(0.2)
-        assert worker.wait(30) == 0, "the terminated generation's worker did not exit"
+                return False
+            return True
+
+        wait_for(stopped, 60, "V1 drained and stopped", interval=0.2, proc=worker)
+        assert worker.wait(scaled(30)) == 0, "the terminated generation's worker did not exit"
     finally:
         load.stop.set()
         if worker.poll() is None:

@@ -24,6 +24,7 @@ from cutover.services import ordering_plan
 from cutover.services import v1_shutdown as sd
 from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world, to_validating
+from tests.support import whole_seconds
 from v1 import runtime
 from v1.models import V1HighWater
 from v1.owner import ROUTES, WEBHOOK_ORDER, V1Owner
@@ -44,7 +45,7 @@ def provider(settings):
     from tests.effects.receiver import Receiver
 
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     yield r
     r.stop()
 

@@ -40,6 +40,7 @@ from tests.concurrency import backend_pid_waiting, run_concurrently, start, wait
 from tests.cutover.succession_helpers import ACTOR, build_succession_world, halt_all, held_barrier
 from tests.cutover.test_first_activation import held_world, stop_after_commit
 from tests.cutover.v1_world import approve_activation, build_v1_world, to_validating
+from tests.support import scaled
 
 pytestmark = pytest.mark.usefixtures("cutover_env")  # the V1 world's settings and receiver (tests/cutover/conftest.py)
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
@@ -256,11 +257,11 @@ def test_an_owner_write_past_its_barrier_holds_the_successor_hold_back_until_it_
         original(owner)
         if threading.current_thread().name == "publisher":
             passed.set()
-            assert go.wait(30)
+            assert go.wait(scaled(30))
 
     monkeypatch.setattr(hooks, "publication_guard", paused)
     publisher = start(lambda: catalog_view_publish("inflight"), name="publisher")
-    assert passed.wait(30)
+    assert passed.wait(scaled(30))
     holder = start(lambda: succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence,
                                                        actor=ACTOR), name="holder")
     try:
@@ -269,8 +270,8 @@ def test_an_owner_write_past_its_barrier_holds_the_successor_hold_back_until_it_
         assert holder.is_alive() and ServingPublicationBarrierSet.objects.get(pk=row.pk).state == "acquiring"
     finally:
         go.set()
-        publisher.join(30)
-        holder.join(30)
+        publisher.join(scaled(30))
+        holder.join(scaled(30))
     assert publisher.error is None, publisher.error
     assert isinstance(holder.error, SuccessorDrifted) and "owners changed" in str(holder.error), holder.error
     assert publisher.finished_at <= holder.finished_at

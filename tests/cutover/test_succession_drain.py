@@ -27,6 +27,7 @@ from tests.cutover.succession_helpers import (
     held_barrier,
     send,
 )
+from tests.support import scaled
 
 
 def _admit_new(world, evt: str, position: int, **kwargs):
@@ -167,17 +168,17 @@ def test_a_root_crossing_the_barrier_when_the_drain_opens_commits_first_and_is_d
         with transaction.atomic():
             receipt = _admit_new(world, "evt-1", 1)
             inserted.set()
-            assert release.wait(20)
+            assert release.wait(scaled(20))
         return receipt.pk
 
     admitter = start(crossing, "admission")
-    assert inserted.wait(20)
+    assert inserted.wait(scaled(20))
     opener = start(lambda: succession_drain.succession_drain_open(barrier_set_pk=barrier.pk, actor=ACTOR), "drain")
     assert wait_until(lambda: len(backend_pid_waiting()) >= 1)  # the drain waits for the crossing admission
     assert opener.is_alive() and not SuccessionDrain.objects.exists()
     release.set()
-    admitter.join(20)
-    opener.join(20)
+    admitter.join(scaled(20))
+    opener.join(scaled(20))
     assert admitter.error is None and opener.error is None
     assert admitter.finished_at <= opener.finished_at
     inventory = succession_drain.succession_drain_inventory(epoch_pk=world.epoch.pk)

@@ -19,6 +19,7 @@ from cutover.services import succession
 from tests.concurrency import start, wait_until
 from tests.connector.inbound_helpers import advance_lanes, drain, waiting_in_this_database
 from tests.cutover.succession_helpers import ACTOR, WEBHOOK, build_succession_world, halt_all, held_barrier, send
+from tests.support import scaled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,18 +53,18 @@ def test_completion_committing_first_is_in_the_frozen_high_water(tx_world):
     def pause(name):
         if name == "result.before_commit":
             in_tx.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
 
     with mock.patch.object(execution, "fault_point", pause):
         completion = start(lambda: execution.execution_run(token=token), "completion")
-        assert in_tx.wait(15)
+        assert in_tx.wait(scaled(15))
         lane_pk = predecessor_lane(tx_world).pk
         handoff = start(lambda: succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR),
                         "handoff")
         assert wait_until(lambda: waiting_in_this_database() >= 1)
         release.set()
-        completion.join(20)
-        handoff.join(20)
+        completion.join(scaled(20))
+        handoff.join(scaled(20))
     assert completion.error is None and handoff.error is None
     assert completion.result.state == ExecutionState.COMPLETED
     frozen = predecessor_lane(tx_world)
@@ -85,19 +86,19 @@ def test_handoff_seeing_nonterminal_work_fails_and_the_completion_then_commits(t
         lane = real_lane_for_update(pk, **kwargs)
         if threading.current_thread().name == "handoff":
             locked.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
         return lane
 
     lane_pk = predecessor_lane(tx_world).pk
     with mock.patch.object(connector_locks, "lane_for_update", lane_for_update):
         handoff = start(lambda: succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR),
                         "handoff")
-        assert locked.wait(15)
+        assert locked.wait(scaled(15))
         completion = start(lambda: execution.execution_run(token=token), "completion")
         assert wait_until(lambda: waiting_in_this_database() >= 1)
         release.set()
-        handoff.join(20)
-        completion.join(20)
+        handoff.join(scaled(20))
+        completion.join(scaled(20))
     assert isinstance(handoff.error, HandoffRefused)
     assert completion.error is None and completion.result.state == ExecutionState.COMPLETED
     assert not OrderingHandoff.objects.exists()
@@ -122,7 +123,7 @@ def test_predecessor_resume_racing_the_first_handoff_serializes_on_the_gate(tx_w
         lane = real_lane_for_update(pk, **kwargs)
         if threading.current_thread().name == "handoff":
             locked.set()
-            assert release.wait(15)
+            assert release.wait(scaled(15))
         return lane
 
     lane_pk = predecessor_lane(tx_world).pk
@@ -130,13 +131,13 @@ def test_predecessor_resume_racing_the_first_handoff_serializes_on_the_gate(tx_w
     with mock.patch.object(connector_locks, "lane_for_update", lane_for_update):
         handoff = start(lambda: succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR),
                         "handoff")
-        assert locked.wait(15)
+        assert locked.wait(scaled(15))
         resume = start(lambda: gate_services.gate_transition(account_id=account.pk, action="resume_predecessor",
                                                              expected_fence=None, actor=ACTOR), "resume")
         assert wait_until(lambda: waiting_in_this_database() >= 1)
         release.set()
-        handoff.join(20)
-        resume.join(20)
+        handoff.join(scaled(20))
+        resume.join(scaled(20))
     assert handoff.error is None
     assert isinstance(resume.error, TransitionRefused)
     account.serving_gate.refresh_from_db()
@@ -150,7 +151,7 @@ def test_two_coordinators_acquire_at_most_one_barrier_set(tx_world):
 
     def acquire(holder):
         def run():
-            assert go.wait(10)
+            assert go.wait(scaled(10))
             return succession.barrier_set_acquire(predecessor_epoch_id=tx_world.epoch.epoch_id,
                                                   successor_epoch_id=tx_world.successor.epoch_id, holder=holder,
                                                   actor=ACTOR)
@@ -159,7 +160,7 @@ def test_two_coordinators_acquire_at_most_one_barrier_set(tx_world):
     workers = [start(acquire(f"coord-{i}"), f"coord-{i}") for i in range(4)]
     go.set()
     for w in workers:
-        w.join(20)
+        w.join(scaled(20))
     assert sum(w.error is None for w in workers) == 1
     refusals = [type(w.error).__name__ for w in workers if w.error is not None]
     assert refusals == [BarrierSetRefused.__name__] * 3, [repr(w.error) for w in workers]
@@ -188,17 +189,17 @@ def test_free_running_completions_and_handoffs_never_lose_a_result(tx_world):
         lane_pk = lanes[token.execution_pk]
 
         def completion(token=token):
-            assert go.wait(10)
+            assert go.wait(scaled(10))
             return execution.execution_run(token=token)
 
         def handoff(lane_pk=lane_pk):
-            assert go.wait(10)
+            assert go.wait(scaled(10))
             return succession.ordering_handoff(barrier_set_pk=barrier.pk, lane_pk=lane_pk, actor=ACTOR)
 
         workers = [start(completion, "completion"), start(handoff, "handoff")]
         go.set()
         for w in workers:
-            w.join(20)
+            w.join(scaled(20))
         c, h = workers
         assert c.error is None and c.result.state == ExecutionState.COMPLETED
         if h.error is None:

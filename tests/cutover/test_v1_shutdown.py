@@ -28,6 +28,7 @@ from v1.errors import V1BarrierClosed
 from v1.models import EffectState, V1OutboundEffect
 from v1.owner import V1Owner
 from tests import dbroles
+from tests.support import whole_seconds
 
 TX = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +38,7 @@ def provider(settings):
     from tests.effects.receiver import Receiver
 
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     yield r
     r.stop()
 

@@ -16,6 +16,7 @@ from effects.models import DispatchPermit, OutboundCommand, ProcessGeneration
 from effects.services import dispatch
 from effects.services.outbound import outbound_command_author
 from tests import dbroles
+from tests.support import scaled
 
 ACTOR = Actor.system("effects-tests")
 PUSH_CONTRACT = "records.push"
@@ -176,4 +177,4 @@ class Gate:
 
     def pause(self) -> None:
         self.reached.set()
-        assert self.go.wait(15), "the test never released the paused thread"
+        assert self.go.wait(scaled(15)), "the test never released the paused thread"

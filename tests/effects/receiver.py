@@ -30,6 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.support import whole_seconds
+
 
 class Receiver:
     def __init__(self, port: int = 0) -> None:
@@ -155,9 +157,12 @@ class Receiver:
 
 @pytest.fixture
 def receiver(settings):
-    """A started Receiver with the egress pointed at it (1 s timeout), stopped after the test. Bound by
-    tests/effects/conftest.py and tests/crash/egress_fixtures.py (`from tests.effects.receiver import receiver`)."""
+    """A started Receiver with the egress pointed at it (a 1 s timeout stretched by the suite's time factor; a `hang`
+    sleeps 7 s past it), stopped after the test. Bound by tests/effects/conftest.py and
+    tests/crash/egress_fixtures.py (`from tests.effects.receiver import receiver`)."""
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    timeout = whole_seconds(1)
+    r.hang_seconds = timeout + 7.0
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": timeout}
     yield r
     r.stop()

@@ -18,6 +18,7 @@ from effects.services import dispatch, dispatch_batch
 from effects.egress_batch import send_batch
 from tests.concurrency import start
 from tests.effects.helpers import ACTOR, acquire, author, build_push_world, gate_action, send
+from tests.support import scaled
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def test_the_confirm_follows_the_last_settlement_and_never_precedes_it(tx_push_w
     holder = dispatch.holder_register(holder_id="h-wait")
     first, second = dispatch_batch.effects_claim_batch(holder=holder, n=2, account_id=acme.pk)
     gate_action(acme, "halt_v2")
-    waiter = _waiter(acme, poll_seconds=30.0, timeout=20.0)
+    waiter = _waiter(acme, poll_seconds=30.0, timeout=scaled(20.0))
     time.sleep(0.3)
     assert waiter.is_alive() and _mode(acme) == "halting_v2"
 
@@ -59,9 +60,9 @@ def test_the_confirm_follows_the_last_settlement_and_never_precedes_it(tx_push_w
     dispatch.holder_terminate(holder_id="h-wait", evidence="supervisor: generation stopped", actor=ACTOR)
     began = time.monotonic()
     dispatch.permit_abandon(permit_pk=second.permit_pk, actor=ACTOR)
-    waiter.join(5)
+    waiter.join(scaled(5))
     assert not waiter.is_alive() and waiter.error is None, waiter.error
-    assert waiter.finished_at - began < 1.0
+    assert waiter.finished_at - began < scaled(1.0)  # woken by the notification, not its 30 s poll
     assert waiter.result["gate"].mode == "v2_halted" and waiter.result["attempts"] == 1
     assert waiter.result["wakeups"] == 2
     closed = DispatchPermit.objects.get(pk=second.permit_pk).closed_at
@@ -89,9 +90,9 @@ def test_only_a_halting_gates_permit_closing_notifies(tx_push_world, receiver):
         gate_action(acme, "halt_v2")
         assert list(listener.notifies(timeout=0.1)) == []
         send(first)
-        got = [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
+        got = [(n.channel, n.payload) for n in listener.notifies(timeout=scaled(2.0), stop_after=1)]
         send(last)
-        got += [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
+        got += [(n.channel, n.payload) for n in listener.notifies(timeout=scaled(2.0), stop_after=1)]
     assert got == [(hooks.HALT_DRAIN_CHANNEL, str(gate_pk)), (hooks.HALT_DRAIN_CHANNEL, f"{gate_pk}:clear")]
 
 
@@ -114,12 +115,12 @@ def test_a_lost_notification_leaves_the_waiter_to_its_poll_and_a_timeout_cancels
     assert _mode(acme) == "halting_v2"
     assert DispatchPermit.objects.get(pk=ready.permit.pk).state == "granted"
 
-    waiter = _waiter(acme, poll_seconds=0.05, timeout=10.0)
+    waiter = _waiter(acme, poll_seconds=0.05, timeout=scaled(10.0))
     time.sleep(0.2)
     assert waiter.is_alive()
     dispatch.holder_terminate(holder_id="h-lost", evidence="supervisor: generation stopped", actor=ACTOR)
     dispatch.permit_abandon(permit_pk=ready.permit.pk, actor=ACTOR)
-    waiter.join(5)
+    waiter.join(scaled(5))
     assert waiter.error is None, waiter.error
     assert waiter.result["gate"].mode == "v2_halted" and waiter.result["wakeups"] == 0
 
@@ -143,7 +144,7 @@ def test_the_gate_lock_takes_the_fair_advisory_lock_before_the_row(tx_push_world
                       [acme.pk])
         probe.rollback()
         holder.execute("SELECT pg_advisory_unlock_shared(%s, %s)", [ADVISORY_LOCK_KEYS["account_gate"], acme.pk])
-        halter.join(5)
+        halter.join(scaled(5))
     assert halter.error is None, halter.error
     assert _mode(acme) == "halting_v2"
 

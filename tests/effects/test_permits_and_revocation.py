@@ -35,6 +35,7 @@ from tests.effects.helpers import (
     send,
     waiting_here,
 )
+from tests.support import scaled
 
 
 @pytest.fixture
@@ -159,23 +160,23 @@ def test_halt_racing_acquisition_never_grants_a_permit_after_halting(tx_push_wor
     if order == "acquisition_first":
         pause = Gate()
         acquirer = start(_paused(acquire_fn, pause), "acquirer")
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         halter = start(halt_fn, "halter")
         _assert_waits(halter)
         pause.go.set()
     elif order == "halt_first":
         pause = Gate()
         halter = start(_paused(halt_fn, pause), "halter")
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         acquirer = start(acquire_fn, "acquirer")
         _assert_waits(acquirer)
         pause.go.set()
     else:
         barrier = threading.Barrier(2)
-        acquirer = start(lambda: (barrier.wait(5), acquire_fn())[1], "acquirer")
-        halter = start(lambda: (barrier.wait(5), halt_fn())[1], "halter")
-    acquirer.join(15)
-    halter.join(15)
+        acquirer = start(lambda: (barrier.wait(scaled(5)), acquire_fn())[1], "acquirer")
+        halter = start(lambda: (barrier.wait(scaled(5)), halt_fn())[1], "halter")
+    acquirer.join(scaled(15))
+    halter.join(scaled(15))
     assert halter.error is None, halter.error
     gate = _gate(acme)
     assert (gate.mode, gate.fence) == ("halting_v2", SERVING_FENCE + 1)
@@ -219,16 +220,16 @@ def test_revocation_racing_acquisition(tx_push_world, receiver, order):
     pause = Gate()
     if order == "revocation_first":
         first, second = start(_paused(revoke_fn, pause), "revoker"), None
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         second = start(acquire_fn, "acquirer")
     else:
         first = start(_paused(acquire_fn, pause), "acquirer")
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         second = start(revoke_fn, "revoker")
     _assert_waits(second)
     pause.go.set()
-    first.join(15)
-    second.join(15)
+    first.join(scaled(15))
+    second.join(scaled(15))
     assert first.error is None, first.error
     credential_gate = CredentialGenerationDispatchGate.objects.get(credential_generation=generation)
     assert (credential_gate.mode, credential_gate.fence) == ("revoked", 2)
@@ -271,7 +272,7 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
     pause = Gate()
     if order == "revocation_first":
         revoker = start(_paused(revoke_fn, pause), "revoker")
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         sender = start(lambda: send(ready), "sender")
         _assert_waits(sender)
         pause.go.set()
@@ -287,12 +288,12 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
 
         monkeypatch.setattr(effect_locks, "permit_for_update", permit_for_update)
         sender = start(lambda: send(ready), "sender")
-        assert pause.reached.wait(10)
+        assert pause.reached.wait(scaled(10))
         revoker = start(revoke_fn, "revoker")
         _assert_waits(revoker)
         pause.go.set()
-    sender.join(15)
-    revoker.join(15)
+    sender.join(scaled(15))
+    revoker.join(scaled(15))
     assert revoker.error is None, revoker.error
     credential_gate = CredentialGenerationDispatchGate.objects.get(credential_generation=generation)
     assert (credential_gate.mode, credential_gate.fence) == ("revoked", 2)

@@ -22,6 +22,7 @@ import pytest
 
 from scripts import services as svc
 from tests import dbroles
+from tests.support import deadline, scaled, wait_for, whole_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,17 +32,17 @@ def free_port() -> int:
 
 
 def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    """Wait until something accepts TCP connections on 127.0.0.1:`port` (or `proc` died)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited with {proc.returncode} before listening on {port}")
+    """Wait until something accepts TCP connections on 127.0.0.1:`port` (or `proc` died); `timeout` is scaled by
+    the suite's time factor (tests/support.py)."""
+
+    def listening() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
+                return True
         except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+            return False
+
+    wait_for(listening, timeout, f"something listening on 127.0.0.1:{port}", proc=proc)
 
 
 def _remove_home(home: Path) -> None:
@@ -63,15 +64,43 @@ class RedisServer:
             pytest.skip("no redis-server binary on this machine")
         self.port = free_port()
         self.server = svc.PrivateRedis(self.port)
+        self.started = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
-        self.server.start(self.binary, "127.0.0.1")
-        wait_port(self.port, 10)
-        return self
+        """Start it (again, on the same port, after `stop`). A first start whose port another run took between
+        `free_port` and the bind (two suites side by side) moves to a fresh port."""
+        for _ in range(3):
+            self.server.start(self.binary, "127.0.0.1")
+            wait_port(self.port, 10)
+            if self._ours():
+                self.started = True
+                return self
+            if self.started:
+                break
+            _remove_home(self.server.home)
+            self.port = free_port()
+            self.server = svc.PrivateRedis(self.port)
+        raise AssertionError(f"another server answers on 127.0.0.1:{self.port}, not the one started in "
+                             f"{self.server.home}")
+
+    def _ours(self) -> bool:
+        """The Redis answering on the port works in this server's directory (not another run's server)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=scaled(2)) as sock:
+                sock.sendall(svc._resp("CONFIG", "GET", "dir"))
+                reply = b""
+                while str(self.server.home.resolve()).encode() not in reply:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return False
+                    reply += chunk
+                return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
         self.server.stop()
@@ -106,9 +135,19 @@ class PostgresServer:
 
     def start(self, *, durable: bool = True) -> "PostgresServer":
         """initdb (durable as scripts/services.py configures it, or with fsync, full_page_writes and
-        synchronous_commit off for `durable=False`), start, create both databases."""
-        self.server.initdb(self.bindir, self.runas, "postgres", durable=durable)
-        self.server.start(self.bindir, self.runas)
+        synchronous_commit off for `durable=False`) and start; when another run took the port between `free_port`
+        and the bind (pg_ctl fails), again on a fresh port."""
+        for attempt in range(3):
+            self.server.initdb(self.bindir, self.runas, "postgres", durable=durable)
+            try:
+                self.server.start(self.bindir, self.runas)
+                break
+            except svc.Fatal:
+                if attempt == 2:
+                    raise
+                _remove_home(self.server.home)
+                self.port = free_port()
+                self.server = svc.PrivatePostgres(self.port)
         svc.ensure_databases(self.url, self.journal_url)
         return self
 
@@ -202,10 +241,12 @@ class Child:
         return self
 
     def wait(self, timeout: float) -> int:
+        """Its exit code, once it exits within `timeout` seconds (scaled: tests/support.py)."""
+        limit = deadline(timeout)
         try:
-            return self.proc.wait(timeout=timeout)
+            return self.proc.wait(timeout=limit.seconds)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout}s:\n{self.output()}") from None
+            raise AssertionError(f"{self.name} still running after {limit.describe()}:\n{self.output()}") from None
 
     def output(self) -> str:
         return self.logs[-1].read_text(errors="replace")[-6000:] if self.logs else ""
@@ -222,13 +263,13 @@ class Child:
             return self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait(timeout=5)
+            return self.proc.wait(timeout=scaled(5))
 
 
 def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python manage.py <args>` in a child process."""
+    """`python manage.py <args>` in a child process (`timeout` scaled: tests/support.py)."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=scaled(timeout), check=False)
 
 
 def check_invariants(env: dict[str, str]) -> dict:
@@ -255,36 +296,39 @@ def web_child(env: dict[str, str], port: int, log_dir: Path, *, dev: bool = Fals
 
 def wait_web_workers(web: Child, timeout: float = 90.0) -> int:
     """Wait until every gunicorn worker the web process forked has loaded the app (config/gunicorn.py logs
-    "Worker ready" from post_worker_init); returns how many there are."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    "Worker ready" from post_worker_init); returns how many there are (`timeout` scaled: tests/support.py)."""
+    limit = deadline(timeout)
+    while True:
         if web.proc.poll() is not None:
             raise AssertionError(f"web process exited with {web.proc.returncode}:\n{web.output()}")
         log = web.logs[-1].read_text(errors="replace")
         booted, ready = log.count("Booting worker with pid"), log.count("Worker ready (pid")
         if booted and ready >= booted:
             return ready
+        if limit.passed():
+            raise AssertionError(f"gunicorn workers not ready after {limit.describe()}:\n{web.output()}")
         time.sleep(0.2)
-    raise AssertionError(f"gunicorn workers not ready after {timeout}s:\n{web.output()}")
 
 
 def wait_http(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Wait until the server on 127.0.0.1:`port` answers an HTTP request (gunicorn listens before its workers have
-    loaded the app; a request sent then waits in the backlog)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"web process exited with {proc.returncode} before answering on {port}")
+    loaded the app; a request sent then waits in the backlog). `timeout` is scaled (tests/support.py)."""
+    limit = deadline(timeout)
+
+    def answers() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-                sock.settimeout(max(0.5, deadline - time.monotonic()))
+                sock.settimeout(max(0.5, limit.remaining()))
                 sock.sendall(b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                if sock.recv(12).startswith(b"HTTP/1."):
-                    return
+                return sock.recv(12).startswith(b"HTTP/1.")
         except OSError:
-            pass
+            return False
+
+    while not answers():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"web process exited with {proc.returncode} before answering on {port}")
+        limit.check(f"an HTTP answer on 127.0.0.1:{port}")
         time.sleep(0.1)
-    raise AssertionError(f"no HTTP answer on 127.0.0.1:{port} after {timeout}s")
 
 
 # -- the processes of `make run` ----------------------------------------------------------------------------------
@@ -325,7 +369,7 @@ def product_processes(*, secret_dir: str, redis_url: str, log_dir: Path, **extra
     commands = make_run_commands(port, receiver_port=receiver_port, beat_schedule=log_dir / "beat-schedule")
     env = child_environment(secret_dir=secret_dir, REDIS_URL=redis_url,
                             CONNECTOR_EGRESS_BASE_URL=f"http://127.0.0.1:{receiver_port}",
-                            CONNECTOR_EGRESS_TIMEOUT_SECONDS="5",
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(5)),
                             DEMO_RECEIVER_JOURNAL=str(log_dir / "demo-crm.jsonl"),  # this test's CRM (D-440)
                             **run_database_env(), **extra_env)
     started = []

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import redis
+from django.conf import settings
 from django.test import Client
 
 from connector import tasks
@@ -67,6 +68,7 @@ def test_admission_survives_broker_outage_and_the_sweeper_loses_nothing(broker, 
     client = Client()
     url = f"/api/v2/accounts/{account}/channels/{CHANNEL}/receipts"
     queue = redis.Redis.from_url(broker.url)
+    materialize = settings.CONNECTOR_REDIS_KEY_PREFIX + "materialize"  # the queue behind this run's key prefix
 
     def admit(n: int) -> float:
         body = _delivery(n)
@@ -78,7 +80,7 @@ def test_admission_survives_broker_outage_and_the_sweeper_loses_nothing(broker, 
         return elapsed
 
     up = [admit(n) for n in range(5)]
-    assert queue.llen("materialize") == 2  # the burst woke each of the account's two batch runs once (D-269)
+    assert queue.llen(materialize) == 2  # the burst woke each of the account's two batch runs once (D-269)
 
     broker.stop()
     caplog.clear()
@@ -90,7 +92,7 @@ def test_admission_survives_broker_outage_and_the_sweeper_loses_nothing(broker, 
     broker.start()  # same port, no persistence: the five messages queued before the stop are gone
     queue = redis.Redis.from_url(broker.url)
     after = [admit(n) for n in range(15, 20)]
-    assert queue.llen("materialize") == 2  # the debounce keys were lost with the messages: fresh wake-ups
+    assert queue.llen(materialize) == 2  # the debounce keys were lost with the messages: fresh wake-ups
 
     assert Receipt.objects.count() == 20 and MaterializationDue.objects.count() == 20
     report = invariant_check()  # due receipts are a legitimate in-flight state

@@ -1,13 +1,15 @@
 """Fault: a worker paused past its lease (a GC pause, a frozen VM, SIGSTOP).
 
-A real child process claims the ready Execution with a 1 s lease and is then frozen (SIGSTOP) before calling
-Runtime. After 1.5 s another claimant takes the same Execution identity (same pk, command ID and ExecutionRef) as
-a new Attempt with a higher lease fence and completes it. When the paused worker is resumed it runs its stale
+A real child process claims the ready Execution with a short lease (2 s stretched by the suite's time factor, so
+that it still holds when the test checks it on a loaded machine) and is then frozen (SIGSTOP) before calling
+Runtime. Half a second past the lease another claimant takes the same Execution identity (same pk, command ID and
+ExecutionRef) as a new Attempt with a higher lease fence and completes it. When the paused worker is resumed it runs its stale
 claim to the end: Runtime answers the same command with the stored ApplicationResult, nothing is applied twice,
 the Execution stays completed once; check_invariants passes."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -21,13 +23,15 @@ from connector.selectors.invariants import invariant_check
 from connector.services.execution import execution_claim, execution_run
 from tests.crash.support import DB, ready_execution
 from tests.faults.servers import ROOT, child_environment, run_database_env
+from tests.support import scaled, wait_for
 
 PAUSED_WORKER = """
 import json, os, signal
 import django
 django.setup()
 from connector.services.execution import execution_claim, execution_run
-token = execution_claim(holder="paused-worker", lease_seconds=1, account_id=int(os.environ["ACCOUNT_ID"]))
+token = execution_claim(holder="paused-worker", lease_seconds=int(os.environ["LEASE_SECONDS"]),
+                        account_id=int(os.environ["ACCOUNT_ID"]))
 print("CLAIMED " + json.dumps({"execution": token.execution_pk, "fence": token.lease_fence}), flush=True)
 os.kill(os.getpid(), signal.SIGSTOP)  # frozen here, between the committed claim and the Runtime call
 execution = execution_run(token=token)
@@ -45,20 +49,18 @@ def test_worker_paused_past_its_lease_loses_the_claim_not_the_work(settings):
     world = build_world("pz-")
     account = world.accounts[0]
     execution = ready_execution(account.account_key)
+    lease = math.ceil(scaled(2))
     env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], ACCOUNT_ID=str(account.pk),
-                            REDIS_URL="redis://127.0.0.1:1/0", **run_database_env())
+                            LEASE_SECONDS=str(lease), REDIS_URL="redis://127.0.0.1:1/0", **run_database_env())
     child = subprocess.Popen([sys.executable, "-c", PAUSED_WORKER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         claimed = json.loads(child.stdout.readline().removeprefix("CLAIMED "))
-        deadline = time.monotonic() + 10
-        while _state(child.pid) != "T":
-            assert time.monotonic() < deadline, "the worker never paused"
-            time.sleep(0.01)
+        wait_for(lambda: _state(child.pid) == "T", 10, "the worker paused", interval=0.01)
         assert claimed["execution"] == execution.pk
         assert execution_claim(holder="second-worker", account_id=account.pk) is None  # the lease still holds
 
-        time.sleep(1.5)  # paused past its 1 s lease
+        time.sleep(lease + 0.5)  # paused past its lease
         token = execution_claim(holder="second-worker", lease_seconds=60, account_id=account.pk)
         assert token is not None and token.execution_pk == execution.pk
         assert token.lease_fence == claimed["fence"] + 1
@@ -73,7 +75,7 @@ def test_worker_paused_past_its_lease_loses_the_claim_not_the_work(settings):
         result = ApplicationResult.objects.get(command_id=execution.command_id)
 
         child.send_signal(signal.SIGCONT)  # the paused worker wakes up with its stale claim and runs it
-        out, err = child.communicate(timeout=30)
+        out, err = child.communicate(timeout=scaled(30))
     finally:
         if child.poll() is None:
             child.kill()

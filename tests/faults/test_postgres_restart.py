@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.faults.servers import ROOT, Child, PostgresServer, check_invariants, child_environment
+from tests.support import scaled, wait_for
 
 KEYS = 150
 
@@ -40,6 +41,7 @@ from connector import tasks
 from connector.models import CredentialGeneration
 from connector.secrets import secret_backend
 from connector.services.signatures import sign
+from tests.support import deadline as retry_deadline
 
 tasks.materialization_wake = lambda account_id, slot=0: False  # the broker is not under test here
 account, keys = os.environ["LOAD_ACCOUNT"], int(os.environ["LOAD_KEYS"])
@@ -62,7 +64,7 @@ for i in range(keys):
     body = json.dumps({"events": [{"id": f"pg-ev-{i}", "type": "record.updated", "record_id": f"pg-r-{i}",
                                    "sequence": 1, "occurred_at": "2026-01-01T00:00:00Z",
                                    "data": {"name": f"Load {i}", "email": f"l{i}@example.com"}}]}).encode()
-    deadline, attempt = time.monotonic() + 30, 0
+    retrying, attempt = retry_deadline(30), 0
     while True:
         attempt += 1
         began = time.monotonic()
@@ -73,7 +75,7 @@ for i in range(keys):
             status, code = None, type(exc).__name__
         print(json.dumps({"key": f"pg-{i}", "attempt": attempt, "status": status, "code": code,
                           "ms": round((time.monotonic() - began) * 1000, 1), "at": time.time()}), flush=True)
-        if status in (200, 201) or time.monotonic() > deadline:
+        if status in (200, 201) or retrying.passed():
             break
         time.sleep(0.05)
 """
@@ -111,10 +113,10 @@ def private_pg(tmp_path_factory):
                                        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                       for db in ("default", "journal")]
         for migration in migrations:
-            out, _ = migration.communicate(timeout=180)
+            out, _ = migration.communicate(timeout=scaled(180))
             assert migration.returncode == 0, out.decode(errors="replace")[-3000:]
         setup = subprocess.run([sys.executable, "-c", SETUP], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=120, check=False)
+                               timeout=scaled(120), check=False)
         assert setup.returncode == 0, setup.stderr[-3000:]
         account = setup.stdout.strip().splitlines()[-1]
         print(f"\nprivate PostgreSQL on port {server.port}: initdb + start + migrate + world "
@@ -130,10 +132,8 @@ def test_postgres_restart_during_admission_load(private_pg, tmp_path):
     load = Child("load", [sys.executable, "-c", LOAD], dict(env, LOAD_ACCOUNT=account, LOAD_KEYS=str(KEYS)),
                  tmp_path).start()
     try:
-        deadline = time.monotonic() + 60
-        while load.logs[-1].read_text(errors="replace").count('"status": 201') < 30:  # load is flowing
-            assert load.proc.poll() is None and time.monotonic() < deadline, load.output()
-            time.sleep(0.05)
+        wait_for(lambda: load.logs[-1].read_text(errors="replace").count('"status": 201') >= 30, 60,
+                 f"30 admissions answered 201 (load flowing):\n{load.output()}", proc=load.proc)
         restart_seconds = server.restart()
         assert load.wait(120) == 0, load.output()
     finally:
@@ -165,7 +165,7 @@ def test_postgres_restart_during_admission_load(private_pg, tmp_path):
     assert report["ok"], report
 
     sweep = subprocess.run([sys.executable, "-c", SWEEP], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120, check=False)
+                           timeout=scaled(120), check=False)
     assert sweep.returncode == 0 and sweep.stdout.split()[-1] == str(KEYS), sweep.stderr[-3000:]
     with psycopg.connect(server.url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM connector_event").fetchone()[0] == KEYS

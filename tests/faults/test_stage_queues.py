@@ -27,6 +27,7 @@ from connector.models import ApplicationResult, Event
 from connector.services.admission import receipt_admit
 from scripts.run import children as run_children
 from tests.faults.servers import Child, RedisServer, child_environment, point_celery_at, run_database_env
+from tests.support import deadline, scaled
 
 BURST = 60
 CHANNEL = "records.webhook"
@@ -68,11 +69,11 @@ def workers(settings, broker, tmp_path):
     started = [Child(name, argv, env, tmp_path).start() for name, argv in run_children(0)
                if name.startswith("worker")]
     try:
-        deadline = time.monotonic() + 90
+        ready = deadline(90)
         for child in started:
             while "ready." not in child.output():
                 assert child.proc.poll() is None, f"{child.name} exited:\n{child.output()}"
-                assert time.monotonic() < deadline, f"{child.name} never became ready:\n{child.output()}"
+                ready.check(f"{child.name} ready:\n{child.output()}")
                 time.sleep(0.2)
         yield started
     finally:
@@ -88,10 +89,10 @@ def _stop_all(started: list[Child], grace: float = 3.0) -> None:
                 os.killpg(child.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-    deadline = time.monotonic() + grace
+    until = time.monotonic() + grace
     for child in started:
         try:
-            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            child.proc.wait(timeout=max(0.0, until - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
     for child in started:
@@ -100,7 +101,7 @@ def _stop_all(started: list[Child], grace: float = 3.0) -> None:
                 os.killpg(child.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            child.proc.wait(timeout=10)
+            child.proc.wait(timeout=scaled(10))
 
 
 def _body(n: int) -> bytes:
@@ -123,11 +124,10 @@ def test_first_application_result_does_not_wait_for_the_whole_materialization_bu
     began = time.time()
     for receipt in receipts:
         _materialization_enqueue(receipt.pk, receipt.account_id)  # what the admission view runs on commit
-    deadline = time.monotonic() + 180
+    limit = deadline(180)
     while Event.objects.count() < BURST or not ApplicationResult.objects.exists():
-        assert time.monotonic() < deadline, (
-            f"{Event.objects.count()}/{BURST} materialized, {ApplicationResult.objects.count()} results after 180 s:\n"
-            + "\n".join(c.output()[-1500:] for c in workers))
+        limit.check(f"{Event.objects.count()}/{BURST} materialized, {ApplicationResult.objects.count()} results:\n"
+                    + "\n".join(c.output()[-1500:] for c in workers))
         time.sleep(0.2)
     results = ApplicationResult.objects.aggregate(first=Min("committed_at"))
     materialized = Event.objects.aggregate(first=Min("created_at"), last=Max("created_at"))

@@ -16,6 +16,7 @@ from tests.cutover.approval_helpers import approve
 from tests.cutover.v1_world import ACTOR, BUDGETS, build_v1_world
 from tests.crash.conftest import child_env, run_child  # noqa: F401 (fixtures)
 from tests.governance.test_screens import _csrf, client_for
+from tests.support import whole_seconds
 
 TX = pytest.mark.django_db(databases=["default", "journal"], transaction=True)
 
@@ -27,7 +28,8 @@ def env(settings, tmp_path):
     v1_owner.cache_clear()
     settings.CUTOVER_RESTORE_POINT_DIR = str(tmp_path / "restore-points")
     receiver = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     yield receiver
     receiver.stop()
     connections.close_all()

@@ -14,6 +14,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from tests.support import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = {"DJANGO_SETTINGS_MODULE": "config.django.production", "DJANGO_ALLOWED_HOSTS": "connector.example",
               "DJANGO_SECRET_KEY": "k" * 20 + "-production-secret-key-for-the-deploy-check-0123456789",
@@ -26,7 +28,7 @@ def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items()
             if k not in ("DJANGO_SETTINGS_MODULE", "DJANGO_SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(120))
 
 
 def test_check_deploy_is_clean_with_the_production_settings():

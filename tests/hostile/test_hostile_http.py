@@ -40,6 +40,7 @@ from connector.models import CredentialGeneration, Receipt, ReceiptAdmissionKey
 from connector.secrets import secret_backend
 from connector.services.signatures import sign
 from tests.hostile.settled import receipt_outcome
+from tests.support import scaled
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "journal"])]
 
@@ -215,7 +216,7 @@ def send(port: int, sent: Sent) -> tuple[int, dict[str, str], bytes]:
             f"Content-Length: {len(sent.body)}".encode()]
     head += [name + b": " + value for name, value in sent.headers]
     data = b"\r\n".join(head) + b"\r\n\r\n" + sent.body
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(60)) as sock:
         try:
             sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
@@ -256,7 +257,7 @@ def settle(ledger: Ledger, *, keep: int) -> None:
             ledger.latencies.append(time.monotonic() - admitted)
             continue
         waited = time.monotonic() - admitted
-        assert waited < SETTLE_SECONDS, (
+        assert waited < scaled(SETTLE_SECONDS), (
             f"receipt {receipt_id} admitted {waited:.1f}s ago neither reached an ApplicationResult nor waits on "
             f"the quarantine board with a reason")
         time.sleep(0.05)
@@ -310,7 +311,7 @@ def test_generated_hostile_requests_over_http_never_5xx_persist_nothing_when_ref
 
     one()
     settle(ledger, keep=0)
-    crm = httpx.get(f"{product['crm']}/_demo/state", timeout=10).json()
+    crm = httpx.get(f"{product['crm']}/_demo/state", timeout=scaled(10)).json()
     paths = [r["path"] for r in crm["requests"]]
     outside = [p for p in paths if not RECEIVER_PATH.match(p)]
     assert not outside, f"the receiver saw paths outside the binding's templates: {outside[:5]}"

@@ -29,6 +29,7 @@ from django.db import close_old_connections
 
 from connector.api.exceptions import API_ERROR_CODES
 from tests.hostile.support import OPERATOR, OPERATOR_PASSWORD, build_api_world, delivery, row_counts
+from tests.support import scaled
 
 APP = get_wsgi_application()
 MiB = 1024 * 1024
@@ -145,7 +146,7 @@ def test_oversized_header_values_are_refused_by_the_app(world, client):
 
 
 def _raw_http(port: int, head: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(30)) as sock:
         sock.sendall(head)
         chunks = []
         while True:
@@ -233,7 +234,7 @@ def test_web_process_refuses_an_oversized_body_in_bounded_memory(web_server):
     size = 64 * MiB
     sent = 0
 
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(30)) as sock:
         sock.sendall(b"POST " + path + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {size}\r\n\r\n".encode())
 
         def push_body() -> None:
@@ -257,7 +258,7 @@ def test_web_process_refuses_an_oversized_body_in_bounded_memory(web_server):
             if not chunk:
                 break
             answer += chunk
-        pusher.join(60)
+        pusher.join(scaled(60))
     status, _, data = _answer(answer)
     assert (status, data["code"]) == (413, "BODY_TOO_LARGE"), answer[:300]
     growth_mib = max(_peak_rss_kib(pid) - baseline[pid] for pid in workers) / 1024

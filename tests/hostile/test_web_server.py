@@ -29,6 +29,7 @@ from tests.faults.servers import (
     web_child,
 )
 from tests.hostile.support import build_api_world, delivery, row_counts
+from tests.support import scaled
 
 ADMIT = "/api/v2/accounts/{account}/channels/records.webhook/receipts"
 TRANSACTIONAL = {"transaction": True, "databases": ["default", "journal"]}
@@ -108,7 +109,7 @@ def test_64_concurrent_clients_are_all_answered_without_a_dropped_connection(web
     def client() -> tuple[str, float]:
         began = time.monotonic()
         try:
-            with socket.create_connection(("127.0.0.1", web_server.port), timeout=60) as sock:
+            with socket.create_connection(("127.0.0.1", web_server.port), timeout=scaled(60)) as sock:
                 connected = time.monotonic() - began
                 sock.sendall(request)
                 answer = b""
@@ -133,7 +134,7 @@ def test_api_docs_reference_only_this_server_and_every_asset_is_served(web_serve
     the installed drf-spectacular-sidecar package and is served from STATIC_URL with the schema; the admin's and
     the operator screens' stylesheets are served too (WhiteNoise, after collectstatic)."""
     base = f"http://127.0.0.1:{web_server.port}"
-    with httpx.Client(base_url=base, timeout=30) as client:
+    with httpx.Client(base_url=base, timeout=scaled(30)) as client:
         docs = client.get("/api/docs/")
         assert docs.status_code == 200, docs.text[:300]
         assert "://" not in docs.text, re.findall(r"\S*://\S*", docs.text)
@@ -167,7 +168,7 @@ def test_make_run_serves_gunicorn_and_runserver_only_behind_the_dev_flag():
     assert run_script.dev_server_requested(["--dev"], {})
     assert run_script.dev_server_requested([], {"RUN_DEV_SERVER": "1"})
     refused = subprocess.run([sys.executable, "scripts/run.py", "--prod"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=30)
+                             timeout=scaled(30))
     assert refused.returncode == 2 and "--dev" in refused.stderr
 
 
@@ -179,12 +180,13 @@ def test_web_processes_default_to_one_per_core_plus_one():
     assert [default_workers(cores) for cores in (1, 2, 8)] == [2, 3, 9]
     probe = "import os, config.gunicorn as g; print(g.workers, g.threads, len(os.sched_getaffinity(0)))"
     env = {k: v for k, v in os.environ.items() if k not in ("WEB_CONCURRENCY", "WEB_THREADS")}
-    workers, threads, cores = map(int, subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, check=True,
-                                                      capture_output=True, text=True, timeout=60).stdout.split())
+    probed = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, check=True, capture_output=True,
+                            text=True, timeout=scaled(60))
+    workers, threads, cores = map(int, probed.stdout.split())
     assert (workers, threads) == (cores + 1, 4)
     told = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "WEB_CONCURRENCY": "7",
                                                                          "WEB_THREADS": "2"},
-                          check=True, capture_output=True, text=True, timeout=60).stdout.split()
+                          check=True, capture_output=True, text=True, timeout=scaled(60)).stdout.split()
     assert told[:2] == ["7", "2"]
 
 
@@ -206,7 +208,7 @@ def test_production_settings_are_served_by_the_same_gunicorn_config(tmp_path):
     try:
         wait_http(port, 90, web.proc)
         # As behind a TLS-terminating proxy on this host (gunicorn trusts X-Forwarded-Proto from 127.0.0.1).
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=scaled(30),
                           headers={"X-Forwarded-Proto": "https"}) as client:
             api = client.post(ADMIT.format(account="nobody"), content=b"{}", headers={"Idempotency-Key": "k"})
             assert (api.status_code, api.json()["code"]) == (404, "ACCOUNT_NOT_FOUND"), api.text[:300]

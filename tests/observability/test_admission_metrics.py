@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from connector.services.signatures import sign
 from tests.connector.test_api_admission import admit, body, event, signing_secret
+from tests.support import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "connector_admission_duration_seconds"
@@ -65,6 +66,6 @@ def test_metrics_sum_every_process_in_multiprocess_mode(world, tmp_path, monkeyp
     any web worker reports the same figures. Proves: issue 21 (metrics from several processes)."""
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     for outcomes in (["created", "created", "duplicate"], ["created", "SIGNATURE_INVALID"]):
-        subprocess.run([sys.executable, "-c", CHILD, *outcomes], env=env, cwd=ROOT, check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", CHILD, *outcomes], env=env, cwd=ROOT, check=True, timeout=scaled(60))
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     assert _counts(Client()) == {"created": 3, "duplicate": 1, "SIGNATURE_INVALID": 1}

@@ -15,12 +15,13 @@ from connector.services.admission import receipt_admit
 from tests.dbroles import admin_off, admin_on
 from tests.faults.servers import free_port
 from tests.observability.conftest import start_web
+from tests.support import scaled
 
 TRANSACTIONAL = {"transaction": True, "databases": ["default", "journal"]}
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
-    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=scaled(30))
     assert answer.status_code == 200, answer.text[:500]
     assert answer.headers["Content-Type"].startswith("text/plain; version=")
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -70,7 +71,7 @@ def test_metrics_count_the_admitted_receipts_and_age_the_stuck_one(web_server):
     samples = _scrape(web_server)
     assert _stage(samples, "connector_backlog_items", "materialization_due") == 5
     assert _stage(samples, "connector_backlog_oldest_age_seconds", "materialization_due") >= 3600
-    assert samples[("connector_scrape_duration_seconds", ())] < 5
+    assert samples[("connector_scrape_duration_seconds", ())] < scaled(5)
 
 
 @pytest.mark.django_db(**TRANSACTIONAL)
@@ -78,9 +79,9 @@ def test_readyz_and_healthz_answer_from_the_web_process(web_server):
     """/healthz is 200 {"status": "ok"}; /readyz is 200 with both databases reachable, every migration applied
     and the serving state readable (issue 21)."""
     build_world()
-    health = httpx.get(f"http://127.0.0.1:{web_server}/healthz", timeout=30)
+    health = httpx.get(f"http://127.0.0.1:{web_server}/healthz", timeout=scaled(30))
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
-    ready = httpx.get(f"http://127.0.0.1:{web_server}/readyz", timeout=30)
+    ready = httpx.get(f"http://127.0.0.1:{web_server}/readyz", timeout=scaled(30))
     assert ready.status_code == 200, ready.text
     body = ready.json()
     assert body["status"] == "ok" and body["failing"] == []
@@ -98,12 +99,12 @@ def test_readyz_names_the_database_when_postgresql_is_unreachable(tmp_path):
     closed = free_port()
     port, web = start_web(tmp_path, DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/nowhere")
     try:
-        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
-        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=60)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=scaled(30)).status_code == 200
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=scaled(60))
         assert ready.status_code == 503, ready.text
         body = ready.json()
         assert "database_default" in body["failing"] and "database_journal" not in body["failing"]
         assert body["checks"]["database_default"]["detail"].startswith("OperationalError")
-        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).status_code == 503
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=scaled(60)).status_code == 503
     finally:
         web.stop()

@@ -25,6 +25,7 @@ from effects.services import dispatch, worker
 from tests.connector.test_api_admission import admit, body, event, signing_secret
 from tests.effects.helpers import CALLOUT, author, claim
 from tests.effects.receiver import Receiver
+from tests.support import scaled, whole_seconds
 
 RESULT = "connector_result_latency_seconds"
 EFFECT = "connector_effect_latency_seconds"
@@ -86,7 +87,7 @@ def quiet(monkeypatch):
 @pytest.fixture
 def receiver(settings):
     r = Receiver().start()
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": 1}
+    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": r.url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(1)}
     yield r
     r.stop()
 
@@ -197,7 +198,7 @@ def test_egress_deferrals_and_finalization_are_counted_after_their_commits(trans
     assert dispatch.effect_finalize(effect_pk=confirmed.pk).state == "finalized"
     assert before.delta(EFFECT + "_count", destination=CALLOUT) == 1
 
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while RemoteEffect.objects.exclude(state="finalized").exists():
         assert time.monotonic() < deadline, list(RemoteEffect.objects.values_list("pk", "state"))
         if worker.effect_dispatch_once(holder_name="h-sm-4", account_id=account.pk) is None:

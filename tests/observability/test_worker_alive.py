@@ -2,6 +2,7 @@
 consumer loop, and `manage.py worker_alive --max-age S`, the orchestrator's liveness probe."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -14,13 +15,14 @@ from django.core.management import CommandError, call_command
 
 from observability import workers
 from tests.faults.servers import child_environment
+from tests.support import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _probe(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", "worker_alive", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=scaled(60), check=False)
 
 
 def test_worker_alive_reads_the_heartbeat_age(settings, tmp_path):
@@ -53,23 +55,16 @@ def test_a_real_worker_beats_while_its_loop_runs_and_stops_beating_when_it_stops
                                "-l", "warning", "-n", f"liveness-{os.getpid()}@%h"],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not beat.exists():
-            assert worker.poll() is None, worker.stdout.read()
-            assert time.monotonic() < deadline, "the worker never wrote its heartbeat"
-            time.sleep(0.2)
+        wait_for(beat.exists, 60, "the worker wrote its heartbeat", interval=0.2, proc=worker)
         first = beat.stat().st_mtime
-        deadline = time.monotonic() + 15
-        while beat.stat().st_mtime <= first:
-            assert time.monotonic() < deadline, "the heartbeat never advanced"
-            time.sleep(0.2)
-        alive = _probe(env, "--max-age", "10")
+        wait_for(lambda: beat.stat().st_mtime > first, 15, "the heartbeat advanced", interval=0.2)
+        alive = _probe(env, "--max-age", str(math.ceil(scaled(10))))
         assert alive.returncode == 0, alive.stderr
         assert alive.stdout.startswith("alive: last heartbeat")
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
-            worker.wait(timeout=30)
+            worker.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()

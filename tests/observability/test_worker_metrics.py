@@ -27,6 +27,7 @@ from tests.faults.servers import child_environment, free_port, run_database_env
 from tests.faults.test_stage_queues import _body, _stop_all, broker  # noqa: F401 - the private Redis fixture
 from tests.faults.servers import Child
 from tests.observability.conftest import start_web
+from tests.support import deadline, holds_within, scaled, wait_for, whole_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 6  # deliveries
@@ -42,7 +43,7 @@ STAGE_SERIES = [
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=scaled(10)) as response:
         assert response.status == 200
         text = response.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -82,7 +83,8 @@ def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sum
     port = free_port()
     env = child_environment(secret_dir=settings.CONNECTOR["SECRET_BACKEND_DIR"], REDIS_URL=broker.url,
                             PROMETHEUS_MULTIPROC_DIR=str(shared), CONNECTOR_WORKER_METRICS_PORT=str(port),
-                            CONNECTOR_EGRESS_BASE_URL=receiver.url, CONNECTOR_EGRESS_TIMEOUT_SECONDS="5",
+                            CONNECTOR_EGRESS_BASE_URL=receiver.url,
+                            CONNECTOR_EGRESS_TIMEOUT_SECONDS=str(whole_seconds(5)),
                             CONNECTOR_WORKER_HEARTBEAT_FILE=str(tmp_path / "beat"), **run_database_env())
     worker = Child("worker-metrics", [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", QUEUES,
                                       "-l", "INFO", "--pool", "prefork", "--concurrency", "2", "-n",
@@ -91,11 +93,7 @@ def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sum
     web = None
     try:
         web_port, web = start_web(tmp_path, PROMETHEUS_MULTIPROC_DIR=str(shared), WEB_CONCURRENCY="1")
-        deadline = time.monotonic() + 60
-        while "ready." not in worker.output():
-            assert worker.proc.poll() is None, f"worker exited:\n{worker.output()}"
-            assert time.monotonic() < deadline, f"worker never became ready:\n{worker.output()}"
-            time.sleep(0.2)
+        wait_for(lambda: "ready." in worker.output(), 60, "the worker ready", interval=0.2, proc=worker.proc)
         worker_url = f"http://127.0.0.1:{port}/metrics"
         assert all(get(scrape(worker_url), name, labels) == 0 for name, labels in STAGE_SERIES)
 
@@ -105,16 +103,14 @@ def test_a_worker_serves_exact_counts_of_its_work_and_the_web_shows_the_same_sum
                                   actor=actor).receipt.pk for n in range(N)]
         for pk in receipts:
             _materialization_enqueue(pk)  # what the admission view runs on commit
-        deadline = time.monotonic() + 60
+        finalizing = deadline(60)
         while RemoteEffect.objects.filter(state="finalized").count() < N:
-            assert time.monotonic() < deadline, (
-                f"{RemoteEffect.objects.filter(state='finalized').count()}/{N} finalized:\n{worker.output()}")
+            finalizing.check(f"{RemoteEffect.objects.filter(state='finalized').count()}/{N} finalized:\n"
+                             f"{worker.output()}")
             effect_dispatch.delay()  # what the effects sweeper does for effects a full destination passed over
             time.sleep(0.3)
         # The observation follows each commit by microseconds: wait for it, never past the exact count.
-        deadline = time.monotonic() + 10
-        while get(scrape(worker_url), *STAGE_SERIES[1]) < N and time.monotonic() < deadline:
-            time.sleep(0.1)
+        holds_within(lambda: get(scrape(worker_url), *STAGE_SERIES[1]) >= N, 10, interval=0.1)
 
         at_worker = scrape(worker_url)
         assert [get(at_worker, *series) for series in STAGE_SERIES] == [N, N, N, THROTTLED, THROTTLED]

@@ -37,6 +37,7 @@ from tests.crash.test_process_harness import (  # noqa: F401  (fixtures)
     redis_server,
 )
 from tests.faults.servers import Child, check_invariants, free_port, wait_port
+from tests.support import scaled
 
 pytestmark = pytest.mark.django_db(**DB)
 KILLED = -signal.SIGKILL
@@ -121,7 +122,7 @@ def test_two_web_and_two_worker_processes_deliver_every_event_exactly_once(env, 
     assert workers[0].wait(90) == KILLED, workers[0].output()
     children.append(_worker(env, tmp_path, "worker-1b").start())
 
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + scaled(240)
     while not _done():  # beat's job: the sweeps find what a lost message or a dead worker left
         assert time.monotonic() < deadline, (Execution.objects.values("state").annotate(n=Count("pk")),
                                              RemoteEffect.objects.values("state").annotate(n=Count("pk")))

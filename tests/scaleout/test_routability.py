@@ -23,6 +23,7 @@ from django.test.utils import CaptureQueriesContext
 
 from connector import placement
 from tests.scaleout.routing import Finding, body_statements, check
+from tests.support import whole_seconds
 
 
 def _capture_into(steps: dict[str, list[str]]):
@@ -66,7 +67,8 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     from tests.connector.test_api_admission import admit, body, event, signing_secret
     from tests.crash.support import ready_execution
 
-    settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": 2,
+    settings.CONNECTOR = {**settings.CONNECTOR,
+                          "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2),
                           "CLAIM_SCOPE": "account"}  # the Citus configuration (D-264)
     account = world.accounts[0]
     client = Client()

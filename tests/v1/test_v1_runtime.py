@@ -25,6 +25,7 @@ from v1.models import (
 )
 from v1.owner import V1Owner
 from tests import dbroles
+from tests.support import scaled
 
 TX = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +89,7 @@ def test_a_transaction_crossing_the_close_commits_and_joins_the_drain(provider):
             with transaction.atomic():
                 runtime._open_barrier("ingress")
                 inside.set()
-                release.wait(10)
+                release.wait(scaled(10))
                 accept("crossing", 1)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -97,7 +98,7 @@ def test_a_transaction_crossing_the_close_commits_and_joins_the_drain(provider):
 
     worker = threading.Thread(target=slow_accept)
     worker.start()
-    assert inside.wait(10)
+    assert inside.wait(scaled(10))
     closed_at = {}
 
     def close():
@@ -111,8 +112,8 @@ def test_a_transaction_crossing_the_close_commits_and_joins_the_drain(provider):
     assert "t" not in closed_at, "closing must wait for the transaction crossing the barrier"
     released = time.monotonic()
     release.set()
-    worker.join(10)
-    closer.join(10)
+    worker.join(scaled(10))
+    closer.join(scaled(10))
     assert not errors and closed_at["t"] >= released
     blocking = V1Owner().inventory(["acme"]).blocking
     assert [(b.kind, b.detail.split()[0]) for b in blocking] == [("inbound_nonterminal", "crossing")]

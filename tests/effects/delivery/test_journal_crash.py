@@ -24,6 +24,7 @@ from effects.services.delivery import execution, journal, runner
 from tests import dbroles
 from tests.crash.conftest import PRELUDE, ROOT, _url
 from tests.effects.delivery.world import T0, build, operator
+from tests.support import scaled
 
 TX = pytest.mark.django_db(transaction=True, databases=["default", "journal"])
 CHILD_TIMEOUT = 90
@@ -53,7 +54,7 @@ def run_child(settings):
         if fault_point:
             child_env["CONNECTOR_FAULT_POINT"] = fault_point
         return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], env=child_env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False)
+                              capture_output=True, text=True, timeout=scaled(CHILD_TIMEOUT), check=False)
 
     return run
 
