@@ -4,7 +4,7 @@
   4. CredentialGenerationDispatchGate  5. OrderingLane  6. entity rows
 
 Within one model, rows are locked by ascending primary key. Transitions of gates and epochs take FOR UPDATE;
-production writes that only need them to stay as they are take FOR SHARE (docs/architecture.md, "Lock modes").
+production writes that only need them to stay as they are take FOR SHARE (docs/locking.md, "Lock modes").
 """
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ from tests.crash.support import DB
 from tests.crash.test_process_harness import (  # noqa: F401 - fixtures
     KILLED,
     _send,
-    _wait_for,
     _worker,
     children,
     env,
@@ -28,6 +27,7 @@ from tests.crash.test_process_harness import (  # noqa: F401 - fixtures
 )
 from tests.effects.helpers import author
 from tests.faults.servers import check_invariants, manage
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(**DB)
 CONTRACT = {"key_header": "Idempotency-Key", "guarantee": "byte_identical_repeat_is_one_effect",
@@ -74,7 +74,7 @@ def test_a_killed_celery_worker_s_effects_are_repeated_by_the_uncertain_sweep_an
             sent[0] = time.monotonic()
         return False
 
-    _wait_for(landed, 90, "the uncertain sweep and the egress to land the three effects")
+    wait_for(landed, 90, "the uncertain sweep and the egress to land the three effects")
     assert Counter(r["key"] for r in receiver.requests) == {key: 2 for key in keys}
     assert receiver.applied == {key: 1 for key in keys}
     for effect in RemoteEffect.objects.all():
