@@ -54,8 +54,9 @@ for _db in DATABASES.values():
         _db["PASSWORD"] = unquote(_ADMIN.password or "")
     _db["OPTIONS"]["assume_role"] = env_str("DATABASE_ASSUME_ROLE", "") or None
     _db["TEST"]["OWNER"] = dbroles.OWNER
-    _db["TEST"]["NAME"] = f"{_db['TEST']['NAME']}_{TEST_RUN}"
-    assert len(_db["TEST"]["NAME"]) <= 63, f"test database name {_db['TEST']['NAME']!r} is longer than 63 bytes"
+    if not _db["NAME"].endswith(f"_{TEST_RUN}"):  # a child a test started is pointed at the run's database already
+        _db["TEST"]["NAME"] = f"{_db['TEST']['NAME']}_{TEST_RUN}"
+        assert len(_db["TEST"]["NAME"]) <= 63, f"test database name {_db['TEST']['NAME']!r} is longer than 63 bytes"
 
 # The one place durability is traded for speed, explicitly (issue 37 item 4, D-410): the suite's sessions, and the
 # child processes a test starts with these settings, commit without waiting for the WAL flush unless

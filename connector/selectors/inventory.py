@@ -75,7 +75,8 @@ PATHS: tuple[PathKind, ...] = (
     PathKind("dispatch", GUARD, ("effects.services.dispatch._claim_one",
                                  "effects.services.dispatch.permit_acquire",
                                  "effects.services.dispatch_together._claim_and_permit_one",
-                                 "effects.services.dispatch_batch.effects_claim_batch")),
+                                 "effects.services.dispatch_batch.effects_claim_batch",
+                                 "effects.services.recovery.uncertain_recover")),
 )
 PATH_KINDS = tuple(p.kind for p in PATHS)
 
