@@ -18,7 +18,11 @@ RUN_SETTINGS ?= config.django.local
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: help venv services migrate demo run test stop
+.PHONY: help ports venv services migrate demo run test stop
+
+# Before minutes of setup: the web and demo receiver ports are free (each refusal names the variable that moves it).
+ports:
+	PORT=$(PORT) $(PYTHON) scripts/run.py --check-ports
 
 help:
 	@echo "make run      start everything (web on http://127.0.0.1:$(PORT)/admin/, worker, beat)"
@@ -57,7 +61,7 @@ demo: migrate
 
 # The web process is gunicorn (config/gunicorn.py); RUN_ARGS=--dev selects Django's runserver instead.
 RUN_ARGS ?=
-run: venv services migrate demo
+run: ports venv services migrate demo
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py collectstatic --noinput -v 0
 	$(LOAD_ENV); DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) PORT=$(PORT) exec $(VPY) scripts/run.py $(RUN_ARGS)
 

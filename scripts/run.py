@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,10 +182,12 @@ class Supervisor:
         self.pumps = [p for p in self.pumps if p.is_alive()] + [pump]
 
     def web_ready(self) -> bool:
+        """`/readyz` answers 200: a web worker has loaded the app and reached the databases (gunicorn listens
+        before its workers are ready, so an open port is not enough)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as answer:
+                return answer.status == 200
+        except (OSError, ValueError):
             return False
 
     # ----------------------------------------------------------------- restart
@@ -275,25 +278,44 @@ class Supervisor:
         return 0
 
 
+# The ports `make run` listens on, each with the variable that moves it.
+PORTS = (("PORT", "8000", "the web server"), ("DEMO_RECEIVER_PORT", "8900", "the demo CRM receiver"))
+
+
+def taken_ports(environ: dict[str, str]) -> list[str]:
+    """One line per port of PORTS that is not a number or where something already listens, naming its variable."""
+    problems = []
+    for variable, default, what in PORTS:
+        raw = environ.get(variable, default)
+        try:
+            port = int(raw)
+        except ValueError:
+            problems.append(f"{variable}={raw!r} ({what}) is not a number")
+            continue
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                problems.append(f"something already listens on 127.0.0.1:{port} ({what}): stop it, or move it with "
+                                f"{variable}=<free port> (e.g. make run {variable}={port + 1})")
+        except OSError:
+            pass
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`run.py [--dev]` runs everything; `run.py --check-ports` only checks the ports (make run's first step, before
+    minutes of setup)."""
     argv = sys.argv[1:] if argv is None else argv
-    unknown = [arg for arg in argv if arg != "--dev"]
+    unknown = [arg for arg in argv if arg not in ("--dev", "--check-ports")]
     if unknown:
-        print(f"run.py: unknown argument(s) {' '.join(unknown)}; the only option is --dev", file=sys.stderr)
+        print(f"run.py: unknown argument(s) {' '.join(unknown)}; the options are --dev and --check-ports",
+              file=sys.stderr)
         return 2
-    raw = os.environ.get("PORT", "8000")
-    try:
-        port = int(raw)
-    except ValueError:
-        print(f"run.py: PORT={raw!r} is not a number", file=sys.stderr)
-        return 2
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            print(f"run.py: something already listens on 127.0.0.1:{port}; stop it or set PORT=<free port>",
-                  file=sys.stderr)
-            return 2
-    except OSError:
-        pass
+    problems = taken_ports(dict(os.environ))
+    for problem in problems:
+        print(f"run.py: {problem}", file=sys.stderr)
+    if problems or "--check-ports" in argv:
+        return 2 if problems else 0
+    port = int(os.environ.get("PORT", "8000"))
     return Supervisor(port, dev_server_requested(argv, dict(os.environ))).run()
 
 

@@ -36,8 +36,12 @@ CONNECTOR = {
     "MATERIALIZE_ROUNDS": env_int("CONNECTOR_MATERIALIZE_ROUNDS", 20),
     "MATERIALIZE_WAKE_TTL": env_int("CONNECTOR_MATERIALIZE_WAKE_TTL", 10),
     "MATERIALIZE_STUCK_SECONDS": env_int("CONNECTOR_MATERIALIZE_STUCK_SECONDS", 60),
-    "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL", "http://127.0.0.1:8900"),
+    # The demo CRM of make run, wherever DEMO_RECEIVER_PORT moved it, unless a base URL is given.
+    "EGRESS_BASE_URL": env_str("CONNECTOR_EGRESS_BASE_URL",
+                               f"http://127.0.0.1:{env_str('DEMO_RECEIVER_PORT', '8900')}"),
     "EGRESS_TIMEOUT_SECONDS": env_int("CONNECTOR_EGRESS_TIMEOUT_SECONDS", 5),
+    # The effects sweep isolates worker generations that died on its host (effects/services/liveness.py).
+    "HOLDER_LIVENESS": env_int("CONNECTOR_HOLDER_LIVENESS", 1),
     # A settlement PostgreSQL cannot take is tried again with backoff (issue 37 item 3, D-424); after this long the
     # egress process gives its holder generation up instead (D-425).
     "SETTLE_RETRY_FIRST_SECONDS": float(env_str("CONNECTOR_SETTLE_RETRY_FIRST_SECONDS", "0.25")),

@@ -23,7 +23,7 @@ from effects import egress, settlement
 from effects.choices import EffectState
 from effects.models import ProcessGeneration, RemoteEffect
 from effects import egress_batch
-from effects.services import dispatch, dispatch_batch, dispatch_together, dispatch_withdraw, identity
+from effects.services import dispatch, dispatch_batch, dispatch_together, dispatch_withdraw, identity, liveness
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -245,6 +245,7 @@ def effects_sweep() -> dict[str, int]:
             .values_list("pk", "account_id")[:200]:  # each item is then its account's single-shard step
         if effect_finalize_from_evidence(pk, account_id=account_pk).state == EffectState.FINALIZED:
             finalized += 1
+    liveness.dead_holders_isolate()  # a worker that died on this host leaves nothing dispatching for good
     now = timezone.now()
     claimable = identity.slot_heads(RemoteEffect.objects.filter(  # a push waiting behind its slot's earlier one
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), dispatch.due(now),

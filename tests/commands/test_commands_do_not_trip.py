@@ -84,3 +84,62 @@ def test_bench_runs_as_the_administrator_named_in_services_env(tmp_path):
     assert "running as DATABASE_ADMIN_URL" in run.stderr, run.stderr[-2000:]
     assert run.returncode != 0, run.stderr[-2000:]
     assert "Connection refused" in run.stderr or "connection failed" in run.stderr, run.stderr[-2000:]
+
+
+def test_make_run_checks_its_ports_first_and_names_the_variable_that_moves_each(tmp_path):
+    """`make run`'s first step (`run.py --check-ports`, before the install and the migrations) refuses a taken web
+    or demo receiver port in a second, naming PORT or DEMO_RECEIVER_PORT; free ports pass. Before, a taken 8900
+    ended in `OSError: [Errno 98] Address already in use` after minutes of setup. Proves: issue 41 item 7."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.faults.servers import ROOT, free_port
+
+    def check(**ports: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "run.py"), "--check-ports"], env=env,
+                              capture_output=True, text=True, timeout=30)
+
+    web, receiver = free_port(), free_port()
+    assert check(PORT=web, DEMO_RECEIVER_PORT=receiver).returncode == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", receiver))
+        taken.listen()
+        refused = check(PORT=web, DEMO_RECEIVER_PORT=receiver)
+        assert refused.returncode == 2 and "DEMO_RECEIVER_PORT=" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        refused = check(PORT=receiver, DEMO_RECEIVER_PORT=web)
+        assert refused.returncode == 2 and "PORT=" in refused.stderr and "DEMO_RECEIVER" not in refused.stderr
+
+
+def test_make_run_announces_the_admin_only_once_readyz_answers_200():
+    """The supervisor prints "Admin: ..." when `/readyz` answers 200, not when the port first accepts (gunicorn
+    listens about 20 s before its workers can answer; the README's first send then timed out). Proves: issue 41
+    item 7."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from scripts.run import Supervisor
+
+    status = {"code": 503}
+
+    class Readyz(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(status["code"] if self.path == "/readyz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Readyz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        supervisor = Supervisor(server.server_address[1])
+        assert supervisor.web_ready() is False  # the port accepts, the app is not ready
+        status["code"] = 200
+        assert supervisor.web_ready() is True
+    finally:
+        server.shutdown()
+        server.server_close()
