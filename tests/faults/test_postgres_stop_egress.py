@@ -94,7 +94,9 @@ def test_postgres_crash_while_egress_holds_answers_strands_nothing(private_pg, t
     receiver.service_seconds = 1.0
     egress = Child("egress", [sys.executable, "-c", EGRESS],
                    dict(env, CONNECTOR_EGRESS_BASE_URL=receiver.url, CONNECTOR_EGRESS_TIMEOUT_SECONDS="5",
-                        PGOPTIONS="-c synchronous_commit=on"),
+                        # The product's own durable commits (D-410): the test settings trade them away for the
+                        # suite's speed, and a sending marker lost in the crash would prove "never sent" wrongly.
+                        CONNECTOR_DB_SYNCHRONOUS_COMMIT="on"),
                    tmp_path).start()
     try:
         deadline = time.monotonic() + 60
