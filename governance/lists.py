@@ -4,6 +4,9 @@ shown), each row a link into the chain. The reads are the owners' selectors (con
 effects.selectors); a malformed filter value narrows nothing and is named on the page, never a 500."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from django import forms
 from django.shortcuts import render
 from django.urls import reverse
@@ -46,51 +49,44 @@ class ListFilterForm(forms.Form):
                               lane=data.get("lane"), before=data.get("before"))
 
 
-def _render(request, template: str, *, title: str, nav: str, states, page: browse.Page, form: ListFilterForm,
-            extra: dict | None = None):
+def _effect_page(filters: browse.Filters) -> browse.Page:
+    rows = effect_list(account=filters.account, state=filters.state, reason=filters.reason, cutoff=filters.cutoff(),
+                       before=filters.before, size=browse.PAGE_SIZE + 1)
+    return browse.Page(rows[:browse.PAGE_SIZE],
+                       rows[browse.PAGE_SIZE - 1].pk if len(rows) > browse.PAGE_SIZE else None)
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One list screen: its title, the states its filter offers and the selector that reads one page."""
+
+    title: str
+    states: tuple[str, ...]
+    read: Callable[[browse.Filters], browse.Page]
+
+
+LISTS = {
+    "receipts": ListPage("Receipts", tuple(browse.RECEIPT_STATES), browse.receipt_list),
+    "executions": ListPage("Executions", tuple(ExecutionState.values), browse.execution_list),
+    "lanes": ListPage("Ordering lanes", tuple(LaneState.values), browse.lane_list),
+    "effects": ListPage("Remote effects", tuple(EffectState.values), _effect_page),
+}
+
+
+@screen
+def list_page(request, name: str):
+    """Any of the four lists: the filter form, one keyset page, and the links to the next and first page."""
+    spec = LISTS[name]
+    form = ListFilterForm(request.GET, states=spec.states)
+    page = spec.read(form.filters())
     kept = {k: v for k, v in request.GET.items() if k != "before" and v}
     next_url = (f"{request.path}?{urlencode({**kept, 'before': page.next_before})}"
                 if page.next_before is not None else "")
     first_url = f"{request.path}?{urlencode(kept)}" if request.GET.get("before") else ""
-    return render(request, template, {"title": title, "nav": nav, "page": page, "form": form, "states": states,
-                                      "ages": AGES, "values": kept, "next_url": next_url, "first_url": first_url,
-                                      "invalid": form.errors, **(extra or {})})
-
-
-@screen
-def receipts(request):
-    form = ListFilterForm(request.GET, states=browse.RECEIPT_STATES)
-    page = browse.receipt_list(form.filters())
-    return _render(request, "governance/list_receipts.html", title="Receipts", nav="receipts",
-                   states=browse.RECEIPT_STATES, page=page, form=form)
-
-
-@screen
-def executions(request):
-    form = ListFilterForm(request.GET, states=ExecutionState.values)
-    page = browse.execution_list(form.filters())
-    return _render(request, "governance/list_executions.html", title="Executions", nav="executions",
-                   states=ExecutionState.values, page=page, form=form)
-
-
-@screen
-def lanes(request):
-    form = ListFilterForm(request.GET, states=LaneState.values)
-    page = browse.lane_list(form.filters())
-    return _render(request, "governance/list_lanes.html", title="Ordering lanes", nav="lanes",
-                   states=LaneState.values, page=page, form=form)
-
-
-@screen
-def effects(request):
-    form = ListFilterForm(request.GET, states=EffectState.values)
-    f = form.filters()
-    rows = effect_list(account=f.account, state=f.state, reason=f.reason, cutoff=f.cutoff(), before=f.before,
-                       size=browse.PAGE_SIZE + 1)
-    page = browse.Page(rows[:browse.PAGE_SIZE],
-                       rows[browse.PAGE_SIZE - 1].pk if len(rows) > browse.PAGE_SIZE else None)
-    return _render(request, "governance/list_effects.html", title="Remote effects", nav="effects",
-                   states=EffectState.values, page=page, form=form)
+    return render(request, f"governance/list_{name}.html",
+                  {"title": spec.title, "nav": name, "page": page, "form": form, "states": spec.states,
+                   "ages": AGES, "values": kept, "next_url": next_url, "first_url": first_url,
+                   "invalid": form.errors})
 
 
 def list_url(name: str, **filters) -> str:

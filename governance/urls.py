@@ -23,10 +23,10 @@ urlpatterns = [
     path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),
     path("cutover/attempt/<str:key>/", attempts.attempt_view, name="attempt"),
     # issue 38 item 2: lists outside the admin and the chain's pages (D-470, D-471)
-    path("receipts/", lists.receipts, name="receipts"),
-    path("lanes/", lists.lanes, name="lanes"),
-    path("executions/", lists.executions, name="executions"),
-    path("effects/", lists.effects, name="effects"),
+    path("receipts/", lists.list_page, {"name": "receipts"}, name="receipts"),
+    path("lanes/", lists.list_page, {"name": "lanes"}, name="lanes"),
+    path("executions/", lists.list_page, {"name": "executions"}, name="executions"),
+    path("effects/", lists.list_page, {"name": "effects"}, name="effects"),
     path("events/<int:pk>/", chain.event, name="event"),
     path("links/<int:pk>/", chain.link, name="link"),
 ]

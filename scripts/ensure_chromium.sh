@@ -6,8 +6,10 @@ if [ -x "$CHROMIUM" ]; then exit 0; fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
   echo "installing Debian's chromium for the browser tests (apt-get install chromium)..."
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
-    || { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends chromium >/dev/null; }
+  # A second `make test` starting beside the first waits for its install instead of failing on the dpkg lock.
+  APT="apt-get -o DPkg::Lock::Timeout=600"
+  $APT install -y --no-install-recommends chromium >/dev/null 2>&1 \
+    || { $APT update >/dev/null 2>&1 && $APT install -y --no-install-recommends chromium >/dev/null; }
   [ -x "$CHROMIUM" ] && exit 0
 fi
 echo "The browser tests need Chromium at $CHROMIUM: install it with 'sudo apt-get install chromium'" \
