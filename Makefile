@@ -96,6 +96,7 @@ bench: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench activation --scenario all --accounts 1000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench metrics-plans --sizes 1000,1000000 --check
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench overhead --clients 2 --seconds 10 --pairs 4
+	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; LIST_PLANS_RECEIPTS=100000 $(VPY) -m pytest -q -p no:randomly tests/governance/test_list_plans.py
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench halt-drain --drills 40 --period 1.0 --effects 9000 --check
 	$(MAKE) bench-outbound
 	$(MAKE) bench-mix
