@@ -137,3 +137,78 @@ def test_a_spent_retry_schedule_is_terminal_no_effect_on_the_board_and_in_metric
     assert "RECEIVER_UNREACHABLE" in page and "Authorize a new remote call" in page
     metrics = client.get("/metrics").content.decode()
     assert 'reason="RECEIVER_UNREACHABLE"' in metrics, metrics[-3000:]
+
+
+def _advance_clock(pks: list[int], seconds: float) -> None:
+    """The waiting effects' clock moves `seconds` ahead: each scheduled `next_attempt_at` comes that much nearer, as
+    if the time had passed (the claim compares it with the database's now())."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE effects_remoteeffect SET next_attempt_at = next_attempt_at - make_interval(secs => %s) "
+                       "WHERE id = ANY(%s) AND next_attempt_at IS NOT NULL", [seconds, pks])
+
+
+def _next_due(pks: list[int]) -> float | None:
+    """Seconds until the earliest scheduled retry of a waiting effect, once none is due or being attempted now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FILTER (WHERE state <> 'prepared' OR next_attempt_at IS NULL "
+                       "OR next_attempt_at <= now()), "
+                       "extract(epoch FROM min(next_attempt_at) - now()) FROM effects_remoteeffect WHERE id = ANY(%s)",
+                       [pks])
+        busy, due = cursor.fetchone()
+    return None if busy else float(due)
+
+
+@pytest.mark.django_db(**DB)
+def test_receiver_refusing_connections_for_ten_minutes_then_every_effect_finalizes_once(
+        settings, tmp_path, monkeypatch):
+    """The product's default retry schedule (5 s, 5 min, 30 min, ... about 27.6 h in all, each delay jittered) and a
+    receiver that refuses connections for ten minutes of the effects' clock. The clock is advanced (each waiting
+    effect's `next_attempt_at` moved nearer by the same amount) instead of waited for; every attempt is the real
+    egress process's. In ten minutes each effect makes the attempts its schedule places there (at about 0 s, 5 s
+    and 5 min 5 s) and none ends `no_effect`; when the receiver listens again and the next scheduled retry comes
+    (about 35 min), every effect finalizes without a person, each applied exactly once.
+    Proves: issue 37 item 1"""
+    from connector import demo
+
+    from effects.choices import DEFAULT_RETRY_SCHEDULE
+
+    account = demo.build_world("rt-", push=True).accounts[0]
+    pks = [RemoteEffect.objects.get(command=author(account, root=f"t-{i}", record_id=f"t{i}")).pk for i in range(6)]
+    assert all(e.command.retry_schedule == list(DEFAULT_RETRY_SCHEDULE)
+               for e in RemoteEffect.objects.select_related("command").filter(pk__in=pks))
+    port = free_port()
+    child = _egress(settings, tmp_path, port, 600)
+    receiver, outage, elapsed = None, 600.0, 0.0
+    try:
+        while True:
+            _wait(lambda: _next_due(pks) is not None, 60, child, "every effect waiting for its next retry")
+            step = _next_due(pks)
+            if elapsed + step >= outage:
+                break
+            _advance_clock(pks, step + 0.01)
+            elapsed += step
+        unreached = {pk: RemoteEffectAttempt.objects.filter(effect_id=pk, evidence__startswith="connect failed").count()
+                     for pk in pks}
+        assert not RemoteEffect.objects.filter(pk__in=pks, state=EffectState.NO_EFFECT).exists()
+        receiver = Receiver(port).start()  # the outage ends
+        _wait(lambda: _next_due(pks) is not None, 60, child, "every effect waiting")
+        _advance_clock(pks, 3 * 3600)  # past the next scheduled retry of every effect
+        _wait(lambda: RemoteEffect.objects.filter(pk__in=pks, state=EffectState.FINALIZED).count() == len(pks),
+              60, child, "every effect finalized")
+    finally:
+        child.stop()
+        if receiver is not None:
+            receiver.stop()
+    # Attempts at about 0 s, 5 s (4-6) and 5 min 5 s (244-366 s) fall in the ten minutes; the next one (30 min
+    # later, at least 1,440 s) does not.
+    assert set(unreached.values()) == {3}, unreached
+    keys = {e.command.provider_idempotency_key for e in RemoteEffect.objects.select_related("command").filter(pk__in=pks)}
+    assert receiver.applied == {key: 1 for key in keys}
+    for pk in pks:
+        outcomes = list(RemoteEffectAttempt.objects.filter(effect_id=pk).order_by("ordinal")
+                        .values_list("outcome", flat=True))
+        assert outcomes == ["no_effect"] * 3 + ["remote_confirmed"], (pk, outcomes)
