@@ -18,6 +18,7 @@ from connector.services import poison
 from tests.concurrency import run_concurrently
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
+from tests.governance.test_remediation_screens import failed_execution, gap_lane  # noqa: F401  (fixtures)
 from tests.governance.test_screens import _csrf, client_for
 from tests.support import deadline
 
@@ -216,3 +217,44 @@ def test_the_command_releases_every_item_of_one_reason_in_one_account_with_progr
     assert "3 released, 0 refused" in out
     assert _releases(held["acct-1"]) == {str(pk): 1 for pk in held["acct-1"]}
     assert MaterializationDue.objects.filter(receipt_id__in=held["acct-2"], held_reason=CODE).count() == 1
+
+
+def test_a_bulk_resume_carries_each_lane_s_shown_fence_and_a_stale_one_is_refused_alone(people, gap_lane):
+    """GAP_DEADLINE allows `resume`: the bulk page shows each lane with its fence; an item posted with a fence
+    the lane has left is refused FENCE_STALE by lane_resume's own guard (nothing written), and the same lane
+    posted with the fence the page shows is resumed, with its LaneResumption and audit row."""
+    from connector.models import LaneResumption, OrderingLane
+
+    client = client_for(people["operator"])
+    page = client.get("/bulk/?code=GAP_DEADLINE").content.decode()
+    assert f'value="{gap_lane.pk}|{gap_lane.fence}" checked' in page
+    token = _csrf(client, "/bulk/?code=GAP_DEADLINE")
+    form = {"csrfmiddlewaretoken": token, "code": "GAP_DEADLINE", "mode": "missing_arrived", "reason": "2 arrived",
+            "evidence_ref": "T-3"}
+    stale = client.post("/bulk/", {**form, "item": [f"{gap_lane.pk}|{gap_lane.fence - 1}"]}).content.decode()
+    assert "What happened: 0 done, 1 refused" in stale and "<code>FENCE_STALE</code>" in stale
+    assert OrderingLane.objects.get(pk=gap_lane.pk).state == "halted" and not LaneResumption.objects.exists()
+    done = client.post("/bulk/", {**form, "item": [f"{gap_lane.pk}|{gap_lane.fence}"]}).content.decode()
+    assert "What happened: 1 done, 0 refused" in done and "resumed (missing_arrived)" in done
+    assert OrderingLane.objects.get(pk=gap_lane.pk).state == "open" and LaneResumption.objects.count() == 1
+    missing = client.post("/bulk/", {**form, "mode": "", "item": [f"{gap_lane.pk}|{gap_lane.fence}"]})
+    assert missing.status_code == 400 and "Choose missing_arrived or skip_with_evidence." in missing.content.decode()
+
+
+def test_a_bulk_replay_goes_through_execution_replay_with_the_shown_change_time(people, failed_execution):
+    """RESULT_FAILED allows `replay` (retry): an auditor cannot post it (403); the operator's bulk replay admits one
+    ReplayRequest per execution through execution_replay, guarded by the change time the page showed."""
+    from connector.models import ReplayRequest
+
+    shown = f"{failed_execution.pk}|{failed_execution.changed_at.isoformat()}"
+    operator = client_for(people["operator"])
+    assert f'value="{shown}" checked' in operator.get("/bulk/?code=RESULT_FAILED").content.decode()
+    auditor = client_for(people["auditor"])
+    token = _csrf(auditor, "/bulk/?code=RESULT_FAILED")
+    form = {"code": "RESULT_FAILED", "reason": "runtime fixed", "evidence_ref": "T-4", "item": [shown]}
+    assert auditor.post("/bulk/", {**form, "csrfmiddlewaretoken": token}).status_code == 403
+    assert not ReplayRequest.objects.exists()
+    token = _csrf(operator, "/bulk/?code=RESULT_FAILED")
+    body = operator.post("/bulk/", {**form, "csrfmiddlewaretoken": token}).content.decode()
+    assert "What happened: 1 done, 0 refused" in body
+    assert ReplayRequest.objects.get().principal == "user:oscar-operator"
