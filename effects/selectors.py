@@ -20,8 +20,9 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
-           "RELEASABLE_KINDS", "ReceiverCertification", "RemoteEffect", "RemoteLink", "destination_limiter_overview", "effect_retention_blockers",
-           "effect_list", "effect_links", "effect_root_chain", "effects_of_execution", "link_get",
+           "RELEASABLE_KINDS", "ReceiverCertification", "RemoteEffect", "RemoteLink", "destination_limiter_overview",
+           "effect_retention_blockers", "effect_list", "effect_links", "effect_root_chain", "effects_of_execution",
+           "link_get",
            "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of", "poison_held",
            "replay_effect_roots"]
 

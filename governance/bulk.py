@@ -63,7 +63,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Remedy:
+class BulkRemedy:
     verb: str  # release | replay | resume | remote_call
     label: str  # the button's words
     permission: str
@@ -159,25 +159,24 @@ def _remote_call(pk, token, *, code, actor, reason, evidence_ref, mode) -> str:
     return f"intent {intent.intent_id} ({intent.disposition})"
 
 
-def remedy_for(code: str) -> Remedy | None:
+def remedy_for(code: str) -> BulkRemedy | None:
     """The bulk remedy the reason allows, or None (a terminal reason, a person's reconciliation of one item's
     evidence, or a remedy that needs two approvers: D-493)."""
     if code in RELEASABLE_KINDS:
-        return Remedy("release", "Release", RELEASE_PERMISSION, "", _held, _release)
+        return BulkRemedy("release", "Release", RELEASE_PERMISSION, "", _held, _release)
     if code in REPLAY_CODES:
-        return Remedy("replay", "Replay", replay.REMEDIATION_PERMISSION, "changed_at", _quarantined_executions,
+        return BulkRemedy("replay", "Replay", replay.REMEDIATION_PERMISSION, "changed_at", _quarantined_executions,
                       _replay)
     if code == lanes.GAP_DEADLINE:
-        return Remedy("resume", "Resume", lanes.PERMISSION, "fence", _gap_lanes, _resume)
+        return BulkRemedy("resume", "Resume", lanes.PERMISSION, "fence", _gap_lanes, _resume)
     if code in REMOTE_CALL_CODES:
-        return Remedy("remote_call", "Authorize a new remote call for", intents.PERMISSION, "changed_at",
+        return BulkRemedy("remote_call", "Authorize a new remote call for", intents.PERMISSION, "changed_at",
                       _ended_effects, _remote_call)
     return None
 
 
-def apply_all(*, code: str, remedy: Remedy, items: list[tuple[int, str]], actor: Actor, reason: str,
-              evidence_ref: str, mode: str = "", progress: Callable[[int, Outcome], None] | None = None
-              ) -> list[Outcome]:
+def apply_all(*, code: str, remedy: BulkRemedy, items: list[tuple[int, str]], actor: Actor, reason: str,
+              evidence_ref: str, mode: str = "") -> list[Outcome]:
     """Decide each (pk, token) by the remedy's per-item service, in its own transaction, in the order given; a
     refusal of one item is that item's outcome and the loop goes on. Returns one Outcome per item."""
     # A release takes no state token: an item is released only if it was held with this reason when the action
@@ -197,14 +196,12 @@ def apply_all(*, code: str, remedy: Remedy, items: list[tuple[int, str]], actor:
         except ObjectDoesNotExist:
             outcome = Outcome(pk, False, TransitionRefused.code, f"no item #{pk} of {code}")
         outcomes.append(outcome)
-        if progress is not None:
-            progress(len(outcomes), outcome)
     return outcomes
 
 
 # -- the screen ----------------------------------------------------------------------------------------------------
 
-def offers(codes) -> dict[str, Remedy]:
+def offers(codes) -> dict[str, BulkRemedy]:
     """The bulk remedy of each of `codes` that has one (the board and the queue link them)."""
     return {code: r for code in codes if (r := remedy_for(code)) is not None}
 
@@ -213,7 +210,7 @@ def _accounts(candidates: list[Candidate]) -> list[tuple[str, int]]:
     return sorted(Counter(c.account for c in candidates if c.account).items())
 
 
-def _page(request, code: str, remedy: Remedy, *, account: str | None, selected: set[int] | None,
+def _page(request, code: str, remedy: BulkRemedy, *, account: str | None, selected: set[int] | None,
           kept: Kept | None = None, outcomes: list[Outcome] | None = None, status: int = 200):
     everything = remedy.candidates(code, account)
     shown = everything[:LIMIT]
