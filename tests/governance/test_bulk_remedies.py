@@ -263,3 +263,28 @@ def test_a_bulk_replay_goes_through_execution_replay_with_the_shown_change_time(
     body = operator.post("/bulk/", {**form, "csrfmiddlewaretoken": token}).content.decode()
     assert "What happened: 1 done, 0 refused" in body
     assert ReplayRequest.objects.get().principal == "user:oscar-operator"
+
+
+def test_a_bulk_new_remote_call_authorizes_one_successor_per_effect_through_the_intent_service(people, push_world,
+                                                                                                 receiver):
+    """NO_EFFECT_ATTEMPTS_SPENT allows a new remote call (retry): the bulk page carries the effect's change time,
+    and the POST authorizes one successor through remote_call_for_effect (the same intent ID as the effect page
+    would derive, so posting the page twice mints one intent); the effect then leaves the list."""
+    from effects.models import RemoteCallIntent, RemoteEffect
+    from tests.effects.test_remote_call_intent import _runtime_no_effect
+
+    command = _runtime_no_effect(push_world.accounts[0], receiver)
+    effect = RemoteEffect.objects.get(command=command)
+    code = effect.quarantine_reason
+    shown = f"{effect.pk}|{effect.changed_at.isoformat()}"
+    client = client_for(people["operator"])
+    assert f'value="{shown}" checked' in client.get(f"/bulk/?code={code}").content.decode()
+    token = _csrf(client, f"/bulk/?code={code}")
+    form = {"csrfmiddlewaretoken": token, "code": code, "reason": "receiver fixed", "evidence_ref": "T-9",
+            "item": [shown]}
+    for _ in range(2):
+        body = client.post("/bulk/", form).content.decode()
+        assert "What happened: 1 done, 0 refused" in body and "(successor)" in body
+    assert RemoteCallIntent.objects.count() == 1
+    assert RemoteCallIntent.objects.get().principal == "user:oscar-operator"
+    assert "Nothing of this reason waits" in client.get(f"/bulk/?code={code}").content.decode()
