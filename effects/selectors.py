@@ -20,9 +20,10 @@ from effects.models.delivery.operations import RECONCILIATION_WAITING
 # their own read queries (D-259). `effects.models` is private to this app (an import-linter contract holds it);
 # every write is an effects service, every row lock `effects.locks` behind one. Growing this list is reviewed.
 __all__ = ["DeliveryOperation", "DispatchPermit", "MutationGate", "OutboundCommand", "RECONCILIATION_WAITING",
-           "ReceiverCertification", "RemoteEffect", "RemoteLink", "destination_limiter_overview", "effect_retention_blockers",
-           "effect_list", "effect_links", "effect_root_chain", "effects_of_execution", "link_get",
-           "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of",
+           "RELEASABLE_KINDS", "ReceiverCertification", "RemoteEffect", "RemoteLink", "destination_limiter_overview",
+           "effect_retention_blockers", "effect_list", "effect_links", "effect_root_chain", "effects_of_execution",
+           "link_get",
+           "nonterminal_effects_of_epoch", "open_effects_of_epoch", "open_permit_reasons_of", "poison_held",
            "replay_effect_roots"]
 
 
@@ -153,3 +154,31 @@ def link_get(*, link_pk: int) -> tuple:
                      .only("pk", "state", "command__effect_root_id", "command__effect_slot_id",
                            "command__effect_generation_id", "command__method", "command__path").order_by("pk")[:50])
     return link, addressed
+
+
+# -- poison holds an operator releases after the fix (D-168), in bulk too (D-490) ----------------------------------
+
+RELEASABLE_KINDS = {"MATERIALIZATION_FAILED": "receipt", "LANE_STEP_FAILED": "lane", "EFFECT_STEP_FAILED": "effect",
+                    "DELIVERY_STEP_FAILED": "delivery"}
+
+
+def poison_held(*, code: str, account_key: str | None = None) -> list[int]:
+    """The pks of the items held with `code` that a release lifts (RELEASABLE_KINDS), of one account when
+    `account_key` is given (a delivery operation belongs to no account: the filter keeps none of them). Reads only;
+    each release re-checks its item's hold under the item's lock. Raises KeyError for another code."""
+    from connector.selectors.poison import held_receipts, lanes_step_failed
+
+    kind = RELEASABLE_KINDS[code]
+    if kind == "receipt":
+        return held_receipts(account_key=account_key)
+    if kind == "lane":
+        return lanes_step_failed(account_key=account_key)
+    if kind == "effect":
+        rows = RemoteEffect.objects.filter(quarantine_reason=code).exclude(state="quarantined")
+        if account_key is not None:
+            rows = rows.filter(account__account_key=account_key)
+        return list(rows.order_by("pk").values_list("pk", flat=True))
+    if account_key is not None:
+        return []
+    return list(DeliveryOperation.objects.filter(held_reason=code).order_by("held_at", "pk")
+                .values_list("pk", flat=True))

@@ -7,4 +7,5 @@ class GovernanceScreens(models.Model):
     class Meta:
         managed = False
         default_permissions = ()
-        permissions = [("view_governance", "Can open the operator governance screens")]
+        permissions = [("view_governance", "Can open the operator governance screens"),
+                       ("release_held_item", "Can release items held by a step failure once the fix is deployed")]

@@ -6,7 +6,8 @@ check itself.
 - operator: auditor + reconciles uncertain effects and delivery operations, resolves RemoteLink conflicts (a
   relink also needs two approvers), replays quarantined executions (`connector.add_replayrequest`, the API's
   replay too), resumes halted ordering lanes with evidence, operates serving gates, terminates holder
-  generations, authorizes an intentional new remote call for an effect root (D-305).
+  generations, authorizes an intentional new remote call for an effect root (D-305), releases items held by a
+  step failure after the fix (`governance.release_held_item`, one or many at once: D-490).
 - approver: auditor + approves journal-epoch reopenings and coordinates successor epochs (halting gates
   included, so the approver can run every succession phase from the console) (and, with the rest of
   the cutover work, restore points, readiness certificates and activation decisions: requests and gives dual
@@ -20,7 +21,8 @@ from django.contrib.auth.models import Group, Permission
 VIEW_APPS = ("connector", "effects", "cutover")
 OPERATOR = ("effects.reconcile_effect", "effects.reconcile_delivery", "connector.operate_accountservinggate",
             "effects.change_remoteeffect", "effects.change_dispatchpermit", "effects.change_processgeneration",
-            "connector.add_replayrequest", "connector.resume_orderinglane", "effects.authorize_remote_call")
+            "connector.add_replayrequest", "connector.resume_orderinglane", "effects.authorize_remote_call",
+            "governance.release_held_item")
 APPROVER = ("effects.approve_journal_epoch", "cutover.coordinate_succession", "cutover.coordinate_cutover",
             "connector.operate_accountservinggate", "connector.give_dual_approval")
 CERTIFIER = ("effects.approve_certification",)

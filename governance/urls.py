@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import approvals, attempts, chain, console, lists, remediation, views
+from . import approvals, attempts, bulk, chain, console, lists, remediation, views
 
 app_name = "governance"
 urlpatterns = [
@@ -19,6 +19,7 @@ urlpatterns = [
     path("attestations/approval/<int:pk>/", approvals.approval, name="approval"),
     path("attestations/request/", approvals.request_approval, name="request_approval"),
     path("board/", views.board, name="board"),
+    path("bulk/", bulk.bulk, name="bulk"),  # issue 38 item 5: bulk remedies (D-490)
     path("cutover/", console.cutover, name="cutover"),
     path("cutover/succession/<int:pk>/", console.succession_view, name="succession"),
     path("cutover/attempt/<str:key>/", attempts.attempt_view, name="attempt"),

@@ -106,13 +106,27 @@ def receipt(request, pk: int):
 
 @screen
 def queue(request):
-    return render(request, "governance/queue.html", {"items": selectors.queue(), "nav": "queue"})
+    from . import bulk
+
+    items = selectors.queue()
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.code] = counts.get(item.code, 0) + 1
+    offers = bulk.offers(counts)
+    return render(request, "governance/queue.html", {
+        "items": items, "bulk": [(code, remedy, counts[code]) for code, remedy in offers.items()],
+        "bulk_codes": set(offers), "nav": "queue"})
 
 
 @screen
 def board(request):
-    return render(request, "governance/board.html", {"groups": selectors.board(), "reasons": REASONS,
-                                                     "nav": "board"})
+    from . import bulk
+
+    groups = selectors.board()
+    offers = bulk.offers(groups)
+    return render(request, "governance/board.html", {
+        "groups": groups, "grouped": [(code, items, offers.get(code)) for code, items in groups.items()],
+        "reasons": REASONS, "nav": "board"})
 
 
 # -- an uncertain remote effect -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from connector.services.poison import step_failure_record
 from effects import locks
 from effects.choices import EffectState
 from effects.models import DeliveryOperation, RemoteEffect
+from effects.selectors import RELEASABLE_KINDS
 
 TERMINAL = (EffectState.FINALIZED, EffectState.NO_EFFECT, EffectState.QUARANTINED)
 
@@ -82,3 +83,21 @@ def delivery_release(*, operation_pk: int, actor: Actor, reason: str) -> bool:
         audit_record(actor=actor, entity=operation, action="delivery_release", from_state=operation.state,
                      to_state=operation.state, reason=reason)
         return True
+
+
+def poison_release_item(*, code: str, pk: int, actor: Actor, reason: str) -> bool:
+    """Release one item held with `code` through the release service of its kind (`materialization_release`,
+    `lane_release`, `effect_release`, `delivery_release`): each locks its item, re-checks the hold, lifts it and
+    writes its audit row in its own transaction. The bulk release (governance, `manage.py poison_release --all`)
+    calls it once per item (D-490). Returns whether this call released it (False: not held any more, e.g. an
+    other operator released it first). Raises TransitionRefused for a blank reason, KeyError for another code."""
+    from connector.services import poison
+
+    kind = RELEASABLE_KINDS[code]
+    if kind == "receipt":
+        return poison.materialization_release(receipt_pk=pk, actor=actor, reason=reason)
+    if kind == "lane":
+        return poison.lane_release(lane_pk=pk, actor=actor, reason=reason)
+    if kind == "effect":
+        return effect_release(effect_pk=pk, actor=actor, reason=reason)
+    return delivery_release(operation_pk=pk, actor=actor, reason=reason)
