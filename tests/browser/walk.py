@@ -60,7 +60,11 @@ def shape(path: str) -> str:
 
 
 def slug(shape_: str) -> str:
-    return "overview" if shape_ == "/" else re.sub(r"[^a-z0-9]+", "-", shape_.replace("/N/", "/")).strip("-")
+    """The screenshot's name: `/` is the overview, `/receipts/` the list, `/receipts/N/` one receipt's page."""
+    if shape_ == "/":
+        return "overview"
+    name = re.sub(r"[^a-z0-9]+", "-", shape_.replace("/N/", "/")).strip("-")
+    return f"{name}-page" if shape_.endswith("/N/") else name
 
 
 @dataclass
