@@ -5,7 +5,8 @@ set, which writes one PNG per screen into docs/operator-guide/).
 The world is the demo world of `manage.py demo_load` (its people, one per role, with one password) plus, built
 through the services, one of each object kind a screen shows: a receipt whose record was pushed and linked, an
 uncertain effect waiting in the queue, a strict lane halted by its gap deadline, a pending platform-attested
-certification, the REST delivery demo, an activation decision's dual-approval request and a successor activation.
+certification, the REST delivery demo, an activation decision's dual-approval request, a successor activation and a
+service cutover opened from V1.
 
 Each role gets one browser context; the crawl starts at the navigation's screens and follows every governance link
 (one page per URL shape: ids become N, the query is dropped). On every page: the answer is 200 (or an intended
@@ -39,7 +40,7 @@ NOT_ASKED = re.compile(r"^/(accounts/logout/|admin/logout/)")
 REQUIRED_SHAPES = {"/", "/queue/", "/attestations/", "/board/", "/receipts/", "/lanes/", "/executions/",
                    "/effects/", "/cutover/", "/receipts/N/", "/events/N/", "/queue/execution/N/", "/queue/effect/N/",
                    "/links/N/", "/queue/lane/N/", "/attestations/certification/N/", "/attestations/approval/N/",
-                   "/cutover/succession/N/", "/queue/delivery/N/"}
+                   "/cutover/succession/N/", "/queue/delivery/N/", "/cutover/attempt/N/"}
 SERIOUS = ("serious", "critical")
 
 EMPTY_ROWS_JS = """() => [...document.querySelectorAll('tr')].filter(tr => {
@@ -56,7 +57,7 @@ LINKS_JS = "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
 
 
 def shape(path: str) -> str:
-    return re.sub(r"/\d+/", "/N/", urlsplit(path).path)
+    return re.sub(r"^/cutover/attempt/[^/]+/", "/cutover/attempt/N/", re.sub(r"/\d+/", "/N/", urlsplit(path).path))
 
 
 def slug(shape_: str) -> str:
@@ -91,11 +92,12 @@ def build_world(receiver) -> None:
     from connector.demo import build_world as demo_world
     from connector.models import OrderingLane
     from connector.services import admission, approvals, execution, materialize
-    from cutover.services import succession
+    from cutover.services import succession, v1_shutdown
     from effects.services import worker
     from effects.services.delivery import setup
     from tests.connector.inbound_helpers import drain
     from tests.cutover.succession_helpers import build_succession_world
+    from tests.cutover.v1_world import build_v1_world
     from tests.effects.helpers import author
 
     call_command("demo_load", password=PASSWORD, stdout=io.StringIO())
@@ -151,6 +153,10 @@ def build_world(receiver) -> None:
     successor = build_succession_world("ws-")
     succession.barrier_set_acquire(predecessor_epoch_id=successor.epoch.epoch_id,
                                    successor_epoch_id=successor.successor.epoch_id, holder="console", actor=system)
+    # A service cutover opened from V1 (the console's attempts and the attempt's page).
+    v1 = build_v1_world("wc-")
+    v1_shutdown.cutover_open(attempt_key="walk-attempt", configuration_generation_id=v1.configuration.generation_id,
+                             candidate_epoch_id=v1.epoch.epoch_id, actor=system)
 
 
 def _same_origin(base: str, url: str) -> str | None:
