@@ -18,7 +18,7 @@ RUN_SETTINGS ?= config.django.local
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: help ports venv services migrate demo run test stop
+.PHONY: help ports venv services migrate demo run test stop screenshots
 
 # Before minutes of setup: the web and demo receiver ports are free (each refusal names the variable that moves it).
 ports:
@@ -30,6 +30,7 @@ help:
 	@echo "make stop     stop the private PostgreSQL/Redis servers started under .data/"
 	@echo "make bench    quick benchmarks against bench/budgets.json (docs/benchmarks.md)"
 	@echo "make hostile  10,000 generated hostile requests over HTTP against the real processes"
+	@echo "make screenshots  regenerate docs/operator-guide/*.png (the browser tests with SCREENSHOT_DIR set)"
 	@echo "other targets: venv services migrate demo prove-fallback bench-outbound bench-mix bench-rate"
 
 venv: $(STAMP)
@@ -77,6 +78,15 @@ test: venv
 	@# database each); a selection (PYTEST_ARGS=...) runs one plain pytest.
 	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; if [ -z "$(PYTEST_ARGS)" ]; then $(VPY) scripts/test_shards.py -q; \
 	  else $(VPY) -m pytest $(PYTEST_ARGS); fi
+
+# Every picture of docs/operator-guide.md: the browser tests (the walk of every screen as every role among them,
+# tests/browser/walk.py) on the demo world, writing their screenshots there, 1,400 px wide (D-502).
+SCREENSHOT_TESTS ?= tests/browser
+screenshots: venv
+	$(VPY) scripts/services.py ensure --test
+	scripts/ensure_chromium.sh
+	$(LOAD_ENV); unset DJANGO_SETTINGS_MODULE; SCREENSHOT_DIR=$(CURDIR)/docs/operator-guide \
+	  $(VPY) -m pytest $(SCREENSHOT_TESTS) -q -p no:randomly
 
 # Benchmarks, each on its own throwaway databases (about 20 minutes): the hot-account mix with 1 and 2 clients
 # against bench/budgets.json (--check fails naming each broken budget figure), the retained-history latency

@@ -1,6 +1,7 @@
 """Browser tests: Playwright driving Debian's Chromium (/usr/bin/chromium; `make test` installs it with apt when
 missing; no browser is downloaded) against pytest-django's live server on the real test database. Screenshots of
-every screen go to test-artifacts/screens/ (the operator guide in docs/ uses copies of them)."""
+every screen go to test-artifacts/screens/, or to $SCREENSHOT_DIR when set: `make screenshots` runs these tests with
+SCREENSHOT_DIR=docs/operator-guide, which regenerates every picture of the operator guide, 1,400 px wide."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SCREENS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screens"
+SCREENS = Path(os.environ.get("SCREENSHOT_DIR") or Path(__file__).resolve().parents[2] / "test-artifacts" / "screens")
+SCREEN_WIDTH = 1400
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
 
@@ -32,6 +34,8 @@ def shot():
 
     def take(page, name: str) -> Path:
         path = SCREENS / f"{name}.png"
+        if page.viewport_size["width"] != SCREEN_WIDTH:
+            page.set_viewport_size({"width": SCREEN_WIDTH, "height": page.viewport_size["height"]})
         page.screenshot(path=str(path), full_page=True)
         return path
     return take
