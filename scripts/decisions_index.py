@@ -220,15 +220,13 @@ def read_record(paths: Paths) -> tuple[list[Decision], list[Decision], list[str]
         for _, text in blocks(page.read_text()):
             number, title = _head(text)
             filed.append(Decision(number, title, NUMBERS.get(number, topic), text, page=page.name))
-    main = paths.decisions.read_text() if paths.decisions.exists() else ""
-    if re.search(r"^(<<<<<<<|=======|>>>>>>>)", main, re.M):
-        found.append("docs/decisions.md has merge conflict markers: keep both sides' decisions and remove them")
+    main, theirs = unconflict(paths.decisions.read_text() if paths.decisions.exists() else "")
     if LIST_START not in main or LIST_END not in main:
         found.append("docs/decisions.md lost its topic list (the lines between LIST_START and LIST_END of "
                      "scripts/decisions_index.py): take its head from the branch that split the record, and keep "
                      "the new decisions below it")
     topics = Topics(filed) if filed else None
-    for _, text in blocks(main[head_end(main):]):
+    for _, text in [b for part in [main[head_end(main):], *theirs] for b in blocks(part)]:
         number, title = _head(text)
         decision = Decision(number, title, NUMBERS.get(number, ""), rebase(text), how="number")
         if not decision.topic:
@@ -239,6 +237,44 @@ def read_record(paths: Paths) -> tuple[list[Decision], list[Decision], list[str]
             decision.topic, decision.how = ranked[0], f"words (next: {ranked[1]})"
         pending.append(decision)
     return filed, pending, found
+
+
+def unconflict(main: str) -> tuple[str, list[str]]:
+    """decisions.md as merged: (our side of every conflict, with the rest; the other sides). A branch that appended
+    decisions to the unsplit record conflicts with the whole short page; its side holds the whole old record and
+    its new decisions, and every decision of it is read as pending (the unchanged ones are dropped in merge)."""
+    ours, theirs, side = [], [], None
+    for line in main.splitlines(keepends=True):
+        if line.startswith("<<<<<<< "):
+            side = "ours"
+        elif line.startswith("||||||| ") and side:
+            side = "base"
+        elif line.startswith("=======") and side:
+            side = "theirs"
+            theirs.append("")
+        elif line.startswith(">>>>>>> ") and side:
+            side = None
+        elif side in (None, "ours"):
+            ours.append(line)
+        elif side == "theirs":
+            theirs[-1] += line
+    return "".join(ours), ["\n" + part for part in theirs]
+
+
+def base_texts(root: Path) -> dict[int, str]:
+    """Each decision's text (rebased) as the unsplit record last had it, from git: the base a branch made before
+    the split changed a decision from. Empty outside a git checkout."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return run.stdout if run.returncode == 0 else ""
+
+    split = git("log", "--reverse", "--format=%H", "-S", LIST_START, "--", "docs/decisions.md").split()
+    if not split:
+        return {}
+    before = git("show", f"{split[0]}^:docs/decisions.md")
+    return {_head(text)[0]: rebase(text) for _, text in blocks(before)}
 
 
 def head_end(main: str) -> int:
@@ -262,22 +298,27 @@ def _head(text: str) -> tuple[int, str]:
     return int(match.group(1)), " ".join(match.group(2).split()).rstrip(".")
 
 
-def merge(filed: list[Decision], pending: list[Decision]) -> tuple[list[Decision], list[str]]:
-    """The whole record: a pending decision joins its topic; one already filed with the same text is dropped; one
-    filed with another text is a problem (edit it on its topic page)."""
-    found, by_number = [], {}
-    for d in filed:
-        by_number.setdefault(d.number, []).append(d)
+def merge(filed: list[Decision], pending: list[Decision], base: dict[int, str]) -> tuple[list[Decision], list[str]]:
+    """The whole record. A pending decision with a new number joins its topic. One whose number is filed already:
+    the same text is dropped; when only one side changed it since the split (base: the unsplit record's text), that
+    side's text stands, on the filed page; when both changed it, or the number is used for another decision, it is
+    a problem and nothing is written (edit the topic page by hand, take it out of decisions.md)."""
+    found, by_number = [], {d.number: d for d in filed}
     record = list(filed)
     for d in pending:
-        same = by_number.get(d.number, [])
-        if any(other.text == d.text for other in same):
-            continue
-        if same:
-            found.append(f"D-{d.number} is in docs/decisions.md and on decisions/{same[0].page} with another text: "
-                         f"edit it on its topic page and remove it from decisions.md")
-        record.append(d)
-        by_number.setdefault(d.number, []).append(d)
+        other = by_number.get(d.number)
+        if other is None:
+            record.append(d)
+            by_number[d.number] = d
+        elif other.text == d.text or base.get(d.number) == d.text:
+            d.how = ""
+        elif base.get(d.number) == other.text and other.title == d.title:
+            other.text, d.how = d.text, "number (its text changed in a branch, replacing the page's)"
+            d.page = other.page
+        else:
+            found.append(f"D-{d.number} is in docs/decisions.md and on decisions/{other.page} with another text "
+                         f"(both changed it, or the number is used twice): edit it on its topic page and take it "
+                         f"out of decisions.md")
     return record, found
 
 
@@ -377,7 +418,7 @@ def written(paths: Paths, decisions: list[Decision]) -> dict[Path, str | None]:
     for old in paths.pages.glob("*.md") if paths.pages.is_dir() else []:
         if page_topic(old) is not None:
             out.setdefault(old, None)
-    main = paths.decisions.read_text()
+    main, _ = unconflict(paths.decisions.read_text())
     head = main[:head_end(main)]
     if LIST_START in head and LIST_END in head:
         before, rest = head.split(LIST_START, 1)
@@ -391,7 +432,7 @@ def main(argv: list[str]) -> int:
     root = Path(argv[argv.index("--root") + 1]).resolve() if "--root" in argv else ROOT
     paths = Paths(root)
     filed, pending, fatal = read_record(paths)
-    decisions, conflicts = merge(filed, pending)
+    decisions, conflicts = merge(filed, pending, base_texts(root) if pending else {})
     fatal += conflicts
     found = list(fatal)
     relate(decisions)
@@ -420,9 +461,10 @@ def main(argv: list[str]) -> int:
     for problem in found:
         print(problem, file=sys.stderr)
     for d in pending:
-        print(f"filed D-{d.number} ({d.title[:60]}) into decisions/{d.page}, by its {d.how}")
-    print(f"{len(decisions)} decisions on {sum(1 for t in files.values() if t) - 2} topic pages, {len(pending)} filed "
-          f"from decisions.md; wrote {paths.index.relative_to(root)}")
+        if d.how:
+            print(f"filed D-{d.number} ({d.title[:60]}) into decisions/{d.page}, by its {d.how}")
+    print(f"{len(decisions)} decisions on {sum(1 for t in files.values() if t) - 2} topic pages, "
+          f"{sum(1 for d in pending if d.how)} filed from decisions.md; wrote {paths.index.relative_to(root)}")
     return 0
 
 

@@ -109,9 +109,10 @@ def test_the_decision_index_is_current_and_every_number_is_used_once():
 
 
 def test_a_new_decision_in_decisions_md_is_filed_into_its_topic_page_once(tmp_path):
-    """Decisions appended to decisions.md under headings of their own (as a branch does) are moved verbatim to their
-    topic pages by the one command, their relative links rebased, the topic found from their words; a second run
-    changes nothing; `--check` fails before the run and passes after. Proves: issue 41 item 4 (the record stays by
+    """Decisions appended to decisions.md under headings of their own (as a branch does, and as a merge of such a
+    branch leaves it, conflict markers and the old record included) are moved verbatim to their topic pages by the
+    one command, their relative links rebased, the topic found from their words; an unchanged old decision is not
+    filed twice; a second run changes nothing; `--check` fails before the run and passes after. Proves: issue 41 item 4 (the record stays by
     topic as decisions are added)."""
     import shutil
 
@@ -129,17 +130,23 @@ def test_a_new_decision_in_decisions_md_is_filed_into_its_topic_page_once(tmp_pa
 
     waits = text_of("testing.md", 450).replace("{n}", "998")
     drain = text_of("cutover-succession.md", 316).replace("{n}", "999") + " See [errors.md](errors.md), `[x](y)`."
-    before = (docs / "decisions.md").read_text()
-    (docs / "decisions.md").write_text(f"{before}## Issue 99\n\n{waits}\n\n## Something new (issue 99)\n\n{drain}\n")
+    unchanged = text_of("epochs.md", 101).replace("{n}", "101")
+    title, rest = (docs / "decisions.md").read_text().split("\n\n", 1)
+    # As git leaves a merge of a branch that appended to the unsplit record: this page on our side of one conflict,
+    # the whole old record with its new decisions on the other.
+    (docs / "decisions.md").write_text(
+        f"{title}\n\n<<<<<<< HEAD\n{rest}=======\nThe project's decisions.\n\n{unchanged}\n\n## Issue 99\n\n"
+        f"{waits}\n\n## Something new (issue 99)\n\n{drain}\n>>>>>>> other\n")
     assert decisions_script("--check", "--root", str(tmp_path)).returncode == 1
 
     first = decisions_script("--root", str(tmp_path))
     assert first.returncode == 0, first.stderr
-    assert "filed D-998" in first.stdout and "filed D-999" in first.stdout
+    assert "filed D-998" in first.stdout and "filed D-999" in first.stdout and "filed D-101" not in first.stdout
+    assert (docs / "decisions" / "epochs.md").read_text() == (DOCS / "decisions" / "epochs.md").read_text()
     assert waits in (docs / "decisions" / "testing.md").read_text()
     assert drain.replace("(errors.md)", "(../errors.md)") in (docs / "decisions" / "cutover-succession.md").read_text()
     record = (docs / "decisions.md").read_text()
-    assert "D-998" not in record and "D-999" not in record and "Issue 99" not in record
+    assert "D-998" not in record and "D-999" not in record and "Issue 99" not in record and "<<<<<<<" not in record
     assert "| [D-999](decisions/cutover-succession.md) |" in (docs / "decisions-index.md").read_text()
 
     snapshot = {p: p.read_text() for p in docs.rglob("*.md")}
