@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,11 +361,11 @@ def paginate(decisions: list[Decision]) -> dict[str, list[Decision]]:
 def header(topic: str, part: int) -> str:
     title, holds = TOPICS[topic]
     suffix = f" (part {part})" if part > 1 else ""
-    return (f"# Decisions: {title}{suffix}\n\n"
-            f"The project's decisions on {holds}, in number order. How a decision is written and numbered, and the "
-            f"other topics: [decisions.md](../decisions.md); every decision with its status: "
-            f"[decisions-index.md](../decisions-index.md). Written by `scripts/decisions_index.py`; edit a "
-            f"decision here, add a new one at the end of decisions.md.\n")
+    intro = (f"The project's decisions on {holds}, in number order. How a decision is written and numbered, and "
+             f"the other topics: [decisions.md](../decisions.md); every decision with its status: "
+             f"[decisions-index.md](../decisions-index.md). Written by `scripts/decisions_index.py`; edit a "
+             f"decision here, add a new one at the end of decisions.md.")
+    return f"# Decisions: {title}{suffix}\n\n{textwrap.fill(intro, 116, break_long_words=False)}\n"
 
 
 def render_page(topic: str, part: int, members: list[Decision]) -> str:
@@ -377,7 +378,8 @@ def render_list(pages: dict[str, list[Decision]]) -> str:
         topic = page_topic(Path(name))
         part = int(name[:-3].rsplit("-", 1)[1]) if name[:-3] != topic else 1
         title = TOPICS[topic][0] + (f" (part {part})" if part > 1 else "")
-        lines.append(f"- [{title}](decisions/{name}) ({len(members)} decisions): {TOPICS[topic][1]}.")
+        lines.append(textwrap.fill(f"- [{title}](decisions/{name}) ({len(members)} decisions): {TOPICS[topic][1]}.",
+                                   116, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     return "\n".join(lines + ["", LIST_END])
 
 
