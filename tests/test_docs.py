@@ -112,8 +112,8 @@ def test_a_new_decision_in_decisions_md_is_filed_into_its_topic_page_once(tmp_pa
     """Decisions appended to decisions.md under headings of their own (as a branch does, and as a merge of such a
     branch leaves it, conflict markers and the old record included) are moved verbatim to their topic pages by the
     one command, their relative links rebased, the topic found from their words; an unchanged old decision is not
-    filed twice; a second run changes nothing; `--check` fails before the run and passes after. Proves: issue 41 item 4 (the record stays by
-    topic as decisions are added)."""
+    filed twice; a second run changes nothing; `--check` fails before the run and passes after. Proves: issue 41
+    item 4 (the record stays by topic as decisions are added)."""
     import shutil
 
     docs = tmp_path / "docs"
