@@ -33,8 +33,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"(`[^`\n]*`)")
 MAX_LINES = 600
 # New decisions go below this line of docs/decisions.md; everything below it is filed.
-MARKER = ("<!-- New decisions go below this line, under a \"## \" heading; python3 scripts/decisions_index.py moves "
-          "them to their topic page. -->")
+MARKER = ("<!-- New decisions go below, each under a \"## \" heading; scripts/decisions_index.py files them by "
+          "topic. -->")
 LIST_START = "<!-- The topic list is written by scripts/decisions_index.py. -->"
 LIST_END = "<!-- End of the topic list. -->"
 
