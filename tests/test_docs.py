@@ -1,6 +1,6 @@
 """The documentation is checked like code (issue 41 item 6): every link of README.md and docs/ resolves inside the
 repository (a heading anchor included), every backticked path to a file of the repository exists, the pages stay
-short enough to read (docs/benchmarks.md ≤ 400 lines, every other page ≤ 600, decisions.md and the vendored
+short enough to read (docs/benchmarks.md ≤ 400 lines, every other page ≤ 600, generated ones included, the vendored
 specification excepted), and the vendored specification equals the shared one when that sits beside the checkout.
 Pure file reads: no database."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 # Records of history, where a file's former name is a fact, and the specification as received (it names the paths
 # of its own map): their links are checked, their path mentions are not.
-HISTORY = {DOCS / "decisions.md", *DOCS.glob("benchmarks/journal/*.md"), *DOCS.glob("spec/*.md")}
-# Long by nature: the decision record and the specification as the project received it.
-LONG = {DOCS / "decisions.md", *DOCS.glob("spec/*.md")}
+HISTORY = {*DOCS.glob("decisions/*.md"), *DOCS.glob("benchmarks/journal/*.md"), *DOCS.glob("spec/*.md")}
+# Long by nature: the specification as the project received it (it must equal the shared one, so it is not split).
+LONG = {*DOCS.glob("spec/*.md")}
 SHARED = ROOT.parent / "shared"
 VENDORED = {"connector-v2-execution-architecture.md": "seeds/connector-v2-execution-architecture.md",
             "connector-v2-requirements.md": "spec/connector-v2-requirements.md",
@@ -91,15 +91,87 @@ def test_the_vendored_specification_equals_the_shared_one():
         assert (DOCS / "spec" / name).read_text() == (SHARED / shared).read_text(), name
 
 
-def test_the_decision_index_is_current_and_every_number_is_used_once():
-    """docs/decisions-index.md is what scripts/decisions_index.py writes from decisions.md: every decision with its
-    topic and status; no number is used twice; a superseded decision says so at its top. Proves: issue 41 item 4."""
+def decisions_script(*args: str) -> "subprocess.CompletedProcess[str]":
     import subprocess
     import sys
 
-    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "decisions_index.py"), "--check"],
-                           capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "decisions_index.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_decision_index_is_current_and_every_number_is_used_once():
+    """The decisions sit on their topic pages (docs/decisions/), none is left in decisions.md, and
+    docs/decisions-index.md and the topic list of decisions.md are what scripts/decisions_index.py writes from them:
+    every decision with its topic and status; no number is used twice; a superseded decision says so at its top.
+    Proves: issue 41 item 4."""
+    check = decisions_script("--check")
     assert check.returncode == 0, check.stderr
+
+
+def test_a_new_decision_in_decisions_md_is_filed_into_its_topic_page_once(tmp_path):
+    """Decisions appended to decisions.md under headings of their own (as a branch does, and as a merge of such a
+    branch leaves it, conflict markers and the old record included) are moved verbatim to their topic pages by the
+    one command, their relative links rebased, the topic found from their words; an unchanged old decision is not
+    filed twice; a second run changes nothing; `--check` fails before the run and passes after. Proves: issue 41
+    item 4 (the record stays by topic as decisions are added)."""
+    import shutil
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copytree(DOCS / "decisions", docs / "decisions")
+    for name in ("decisions.md", "decisions-index.md"):
+        shutil.copy(DOCS / name, docs / name)
+
+    def text_of(page: str, number: int) -> str:
+        body = (DOCS / "decisions" / page).read_text()
+        start = body.index(f"\nD-{number}. ") + 1
+        end = body.find("\nD-", start)
+        return body[start:end if end > 0 else None].rstrip().replace(f"D-{number}. ", "D-{n}. ", 1)
+
+    waits = text_of("testing.md", 450).replace("{n}", "998")
+    drain = text_of("cutover-succession.md", 316).replace("{n}", "999") + " See [errors.md](errors.md), `[x](y)`."
+    unchanged = text_of("epochs.md", 101).replace("{n}", "101")
+    title, rest = (docs / "decisions.md").read_text().split("\n\n", 1)
+    # As git leaves a merge of a branch that appended to the unsplit record: this page on our side of one conflict,
+    # the whole old record with its new decisions on the other.
+    (docs / "decisions.md").write_text(
+        f"{title}\n\n<<<<<<< HEAD\n{rest}=======\nThe project's decisions.\n\n{unchanged}\n\n## Issue 99\n\n"
+        f"{waits}\n\n## Something new (issue 99)\n\n{drain}\n>>>>>>> other\n")
+    assert decisions_script("--check", "--root", str(tmp_path)).returncode == 1
+
+    first = decisions_script("--root", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert "filed D-998" in first.stdout and "filed D-999" in first.stdout and "filed D-101" not in first.stdout
+    assert (docs / "decisions" / "epochs.md").read_text() == (DOCS / "decisions" / "epochs.md").read_text()
+    assert waits in (docs / "decisions" / "testing.md").read_text()
+    assert drain.replace("(errors.md)", "(../errors.md)") in (docs / "decisions" / "cutover-succession.md").read_text()
+    record = (docs / "decisions.md").read_text()
+    assert "D-998" not in record and "D-999" not in record and "Issue 99" not in record and "<<<<<<<" not in record
+    assert "| [D-999](decisions/cutover-succession.md) |" in (docs / "decisions-index.md").read_text()
+
+    snapshot = {p: p.read_text() for p in docs.rglob("*.md")}
+    second = decisions_script("--root", str(tmp_path))
+    assert second.returncode == 0, second.stderr
+    assert {p: p.read_text() for p in docs.rglob("*.md")} == snapshot
+    assert decisions_script("--check", "--root", str(tmp_path)).returncode == 0
+
+
+def test_a_decision_filed_twice_with_another_text_is_refused(tmp_path):
+    """A number already on a topic page, appended again to decisions.md with another text (a reused number, or an
+    edit made to the old page in a branch), is refused and nothing is written. Proves: issue 41 item 4."""
+    import shutil
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copytree(DOCS / "decisions", docs / "decisions")
+    for name in ("decisions.md", "decisions-index.md"):
+        shutil.copy(DOCS / name, docs / name)
+    (docs / "decisions.md").write_text((docs / "decisions.md").read_text() +
+                                       "## Again\n\nD-101. **Owner protocols, rewritten.** Text.\n")
+    snapshot = {p: p.read_text() for p in docs.rglob("*.md")}
+    run = decisions_script("--root", str(tmp_path))
+    assert run.returncode == 1 and "D-101" in run.stderr
+    assert {p: p.read_text() for p in docs.rglob("*.md")} == snapshot
 
 
 def test_every_make_command_of_the_readme_and_the_integrating_page_is_a_target():

@@ -1,8 +1,8 @@
 """Every requirement of the Connector V2 index is either proven by a test that names it in its docstring
-(`Proves: <ID>`), or listed as not applicable, with why and what stands in its place, in the D-212 entry of
-docs/decisions.md, or listed below in KNOWN_GAPS with its reason and issue. The index's IDs are vendored in
-docs/requirement-ids.txt so the check runs from a clean clone; when the shared spec sits beside the repository
-(`../shared/spec/`), the vendored list must equal it. Pure file reads: no database."""
+(`Proves: <ID>`), or listed as not applicable, with why and what stands in its place, in the D-212 entry of the
+decision record (docs/decisions/testing.md), or listed below in KNOWN_GAPS with its reason and issue. The index's
+IDs are vendored in docs/requirement-ids.txt so the check runs from a clean clone; when the shared spec sits beside
+the repository (`../shared/spec/`), the vendored list must equal it. Pure file reads: no database."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 VENDORED = ROOT / "docs" / "requirement-ids.txt"
 SHARED_INDEX = ROOT.parent / "shared" / "spec" / "connector-v2-requirements.md"
-DECISIONS = ROOT / "docs" / "decisions.md"
+DECISIONS = ROOT / "docs" / "decisions"
 NOT_APPLICABLE_ENTRY = "D-212"
 ID = re.compile(r"CV2-\d{2}-\d{3}")
 
@@ -47,7 +47,7 @@ def cited_ids(root: Path = ROOT / "tests") -> dict[str, list[str]]:
 
 def not_applicable(text: str | None = None) -> dict[str, str]:
     """ID -> justification, from the bullets of the D-212 entry: `- CV2-AA-NNN: why ... In its place: ...`."""
-    text = DECISIONS.read_text() if text is None else text
+    text = "\n".join(page.read_text() for page in sorted(DECISIONS.glob("*.md"))) if text is None else text
     start = text.index(f"\n{NOT_APPLICABLE_ENTRY}. ")
     end = re.search(r"\n(D-\d+\. |## )", text[start + 1:])
     entry = text[start:start + 1 + end.start()] if end else text[start:]
@@ -71,7 +71,7 @@ def test_every_justification_says_why_and_what_stands_in_its_place():
     """A not-applicable entry names an ID of the index, says why, and names what stands in its place."""
     ids = set(requirement_ids())
     entries = not_applicable()
-    assert entries, f"the {NOT_APPLICABLE_ENTRY} entry of docs/decisions.md lists no ID"
+    assert entries, f"the {NOT_APPLICABLE_ENTRY} entry of docs/decisions/ lists no ID"
     for rid, why in entries.items():
         assert rid in ids, f"{rid} is not a requirement ID"
         assert "In its place:" in why and len(why.split("In its place:")[0].split()) >= 5, rid

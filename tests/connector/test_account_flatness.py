@@ -11,8 +11,8 @@ connections, from a cold process (the in-process route and definition caches fil
 first event fills them): signed HTTP admission, materialization, lane advance, a single claim with Runtime (with
 outbound authoring: the world's route pushes), ApplicationResult and completion; then a second event through the
 batched claim. No statement may name the `preimage` column. Breaking it (the Runtime reading its epoch with
-`.first()` and no `.only()`, or `lane_advance` reading the relocked lane's `.epoch`) fails it: docs/decisions.md
-D-251.
+`.first()` and no `.only()`, or `lane_advance` reading the relocked lane's `.epoch`) fails it:
+docs/decisions/admission.md D-251.
 """
 from __future__ import annotations
 
