@@ -16,6 +16,7 @@ from effects.choices import EffectState
 from effects.selectors import effect_list
 
 from .access import screen
+from .words import word
 
 AGES = [("", "any age"), ("5", "older than 5 minutes"), ("60", "older than 1 hour"),
         ("1440", "older than 1 day"), ("10080", "older than 7 days")]
@@ -31,12 +32,13 @@ class ListFilterForm(forms.Form):
     lane = forms.IntegerField(required=False, min_value=1)
     before = forms.IntegerField(required=False, min_value=1)
 
-    def __init__(self, data, *, states):
+    def __init__(self, data, *, states, machine: str):
         super().__init__(data)
         self.fields["account"].choices = [("", "every account")] + [
             (str(pk), key) for pk, key in ConnectorAccount.objects.order_by("account_key").values_list("pk",
                                                                                                      "account_key")]
-        self.fields["state"].choices = [("", "every state")] + [(s, s) for s in states]
+        self.fields["state"].choices = [("", "every state")] + [  # in words (governance.words, D-483)
+            (s, f"{word(machine, s).label} ({s})") for s in states]
 
     def filters(self) -> browse.Filters:
         self.is_valid()  # an invalid field is left out of cleaned_data: it narrows nothing
@@ -59,7 +61,7 @@ def _render(request, template: str, *, title: str, nav: str, states, page: brows
 
 @screen
 def receipts(request):
-    form = ListFilterForm(request.GET, states=browse.RECEIPT_STATES)
+    form = ListFilterForm(request.GET, states=browse.RECEIPT_STATES, machine="receipt")
     page = browse.receipt_list(form.filters())
     return _render(request, "governance/list_receipts.html", title="Receipts", nav="receipts",
                    states=browse.RECEIPT_STATES, page=page, form=form)
@@ -67,7 +69,7 @@ def receipts(request):
 
 @screen
 def executions(request):
-    form = ListFilterForm(request.GET, states=ExecutionState.values)
+    form = ListFilterForm(request.GET, states=ExecutionState.values, machine="execution")
     page = browse.execution_list(form.filters())
     return _render(request, "governance/list_executions.html", title="Executions", nav="executions",
                    states=ExecutionState.values, page=page, form=form)
@@ -75,7 +77,7 @@ def executions(request):
 
 @screen
 def lanes(request):
-    form = ListFilterForm(request.GET, states=LaneState.values)
+    form = ListFilterForm(request.GET, states=LaneState.values, machine="lane")
     page = browse.lane_list(form.filters())
     return _render(request, "governance/list_lanes.html", title="Ordering lanes", nav="lanes",
                    states=LaneState.values, page=page, form=form)
@@ -83,7 +85,7 @@ def lanes(request):
 
 @screen
 def effects(request):
-    form = ListFilterForm(request.GET, states=EffectState.values)
+    form = ListFilterForm(request.GET, states=EffectState.values, machine="effect")
     f = form.filters()
     rows = effect_list(account=f.account, state=f.state, reason=f.reason, cutoff=f.cutoff(), before=f.before,
                        size=browse.PAGE_SIZE + 1)
