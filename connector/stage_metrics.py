@@ -16,7 +16,8 @@ worker's own port (observability/workers.py).
 - `connector_effect_retries_scheduled_total{destination}`: attempts that never reached the receiver and were
   followed by a scheduled retry (issue 37, D-421).
 - `connector_effects_no_effect_total{destination, reason}`: effects the frozen policy ended terminal `no_effect`, by
-  closed reason code (RECEIVER_UNREACHABLE, NO_EFFECT_ATTEMPTS_SPENT, OUTBOUND_PATH_UNSAFE; D-423).
+  closed reason code (RECEIVER_UNREACHABLE, NO_EFFECT_ATTEMPTS_SPENT, OUTBOUND_PATH_UNSAFE, D-423;
+  LINKED_RECORD_NOT_FOUND, D-481).
 - `connector_settlement_retries_total{step}`: egress settlements (or generation give-ups) PostgreSQL could not take
   and that were tried again (issue 37 item 3, D-424); counted at once, not after a commit.
 
@@ -84,7 +85,8 @@ SETTLEMENT_RETRIES = Counter(
     "Egress settlements (step settlement) or holder generation give-ups (step give-up) PostgreSQL could not take, "
     "tried again",
     labelnames=["step"], registry=None)
-NO_EFFECT_REASONS = ("RECEIVER_UNREACHABLE", "NO_EFFECT_ATTEMPTS_SPENT", "OUTBOUND_PATH_UNSAFE")
+NO_EFFECT_REASONS = ("RECEIVER_UNREACHABLE", "NO_EFFECT_ATTEMPTS_SPENT", "OUTBOUND_PATH_UNSAFE",
+                     "LINKED_RECORD_NOT_FOUND")
 SETTLE_STEPS = ("settlement", "give-up")
 
 COLLECTORS = (RESULT_LATENCY, EFFECT_LATENCY, EGRESS, RATE_LIMIT_DEFERRALS, RECEIVER_DEFERRALS, RETRIES_SCHEDULED,

@@ -43,6 +43,9 @@ class NoEffectReason(models.TextChoices):
     RECEIVER_UNREACHABLE = "RECEIVER_UNREACHABLE"  # dispatching -> no_effect: the retry schedule is spent
     ATTEMPTS_SPENT = "NO_EFFECT_ATTEMPTS_SPENT"  # dispatching|uncertain -> no_effect: max_attempts proved no effect
     PATH_UNSAFE = "OUTBOUND_PATH_UNSAFE"  # dispatching -> no_effect: the frozen path can never be sent
+    # dispatching|uncertain -> no_effect: max_attempts spent, the last refusal a 404 to an update addressed at the
+    # slot's linked remote identity (the record the RemoteLink names is not at the provider, D-481)
+    LINKED_RECORD_NOT_FOUND = "LINKED_RECORD_NOT_FOUND"
 
 
 class PermitState(models.TextChoices):

@@ -10,3 +10,6 @@ class GovernanceConfig(AppConfig):
         from governance.roles import sync_roles_after_migrate
 
         post_migrate.connect(sync_roles_after_migrate, sender=self)
+        from governance.words import parse, GLOSSARY
+
+        parse(GLOSSARY.read_text(encoding="utf-8"))  # a malformed glossary fails at startup, not on a page (D-483)

@@ -19,6 +19,7 @@ from effects.choices import EffectState
 from effects.selectors import effect_list
 
 from .access import screen
+from .words import word
 
 AGES = [("", "any age"), ("5", "older than 5 minutes"), ("60", "older than 1 hour"),
         ("1440", "older than 1 day"), ("10080", "older than 7 days")]
@@ -34,12 +35,13 @@ class ListFilterForm(forms.Form):
     lane = forms.IntegerField(required=False, min_value=1)
     before = forms.IntegerField(required=False, min_value=1)
 
-    def __init__(self, data, *, states):
+    def __init__(self, data, *, states, machine: str):
         super().__init__(data)
         self.fields["account"].choices = [("", "every account")] + [
             (str(pk), key) for pk, key in ConnectorAccount.objects.order_by("account_key").values_list("pk",
                                                                                                      "account_key")]
-        self.fields["state"].choices = [("", "every state")] + [(s, s) for s in states]
+        self.fields["state"].choices = [("", "every state")] + [  # in words (governance.words, D-483)
+            (s, f"{word(machine, s).label} ({s})") for s in states]
 
     def filters(self) -> browse.Filters:
         self.is_valid()  # an invalid field is left out of cleaned_data: it narrows nothing
@@ -62,14 +64,15 @@ class ListPage:
 
     title: str
     states: tuple[str, ...]
+    machine: str  # the state machine whose glossary labels the state filter shows
     read: Callable[[browse.Filters], browse.Page]
 
 
 LISTS = {
-    "receipts": ListPage("Receipts", tuple(browse.RECEIPT_STATES), browse.receipt_list),
-    "executions": ListPage("Executions", tuple(ExecutionState.values), browse.execution_list),
-    "lanes": ListPage("Ordering lanes", tuple(LaneState.values), browse.lane_list),
-    "effects": ListPage("Remote effects", tuple(EffectState.values), _effect_page),
+    "receipts": ListPage("Receipts", tuple(browse.RECEIPT_STATES), "receipt", browse.receipt_list),
+    "executions": ListPage("Executions", tuple(ExecutionState.values), "execution", browse.execution_list),
+    "lanes": ListPage("Ordering lanes", tuple(LaneState.values), "lane", browse.lane_list),
+    "effects": ListPage("Remote effects", tuple(EffectState.values), "effect", _effect_page),
 }
 
 
@@ -77,7 +80,7 @@ LISTS = {
 def list_page(request, name: str):
     """Any of the four lists: the filter form, one keyset page, and the links to the next and first page."""
     spec = LISTS[name]
-    form = ListFilterForm(request.GET, states=spec.states)
+    form = ListFilterForm(request.GET, states=spec.states, machine=spec.machine)
     page = spec.read(form.filters())
     kept = {k: v for k, v in request.GET.items() if k != "before" and v}
     next_url = (f"{request.path}?{urlencode({**kept, 'before': page.next_before})}"

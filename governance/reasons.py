@@ -62,6 +62,11 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
        "receiver refused the request)", "integration on-call", 240,
        "Read the refusals on the effect page; after correcting the receiver or the data, authorize a new remote call "
        "on the effect page; or leave it terminal"),
+    _r("LINKED_RECORD_NOT_FOUND", "Effect ended no_effect: the provider answered 404 to an update of the linked "
+       "remote record (the record the RemoteLink names is not there; the push did not happen)", "integration on-call",
+       60, "Look the linked identity up at the provider. Once the record exists there again (restored), authorize a "
+           "new remote call on the effect page; if it is gone for good, the change stays local: leave the effect "
+           "terminal with the provider's evidence in the ticket"),
     _r("OUTBOUND_PATH_UNSAFE", "Effect ended no_effect: its frozen path is outside its callout's template",
        "integration owner", 240,
        "Correct the callout template in a new pack generation; a new business intent authors a new command"),
@@ -153,6 +158,9 @@ REMEDIES: dict[str, Remedy] = {
                                                   "is reachable (or leave it terminal: nothing was sent)"),
     "NO_EFFECT_ATTEMPTS_SPENT": Remedy("remote_call", "Authorize a new remote call on the effect page after the "
                                                       "refusal's cause is corrected (or leave it terminal)"),
+    "LINKED_RECORD_NOT_FOUND": Remedy("remote_call", "Look the linked record up at the provider; once it exists "
+                                                     "there again, authorize a new remote call on the effect page (or "
+                                                     "leave it terminal: the change was not pushed)"),
     "OUTBOUND_PATH_UNSAFE": _terminal("the frozen path can never be sent (no attempt of these bytes can do better); "
                                       "a corrected callout template in a new pack generation and a new business "
                                       "intent author a new command"),

@@ -38,35 +38,56 @@ def _decide(request, call, *, success: str) -> bool:
     return True
 
 
-def _chart(series) -> dict:
+# The overview's geometry (D-485): a plot of 600 x 100 units with a left margin for the y axis's ticks and title
+# and a bottom margin for the x axis's; every chart has both axes with their units and a caption.
+LEFT, TOP, WIDTH, HEIGHT = 64, 10, 600, 100
+BOTTOM = TOP + HEIGHT
+# One colour per series on the page (D-485): a series drawn in two charts (admitted, completed) keeps its one colour,
+# and no two series share one. Each colour has at least 3:1 contrast against white (WCAG 1.4.11).
+PALETTE = ("#0b5cad", "#8a4baf", "#1e6b2f", "#b35900", "#b3261e", "#00737a", "#6b6b00", "#5c5c5c", "#a3367d",
+           "#2f4b8f", "#7a4a1e", "#3d7a00", "#c2185b", "#005f9e", "#8c6d00", "#4e3a8f", "#1a6f5a", "#9e2a5e")
+THROUGHPUT = ("admitted", "materialized", "completed", "effects finalized")
+
+
+def series_colours(names) -> dict[str, str]:
+    """Each distinct series name its own colour, in order of first appearance; more names than colours is a bug."""
+    colours: dict[str, str] = {}
+    for name in names:
+        if name not in colours:
+            if len(colours) == len(PALETTE):
+                raise ValueError(f"more series than the overview's {len(PALETTE)} colours")
+            colours[name] = PALETTE[len(colours)]
+    return colours
+
+
+def _chart(series, colours: dict[str, str]) -> dict:
     """Bar geometry for the last hour (two 4-unit bars per minute, 100 units high at the peak)."""
     peak = max([max(a, c) for _, a, c in series] + [1])
     bars = []
     for i, (minute, admitted, completed) in enumerate(series):
-        ah, ch = round(100 * admitted / peak), round(100 * completed / peak)
-        bars.append({"x": 10 * i, "x2": 10 * i + 4, "ah": ah, "ay": 110 - ah, "ch": ch, "cy": 110 - ch,
-                     "label": f"{minute:%H:%M}: {admitted} admitted, {completed} completed"})
-    return {"bars": bars, "peak": peak}
+        ah, ch = round(HEIGHT * admitted / peak), round(HEIGHT * completed / peak)
+        bars.append({"x": LEFT + 10 * i - 4, "x2": LEFT + 10 * i, "ah": ah, "ay": BOTTOM - ah, "ch": ch,
+                     "cy": BOTTOM - ch, "label": f"{minute:%H:%M}: {admitted} admitted, {completed} completed"})
+    return {"bars": bars, "peak": peak, "admitted": colours["admitted"], "completed": colours["completed"],
+            "active": [(m, a, c) for m, a, c in series if a or c]}
 
 
-LEGEND = {"admitted": "#0b5cad", "materialized": "#8a4baf", "completed": "#1e6b2f", "effects finalized": "#b35900"}
-STAGE_COLOURS = ("#0b5cad", "#8a4baf", "#1e6b2f", "#b35900", "#b3261e", "#00737a", "#6b6b00", "#5c5c5c",
-                 "#a3367d")
+def _lines(series: dict[str, list[tuple[float, float]]], colours: dict[str, str], machine: str) -> dict:
+    """Polyline geometry for several series over the same hour: x is the minute (0..60), y scaled to the peak; each
+    line with its colour and its words (governance.words: label and explanation of the stage or series)."""
+    from .words import word
 
-
-def _lines(series: dict[str, list[tuple[int, float]]], *, width: int = 600, height: int = 100) -> dict:
-    """Polyline geometry for several series over the same hour: x is the minute (0..60), y scaled to the peak."""
     peak = max([v for points in series.values() for _, v in points] + [1])
     lines = []
-    for i, (name, points) in enumerate(series.items()):
-        coords = " ".join(f"{10 + round(x * width / 60)},{10 + height - round(height * v / peak)}" for x, v in points)
+    for name, points in series.items():
+        coords = " ".join(f"{LEFT + round(x * WIDTH / 60)},{BOTTOM - round(HEIGHT * v / peak)}" for x, v in points)
         last = points[-1][1] if points else 0
-        lines.append({"name": name, "points": coords, "colour": STAGE_COLOURS[i % len(STAGE_COLOURS)],
-                      "last": last})
+        lines.append({"name": name, "points": coords, "colour": colours[name], "last": last,
+                      "word": word(machine, name)})
     return {"lines": lines, "peak": peak}
 
 
-def _pipeline_pictures(pipe: dict) -> dict:
+def _pipeline_pictures(pipe: dict, colours: dict[str, str]) -> dict:
     since = pipe["since"]
 
     def minute_of(taken_at) -> float:
@@ -75,19 +96,19 @@ def _pipeline_pictures(pipe: dict) -> dict:
     backlog = {stage: [(minute_of(t), count) for t, count, _ in rows] for stage, rows in pipe["history"].items()}
     age = {stage: [(minute_of(t), seconds) for t, _, seconds in rows] for stage, rows in pipe["history"].items()}
     throughput = {name: [(i, n) for i, n in enumerate(counts)] for name, counts in pipe["throughput"].items()}
-    pictures = {"backlog": _lines(backlog), "age": _lines(age), "throughput": _lines(throughput)}
-    for line in pictures["throughput"]["lines"]:
-        line["colour"] = LEGEND.get(line["name"], line["colour"])
-    return pictures
+    return {"backlog": _lines(backlog, colours, "stage"), "age": _lines(age, colours, "stage"),
+            "throughput": _lines(throughput, colours, "throughput")}
 
 
 @screen
 def overview(request):
     data = selectors.overview()
     pipe = selectors.pipeline()
-    return render(request, "governance/overview.html", {"data": data, "chart": _chart(data["series"]),
-                                                        "pipe": pipe, "pictures": _pipeline_pictures(pipe),
-                                                        "nav": "overview"})
+    colours = series_colours([*THROUGHPUT, *pipe["throughput"], *pipe["history"]])
+    geometry = {"left": LEFT, "top": TOP, "bottom": BOTTOM, "right": LEFT + WIDTH, "mid": LEFT + WIDTH // 2}
+    return render(request, "governance/overview.html", {
+        "data": data, "chart": _chart(data["series"], colours), "pipe": pipe,
+        "pictures": _pipeline_pictures(pipe, colours), "geometry": geometry, "nav": "overview"})
 
 
 @screen
@@ -196,8 +217,8 @@ def delivery(request, pk: int):
     c = contract()
     moves = [t for t in c.transitions if t.source == op.state and t.operator_only]
     return render(request, "governance/delivery.html", {
-        "op": op, "axes": list(zip(("execution", "remote effect", "acknowledgement", "verification", "checkpoint"),
-                                   c.tuples[op.state])),
+        "op": op, "axes": [(name, "axis_" + name.replace(" ", "_"), value) for name, value in zip(
+            ("execution", "remote effect", "acknowledgement", "verification", "checkpoint"), c.tuples[op.state])],
         "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
         "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
         "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})

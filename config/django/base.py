@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import dj_database_url
-from csp.constants import NONE, SELF, UNSAFE_INLINE
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import BASE_DIR, env_bool, env_int, env_list, env_str, journal_url_for
@@ -161,12 +161,12 @@ AXES_DISABLE_ACCESS_LOG = True  # sign-ins are not an audit of their own here; f
 AXES_LOCKOUT_CALLABLE = "connector.api.lockout.lockout_response"
 AXES_VERBOSE = False
 
-# Content-Security-Policy on every response: only this origin's scripts, styles (the screens' own inline <style>
+# Content-Security-Policy on every response: only this origin's scripts (and the screens' nonced inline one), styles (the screens' own inline <style>
 # blocks), images and forms; no framing, no plugins.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
-        "script-src": [SELF],
+        "script-src": [SELF, NONCE],  # the screens' one small inline script (copy a digest) carries the nonce
         "style-src": [SELF, UNSAFE_INLINE],
         "img-src": [SELF, "data:"],
         "font-src": [SELF],

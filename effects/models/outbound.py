@@ -118,7 +118,7 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     remote_id = models.CharField(max_length=255, blank=True, default="")
     # The closed reason code of a quarantined effect, of a remote_confirmed one held (REMOTE_LINK_CONFLICT), or of a
-    # terminal no_effect the frozen policy decided (RECEIVER_UNREACHABLE, NO_EFFECT_ATTEMPTS_SPENT, D-423).
+    # terminal no_effect the frozen policy decided (effects.choices.NoEffectReason, D-423, D-481).
     quarantine_reason = models.CharField(max_length=64, blank=True, default="")
     # A `prepared` effect is not claimed before this time: the next attempt of a retry scheduled after an attempt that
     # never reached the receiver (D-421). Null: claimable now.
@@ -177,7 +177,8 @@ class RemoteEffect(RoutedSaveMixin, ConcurrentTransitionMixin, models.Model):
         self.lease_holder, self.lease_expires_at = "", None
 
     @transition(field=state, source=[EffectState.DISPATCHING, EffectState.UNCERTAIN], target=EffectState.NO_EFFECT)
-    def no_effect(self, *, reason: str = "") -> None:
+    def no_effect(self, *, reason: str) -> None:
+        # No default: every path that ends an effect without its remote change names its closed reason (D-482).
         self.lease_holder, self.lease_expires_at = "", None
         self._lift_uncertain_hold()
         self.quarantine_reason, self.next_attempt_at = reason, None

@@ -12,7 +12,9 @@ Two budgets, each counting only its own attempts:
   the last one it is terminal `no_effect` with RECEIVER_UNREACHABLE.
 - An attempt the receiver answered and refused (`400`, `404`, `409`, `422`), or an uncertain one an operator proved
   without effect, counts against the frozen `max_attempts` as before (D-117; a `429` never counts, D-224); once they
-  are spent the effect is terminal `no_effect` with NO_EFFECT_ATTEMPTS_SPENT.
+  are spent the effect is terminal `no_effect` with NO_EFFECT_ATTEMPTS_SPENT, or with LINKED_RECORD_NOT_FOUND when
+  the last refusal was a `404` to an update addressed at the owner slot's linked remote identity (D-481): the
+  record the RemoteLink names is not at the provider, so the push did not happen and the cause is named.
 
 Each retry is a new Attempt of the same frozen request under a new claim: no transition is added to the seed's."""
 from __future__ import annotations
@@ -110,7 +112,18 @@ def after_no_effect(effect: RemoteEffect, *, unreached: bool, now: datetime) -> 
     if counted < command.max_attempts:
         effect.retry()
     else:
-        no_effect(effect, reason=NoEffectReason.ATTEMPTS_SPENT)
+        no_effect(effect, reason=_spent_reason(effect))
+
+
+def _spent_reason(effect: RemoteEffect) -> str:
+    """The reason code of an effect whose counted attempts are spent (D-481): LINKED_RECORD_NOT_FOUND when its
+    command is an update addressed at a RemoteLink (`target_link`) and the last counted attempt was answered `404`,
+    else NO_EFFECT_ATTEMPTS_SPENT. A create (no link) answered 404 names a missing route, not a missing record."""
+    if effect.command.target_link_id is None:
+        return NoEffectReason.ATTEMPTS_SPENT
+    last = (_sent(effect).exclude(response_status=429).exclude(UNREACHED).order_by("-ordinal")
+            .values_list("response_status", flat=True).first())
+    return NoEffectReason.LINKED_RECORD_NOT_FOUND if last == 404 else NoEffectReason.ATTEMPTS_SPENT
 
 
 def no_effect(effect: RemoteEffect, *, reason: str) -> None:

@@ -40,7 +40,7 @@ def test_an_operator_follows_stuck_work_to_the_receipt_and_reads_why(browser, li
     shot(page, "08-overview-stuck-work")
     stuck.get_by_role("link", name=f"receipt #{receipt.pk}", exact=False).click()
     page.wait_for_url(f"{live_server.url}/receipts/{receipt.pk}/")
-    assert page.locator("#receipt-state").inner_text() == "waiting"
+    assert page.locator("#receipt-state .badge").inner_text() == "waiting"  # its code, beside its words (D-483)
     why = page.locator("#receipt-why").inner_text()
     assert "past the 1 s budget" in why and "materialize workers" in why
     shot(page, "09-receipt-why")

@@ -5,6 +5,7 @@ Modes (set per test, optionally for the next N requests):
   ok             apply, answer 201 {"id": remote id}
   fail_before    answer 503 without applying
   refuse         answer 422 without applying (a definitive "no effect")
+  gone           answer 404 without applying (the record an update addresses is not there)
   apply_drop     apply, then drop the connection without answering
   hang           apply, then sleep past the client timeout
   apply_5xx      apply, then answer 500
@@ -98,6 +99,8 @@ class Receiver:
                     return self._answer(503, {"error": "unavailable"})
                 if mode == "refuse":
                     return self._answer(422, {"error": "refused"})
+                if mode == "gone":
+                    return self._answer(404, {"error": f"no record at {self.path}"})
                 with receiver.lock:
                     first = key not in receiver.applied
                     receiver.applied[key] = receiver.applied.get(key, 0) + (1 if first else 0)

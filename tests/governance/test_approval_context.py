@@ -33,7 +33,8 @@ def test_the_delivery_page_shows_the_five_axes(people, delivery_world):  # noqa:
     page = client_for(people["auditor"]).get(f"/queue/delivery/{op.pk}/").content.decode()
     axes = page.split("<h2>Five axes</h2>", 1)[1].split("</table>", 1)[0]
     assert "<tr></tr>" not in axes
-    values = re.findall(r'<td><span class="badge">([^<]*)</span></td>', axes)
+    values = re.findall(r'<td><span class="state" title="[^"]*"><span class="badge">([^<]*)</span> [^<]+</span></td>',
+                        axes)
     assert values == [str(v) for v in contract().tuples[op.state]] and len(values) == 5
 
 
@@ -71,7 +72,7 @@ def test_the_approval_page_shows_what_is_approved(people, relink_request):
     before_after = page.split("<h2>Before and after</h2>", 1)[1].split("</table>", 1)[0]
     old = effect.links.model.objects.get(state="active")
     assert old.remote_identity in before_after and effect.remote_id in before_after and "finalized" in before_after
-    assert f'title="{digest}"' in page and f"{digest[:16]}…" in page and f"<code class=\"mono\">{digest}</code>" in page
+    assert f'title="{digest}">{digest[:12]}…</code>' in page and f'data-copy="{digest}"' in page  # D-484
     assert "Approve</button>" in page and "Refuse</button>" in page and 'name="reason"' in page
 
 
@@ -216,7 +217,7 @@ def test_the_attestation_page_shows_what_is_certified(people, delivery_world):  
     before_after = page.split("<h2>Before and after</h2>", 1)[1].split("</table>", 1)[0]
     assert "Certified remote identity" in before_after and "principal svc-crm-writer" in before_after
     digest = page.split('name="digest" value="', 1)[1].split('"', 1)[0]
-    assert f'title="{digest}"' in page and f'<code class="mono">{digest}</code>' in page
+    assert f'title="{digest}">{digest[:12]}…</code>' in page and f'data-copy="{digest}"' in page  # D-484
 
 
 def test_a_certification_can_be_refused_with_a_reason(people, delivery_world):  # noqa: F811

@@ -72,17 +72,17 @@ def test_the_receipt_page_says_why_it_has_not_materialized(inbound, people, sett
     client = client_for(people["auditor"])
     receipt = admit(inbound, "records.webhook", webhook_body(webhook_event("ev-1", "rec-1", 1)))
     page = client.get(f"/receipts/{receipt.pk}/").content.decode()
-    assert '<span class="badge" id="receipt-state">waiting</span>' in page
+    assert 'id="receipt-state"><span class="state" title="' in page and '<span class="badge">waiting</span> Waiting' in page
     assert "for the materialize workers (budget 60 s)" in page
     with mock.patch.object(storable, "events_check", lambda **kwargs: None):
         held = admit(inbound, "records.webhook", webhook_body(webhook_event("ev-2", "rec-2", 2, emitted_at=STAMP_65)))
     sweeper.inbound_sweep(grace_seconds=0)
     page = client.get(f"/receipts/{held.pk}/").content.decode()
-    assert '<span class="badge" id="receipt-state">held</span>' in page
+    assert 'id="receipt-state"><span class="state" title="' in page and '<span class="badge">held</span> Held' in page
     assert "MATERIALIZATION_FAILED" in page and "poison_release --receipt" in page
     assert not MaterializationDue.objects.filter(receipt=receipt).exists()  # the sweep materialized the first
     page = client.get(f"/receipts/{receipt.pk}/").content.decode()
-    assert '<span class="badge" id="receipt-state">materialized</span>' in page and "1 event(s)" in page
+    assert 'id="receipt-state"><span class="state" title="' in page and '<span class="badge">materialized</span> Materialized' in page and "1 event(s)" in page
     assert client_for(people["nobody"]).get(f"/receipts/{receipt.pk}/").status_code == 403
 
 
@@ -97,7 +97,7 @@ def test_the_backlog_pictures_are_drawn_from_the_stage_samples(inbound, people):
     backlog = page[page.index('id="backlog-title"'):page.index("</figure>", page.index('id="backlog-title"'))]
     lines = [chunk for chunk in backlog.split("<polyline")[1:]]
     assert len(lines) == len(STAGES)
-    due = next(line for line in lines if "materialization_due: 1 now" in line)
+    due = next(line for line in lines if "Receipts to materialize (materialization_due): 1 now" in line)
     assert len(due.split('points="')[1].split('"')[0].split()) == 2
     assert "materialization_due" in backlog[backlog.index('class="legend"'):]
-    assert "materialization_due 1 (oldest" in page
+    assert "Receipts to materialize</span> 1 (oldest" in page

@@ -191,6 +191,34 @@ def _attempts_spent(request):
     _ended_no_effect(request, "ra-", "NO_EFFECT_ATTEMPTS_SPENT", "refuse")
 
 
+@scenario("LINKED_RECORD_NOT_FOUND")
+def _linked_record_gone(request):
+    """An update addressed at the slot's linked identity answered 404 on every attempt ends `no_effect` with
+    LINKED_RECORD_NOT_FOUND (D-481); once the record exists at the provider again, an operator authorizes a new
+    remote call: the item leaves the board and the successor's update finalizes."""
+    from connector import demo
+    from effects.services import intents, worker
+    from tests.effects.test_remote_identity import push
+
+    receiver = request.getfixturevalue("receiver")
+    account = demo.build_world("rg-", push=True).accounts[0]
+    push(account, "r1", 1)
+    assert worker.effect_dispatch_once(holder_name="h-rg", account_id=account.pk).state == "finalized"
+    push(account, "r1", 2)
+    receiver.default_mode = "gone"
+    for _ in range(3):
+        effect = worker.effect_dispatch_once(holder_name="h-rg", account_id=account.pk)
+    assert (effect.state, effect.quarantine_reason) == ("no_effect", "LINKED_RECORD_NOT_FOUND")
+    assert [i.pk for i in waiting("LINKED_RECORD_NOT_FOUND")] == [effect.pk]
+    intent = intents.remote_call_for_effect(effect_pk=effect.pk, reason="record restored at the provider [T]",
+                                            actor=Actor.for_user(person("op", "operator")),
+                                            expected_changed_at=effect.changed_at)
+    assert intent.disposition == "successor"
+    assert items("LINKED_RECORD_NOT_FOUND") == []
+    receiver.default_mode = "ok"
+    assert worker.effect_dispatch_once(holder_name="h-rg", account_id=account.pk).state == "finalized"
+
+
 # -- executions and lanes -----------------------------------------------------------------------------------------
 
 def _strict_world():
