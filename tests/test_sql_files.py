@@ -158,3 +158,25 @@ def test_no_new_migration_edits_another_migrations_text():
                                                         "observability", "v1")
                for path in (ROOT / app / "migrations").glob("0*.py") if pattern.search(path.read_text())}
     assert editing == MIGRATIONS_EDITING_OTHERS
+
+
+@pytest.mark.django_db
+def test_the_files_apply_again_once_the_v1_tables_are_removed():
+    """The V1 table removal drops V1's tables after the cutover; applying every app's files again (a later
+    `*_sql_files` migration) still works there: the files of those tables are optional and left out, every other
+    trigger is re-created as it was."""
+    from django.db import connection, transaction
+
+    from cutover.ports import v1_owner
+    from tests import dbroles
+
+    with transaction.atomic(), dbroles.as_admin(), connection.cursor() as cursor:
+        before = {(table, name) for table, name, _ in _rows("default", TRIGGERS_SQL)}
+        v1_tables = set(v1_owner().tables())
+        cursor.execute("DROP TABLE " + ", ".join(sorted(v1_tables)) + " CASCADE")
+        for app in sqlfiles.APPS:
+            sqlfiles.apply(app, connection)
+        after = {(table, name) for table, name, _ in _rows("default", TRIGGERS_SQL)}
+        transaction.set_rollback(True)
+    assert after == {(table, name) for table, name in before if table not in v1_tables}
+    assert len(after) < len(before)
