@@ -75,7 +75,7 @@ def one_event(account_key: str, account_id: int, tag: str) -> dict[str, float]:
 
 def _prepare(size: int, say: Progress) -> tuple[str, int, dict]:
     """On the current `default` database: the N-account service, activated; returns the timed account."""
-    from bench.activation import ACTOR, build_activation_world
+    from bench.activation_world import ACTOR, build_activation_world
     from connector.actors import Actor
     from connector.models import AccountServingGate, ServingEpoch
     from connector.services import serving
@@ -179,7 +179,7 @@ class Accounts:
     def handle(self, command, options: dict) -> None:
         from django.core.management.base import CommandError
 
-        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.databases import NAME_RE, ThrowawayDatabases
         from bench.options import integer_list
 
         sizes = integer_list(options["accounts"], "--accounts", low=0,

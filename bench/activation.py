@@ -52,655 +52,40 @@ owner.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import platform
-import queue
-import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import connection, transaction
 
-from bench.activation_timing import CHILD_ARGS, CHILD_COMMITTED, CHILD_HOLDING
-from bench.wal import Wal, insert_lsn, retain_wal, wal_of
+from bench.activation_kill import ACTIVATION_ACTIONS, Recovery, kill_mid_activation
+from bench.activation_timing import Phases, timed_activation
+from bench.activation_world import (ACTOR, ActivationBenchError, ActivationWorld, PartialActivationVisible, Progress,
+                                    _fresh_session, _ms, _scalar, build_activation_world, checkpoint, gate_fences,
+                                    lock_table_capacity)
+from bench.wal import Wal
 
-Progress = Callable[[str], None]
 
 SUCCESSOR_STATUS = "--scenario successor (or both, all): cutover.services.succession.successor_activate"
+
 # both: the two real coordinators of issue 19 (cutover, successor); all: every scenario
 SCENARIO_CHOICES = ("first", "cutover", "successor", "both", "all")
+
 SCENARIO_SETS = {"both": ("cutover", "successor"), "all": ("first", "cutover", "successor")}
+
 DEFAULT_ACCOUNTS = "1000,10000,100000"
+
 DEFAULT_DATABASE = "connector_bench_act"
-KILL_POINTS = ("before_commit", "after_gate_locks")
-SERVICE_ACCOUNTS = 2  # authored through the services; every bulk row copies their shape
-ACCOUNT_KEY = "acct-"
-ACTOR = "bench-activation"
-LOCKED_TABLES = ("connector_accountservinggate", "connector_servingepoch")
-SUCCESSOR_LOCKED_TABLES = (*LOCKED_TABLES, "cutover_servingpublicationbarrierset", "connector_orderinglane")
-LOCKED_TABLES_OF = {"first": LOCKED_TABLES, "cutover": (*LOCKED_TABLES, "cutover_servingpublicationbarrierset"),
-                    "successor": SUCCESSOR_LOCKED_TABLES}
+
 BUDGET_FIGURES = ("transaction_ms", "commit_ms", "readback_ms", "wal_bytes", "locks_released_ms", "recovery_ms",
                   "row_locks")
 
-
-class ActivationBenchError(RuntimeError):
-    """The bench could not run the activation as designed (a child that never held its locks, a rejected epoch,
-    a readback that does not name the epoch)."""
-
-
-class PartialActivationVisible(ActivationBenchError):
-    """After the activation transaction was killed, some of its writes or locks were visible: whole-service
-    atomicity is broken (CV2-14-007)."""
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
-
-
-# -- the world --------------------------------------------------------------------------------------------------
-
-@dataclass
-class ActivationWorld:
-    accounts: int
-    prefix: str
-    epoch_pk: int
-    epoch_digest: bytes
-    configuration_pk: int
-    configuration_generation_id: str
-    fences: dict[int, int]  # account id -> gate fence before the activation
-    credential_generations: int
-    setup_seconds: dict[str, float] = field(default_factory=dict)
-    setup_rows: int = 0
-    extensions: dict[str, bool] = field(default_factory=dict)
-    # "first": epoch_pk is the verified epoch, gates v2_validating. "successor": epoch_pk is the verified
-    # successor, gates v2_halted on the active predecessor, barrier_set_pk the held barrier set.
-    scenario: str = "first"
-    gate_mode_before: str = "v2_validating"
-    barrier_set_pk: int | None = None
-    predecessor_pk: int | None = None
-    handoffs: int = 0
-    attempt_key: str = ""  # "cutover": the ServiceCutoverAttempt whose first_activation_commit is measured
-    lane_pks: list[int] = field(default_factory=list)  # "successor": predecessor and successor lanes it locks
-
-
-def _timed(seconds: dict[str, float], name: str, fn, *args, **kwargs):
-    began = time.monotonic()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        seconds[name] = round(time.monotonic() - began, 3)
-
-
-def _fresh_session() -> None:
-    # PostgreSQL caches the plans of its foreign-key checks per session; plans made while the tables were tiny
-    # would make each check of a large bulk insert scan the table (see bench history).
-    if not connection.in_atomic_block:
-        connection.close()
-
-
-def _copy(cursor, table: str, columns: Sequence[str], rows) -> int:
-    count = 0
-    with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(row)
-            count += 1
-    return count
-
-
-BULK_ACCOUNTS_SQL = """
-INSERT INTO connector_connectoraccount (account_key, provider_scope, display_name, created_at)
-SELECT %(prefix)s || %(key)s || lpad(g::text, %(width)s, '0'), %(scope)s, 'Account ' || g, now()
-FROM generate_series(%(lo)s, %(hi)s) g ORDER BY g
-"""
-# Gates are inserted in their final pre-activation mode: the gate triggers (transition table, fence advance) fire
-# BEFORE UPDATE only, and the mode/epoch check constraint holds (v2_validating names no epoch).
-BULK_GATES_SQL = """
-INSERT INTO connector_accountservinggate (account_id, mode, fence, epoch_id, epoch_digest, changed_at)
-SELECT a.id, t.mode, t.fence, NULL, NULL, now()
-FROM connector_connectoraccount a, connector_accountservinggate t
-WHERE a.id > %(after)s AND t.id = %(template)s ORDER BY a.id
-"""
-BULK_GATE_AUDIT_SQL = """
-INSERT INTO connector_auditrecord (at, actor, entity_type, entity_id, action, from_state, to_state, fence,
-    evidence_digest, reason)
-SELECT now(), t.actor, t.entity_type, g.id::text, t.action, t.from_state, t.to_state, t.fence, t.evidence_digest,
-    t.reason
-FROM connector_accountservinggate g
-CROSS JOIN (SELECT * FROM connector_auditrecord WHERE entity_type = 'connector.AccountServingGate'
-            AND entity_id = %(template)s) t
-WHERE g.account_id > %(after)s ORDER BY g.id, t.id
-"""
-BULK_DISPATCH_GATES_SQL = """
-INSERT INTO connector_credentialgenerationdispatchgate (credential_generation_id, mode, fence, changed_at)
-SELECT id, 'enabled', 1, now() FROM connector_credentialgeneration WHERE id > %(after)s ORDER BY id
-"""
-BULK_CREDENTIAL_AUDIT_SQL = """
-INSERT INTO connector_auditrecord (at, actor, entity_type, entity_id, action, from_state, to_state, fence,
-    evidence_digest, reason)
-SELECT now(), %(actor)s, 'connector.CredentialGeneration', c.id::text, 'credential_generation_create', '', '',
-    NULL, c.receipt_digest, ''
-FROM connector_credentialgeneration c WHERE c.id > %(after)s
-UNION ALL
-SELECT now(), %(actor)s, 'connector.CredentialGenerationDispatchGate', d.id::text, 'credential_gate_create', '',
-    d.mode, d.fence, NULL, ''
-FROM connector_credentialgenerationdispatchgate d WHERE d.credential_generation_id > %(after)s
-"""
-BULK_MAPPINGS_SQL = """
-INSERT INTO connector_serviceconfigurationcredentialmapping (generation_id, account_id, credential_ref,
-    credential_generation_id)
-SELECT %(configuration)s, c.account_id, c.credential_identity, c.id
-FROM connector_credentialgeneration c WHERE c.account_id = ANY(%(accounts)s)
-"""
-
-
-def _scalar(sql: str, params: Sequence[Any] | dict | None = None):
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone()[0]
-
-
-def _bulk_accounts_and_gates(*, prefix: str, width: int, first: int, last: int, template_gate, say: Progress) -> int:
-    """Accounts first..last with their gates (v2_validating) and the template gate's audit trail each."""
-    if last < first:
-        return 0
-    _fresh_session()
-    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_connectoraccount")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute(BULK_ACCOUNTS_SQL, {"prefix": prefix, "key": ACCOUNT_KEY, "width": width, "lo": first,
-                                           "hi": last, "scope": template_gate.account.provider_scope})
-        accounts = cursor.rowcount
-        cursor.execute(BULK_GATES_SQL, {"after": after, "template": template_gate.pk})
-        gates = cursor.rowcount
-        cursor.execute(BULK_GATE_AUDIT_SQL, {"after": after, "template": str(template_gate.pk)})
-        audits = cursor.rowcount
-    say(f"  bulk: {accounts:,} accounts, {gates:,} gates (v2_validating, fence {template_gate.fence}), "
-        f"{audits:,} gate audit rows")
-    return accounts + gates + audits
-
-
-def _write_secrets(root: Path, items: list[tuple[str, str, bytes]]) -> None:
-    for ref, version_ref, secret in items:
-        path = root / version_ref
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # write-once, as the backend does
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(secret)
-
-
-def _bulk_credentials(*, account_ids_after: int, refs: Sequence[str], template, say: Progress) -> int:
-    """Two credential generations (one per CredentialRef of the Catalog view) for every bulk account, with the
-    secret version files, the receipts of connector.receipts.credential_receipt, the dispatch gates (`enabled`,
-    fence 1) and the two audit rows credential_generation_create writes."""
-    from django.conf import settings
-    from django.utils import timezone
-
-    from connector import receipts
-    from connector.secrets import secret_backend
-
-    backend = secret_backend()
-    root = Path(settings.CONNECTOR["SECRET_BACKEND_DIR"])
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id, account_key, provider_scope FROM connector_connectoraccount WHERE id > %s "
-                       "ORDER BY id", [account_ids_after])
-        accounts = cursor.fetchall()
-    if not accounts:
-        return 0
-    next_version = {}
-    for ref in refs:
-        (root / ref).mkdir(parents=True, exist_ok=True, mode=0o700)
-        versions = [int(p.name[1:]) for p in (root / ref).glob("v*") if p.name[1:].isdigit()]
-        next_version[ref] = 1 + max(versions, default=0)
-    transport_digest = bytes(template.transport_config_digest)
-    now = timezone.now()
-    rows, secrets = [], []
-    for account_id, account_key, scope in accounts:
-        for ref in refs:
-            generation_id = f"{account_key}.{ref}.g1"
-            version_ref = f"{ref}/v{next_version[ref]}"
-            next_version[ref] += 1
-            backend._path(version_ref)  # the backend's own reference check
-            secrets.append((ref, version_ref,
-                            hashlib.sha256(f"demo-secret:{generation_id}".encode()).hexdigest().encode()))
-            receipt, receipt_digest = receipts.credential_receipt(
-                generation_id=generation_id, credential_identity=ref, provider_scope=scope, account_key=account_key,
-                secret_version_ref=version_ref, transport_config_digest=transport_digest)
-            rows.append((generation_id, ref, scope, account_id, version_ref, transport_digest,
-                         receipts.CREDENTIAL_RECEIPT_PROTOCOL, receipt, receipt_digest, now))
-    _write_secrets(root, secrets)
-    _fresh_session()
-    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_credentialgeneration")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
-        generations = _copy(cursor, "connector_credentialgeneration",
-                            ("generation_id", "credential_identity", "provider_scope", "account_id",
-                             "secret_version_ref", "transport_config_digest", "receipt_protocol", "receipt",
-                             "receipt_digest", "created_at"), rows)
-        cursor.execute(BULK_DISPATCH_GATES_SQL, {"after": after})
-        gates = cursor.rowcount
-        cursor.execute(BULK_CREDENTIAL_AUDIT_SQL, {"after": after, "actor": f"system:{ACTOR}"})
-        audits = cursor.rowcount
-    say(f"  bulk: {generations:,} credential generations ({len(secrets):,} secret files), {gates:,} dispatch "
-        f"gates, {audits:,} audit rows")
-    return generations + gates + audits
-
-
-def _bulk_configuration(*, generation_id: str, view, member_ids: list[int], template_account, say: Progress):
-    """One configuration generation over `member_ids` (canonical order: account key), its accounts (the template
-    account's routes, mapping selections and policy values) and the exhaustive credential relation of their
-    generations; payload, digest and receipt by connector.receipts exactly as service_configuration_create."""
-    from connector import receipts
-    from connector.actors import Actor
-    from connector.models import ServiceConfigurationGeneration
-    from connector.services.audit import audit_record
-    from connector.services.owners import GENERATION_PROTOCOL
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id, account_key, provider_scope FROM connector_connectoraccount WHERE id = ANY(%s)",
-                       [member_ids])
-        members = sorted(cursor.fetchall(), key=lambda row: row[1])
-        cursor.execute("SELECT a.account_key, c.credential_identity, c.generation_id "
-                       "FROM connector_credentialgeneration c JOIN connector_connectoraccount a ON a.id = c.account_id "
-                       "WHERE c.account_id = ANY(%s)", [member_ids])
-        relation = [tuple(row) for row in cursor.fetchall()]
-    routes = list(template_account.enabled_routes)
-    selections, policy = template_account.mapping_selections, template_account.policy_values
-    account_dicts = [{"account_key": key, "provider_scope": scope, "enabled_routes": routes,
-                      "mapping_selections": selections, "policy_values": policy} for _id, key, scope in members]
-    payload = receipts.configuration_payload(generation_id=generation_id, catalog_view_key=view.view_key,
-                                             catalog_revision=view.revision, accounts=account_dicts,
-                                             relation=relation)
-    digest = receipts.sha256(payload)
-    receipt, receipt_digest = receipts.configuration_receipt(generation_protocol=GENERATION_PROTOCOL,
-                                                             generation_id=generation_id, generation_digest=digest)
-    _fresh_session()
-    with transaction.atomic():
-        config = ServiceConfigurationGeneration.objects.create(
-            generation_id=generation_id, generation_protocol=GENERATION_PROTOCOL,
-            receipt_protocol=receipts.CONFIGURATION_RECEIPT_PROTOCOL, catalog_view=view, payload=payload,
-            generation_digest=digest, receipt=receipt, receipt_digest=receipt_digest)
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
-            accounts = _copy(cursor, "connector_serviceconfigurationaccount",
-                             ("generation_id", "ordinal", "account_id", "enabled_routes", "mapping_selections",
-                              "policy_values"),
-                             ((config.pk, ordinal, account_id, json.dumps(routes), json.dumps(selections),
-                               json.dumps(policy)) for ordinal, (account_id, _key, _scope) in enumerate(members)))
-            cursor.execute(BULK_MAPPINGS_SQL, {"configuration": config.pk, "accounts": member_ids})
-            mappings = cursor.rowcount
-        audit_record(actor=Actor.system(ACTOR), entity=config, action="service_configuration_create",
-                     evidence_digest=receipt_digest)
-    say(f"  bulk: configuration {generation_id}: {accounts:,} accounts, {mappings:,} credential mappings, payload "
-        f"{len(payload):,} bytes")
-    return config, 1 + accounts + mappings + 1
-
-
-def _ensure_extensions() -> dict[str, bool]:
-    available = {}
-    for name in ("pgrowlocks", "pg_walinspect"):
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
-            available[name] = True
-        except DatabaseError:  # not a superuser, or the contrib package is missing: the figure is then omitted
-            available[name] = False
-    return available
-
-
-def gate_fences(configuration_pk: int) -> dict[int, tuple[str, int, int | None, bytes | None]]:
-    """account id -> (mode, fence, epoch id, epoch digest) of every gate of the configuration's account set."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT g.account_id, g.mode, g.fence, g.epoch_id, g.epoch_digest "
-                       "FROM connector_accountservinggate g JOIN connector_serviceconfigurationaccount c "
-                       "ON c.account_id = g.account_id WHERE c.generation_id = %s", [configuration_pk])
-        return {row[0]: (row[1], row[2], row[3], None if row[4] is None else bytes(row[4]))
-                for row in cursor.fetchall()}
-
-
-def build_activation_world(accounts: int, *, prefix: str = "", progress: Progress | None = None) -> ActivationWorld:
-    """On the current `default` database: the owners of an N-account service and a verified ServingEpoch over them,
-    every gate `v2_validating` (see the module docstring for which rows come from services and which from bulk
-    SQL). Requires accounts >= 1."""
-    from connector.actors import Actor
-    from connector.choices import EpochState, GateMode
-    from connector.demo import build_owners, walk_gates_to_validating
-    from connector.selectors import owners as owner_readers
-    from connector.services import serving
-
-    if accounts < 1:
-        raise ActivationBenchError("the activation needs at least one account")
-    say = progress or (lambda _msg: None)
-    actor = Actor.system(ACTOR)
-    seconds: dict[str, float] = {}
-    width = max(7, len(str(accounts)))
-    service_keys = tuple(f"{ACCOUNT_KEY}{i:0{width}d}" for i in range(1, min(SERVICE_ACCOUNTS, accounts) + 1))
-    began = time.monotonic()
-    say(f"{accounts:,} accounts: authoring packs, Catalog view and {len(service_keys)} template accounts through "
-        "the services")
-
-    def services():
-        owners_world = build_owners(prefix, account_keys=service_keys, actor=actor)
-        walk_gates_to_validating(owners_world, actor)
-        return owners_world
-
-    owners_world = _timed(seconds, "services", services)
-    extensions = _ensure_extensions()
-    template_gate = owners_world.accounts[0].serving_gate
-    template_gate.refresh_from_db()
-    if template_gate.mode != GateMode.V2_VALIDATING:
-        raise ActivationBenchError(f"the template gate is {template_gate.mode}, not v2_validating")
-    template_credential = owners_world.accounts[0].credential_generations.order_by("pk").first()
-    template_account = owners_world.configuration.accounts.order_by("ordinal").first()
-    refs = sorted({ref for b in owner_readers.catalog_view_read_exact(
-        view_key=owners_world.view.view_key, revision=owners_world.view.revision).bindings for ref in b.credential_refs})
-    after = _scalar("SELECT coalesce(max(id), 0) FROM connector_connectoraccount")
-    rows = _timed(seconds, "accounts_gates", _bulk_accounts_and_gates, prefix=prefix, width=width,
-                  first=len(service_keys) + 1, last=accounts, template_gate=template_gate, say=say)
-    rows += _timed(seconds, "credentials", _bulk_credentials, account_ids_after=after, refs=refs,
-                   template=template_credential, say=say)
-    member_ids = [a.pk for a in owners_world.accounts] + list(
-        _account_ids_after(after))
-    if len(member_ids) != accounts:
-        raise ActivationBenchError(f"built {len(member_ids)} accounts, wanted {accounts}")
-    config, config_rows = _timed(seconds, "configuration", _bulk_configuration,
-                                 generation_id=f"{prefix}activation-config.g1", view=owners_world.view,
-                                 member_ids=member_ids, template_account=template_account, say=say)
-    rows += config_rows
-    _timed(seconds, "analyze", _analyze)
-    say("  configuration reread by service_configuration_read")
-    fact = _timed(seconds, "configuration_read", owner_readers.service_configuration_read,
-                  generation_id=config.generation_id)
-    if len(fact.account_keys) != accounts or len(fact.relation) != accounts * len(refs):
-        raise ActivationBenchError(f"configuration read back {len(fact.account_keys)} accounts and "
-                                   f"{len(fact.relation)} mappings")
-    say(f"  epoch: prepare from owners ({len(fact.relation):,} credential generations reread)")
-    epoch = _timed(seconds, "epoch_prepare", serving.epoch_prepare_from_owners,
-                   epoch_id=f"{prefix}activation-epoch", configuration_generation_id=config.generation_id,
-                   actor=actor)
-    say("  epoch: verify (every owner reread)")
-    epoch = _timed(seconds, "epoch_verify", serving.epoch_verify, epoch_pk=epoch.pk, actor=actor)
-    if epoch.state != EpochState.VERIFIED:
-        raise ActivationBenchError(f"epoch verification refused: {epoch.rejection_code} {epoch.rejection_detail}")
-    _timed(seconds, "analyze_after_epoch", _analyze)
-    gates = gate_fences(config.pk)
-    not_ready = [a for a, (mode, *_rest) in gates.items() if mode != GateMode.V2_VALIDATING]
-    if len(gates) != accounts or not_ready:
-        raise ActivationBenchError(f"{len(gates)} gates, not v2_validating: {not_ready[:10]}")
-    seconds["total"] = round(time.monotonic() - began, 3)
-    say(f"  setup done in {seconds['total']:,.1f} s ({rows:,} bulk rows)")
-    return ActivationWorld(accounts=accounts, prefix=prefix, epoch_pk=epoch.pk, epoch_digest=bytes(epoch.digest),
-                           configuration_pk=config.pk, configuration_generation_id=config.generation_id,
-                           fences={a: fence for a, (_mode, fence, *_rest) in gates.items()},
-                           credential_generations=len(fact.relation), setup_seconds=seconds, setup_rows=rows,
-                           extensions=extensions)
-
-
-def _account_ids_after(after: int) -> list[int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM connector_connectoraccount WHERE id > %s ORDER BY id", [after])
-        return [row[0] for row in cursor.fetchall()]
-
-
-def _analyze() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
-
-
-LOCK_TABLE_CAPACITY_SQL = """
-SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int
-    + current_setting('autovacuum_max_workers')::int + 1 + current_setting('max_worker_processes')::int
-    + current_setting('max_wal_senders')::int + current_setting('max_prepared_transactions')::int)
-"""
-
-
-def lock_table_capacity() -> int:
-    """PostgreSQL's nominal shared lock table: max_locks_per_transaction x (max backends + prepared transactions).
-    Every heavyweight lock that is not fast-path (advisory locks, for one) takes an entry until its transaction
-    ends; row locks do not (they live in the tuples)."""
-    return int(_scalar(LOCK_TABLE_CAPACITY_SQL))
-
-
-def checkpoint() -> None:
-    """A CHECKPOINT, so that the killed attempt starts cold: its first change of every page writes a full-page
-    image, the worst case of the transaction's WAL."""
-    with connection.cursor() as cursor:
-        cursor.execute("CHECKPOINT")
-
-
-# -- a second session -----------------------------------------------------------------------------------------
-
-def _conninfo(settings_dict: dict) -> dict:
-    return {"host": settings_dict.get("HOST") or None, "port": settings_dict.get("PORT") or None,
-            "user": settings_dict.get("USER") or None, "password": settings_dict.get("PASSWORD") or None,
-            "dbname": settings_dict["NAME"]}
-
-
-def _url(settings_dict: dict) -> str:
-    from urllib.parse import quote
-
-    user = quote(settings_dict.get("USER") or "postgres", safe="")
-    password = settings_dict.get("PASSWORD") or ""
-    auth = f"{user}:{quote(password, safe='')}" if password else user
-    return (f"postgres://{auth}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/"
-            f"{settings_dict['NAME']}")
-
-
-def _observer():
-    """An autocommit session of its own on the same database: it sees only committed data and other sessions'
-    locks, as any other client would."""
-    import psycopg
-
-    return psycopg.connect(**_conninfo(connection.settings_dict), autocommit=True)
-
-
-# -- 1. killed mid-transaction --------------------------------------------------------------------------------
-
-@dataclass
-class LockCensus:
-    point: str  # where the transaction was paused
-    row_locks: dict[str, int]  # table -> rows locked by the transaction (pgrowlocks); empty without it
-    lock_table: dict[str, int]  # "locktype mode" -> pg_locks entries of its backend
-
-    @property
-    def total_row_locks(self) -> int | None:
-        return sum(self.row_locks.values()) if self.row_locks else None
-
-    @property
-    def total_lock_table(self) -> int:
-        return sum(self.lock_table.values())
-
-
-@dataclass
-class Untouched:
-    """What a second session sees after the kill."""
-
-    epoch_state: str
-    gates: int
-    gates_validating: int  # gates still in the scenario's pre-activation mode (v2_validating, or v2_halted)
-    gates_naming_epoch: int
-    fences_changed: int
-    activation_audit_rows: int
-    rows_still_locked: int | None
-
-    def partial(self, accounts: int) -> bool:
-        return not (self.epoch_state == "verified" and self.gates == self.gates_validating == accounts
-                    and self.gates_naming_epoch == 0 and self.fences_changed == 0
-                    and self.activation_audit_rows == 0 and not self.rows_still_locked)
-
-
-@dataclass
-class Recovery:
-    kill_at: str
-    census: LockCensus
-    untouched: Untouched
-    locks_released_ms: float  # SIGKILL -> the backend is gone and with it every lock
-    child_wal: Wal  # what the killed attempt had written (after a CHECKPOINT: full-page images included)
-    # SIGKILL -> the retried activation's COMMIT acknowledged, when the retry starts as soon as the locks are gone:
-    # locks_released_ms + the retry's whole call (the bench's own checks in between are not counted)
-    retried_commit_ms: float | None = None
-    partial_visible: bool = False
-
-
-ACTIVATION_ACTIONS = {"first": ("epoch_activate_first", "gate_activate_first"),
-                      "cutover": ("epoch_activate_first", "gate_activate_first"),
-                      "successor": ("successor_activate", "gate_activate_successor")}
-
-
-CHILD_SCRIPT = """\
-import django
-django.setup()
-from bench.activation_timing import child_main
-child_main()
-"""
-
-
-
-def _spawn_child(world: ActivationWorld, kill_at: str) -> subprocess.Popen:
-    from django.conf import settings
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "JOURNAL_DATABASE_URL", "TEST_DB_SUFFIX", "CONNECTOR_FAULT_POINT")}
-    root = str(Path(settings.BASE_DIR))
-    env.update({
-        "DJANGO_SETTINGS_MODULE": (os.environ.get("DJANGO_SETTINGS_MODULE") or getattr(settings, "SETTINGS_MODULE", None)
-                                   or "config.django.local"),
-        "DJANGO_DEBUG": "0",
-        "DATABASE_URL": _url(connection.settings_dict),
-        "JOURNAL_DATABASE_URL": _url(connections["journal"].settings_dict),
-        "CONNECTOR_SECRET_DIR": str(settings.CONNECTOR["SECRET_BACKEND_DIR"]),
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])),
-        CHILD_ARGS: json.dumps({"epoch_pk": world.epoch_pk, "accounts": world.accounts, "kill_at": kill_at,
-                                "scenario": world.scenario, "barrier_set_pk": world.barrier_set_pk,
-                                "attempt_key": world.attempt_key}),
-    })
-    return subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT], env=env, cwd=root, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _await_holding(child: subprocess.Popen, timeout: float) -> dict:
-    lines: queue.Queue[str | None] = queue.Queue()
-    errors: list[str] = []
-
-    def pump(stream, sink) -> None:
-        for line in stream:
-            sink(line)
-        if stream is child.stdout:
-            lines.put(None)
-
-    threading.Thread(target=pump, args=(child.stdout, lines.put), daemon=True).start()
-    threading.Thread(target=pump, args=(child.stderr, errors.append), daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise ActivationBenchError(f"the activation child did not reach its kill point in {timeout:.0f} s")
-        if line is None:
-            child.wait()
-            raise ActivationBenchError(f"the activation child exited ({child.returncode}) before its kill point:\n"
-                                       + "".join(errors[-30:]))
-        if line.startswith(CHILD_HOLDING):
-            return json.loads(line[len(CHILD_HOLDING):])
-        if line.startswith(CHILD_COMMITTED):
-            raise ActivationBenchError(f"the activation child committed without pausing: {line.strip()}")
-
-
-def _census(observer, *, point: str, pid: int, xid: int, rowlocks: bool,
-            tables: Sequence[str] = LOCKED_TABLES) -> LockCensus:
-    lock_table = {f"{locktype} {mode}": count for locktype, mode, count in observer.execute(
-        "SELECT locktype, mode, count(*) FROM pg_locks WHERE pid = %s GROUP BY 1, 2 ORDER BY 1, 2", [pid])}
-    row_locks = {}
-    if rowlocks:
-        for table in tables:
-            row_locks[table] = observer.execute(
-                "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
-    return LockCensus(point=point, row_locks=row_locks, lock_table=lock_table)
-
-
-def observe_untouched(observer, world: ActivationWorld, *, xid: int | None = None,
-                      rowlocks: bool = True) -> Untouched:
-    """The epoch's state and every gate of the configuration, as a second session sees them."""
-    (state,) = observer.execute("SELECT state FROM connector_servingepoch WHERE id = %s", [world.epoch_pk]).fetchone()
-    gates = observer.execute(
-        "SELECT g.account_id, g.mode, g.fence, g.epoch_id FROM connector_accountservinggate g "
-        "JOIN connector_serviceconfigurationaccount c ON c.account_id = g.account_id WHERE c.generation_id = %s",
-        [world.configuration_pk]).fetchall()
-    (audits,) = observer.execute(
-        "SELECT count(*) FROM connector_auditrecord WHERE action = ANY(%s) AND evidence_digest = %s",
-        [list(ACTIVATION_ACTIONS[world.scenario]), world.epoch_digest]).fetchone()
-    still_locked = None
-    if rowlocks and xid is not None:
-        still_locked = sum(observer.execute(
-            "SELECT count(*) FROM pgrowlocks(%s) WHERE %s::text::xid = ANY(xids)", [table, str(xid)]).fetchone()[0]
-            for table in LOCKED_TABLES_OF[world.scenario])
-    return Untouched(
-        epoch_state=state, gates=len(gates), gates_validating=sum(1 for g in gates if g[1] == world.gate_mode_before),
-        gates_naming_epoch=sum(1 for g in gates if g[3] == world.epoch_pk),
-        fences_changed=sum(1 for g in gates if world.fences.get(g[0]) != g[2]), activation_audit_rows=audits,
-        rows_still_locked=still_locked)
-
-
-def kill_mid_activation(world: ActivationWorld, *, kill_at: str = "before_commit", progress: Progress | None = None,
-                        timeout: float | None = None, raise_on_partial: bool = True) -> Recovery:
-    """Run `epoch_activate_first` in a child process, pause it at `kill_at` holding its locks, count them from a
-    second session, SIGKILL it and time until its backend (and with it every lock) is gone. Then, from the second
-    session: the WAL the killed attempt wrote and what is visible. Raises PartialActivationVisible when any of the
-    activation's effects or locks remain visible (unless raise_on_partial is false)."""
-    if kill_at not in KILL_POINTS:
-        raise ActivationBenchError(f"kill point {kill_at!r} is not one of {', '.join(KILL_POINTS)}")
-    say = progress or (lambda _msg: None)
-    timeout = timeout if timeout is not None else 300 + world.accounts * 0.02
-    rowlocks = world.extensions.get("pgrowlocks", False)
-    observer = _observer()
-    child = None
-    try:
-        retain_wal(observer)
-        start_lsn = insert_lsn(observer)
-        say(f"  killed attempt: child runs the {world.scenario} activation and pauses at {kill_at}")
-        child = _spawn_child(world, kill_at)
-        holding = _await_holding(child, timeout)
-        census = _census(observer, point=holding["point"], pid=holding["pid"], xid=holding["xid"],
-                         rowlocks=rowlocks,
-                         tables=LOCKED_TABLES_OF[world.scenario])
-        say(f"  killed attempt: holding {census.total_row_locks} row locks, {census.total_lock_table} lock-table "
-            "entries; SIGKILL")
-        killed = time.perf_counter()
-        os.kill(child.pid, signal.SIGKILL)
-        while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
-                               [holding["pid"]]).fetchone()[0]:
-            time.sleep(0.0005)
-        released = time.perf_counter()
-        child.wait()
-        server_bytes = observer.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)::bigint",
-                                        [start_lsn]).fetchone()[0]
-        child_wal = wal_of(observer, start_lsn, holding["xid"], server_bytes=server_bytes,
-                            enabled=world.extensions.get("pg_walinspect", False))
-        untouched = observe_untouched(observer, world, xid=holding["xid"], rowlocks=rowlocks)
-    finally:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
-        observer.close()
-    recovery = Recovery(kill_at=kill_at, census=census, untouched=untouched,
-                        locks_released_ms=_ms(released - killed), child_wal=child_wal,
-                        partial_visible=untouched.partial(world.accounts))
-    if recovery.partial_visible and raise_on_partial:
-        raise PartialActivationVisible(f"after the kill at {kill_at}: {untouched}")
-    return recovery
-
-
 # -- 2. the timed activation: bench/activation_timing.py (timed_activation, Phases) -------------------------------
-
 # -- 2b. the raw set-based reference ---------------------------------------------------------------------------
-
 # The raw set-based shape of the same rows (issue 19): ONE UPDATE ... RETURNING of every gate of the account set
 # feeding ONE INSERT ... SELECT of their audit rows, with every row trigger firing (transition, fence, append-only
 # audit). No lock is taken first, no epoch row moves, nothing is read back into Python: the floor a set-based
@@ -719,6 +104,7 @@ SELECT statement_timestamp(), %(actor)s, NULL, 'connector.AccountServingGate', m
        %(source)s, %(target)s, moved.fence, %(epoch_digest)s::bytea, ''
   FROM moved
 """
+
 # The successor's raw shape adds, first and in the same transaction, ONE SELECT ... FOR UPDATE of every
 # predecessor and successor lane the activation locks (successor_activate's lanes_for_update, ascending id).
 RAW_LANES_SQL = "SELECT count(*) FROM (SELECT id FROM connector_orderinglane WHERE id = ANY(%s::bigint[]) " \
@@ -883,7 +269,7 @@ def measure_activation(accounts: int, *, prefix: str = "", kill_at: str = "befor
 def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, readback_repeat: int,
              say) -> ActivationResult:
     """One killed attempt mid-transaction, the timed retry, the readback: the same for every scenario."""
-    from bench.management.commands.bench import Stats
+    from bench.stats import Stats
 
     checkpoint()
     recovery = kill_mid_activation(world, kill_at=kill_at, progress=say)
@@ -907,21 +293,6 @@ def _measure(world, accounts: int, what: str, scenario: str, *, kill_at: str, re
                             load_average=round(os.getloadavg()[0], 2), scenario=scenario, raw=raw)
 
 
-def _coordinator(name: str) -> Callable[..., ActivationResult]:
-    def measure(*args, **kwargs) -> ActivationResult:
-        from bench import activation_coord
-
-        return getattr(activation_coord, name)(*args, **kwargs)
-    measure.__name__ = name
-    return measure
-
-
-# The activation scenarios (--scenario) and their measuring functions; each reuses kill_mid_activation,
-# timed_activation and readback, which pick the service call from world.scenario. Budgets are keyed by scenario
-# ("first" at the top of the section, as before; the others under their own key).
-SCENARIOS: dict[str, Callable[..., ActivationResult]] = {"first": measure_activation,
-                                                          "cutover": _coordinator("measure_cutover"),
-                                                          "successor": _coordinator("measure_successor")}
 # -- the report -----------------------------------------------------------------------------------------------
 
 def machine() -> str:
@@ -961,7 +332,7 @@ class ActivationReport:
                 "settings": self.settings, "kill_at": self.kill_at, "readback_repeat": self.readback_repeat,
                 "first_activation": [r.as_dict() for r in self.results if r.scenario == "first"],
                 "scenarios": {name: [r.as_dict() for r in self.results if r.scenario == name]
-                              for name in SCENARIOS if any(r.scenario == name for r in self.results)},
+                              for name in SCENARIO_SETS["all"] if any(r.scenario == name for r in self.results)},
                 "failures": self.failures, "goals": self.goals,
                 "successor_activation": self.successor}
 
@@ -1045,41 +416,3 @@ def _table_rows(results: list[ActivationResult]) -> list[str]:
             f"{r.recovery.locks_released_ms:>11,.1f} {_n(r.recovery.retried_commit_ms):>11} "
             f"{_n(None if r.raw is None else r.raw.statement_ms):>8} {_n(r.raw_ratio, ',.2f'):>7}")
     return lines
-
-
-# -- budgets, goals and the subcommand: bench/activation_goals.py and bench/activation_command.py ------------
-
-class Activation:
-    """`bench activation`: registered in bench/management/commands/bench.py's SUBCOMMANDS (bench/activation_command)."""
-
-    name = "activation"
-    help = ("Whole-service activation at N accounts (first: epoch_activate_first; cutover: the V1 -> V2 coordinator's "
-            "first_activation_commit through the barrier set and the CutoverDecision; successor: successor_activate "
-            "with K lanes per account handed off), in a throwaway database per N: owner reread, locked transaction, "
-            "COMMIT, readback, WAL, locks held, recovery after a kill mid-transaction, and the raw set-based shape "
-            "of the same rows; --check against the 'activation' section of bench/budgets.json (ceilings and goals), "
-            "--chart draws cost against N.")
-
-    def add_arguments(self, parser) -> None:
-        from bench.activation_command import add_arguments
-
-        add_arguments(parser)
-
-    def handle(self, command, options: dict) -> None:
-        from bench.activation_command import handle
-
-        handle(command, options)
-
-
-# Split out of this module (it may not grow, tests/test_layout.py); re-exported for their callers. Imported last:
-# they import this module.
-from bench.activation_goals import (  # noqa: E402,F401
-    BUDGET_SECTION,
-    DURATION_HEADROOM,
-    SMALL_DURATION_FLOOR_MS,
-    WAL_HEADROOM,
-    check_budgets,
-    load_budgets,
-    suggest_budgets,
-)
-from bench.activation_timing import Phases, child_main, timed_activation  # noqa: E402,F401

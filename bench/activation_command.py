@@ -9,17 +9,10 @@ from pathlib import Path
 from django.db import DatabaseError
 
 from bench import activation
-from bench.activation import (
-    DEFAULT_ACCOUNTS,
-    DEFAULT_DATABASE,
-    KILL_POINTS,
-    SCENARIO_CHOICES,
-    SCENARIO_SETS,
-    ActivationBenchError,
-    ActivationReport,
-    Progress,
-    format_table,
-)
+from bench.activation import (DEFAULT_ACCOUNTS, DEFAULT_DATABASE, SCENARIO_CHOICES, SCENARIO_SETS, ActivationReport,
+                              format_table)
+from bench.activation_kill import KILL_POINTS
+from bench.activation_world import ActivationBenchError, Progress
 from bench.activation_chart import draw
 from bench.activation_coord import DEFAULT_PARTITIONS, HANDOFF_PATHS
 from bench.activation_goals import (
@@ -36,10 +29,9 @@ from bench.activation_goals import (
     load_goals,
     suggest_budgets,
 )
+from bench.activation_scenarios import SCENARIOS
 from bench.options import integer_list
-
-
-
+from bench.subcommand import Subcommand
 
 
 def add_arguments(parser) -> None:
@@ -107,7 +99,7 @@ def run(options: dict, say: Progress) -> ActivationReport:
     from django.core.management.base import CommandError
 
     from connector.errors import ConnectorError
-    from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
+    from bench.databases import NAME_RE, ThrowawayDatabases
 
     counts = integer_list(options["accounts"], "--accounts", low=1,
                           needs="--accounts needs at least one cardinality, each at least 1")
@@ -128,7 +120,7 @@ def run(options: dict, say: Progress) -> ActivationReport:
                     report.postgres, report.settings = activation.server_facts()
                 try:
                     # looked up at call time, so a replaced module function is the one run
-                    measure = activation.measure_activation if scenario == "first" else activation.SCENARIOS[scenario]
+                    measure = activation.measure_activation if scenario == "first" else SCENARIOS[scenario]
                     extra = {} if scenario != "successor" else {
                         "partitions": options.get("partitions", DEFAULT_PARTITIONS),
                         "handoffs": options.get("handoffs") or "bulk"}
@@ -265,3 +257,21 @@ def _conclude(command, options: dict, broken: list[str], failures: list[dict]) -
     if failures:
         raise CommandError("not measured: " + "; ".join(f"{f['accounts']:,} accounts: {f['error']}"
                                                        for f in failures))
+
+
+class Activation(Subcommand):
+    """`bench activation`: registered in bench/management/commands/bench.py's SUBCOMMANDS."""
+
+    name = "activation"
+    help = ("Whole-service activation at N accounts (first: epoch_activate_first; cutover: the V1 -> V2 coordinator's "
+            "first_activation_commit through the barrier set and the CutoverDecision; successor: successor_activate "
+            "with K lanes per account handed off), in a throwaway database per N: owner reread, locked transaction, "
+            "COMMIT, readback, WAL, locks held, recovery after a kill mid-transaction, and the raw set-based shape "
+            "of the same rows; --check against the 'activation' section of bench/budgets.json (ceilings and goals), "
+            "--chart draws cost against N.")
+
+    def add_arguments(self, parser) -> None:
+        add_arguments(parser)
+
+    def handle(self, command, options: dict) -> None:
+        handle(command, options)

@@ -40,20 +40,9 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from bench.activation import (
-    ACTOR,
-    ActivationBenchError,
-    ActivationResult,
-    ActivationWorld,
-    Progress,
-    _analyze,
-    _copy,
-    _fresh_session,
-    _measure,
-    _timed,
-    build_activation_world,
-    gate_fences,
-)
+from bench.activation import ActivationResult, _measure
+from bench.activation_world import (ACTOR, ActivationBenchError, ActivationWorld, Progress, _analyze, _copy,
+                                    _fresh_session, _timed, build_activation_world, gate_fences)
 
 DEFAULT_PARTITIONS = 4
 HANDOFF_PATHS = ("bulk", "service")  # --handoffs: bulk rows, or cutover.services.succession_phases.handoff_all

@@ -38,7 +38,7 @@ PASSED, BROKEN, NOT_CHECKED, REPORTED = "passed", "broken", "not checked", "repo
 
 
 def _error(message: str) -> Exception:
-    from bench.activation import ActivationBenchError
+    from bench.activation_world import ActivationBenchError
 
     return ActivationBenchError(message)
 

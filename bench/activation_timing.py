@@ -177,7 +177,7 @@ def child_main() -> None:
 def timed_activation(world) -> tuple[Phases, Wal]:
     """The scenario's call in this process, timestamped (see the module docstring). Returns the phases and the
     transaction's WAL (its own records: the epoch row's xmin names the activation transaction)."""
-    from bench.activation import ActivationBenchError, _observer
+    from bench.activation_world import ActivationBenchError, _observer
     from connector.choices import EpochState
 
     marks: dict[str, float] = {}

@@ -206,7 +206,7 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
     from django.conf import settings
     from django.db import connections
 
-    from bench.hot_account import machine_facts
+    from bench.hot_report import machine_facts
     from connector.demo import DEMO_CHANNEL
     from connector.models import ConnectorAccount, CredentialGeneration
     from connector.secrets import secret_backend
@@ -285,7 +285,7 @@ def _cpu_window(run: RunPy):
     from django.db import connections
 
     from bench.burst_cpu import ROLE_NAMES, BurstCpu
-    from bench.hot_account import _conninfo
+    from bench.hot_pool import _conninfo
 
     roots = {ROLE_NAMES.get(name, name): pid for name, pid in run.pids.items()}
     databases = [connections[alias].settings_dict["NAME"] for alias in ("default", "journal")]
@@ -365,7 +365,7 @@ class Burst:
         from django.db import connections
 
         from connector.demo import build_world
-        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.databases import NAME_RE, ThrowawayDatabases
 
         say = command.progress
         name = options["database_name"]

@@ -302,7 +302,7 @@ def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, w
 def _peer_phase(setup, conninfo, *, workers: int, jobs: int, warm: float, seconds: float, say) -> dict:
     import psycopg
 
-    from bench.hot_account import peer_schema_apply
+    from bench.hot_raw import peer_schema_apply
 
     peer_schema_apply(conninfo)
     queue_name = f"bench_claims_{int(time.time())}"
@@ -362,8 +362,8 @@ def run_claims(*, workers: int = 2, seconds: float = 20.0, warm: float = 3.0, ac
     from django.conf import settings
     from django.db import connections
 
-    from bench.hot_account import _conninfo
-    from bench.management.commands.bench import ThrowawayDatabases
+    from bench.hot_pool import _conninfo
+    from bench.databases import ThrowawayDatabases
     from connector.services import execution as ex
 
     has_batch = hasattr(ex, "execution_claim_batch_and_run")

@@ -212,8 +212,8 @@ def run_halt_drain(*, clients: int, drills: int, period: float, effects: int, po
     from django.db import connections
 
     from bench.claims import _run_workers
-    from bench.hot_account import _conninfo
-    from bench.management.commands.bench import ThrowawayDatabases
+    from bench.hot_pool import _conninfo
+    from bench.databases import ThrowawayDatabases
     from bench.outbound import _world, author_effects
     from tests.effects.receiver import Receiver
 

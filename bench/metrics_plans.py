@@ -124,7 +124,7 @@ def grew(small: dict[str, dict], big: dict[str, dict], slack: int = SLACK_BLOCKS
 
 
 def run_metrics_plans(*, sizes: Sequence[int], budgets: dict, say: Progress) -> dict:
-    from bench.management.commands.bench import generate_history
+    from bench.history_data import generate_history
     from connector.demo import build_world
 
     world = build_world("mp-")
@@ -210,7 +210,7 @@ class MetricsPlans:
         from django.conf import settings
         from django.core.management.base import CommandError
 
-        from bench.management.commands.bench import ThrowawayDatabases
+        from bench.databases import ThrowawayDatabases
         from django.db import connections
 
         try:

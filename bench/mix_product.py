@@ -101,7 +101,7 @@ def process_main(index: int, setup: dict, inbox, outbox, shared) -> None:
     """A pool process that also holds the Shared, then the classic pool's command loop."""
     global SHARED
     SHARED = shared
-    from bench.hot_account import _process_main
+    from bench.hot_client import _process_main
 
     _process_main(index, setup, inbox, outbox)
 
@@ -218,7 +218,7 @@ def _admit_loop(index: int, command: dict, stats: dict) -> None:
     from connector.actors import Actor
     from connector.demo import DEMO_CHANNEL, demo_event_body
     from connector.services.admission import receipt_admit
-    from bench.hot_account import RECORDER, REJECTION_BACKOFF_SECONDS
+    from bench.hot_recorder import RECORDER, REJECTION_BACKOFF_SECONDS
 
     actor = Actor.system("bench-hot-account")
     admitted, deadline = SHARED.admitted, command["deadline"]
@@ -335,7 +335,7 @@ def cmd_role(index: int, command: dict) -> dict:
     start until the deadline (workers: until the backlog is drained); optionally under cProfile."""
     from django.db import connection
 
-    from bench.hot_account import RECORDER, _sleep_until
+    from bench.hot_recorder import RECORDER, _sleep_until
 
     from django.conf import settings
 
@@ -434,7 +434,7 @@ def abandon_fenced_out(actor) -> int:
     open (egress_batch.win_sending_batch), so without this a later halt drill could never confirm."""
     from django.db.models import F
 
-    from bench.hot_account import RECORDER
+    from bench.hot_recorder import RECORDER
     from effects.models import DispatchPermit
     from effects.services import dispatch
 
@@ -451,7 +451,7 @@ def cmd_control(index: int, command: dict) -> dict:
     re-enablement and before each halt confirmation attempt."""
     from connector.actors import Actor
     from connector.services import gates
-    from bench.hot_account import _cmd_control
+    from bench.hot_client import _cmd_control
 
     actor = Actor.system("bench-hot-account-operator")
     saved = gates.credential_gate_transition, gates.gate_transition

@@ -84,7 +84,7 @@ def tally(effects: list[tuple], start: float, deadline: float, requests: list[di
 def run_product_phase(pool, *, n: int, control: int, plan: dict[int, dict], base: dict, facts: dict,
                       seconds: float, conninfo: str, databases: list[str], tag: str, receiver, drills: int,
                       inflight: int, shared, profile_dir: str | None, say) -> dict:
-    from bench.hot_account import _r, summarize_classes, unaccounted_rejections
+    from bench.hot_recorder import _r, summarize_classes, unaccounted_rejections
 
     if n:  # first the leftovers of the classic mix (prepared effects, due receipts) drained, untimed
         run_product_phase(pool, n=0, control=control, plan=plan, base=base, facts=facts, seconds=0.0,

@@ -327,8 +327,9 @@ def run_outbound(*, workers: int = 8, seconds: float = 20.0, warm: float = 3.0, 
     from django.conf import settings
     from django.db import connections
 
-    from bench.hot_account import _conninfo, peer_schema_apply
-    from bench.management.commands.bench import ThrowawayDatabases
+    from bench.hot_pool import _conninfo
+    from bench.hot_raw import peer_schema_apply
+    from bench.databases import ThrowawayDatabases
     from tests.effects.receiver import Receiver
 
     report = {"bench": "outbound", "workers": workers, "worker_shape": f"{workers} processes x 1 thread",

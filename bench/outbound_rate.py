@@ -37,7 +37,7 @@ UNLIMITED_FACTOR = 3
 def _egress_main(index: int, setup: dict, workers: int, seconds: float, go, outbox) -> None:
     """One egress process: `workers` threads running the egress task's batched step until `seconds` after `go`."""
     try:
-        from bench.hot_account import _bootstrap
+        from bench.hot_client import _bootstrap
 
         _bootstrap(setup)
         from django.db import connections
@@ -319,7 +319,7 @@ class OutboundRate:
         from django.core.management.base import CommandError
         from django.db import connections
 
-        from bench.management.commands.bench import ThrowawayDatabases
+        from bench.databases import ThrowawayDatabases
         from connector import demo
 
         say = command.progress

@@ -78,7 +78,7 @@ def _switch(on: bool, endpoint: str, exporter: str = "otlp") -> None:
 
 def cmd_mix(index: int, command: dict) -> dict:
     """One client's run of the mix with observability `command["observe"]` on or off."""
-    from bench.hot_account import _cmd_mix
+    from bench.hot_client import _cmd_mix
     from observability import tracing as sdk
 
     _switch(command["observe"], command["endpoint"], command.get("exporter", "otlp"))
@@ -93,7 +93,7 @@ def cmd_scrape(index: int, command: dict) -> dict:
     """Scrape the whole `/metrics` registry every `interval` seconds until the deadline (the "on" arm)."""
     from prometheus_client import generate_latest
 
-    from bench.hot_account import _sleep_until
+    from bench.hot_recorder import _sleep_until
     from observability.metrics import _registry
 
     _sleep_until(command["start_at"])
@@ -173,8 +173,10 @@ def run_overhead(*, account_key: str, clients: int, seconds: float, pairs: int, 
                  say: Progress, exporter: str = "otlp", sample_ratio: float = 1.0) -> dict:
     from django.conf import settings
 
-    from bench.hot_account import (Pool, _state_check, _world_facts, machine_facts, process_setup,
-                                    summarize_classes)
+    from bench.hot_pool import Pool
+    from bench.hot_client import process_setup
+    from bench.hot_recorder import summarize_classes
+    from bench.hot_report import _state_check, _world_facts, machine_facts
     from tests.effects.receiver import Receiver
 
     facts = _world_facts(account_key)
@@ -305,7 +307,7 @@ class Overhead:
         from django.core.management.base import CommandError
         from django.db import connections
 
-        from bench.management.commands.bench import NAME_RE, ThrowawayDatabases
+        from bench.databases import NAME_RE, ThrowawayDatabases
         from connector.demo import build_world
 
         if options["clients"] < 1 or options["seconds"] < 1 or options["pairs"] < 1:

@@ -1,5 +1,6 @@
 """State and immutability rules enforced by PostgreSQL itself (procrastinate style), so that no path around the
-service layer (raw SQL, a shell, a future bug) can break them. Migrations install them with `RunSQL`.
+service layer (raw SQL, a shell, a future bug) can break them. The current functions and triggers are the files of
+`<app>/sql/` (connector/sqlfiles.py); the helpers here build the triggers earlier migrations created.
 
 Every rule raises SQLSTATE 23xxx with a named CONSTRAINT, so Django surfaces it as IntegrityError and services
 translate it by constraint name (STYLE R10).
@@ -8,92 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-FUNCTIONS_SQL = r"""
-CREATE OR REPLACE FUNCTION connector_forbid_update() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'immutable fact: % rows are never updated', TG_TABLE_NAME
-    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_immutable';
-END $$;
+from connector import sqlfiles
 
-CREATE OR REPLACE FUNCTION connector_forbid_update_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'append-only: % rows are never % d', TG_TABLE_NAME, lower(TG_OP)
-    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_append_only';
-END $$;
-
--- A statement-level guard: TRUNCATE bypasses row triggers, so append-only and immutable tables refuse it too.
-CREATE OR REPLACE FUNCTION connector_forbid_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'append-only: % is never truncated', TG_TABLE_NAME
-    USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_no_truncate';
-END $$;
-
--- Only the columns named in TG_ARGV may change.
-CREATE OR REPLACE FUNCTION connector_only_columns_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF (to_jsonb(NEW) - TG_ARGV) IS DISTINCT FROM (to_jsonb(OLD) - TG_ARGV) THEN
-    RAISE EXCEPTION 'immutable columns of % changed (only % may change)', TG_TABLE_NAME, TG_ARGV
-      USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_immutable_columns';
-  END IF;
-  RETURN NEW;
-END $$;
-
--- TG_ARGV[0] is the state column; the rest are the allowed 'from>to' edges.
-CREATE OR REPLACE FUNCTION connector_enforce_transition() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-  old_s text := to_jsonb(OLD) ->> TG_ARGV[0];
-  new_s text := to_jsonb(NEW) ->> TG_ARGV[0];
-BEGIN
-  IF old_s IS NOT DISTINCT FROM new_s THEN
-    RETURN NEW;
-  END IF;
-  FOR i IN 1 .. array_length(TG_ARGV, 1) - 1 LOOP
-    IF TG_ARGV[i] = old_s || '>' || new_s THEN
-      RETURN NEW;
-    END IF;
-  END LOOP;
-  RAISE EXCEPTION 'transition % -> % is not allowed on %', old_s, new_s, TG_TABLE_NAME
-    USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_transition';
-END $$;
-
--- A fenced row changes only by a transition, and every transition advances `fence` by exactly one.
--- TG_ARGV[0] is the state column, TG_ARGV[1] the auto-updated timestamp column.
-CREATE OR REPLACE FUNCTION connector_fenced_row() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF (to_jsonb(NEW) ->> TG_ARGV[0]) IS DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0]) THEN
-    IF NEW.fence <> OLD.fence + 1 THEN
-      RAISE EXCEPTION 'fence of % must advance by exactly one on a transition (% -> %)',
-        TG_TABLE_NAME, OLD.fence, NEW.fence
-        USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_fence_advance';
-    END IF;
-  ELSIF (to_jsonb(NEW) - TG_ARGV[1]) IS DISTINCT FROM (to_jsonb(OLD) - TG_ARGV[1]) THEN
-    RAISE EXCEPTION '% changes only through a fenced transition', TG_TABLE_NAME
-      USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_fence_advance';
-  END IF;
-  RETURN NEW;
-END $$;
-
--- TG_ARGV[0] names a numeric column that may only grow (a lane high-water never moves back).
-CREATE OR REPLACE FUNCTION connector_never_decreases() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF (to_jsonb(OLD) ->> TG_ARGV[0]) IS NOT NULL AND ((to_jsonb(NEW) ->> TG_ARGV[0]) IS NULL
-      OR (to_jsonb(NEW) ->> TG_ARGV[0])::numeric < (to_jsonb(OLD) ->> TG_ARGV[0])::numeric) THEN
-    RAISE EXCEPTION '%.% never decreases', TG_TABLE_NAME, TG_ARGV[0]
-      USING ERRCODE = '23514', CONSTRAINT = TG_TABLE_NAME || '_monotonic';
-  END IF;
-  RETURN NEW;
-END $$;
-
--- Once TG_ARGV[0] holds a non-empty value the row is settled evidence: nothing of it changes any more.
-CREATE OR REPLACE FUNCTION connector_settled_once() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF coalesce(to_jsonb(OLD) ->> TG_ARGV[0], '') <> '' AND to_jsonb(NEW) IS DISTINCT FROM to_jsonb(OLD) THEN
-    RAISE EXCEPTION '% is settled evidence (% = %): it is never rewritten', TG_TABLE_NAME, TG_ARGV[0],
-      to_jsonb(OLD) ->> TG_ARGV[0] USING ERRCODE = '23000', CONSTRAINT = TG_TABLE_NAME || '_settled_once';
-  END IF;
-  RETURN NEW;
-END $$;
-"""
+# The generic rule functions, each the current text of its file in connector/sql/functions/ (D-510). Earlier
+# migrations install them with `RunSQL(FUNCTIONS_SQL)`; the trigger helpers below are what those migrations
+# created, and connector/sql/triggers/ holds each table's current triggers.
+GENERIC_FUNCTIONS = ("connector_forbid_update", "connector_forbid_update_delete", "connector_forbid_truncate",
+                     "connector_only_columns_change", "connector_enforce_transition", "connector_fenced_row",
+                     "connector_never_decreases", "connector_settled_once")
+FUNCTIONS_SQL = "\n".join(sqlfiles.function_text("connector", name) for name in GENERIC_FUNCTIONS)
 
 DROP_FUNCTIONS_SQL = """
 DROP FUNCTION IF EXISTS connector_forbid_update() CASCADE;

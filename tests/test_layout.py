@@ -19,11 +19,7 @@ MAX_LINES = 500
 
 # Modules over MAX_LINES today, each with why it is not split yet. The test fails when one of them shrinks
 # under the limit (delete its entry) or disappears, so the list only gets shorter (D-260).
-ALLOWED_OVER = {
-    "bench/activation.py": "the activation bench; extended in parallel by the capacity work (split after it lands)",
-    "bench/hot_account.py": "the hot-account bench; extended in parallel by the capacity work (split after it lands)",
-    "bench/management/commands/bench.py": "the bench command's scenario table; extended in parallel with the benches",
-}
+ALLOWED_OVER: dict[str, str] = {}
 
 BOUNDARY_CONTRACTS = (
     "connector is the bottom layer: it imports neither effects nor cutover",
@@ -176,3 +172,14 @@ def test_the_migrations_match_the_models():
                             env={**os.environ, "DJANGO_SETTINGS_MODULE": settings_module})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "No changes detected" in result.stdout
+
+
+def test_the_benches_are_a_development_tool_not_the_product():
+    """`bench/` is not installed with the product package and not an app of the product's settings: only the
+    development and test settings install it, so `manage.py bench ...` runs from a checkout (issue 39 item 6, D-512)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert not [p for p in setuptools["packages"]["find"]["include"] if p.startswith("bench")]
+    from config.django import base, local, test
+
+    assert "bench" not in base.INSTALLED_APPS
+    assert local.INSTALLED_APPS[-1] == test.INSTALLED_APPS[-1] == "bench"

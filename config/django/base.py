@@ -36,7 +36,6 @@ INSTALLED_APPS = [
     "governance",
     "v1",
     "observability",  # health, /metrics and the overview's stage samples (issue 21); no product app imports it
-    "bench",  # `manage.py bench ...`: above every product app (issue 18)
 ]
 
 MIDDLEWARE = [

@@ -15,7 +15,7 @@ import tempfile
 from urllib.parse import unquote, urlsplit
 
 from config.django.base import *  # noqa: F401,F403
-from config.django.base import BASE_DIR, DATABASE_URL_OPTIONS, DATABASES, session_options
+from config.django.base import BASE_DIR, DATABASE_URL_OPTIONS, DATABASES, INSTALLED_APPS, session_options
 from config.env import env_str
 from connector import dbroles
 
@@ -34,6 +34,9 @@ def _run_id() -> str:
 
 
 TEST_RUN = _run_id()
+# The suite runs the benches small (tests/connector/test_bench_*.py): the bench app is installed here and in local
+# settings, never in production (D-512).
+INSTALLED_APPS = [*INSTALLED_APPS, "bench"]
 CONNECTOR_REDIS_KEY_PREFIX = f"connector-test-{TEST_RUN}:"
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CONNECTOR_REDIS_KEY_PREFIX}
 # Each worker a test starts writes its heartbeat file here unless the test names its own.

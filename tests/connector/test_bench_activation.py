@@ -11,31 +11,16 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from bench.activation import (
-    BUDGET_FIGURES,
-    SCENARIOS,
-    SUCCESSOR_STATUS,
-    ActivationBenchError,
-    ActivationReport,
-    ActivationResult,
-    LockCensus,
-    Phases,
-    Recovery,
-    Untouched,
-    Wal,
-    build_activation_world,
-    check_budgets,
-    checkpoint,
-    format_table,
-    kill_mid_activation,
-    load_budgets,
-    measure_activation,
-    readback,
-    suggest_budgets,
-    timed_activation,
-)
+from bench.activation import (BUDGET_FIGURES, SUCCESSOR_STATUS, ActivationReport, ActivationResult, format_table,
+                              measure_activation, readback)
+from bench.activation_goals import check_budgets, load_budgets, suggest_budgets
+from bench.activation_scenarios import SCENARIOS
+from bench.activation_timing import Phases, timed_activation
+from bench.wal import Wal
+from bench.activation_world import ActivationBenchError, build_activation_world, checkpoint
+from bench.activation_kill import LockCensus, Recovery, Untouched, kill_mid_activation
 from connector.choices import EpochState, GateMode
-from bench.management.commands.bench import Stats
+from bench.stats import Stats
 from connector.models import AccountServingGate, AuditRecord, ServingEpoch
 from connector.selectors.owners import service_configuration_read
 
@@ -140,9 +125,9 @@ def test_check_fails_against_an_impossibly_strict_budget(tmp_path, monkeypatch):
     the table (with the successor-activation status) and the --json report are written first. The measurement runs
     on this test's database: creating and migrating the two throwaway databases is `make bench`'s part (its
     hot-account and history runs use the same ThrowawayDatabases). Proves: CV2-14-006, CV2-14-009"""
-    from bench.management.commands import bench
+    from bench import databases
 
-    monkeypatch.setattr(bench, "ThrowawayDatabases", _NoDatabase)
+    monkeypatch.setattr(databases, "ThrowawayDatabases", _NoDatabase)
     budgets = tmp_path / "budgets.json"
     budgets.write_text(json.dumps({"history": {"max_p50_admission_ratio": 1.2}, "activation": {
         "_note": "impossibly strict", str(N): {figure: 0 for figure in BUDGET_FIGURES}}}))
@@ -237,14 +222,14 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
     reported, the failure is named in the table and the JSON report, and the command exits non-zero.
     Proves: CV2-14-009"""
     from bench import activation
-    from bench.management.commands import bench
+    from bench import databases
 
     def measure(accounts, **kwargs):
         if accounts == 20:
             raise ActivationBenchError("epoch verification refused")
         return _result(accounts)
 
-    monkeypatch.setattr(bench, "ThrowawayDatabases", _NoDatabase)
+    monkeypatch.setattr(databases, "ThrowawayDatabases", _NoDatabase)
     monkeypatch.setattr(activation, "server_facts", lambda: ("15", {}))
     monkeypatch.setattr(activation, "measure_activation", measure)
     report_path = tmp_path / "report.json"

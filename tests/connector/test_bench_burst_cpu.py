@@ -15,7 +15,7 @@ from django.db import connection
 
 from bench.burst import started_pid
 from bench.burst_cpu import BurstCpu, cpu_lines, descendants, parent_pids, per_event
-from bench.hot_account import _conninfo
+from bench.hot_pool import _conninfo
 from tests.support import scaled
 
 SERVER_WORK = "SELECT count(*) FROM generate_series(1, 4000000) g WHERE g % 7 = 3"

@@ -13,7 +13,7 @@ from django.db import connection
 
 from bench.claims_cpu import CpuOfWindow, cpu_check, cpu_lines, cpu_ratios
 from bench.cpu import CLOCK_TICKS, CpuWindow, per_completion, process_jiffies
-from bench.hot_account import _conninfo
+from bench.hot_pool import _conninfo
 from tests.support import scaled
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\ntime.sleep({linger})\n"

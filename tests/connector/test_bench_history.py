@@ -12,15 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from connector.actors import Actor
 from connector.demo import build_world
-from bench.management.commands.bench import (
-    HistoryReport,
-    SizeResult,
-    Stats,
-    analyze,
-    generate_history,
-    measure_history,
-    measure_history_interleaved,
-)
+from bench.history import HistoryReport, SizeResult, measure_history, measure_history_interleaved
+from bench.history_data import analyze, generate_history
+from bench.stats import Stats
 from connector.models import Event, Receipt, ReceiptAdmissionKey
 from connector.services.admission import receipt_admit
 from connector.services.materialize import receipt_materialize

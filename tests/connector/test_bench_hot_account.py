@@ -11,16 +11,9 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from bench import history_ratio_limit, load_budgets
-from bench.hot_account import (
-    ALL_CLASSES,
-    REQUIRED_CLASSES,
-    THROUGHPUT_CLASSES,
-    budgets_from_reports,
-    check_report,
-    format_report,
-    run_hot_account,
-    write_budget_section,
-)
+from bench.hot_recorder import ALL_CLASSES, REQUIRED_CLASSES, THROUGHPUT_CLASSES
+from bench.hot_report import budgets_from_reports, check_report, format_report, write_budget_section
+from bench.hot_account import run_hot_account
 from connector.demo import build_world
 from connector.models import AccountServingGate
 

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from bench.hot_account import _conninfo
+from bench.hot_pool import _conninfo
 from bench.mix_product import Wakes, claims_step, egress_step, materialize_step
 from bench.mix_product_run import accounting, check_product, marks, tally
 from connector.actors import Actor

@@ -13,7 +13,8 @@ from django.conf import settings
 from django.db import connections
 
 from bench import load_budgets
-from bench.hot_account import _conninfo, peer_schema_apply
+from bench.hot_pool import _conninfo
+from bench.hot_raw import peer_schema_apply
 from bench.outbound import (
     _accounting,
     _world,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.activation import _ensure_extensions, _observer
+from bench.activation_world import _ensure_extensions, _observer
 from bench.wal import insert_lsn, wal_of
 
 ROUNDS = 25  # each one a fresh race against the WAL writer; today's code lost it in (nearly) every round

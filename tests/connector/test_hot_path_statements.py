@@ -91,7 +91,7 @@ def _batch_materialize_statements(account: str, tag: str, events: int) -> tuple[
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from bench.hot_account import batch_body
+    from bench.hot_client import batch_body
     from connector.actors import Actor
     from connector.demo import DEMO_CHANNEL
     from connector.services.admission import receipt_admit

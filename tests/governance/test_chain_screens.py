@@ -9,7 +9,7 @@ import re
 import pytest
 from django.test import Client
 
-from bench.management.commands.bench import generate_history
+from bench.history_data import generate_history
 from connector.demo import build_world
 from connector.models import ApplicationResult, Execution, OrderingLane, Receipt
 from effects.models import RemoteEffect, RemoteLink

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from bench.management.commands.bench import generate_history
+from bench.history_data import generate_history
 from bench.metrics_plans import HISTORY_TABLES, capture_statements, grew, measure, recent_work, vacuum_analyze
 from connector.demo import build_world
 

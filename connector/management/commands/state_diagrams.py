@@ -216,7 +216,7 @@ def render_index(machines: list[Machine]) -> str:
 
 One page per django-fsm state field of the apps {", ".join(f"`{a}`" for a in PROJECT_APPS)}, generated from
 the code. Every file in this directory is generated; `state_diagrams --check` reports any other file here as
-stale. The database enforces the same edges itself (transition triggers, `connector/dbrules.py`).
+stale. The database enforces the same edges itself (transition triggers, `<app>/sql/triggers/`).
 
 | Machine | App | Initial | States | Transitions |
 | --- | --- | --- | --- | --- |

@@ -1,0 +1,9 @@
+-- The triggers connector keeps on connector_serviceconfigurationcredentialmapping (the functions they call are in */sql/functions/).
+
+DROP TRIGGER IF EXISTS connector_serviceconfigurationcredentialmapping_immutable ON connector_serviceconfigurationcredentialmapping;
+CREATE TRIGGER connector_serviceconfigurationcredentialmapping_immutable BEFORE UPDATE ON connector_serviceconfigurationcredentialmapping
+  FOR EACH ROW EXECUTE FUNCTION connector_forbid_update();
+
+DROP TRIGGER IF EXISTS connector_serviceconfigurationcredentialmapping_no_truncate ON connector_serviceconfigurationcredentialmapping;
+CREATE TRIGGER connector_serviceconfigurationcredentialmapping_no_truncate BEFORE TRUNCATE ON connector_serviceconfigurationcredentialmapping
+  FOR EACH STATEMENT EXECUTE FUNCTION connector_forbid_truncate();
