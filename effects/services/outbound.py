@@ -18,7 +18,7 @@ from connector.selectors.owners import binding_definition_read
 from connector.selectors.rows import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
 from connector.services.guard import ServingContext, lock_serving
 from connector.interpreters import callout as callout_paths
-from connector.services.materialize import insert_rows
+from connector.services.set_insert import insert_rows
 from effects.choices import LinkState
 from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused, RateLimitInvalid
 from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect, RemoteLink
