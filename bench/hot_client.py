@@ -132,7 +132,8 @@ class Client:
         # As the materialize task's entry point does: a span continuing the receipt's stored trace (tracing off: a
         # shared no-op; `bench overhead` turns it on).
         with tracing.stage("receipt_materialize", ReceiptTrace, receipt_id=receipt_pk):
-            outcome, out = RECORDER.op(cls, lambda: receipt_materialize(receipt_pk=receipt_pk))
+            outcome, out = RECORDER.op(cls, lambda: receipt_materialize(receipt_pk=receipt_pk,
+                                                                        account_id=self.account_id))
         if outcome == "rejected":
             self.pending_materialize.append((cls, receipt_pk))
         elif outcome == "ok" and cls == "materialization":
@@ -141,12 +142,14 @@ class Client:
         return outcome
 
     def advance(self, lane_pk: int) -> str:
-        from connector.services.execution import lane_advance
+        from connector.services.execution import lanes_advance
 
-        outcome, minted = RECORDER.op("lane_advance", lambda: lane_advance(lane_pk=lane_pk))
+        # As the product's lane step does: the one path with the account the task message carries.
+        outcome, minted = RECORDER.op("lane_advance", lambda: lanes_advance(lane_pks=[lane_pk],
+                                                                             account_id=self.account_id))
         if outcome == "rejected":
             self.pending_lanes.append(lane_pk)
-        elif outcome == "ok" and minted is None:
+        elif outcome == "ok" and not minted:
             RECORDER.reclassify_last("lane_advance", "empty", "")
         return outcome
 

@@ -9,9 +9,9 @@ separate steps. This mode splits the chain by role, as `make run` does:
                the same key after a short back-off, as a sender retries a 503). A client admits only while fewer than
                `inflight` events are admitted and not yet finalized (a shared counter), so the mix runs at the rate
                the workers finalize instead of piling up a backlog.
-  materialize  processes running the batch materializer's step (connector.tasks: `_materialize_together`, the
-               per-receipt `_materialize_one` for the rest), each on its slot of the account's receipts, as
-               `materialize_due` does.
+  materialize  processes running the batch materializer's step (connector.tasks: `_materialize`, an account's
+               due receipts in one transaction), each on its slot of the account's receipts, as `materialize_due`
+               does.
   claims       processes running the Celery task `connector.tasks.execution_claim_and_run` (batched fair claims,
                batched Runtime and result recording, outbound authoring), then the `lane_advance` tasks it published.
   egress       processes running the body of `effects.tasks.effect_dispatch`: `worker.effect_dispatch_batch`
@@ -160,7 +160,7 @@ class Statements:
 
 def materialize_step(account_id: int, slot: tuple[int, int], attempted: set[int]) -> int:
     """One read of the batch materializer (`connector.tasks.materialize_due`'s loop body): the slot's due receipts
-    materialized together (their lanes advanced together), the rest one by one; `attempted` (the run's skip set:
+    materialized together (their lanes advanced together); `attempted` (the run's skip set:
     a receipt refused during a halt is not retried in a loop) grows. Returns the receipts attempted."""
     from django.conf import settings
 
@@ -172,11 +172,8 @@ def materialize_step(account_id: int, slot: tuple[int, int], attempted: set[int]
     if not due:
         return 0
     claims = tasks._ClaimWakes()
-    together = tasks._materialize_together(due, claims)
-    for receipt_pk, account_pk in due:
-        attempted.add(receipt_pk)
-        if receipt_pk not in together:
-            tasks._materialize_one(receipt_pk, account_pk, claims)
+    attempted.update(receipt_pk for receipt_pk, _ in due)
+    tasks._materialize(due, claims)
     claims.flush()
     return len(due)
 

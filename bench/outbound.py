@@ -3,7 +3,7 @@ at-least-once baseline measured in the same run (issue 20, goals 1 and 3; decisi
 
 On a throwaway database with the demo push world (`connector.demo.build_owners(push=True)`, `--accounts`
 accounts), `--rounds` x `--effects` effects are authored up front through the real outbound authoring service
-(`effects.services.outbound_together.outbound_commands_author`, the set-based author the batched Runtime calls,
+(`effects.services.outbound.outbound_commands_author`, the set-based author the batched Runtime calls,
 under `lock_serving`; untimed). Then, `--rounds` times, two phases alternate:
 
 * product: `--workers` spawned egress processes, one dispatch loop each (`effects.services.worker.
@@ -158,7 +158,7 @@ def author_effects(world, count: int, say) -> float:
 
     from connector.demo import PUSH
     from connector.services.guard import lock_serving
-    from effects.services.outbound_together import outbound_commands_author
+    from effects.services.outbound import outbound_commands_author
 
     push, began, accounts = PUSH["push"], time.monotonic(), world.accounts
     for start in range(0, count, AUTHOR_BATCH):

@@ -123,7 +123,7 @@ def _author(account, label: str, first: int, count: int, limited: bool, say) -> 
     from connector.demo import PUSH
     from connector.services.guard import lock_serving
     from effects.services import outbound
-    from effects.services.outbound_together import outbound_commands_author
+    from effects.services.outbound import outbound_commands_author
 
     push, started, declared = PUSH["push"], time.monotonic(), outbound.declared_rate_limit
     if not limited:

@@ -11,7 +11,7 @@ import signal
 POINTS = (
     "admission.after_receipt_commit",  # Receipt durable, HTTP answer not sent, children not materialized
     "materialize.after_components",  # some children written in an uncommitted transaction
-    "advance.together_before_commit",  # lanes advanced together (D-295): Executions minted, not committed
+    "advance.before_commit",  # lanes advanced (D-295, D-521): Executions minted, not committed
     "claim.after_commit",  # Execution claimed, Runtime not called
     "claim.account_after_commit",  # per-account claimer (D-264): one account's leases committed, the next not taken
     "runtime.after_commit",  # Runtime committed the result, connector has not recorded it

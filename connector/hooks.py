@@ -62,39 +62,20 @@ def resume_blockers(gate) -> list[str]:
 
 
 # -- outbound authoring ------------------------------------------------------------------------------------------
-# Runtime authors OutboundCommands in its application transaction; the `effects` app provides the author.
-_OUTBOUND_AUTHORS: list[Callable[..., object]] = []
+# Runtime authors OutboundCommands in its application transaction; the `effects` app provides the author. Each
+# registered author takes the keyword arguments of every applied change of the transaction (one change is a list
+# of one) and authors them all.
+_OUTBOUND_AUTHORS: list[Callable[[list[dict]], object]] = []
 
 
-def register_outbound_author(fn: Callable[..., object]) -> Callable[..., object]:
+def register_outbound_author(fn: Callable[[list[dict]], object]) -> Callable[[list[dict]], object]:
     if fn not in _OUTBOUND_AUTHORS:
         _OUTBOUND_AUTHORS.append(fn)
     return fn
 
 
-def author_outbound(**kwargs) -> list[object]:
-    return [fn(**kwargs) for fn in _OUTBOUND_AUTHORS]
-
-
-# The set-based form for a batched Runtime transaction (D-296): each registered author takes the list of the
-# keyword arguments `author_outbound` would have been called with, one per applied change, and authors them all.
-_OUTBOUND_MANY_AUTHORS: list[Callable[..., object]] = []
-
-
-def register_outbound_author_many(fn: Callable[..., object]) -> Callable[..., object]:
-    if fn not in _OUTBOUND_MANY_AUTHORS:
-        _OUTBOUND_MANY_AUTHORS.append(fn)
-    return fn
-
-
-def author_outbound_many(calls: list[dict]) -> bool:
-    """Author every call with the registered set-based authors; False (nothing done) when none is registered
-    for each single author, and the caller then calls `author_outbound` per call."""
-    if len(_OUTBOUND_MANY_AUTHORS) != len(_OUTBOUND_AUTHORS):
-        return False
-    for fn in _OUTBOUND_MANY_AUTHORS:
-        fn(calls)
-    return True
+def author_outbound(calls: list[dict]) -> list[object]:
+    return [fn(calls) for fn in _OUTBOUND_AUTHORS]
 
 
 # -- replay correlation ------------------------------------------------------------------------------------------

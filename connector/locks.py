@@ -290,6 +290,33 @@ def lanes_for_update(lane_pks: Iterable[int], *, account_ids: Iterable[int]) -> 
             .filter(pk__in=ordered, account_id__in=sorted(set(account_ids))).order_by("pk")}
 
 
+def account_receipts_for_update(receipt_pks: Iterable[int], *, account_id: int) -> list:
+    """The Receipts of one account FOR UPDATE in ascending pk, the columns materialization compares and reads, in
+    one statement that names the account and joins no reference table (materialization, after the guard:
+    concurrent materializers of a receipt serialize). A pk of another account is absent."""
+    from connector.models import Receipt
+
+    ordered = sorted(set(receipt_pks))
+    if not ordered:
+        return []
+    return list(Receipt.objects.select_for_update(of=("self",))
+                .only("id", "account_id", "epoch_id", "epoch_digest", "kind", "channel", "payload",
+                      "component_count", "replay_request_id")
+                .filter(account_id=account_id, pk__in=ordered).order_by("pk"))
+
+
+def account_lanes_for_update(lane_pks: Iterable[int], *, account_id: int) -> list:
+    """The OrderingLanes of one account FOR UPDATE in ascending pk, in one statement that names the account and
+    joins no reference table (the lane advance, after the guard). A pk of another account is absent."""
+    from connector.models import OrderingLane
+
+    ordered = sorted(set(lane_pks))
+    if not ordered:
+        return []
+    return list(OrderingLane.objects.select_for_update(of=("self",))
+                .filter(account_id=account_id, pk__in=ordered).order_by("pk"))
+
+
 def executions_for_update(execution_pks: Iterable[int], *, account_ids: Iterable[int]) -> dict:
     """Several Executions FOR UPDATE in ascending pk (entity rows, after the guard and the lanes), in one statement
     that names their accounts (D-255). Returns {pk: execution}; a pk of another account is absent."""

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 
@@ -21,8 +22,9 @@ from redis.exceptions import RedisError
 from connector import tracing
 from connector.choices import SweepStep
 from connector.models import ReceiptTrace
+from connector.selectors import lanes as lane_selectors
 from connector.selectors import materialization
-from connector.services import advance_together, execution, materialize, materialize_together, poison, sweeper
+from connector.services import execution, materialize, poison, sweeper
 
 log = logging.getLogger(__name__)
 BROKER_ERRORS = (KombuOperationalError, RedisError, OSError)
@@ -206,73 +208,54 @@ class _ClaimWakes:
             log.warning("claim wake-up not sent", extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _materialize_one(receipt_pk: int, account_pk: int, claims: _ClaimWakes) -> None:
-    """One receipt in its own transaction (the unchanged service: its locks, fences and exact epoch), isolated as
-    the single-receipt task is; then its lanes advanced inline, each isolated (a lane's failure halts that lane)."""
-    out = None
-    with tracing.stage("receipt_materialize", ReceiptTrace, log={"receipt_id": receipt_pk}, receipt_id=receipt_pk):
-        with poison.isolated(step=SweepStep.RECEIPT_MATERIALIZE, item=f"receipt {receipt_pk}",
-                             refusals_quarantine=True,
-                             quarantine=partial(poison.receipt_hold, receipt_pk=receipt_pk,
-                                                step=SweepStep.RECEIPT_MATERIALIZE)):
-            out = materialize.receipt_materialize(receipt_pk=receipt_pk, account_id=account_pk)
-    if out is None:
-        return  # transient: still due (the sweeper retries); failed: the receipt is held
-    claims.add(len(out.executions))
-    _advance_inline(out.lanes, out.account_id, claims)  # lane order, as the service opens them
+def _advance(lanes, account_id: int) -> int:
+    """Advance the lanes of one account in one transaction (`execution.lanes_advance`), a failing batch split until
+    the failing lane stands alone and is halted with LANE_STEP_FAILED (`poison.isolated_batches`). Returns the
+    Executions minted."""
+    results = poison.isolated_batches(
+        sorted(lanes), lambda batch: execution.lanes_advance(lane_pks=batch, account_id=account_id),
+        step=SweepStep.LANE_ADVANCE, describe=lambda lane_pk: f"lane {lane_pk}",
+        quarantine_of=lambda lane_pk: partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE))
+    return sum(len(minted) for minted in results)
 
 
 def _advance_inline(lanes, account_id: int, claims: _ClaimWakes) -> None:
-    """Advance materialized lanes inline, in lane order, each isolated (a lane's failure halts that lane)."""
-    for lane_pk in sorted(lanes):
-        minted = None
-        with poison.isolated(step=SweepStep.LANE_ADVANCE, item=f"lane {lane_pk}",
-                             quarantine=partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE)):
-            minted = execution.lane_advance(lane_pk=lane_pk, account_id=account_id)
-        if minted is not None:
-            claims.add(1)
+    """Advance materialized lanes inline (`_advance`), one claim wake-up per batch of minted Executions."""
+    if lanes:
+        claims.add(_advance(lanes, account_id))
 
 
-def _materialize_together(due: list[tuple[int, int]], claims: _ClaimWakes) -> set[int]:
-    """The due receipts of each account materialized in one transaction where `materialize_together` takes them
-    (D-294), then their lanes advanced together where `advance_together` takes them (D-295), the rest inline one
-    by one; returns the receipts it took. A failure of that transaction (it rolled back) is logged and leaves
-    every receipt to the per-receipt path. `MATERIALIZE_TOGETHER` 0 turns it off."""
-    if not int(settings.CONNECTOR.get("MATERIALIZE_TOGETHER", 1)) or len(due) < 2:
-        return set()
-    taken: set[int] = set()
+def _materialize(due: list[tuple[int, int]], claims: _ClaimWakes) -> None:
+    """The due receipts of each account materialized in one transaction (`materialize.receipts_materialize`), a
+    failing batch split until the failing receipt stands alone and is held with MATERIALIZATION_FAILED
+    (`poison.isolated_batches`; a materialization is a pure function of immutable inputs, so its refusal is
+    deterministic too); then their lanes advanced inline (`_advance`). While tracing is on, every receipt is a
+    batch of one inside its own stage span, continuing its admission's trace."""
     by_account: dict[int, list[int]] = {}
     for receipt_pk, account_pk in due:
         by_account.setdefault(account_pk, []).append(receipt_pk)
     for account_pk, pks in sorted(by_account.items()):
-        try:
-            got, out = materialize_together.receipts_materialize(receipt_pks=pks, account_id=account_pk)
-        except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every receipt takes the per-receipt path
-            poison.log_fallback(log, exc, "materialize_due: %d receipts of account %s rolled back; per-receipt path",
-                                len(pks), account_pk)
-            continue
-        taken |= got
-        claims.add(len(out.executions))
-        lanes = set(out.lanes)
-        if len(lanes) > 1:
-            try:
-                advanced, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=account_pk)
-            except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every lane takes the per-lane path
-                poison.log_fallback(log, exc, "materialize_due: %d lanes of account %s rolled back; per-lane path",
-                                    len(lanes), account_pk)
-                advanced, minted = set(), []
-            lanes -= advanced
-            claims.add(len(minted))
-        _advance_inline(lanes, account_pk, claims)
-    return taken
+        batches = [[pk] for pk in pks] if tracing.enabled() else [pks]
+        for batch in batches:
+            with tracing.stage("receipt_materialize", ReceiptTrace, log={"receipt_id": batch[0]},
+                               receipt_id=batch[0]) if len(batch) == 1 else nullcontext():
+                results = poison.isolated_batches(
+                    batch, lambda part, account_pk=account_pk: materialize.receipts_materialize(
+                        receipt_pks=part, account_id=account_pk),
+                    step=SweepStep.RECEIPT_MATERIALIZE, describe=lambda pk: f"receipt {pk}", refusals_quarantine=True,
+                    quarantine_of=lambda pk: partial(poison.receipt_hold, receipt_pk=pk,
+                                                     step=SweepStep.RECEIPT_MATERIALIZE))
+            for out in results:
+                claims.add(len(out.executions))
+                _advance_inline(out.lanes, account_pk, claims)
 
 
 @shared_task(name="connector.tasks.materialize_due", acks_late=True, ignore_result=True)
 def materialize_due(account_id: int | None = None, slot: int = 0) -> int:
     """Materialize the account's due receipts, oldest first, `MATERIALIZE_BATCH` per read, until none is left
-    (D-269). Each receipt is its own transaction and its own isolated item; a receipt already materialized by
-    another worker is found complete under its lock and skipped (the service's receipt lock serializes two
-    runs). At most `MATERIALIZE_ROUNDS` reads per run, then the run hands over to a fresh wake-up. `account_id`
+    (D-269). The receipts of one read and one account are one transaction (`_materialize`); a receipt already
+    materialized by another worker is found complete under its lock and skipped (the service's receipt lock
+    serializes two runs). At most `MATERIALIZE_ROUNDS` reads per run, then the run hands over to a fresh wake-up. `account_id`
     None (no account known) takes one batch across accounts. `slot`: this run's share of the account's receipts
     (`slot_of`), so the account's runs work in parallel without repeating each other. Returns the number of
     receipts attempted."""
@@ -290,12 +273,9 @@ def materialize_due(account_id: int | None = None, slot: int = 0) -> int:
                 if account_id is None or not _wake_release(account_id, slot, attempted):
                     return len(attempted)
                 continue
-            together = _materialize_together(due, claims)
-            for receipt_pk, account_pk in due:
-                attempted.add(receipt_pk)
-                if receipt_pk not in together:
-                    _materialize_one(receipt_pk, account_pk, claims)
-                    holding.refresh()
+            attempted.update(receipt_pk for receipt_pk, _ in due)
+            _materialize(due, claims)
+            holding.refresh()
             if account_id is None:
                 return len(attempted)
         if account_id is not None:  # rounds spent with work left: hand over to a fresh run
@@ -312,12 +292,12 @@ def materialize_due(account_id: int | None = None, slot: int = 0) -> int:
 
 @shared_task(name="connector.tasks.lane_advance", acks_late=True, ignore_result=True)
 def lane_advance(lane_pk: int, account_id: int | None = None) -> None:
-    """`account_id` travels with the lane's pk, as for materialization; None (an older message) reads by pk."""
-    minted = None
-    with poison.isolated(step=SweepStep.LANE_ADVANCE, item=f"lane {lane_pk}",
-                         quarantine=partial(poison.lane_halt, lane_pk=lane_pk, step=SweepStep.LANE_ADVANCE)):
-        minted = execution.lane_advance(lane_pk=lane_pk, account_id=account_id)
-    if minted is not None:  # the wake-up stays outside the isolated step: a broker error is not the lane's fault
+    """`account_id` travels with the lane's pk, as for materialization; None (an older message) reads it first."""
+    if account_id is None:
+        account_id = lane_selectors.lane_account(lane_pk)
+        if account_id is None:
+            return  # no such lane
+    if _advance([lane_pk], account_id):  # the wake-up stays outside the isolated step: not the lane's fault
         execution_claim_and_run.delay()
 
 
@@ -329,8 +309,8 @@ def _batch() -> int:
 def execution_claim_and_run(limit: int = 20) -> int:
     """Claim batches fairly across accounts and run them one by one, up to `limit` executions
     (`execution.execution_claim_batch_and_run`, D-204..D-206); each result commits before the next run, and a
-    quarantined one never stops the loop. The completed executions' lanes mint their successors: an account's lanes
-    together in one transaction where `advance_together` takes them (D-398), the rest through `lane_advance` tasks."""
+    quarantined one never stops the loop. The completed executions' lanes mint their successors inline, an account's
+    lanes in one transaction (D-398)."""
     done, minted = 0, 0
     while done < limit:
         ran = execution.execution_claim_batch_and_run(holder=HOLDER, n=min(_batch(), limit - done),
@@ -345,24 +325,10 @@ def execution_claim_and_run(limit: int = 20) -> int:
 
 
 def _advance_completed_lanes(ran) -> int:
-    """The lanes of one claims step's executions, per account: two or more in one transaction
-    (`advance_together.lanes_advance`, D-295, as the materializer advances its lanes); a lane it does not take, or
-    every lane if that transaction rolled back, gets its `lane_advance` task as before. Returns the Executions
-    minted here (D-398)."""
+    """The lanes of one claims step's executions advanced inline, per account in one transaction (`_advance`,
+    D-295/D-398). Returns the Executions minted here."""
     by_account: dict[int, set[int]] = {}
     for result in ran:
         if result.lane_id:
             by_account.setdefault(result.account_id, set()).add(result.lane_id)
-    minted = 0
-    for account_pk, lanes in sorted(by_account.items()):
-        advanced: set[int] = set()
-        if len(lanes) > 1:
-            try:
-                advanced, new = advance_together.lanes_advance(lane_pks=lanes, account_id=account_pk)
-                minted += len(new)
-            except Exception as exc:  # noqa: BLE001 - rolled back as a whole: every lane takes its task
-                poison.log_fallback(log, exc, "execution_claim_and_run: %d lanes of account %s rolled back; "
-                                    "per-lane tasks", len(lanes), account_pk)
-        for lane_pk in sorted(lanes - advanced):
-            lane_advance.delay(lane_pk, account_pk)
-    return minted
+    return sum(_advance(lanes, account_pk) for account_pk, lanes in sorted(by_account.items()))

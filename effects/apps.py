@@ -20,7 +20,6 @@ class EffectsConfig(AppConfig):
         hooks.register_retention_blocker(selectors.effect_retention_blockers)
         # Runtime authors outbound commands in its application transaction through this bridge.
         hooks.register_outbound_author(runtime_bridge.author_for_runtime)
-        hooks.register_outbound_author_many(runtime_bridge.author_many_for_runtime)
         # A revocation lists the permits already sending under the generation (decision 4).
         hooks.register_revocation_evidence(dispatch.sending_permits_at_revocation)
         # Admission refuses a record key the outbound command could never store (decision D-165).

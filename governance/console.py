@@ -25,7 +25,7 @@ from connector.services import approvals
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
 from cutover.selectors import (CutoverDecision, OrderingHandoff, ServiceCutoverAttempt, ServingPublicationBarrierSet,
                                SuccessionDrain)
-from cutover.services import succession, succession_phases, succession_recovery
+from cutover.services import fencing, succession, succession_phases
 
 from .forms import SuccessionActionForm, parse
 from .access import screen
@@ -191,8 +191,8 @@ def _act(request, row: ServingPublicationBarrierSet, action: str, reason: str = 
         return f"Barrier set #{row.pk} is {row.state}."
     if action == "takeover":
         holder = f"console:{request.user.get_username()}"
-        row = succession_recovery.succession_takeover(predecessor_epoch_id=row.predecessor_epoch.epoch_id,
-                                                      holder=holder, expected_fence=row.fence, actor=actor)
+        row = fencing.barrier_set_takeover(barrier_set_pk=row.pk, holder=holder, expected_fence=row.fence,
+                                           actor=actor)
         return f"Barrier set #{row.pk} ({row.state}) is held by {row.holder} at fence {row.fence}."
     if action == "drain":
         drain, inventory = succession_phases.drain_all(barrier_set=row, actor=actor)

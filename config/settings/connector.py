@@ -22,14 +22,11 @@ CONNECTOR = {
     # 1: a claimed batch runs through one Runtime transaction and one completion transaction (D-254..D-256), the
     # per-item path taking what the batch path leaves; 0: every claimed Execution runs alone (before D-254).
     "RUN_BATCH": env_int("CONNECTOR_RUN_BATCH", 1),
-    # The batch materializer (issue 18, D-269): receipts read per batch, reads per run before handing over to a
-    # fresh wake-up, the admission's wake-up debounce (seconds a pending wake covers an account's new receipts),
-    # and how long a receipt may stay due before the sweep materializes it itself although it could wake, when no
-    # run of its account is alive (D-270).
+    # The batch materializer (issue 18, D-269): receipts read per batch (an account's materialized in one
+    # transaction, D-521), reads per run before handing over to a fresh wake-up, the admission's wake-up debounce
+    # (seconds a pending wake covers an account's new receipts), and how long a receipt may stay due before the
+    # sweep materializes it itself although it could wake, when no run of its account is alive (D-270).
     "MATERIALIZE_BATCH": env_int("CONNECTOR_MATERIALIZE_BATCH", 50),
-    # 1: the due receipts a run reads for an account are materialized in one transaction where the common case
-    # allows (D-294), `receipt_materialize` taking the rest one by one; 0: every receipt alone (before D-294).
-    "MATERIALIZE_TOGETHER": env_int("CONNECTOR_MATERIALIZE_TOGETHER", 1),
     # Runs of one account that materialize in parallel, each on its share of the receipts (pk modulo this): as
     # many as the materialize queue's worker processes (scripts/run.py: max(2, cpus)).
     "MATERIALIZE_SLOTS": env_int("CONNECTOR_MATERIALIZE_SLOTS", 2),

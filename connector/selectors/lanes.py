@@ -135,3 +135,8 @@ def execution_remedy(execution: Execution) -> str:
         if resumption is not None:
             return f"its lane resumed past it ({resumption.mode}, resumption #{resumption.pk})"
     return ""
+
+
+def lane_account(lane_pk: int) -> int | None:
+    """The account of a lane (None: no such lane), for a caller that knows only the lane's pk."""
+    return OrderingLane.objects.filter(pk=lane_pk).values_list("account_id", flat=True).first()

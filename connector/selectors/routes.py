@@ -12,7 +12,7 @@ from connector.choices import BindingKind
 from connector.errors import ConnectorError
 from connector.interpreters import ordering_proof
 from connector.interpreters.inbound import RouteProgram, compile_route
-from connector.models import ServiceConfigurationAccount, ServingEpochBindingProof
+from connector.models import ServiceConfigurationAccount, ServingEpoch, ServingEpochBindingProof
 from connector.selectors.owners import binding_definition_read
 
 
@@ -125,12 +125,24 @@ def mapping_for(*, epoch_pk: int, epoch_digest: bytes, business_key: str) -> tup
     return _mapping(bytes(epoch_digest), epoch_pk, business_key)
 
 
+@lru_cache(maxsize=1024)
+def _profile(epoch_digest: bytes, epoch_pk: int) -> str:
+    return ServingEpoch.objects.filter(pk=epoch_pk, digest=epoch_digest).values_list("profile_id", flat=True).get()
+
+
+def epoch_profile(*, epoch_pk: int, epoch_digest: bytes) -> str:
+    """The digest profile of the exact epoch (pk and digest), read once per process: an epoch's columns other than
+    its state never change (D-220), so the hot writers need not join the epoch to their row locks."""
+    return _profile(bytes(epoch_digest), epoch_pk)
+
+
 def clear_caches(**_signal) -> None:
     """Forget the compiled routes and mappings. Runs whenever this process opens a database session: a restore of
     the database terminates every application session and may bring back primary keys seen before (D-220)."""
     _enabled.cache_clear()
     _program.cache_clear()
     _mapping.cache_clear()
+    _profile.cache_clear()
 
 
 connection_created.connect(clear_caches, weak=False, dispatch_uid="connector.selectors.routes.clear_caches")

@@ -1,30 +1,37 @@
-"""Lane and window steps: `lane_advance` applies the lane's ordering contract and mints at most one active
-Execution per lane; `lane_gap_deadline` applies a strict gap's frozen disposition; `window_seal_due` seals a
-window whose max age passed. Split from connector.services.execution (module size, D-260), which re-exports
-these names."""
+"""Lane and window steps: `lanes_advance` applies each lane's ordering contract and mints at most one active
+Execution per lane (one lane is a batch of one); `lane_gap_deadline` applies a strict gap's frozen disposition;
+`window_seal_due` seals a window whose max age passed. Split from connector.services.execution (module size,
+D-260), which re-exports these names."""
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
 
-from connector import locks
+from connector import locks, tracing
 from connector.choices import LaneState, OrderingContract
 from connector.models import (
     Execution,
+    ExecutionTrace,
     GapDecision,
     OrderingLane,
     Projection,
+    ProjectionTrace,
     ProjectionWindow,
     SupersededDecision,
 )
-from connector.selectors.routes import route_for
-from connector.services import lanes
+from connector.selectors.lanes import lane_account
+from connector.errors import GateNotServing
+from connector.selectors.routes import epoch_profile, route_for
+from connector.faults import fault_point
+from connector.services import lanes as lanes_services
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
-from connector.services.materialize import mint_execution, window_seal
+from connector.services.materialize import command_id_for, execution_ref, window_seal
+from connector.services.set_insert import insert_rows
 
 from connector.services.claims import CLAIMANT
 
@@ -49,46 +56,128 @@ def _supersede(lane: OrderingLane, projection: Projection, reason: str, selected
                               lane_status="pending").update(lane_status="superseded")
 
 
-def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | None:
-    """One fenced step of a lane: for `latest_source_position`, supersede everything but the greatest pending
-    position above the high-water and mint its Execution; for `strict_source_sequence`, supersede positions
-    at or below the high-water, mint only the exact successor, and otherwise record that a gap is waiting (no
-    lease is held while it waits). Nothing happens while the lane has an active Execution or is halted, except
-    that a halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`).
-    `account_id`: the lane's account as the caller knows it (task message, sweeper row), named by the first read
-    (docs/scale-out.md); None reads the lane by its pk alone."""
-    lanes_of = OrderingLane.objects if account_id is None else OrderingLane.objects.filter(account_id=account_id)
-    lane = lanes_of.select_related("epoch").defer("epoch__preimage").get(pk=lane_pk)
-    profile_id = lane.epoch.profile_id  # read here: the relocked lane's `.epoch` would load the preimage (D-251)
+# The chosen Projections' next generation, compare-and-set on the generation each was read at: a row another writer
+# moved is not updated, and the count check rolls the transaction back.
+_GENERATIONS_SQL = """
+UPDATE connector_projection p
+   SET execution_generation = u.generation, lane_status = 'minted'
+  FROM unnest(%(ids)s::bigint[], %(generations)s::integer[]) AS u(id, generation)
+ WHERE p.id = u.id AND p.account_id = %(account)s AND p.execution_generation = u.generation - 1"""
+
+# The lanes' active Execution and fence (the row trigger requires the fence to advance by one).
+_LANES_SQL = """
+UPDATE connector_orderinglane l
+   SET active_execution_id = u.execution_id, gap_since = NULL, fence = u.fence
+  FROM unnest(%(ids)s::bigint[], %(executions)s::bigint[], %(fences)s::bigint[]) AS u(id, execution_id, fence)
+ WHERE l.id = u.id AND l.account_id = %(account)s"""
+
+
+def lanes_advance(*, lane_pks, account_id: int) -> list[int]:
+    """One fenced step of each lane of `lane_pks` (all of account `account_id`; one lane is a batch of one), in one
+    guarded transaction; returns the Executions minted, in ascending lane pk. Per lane: for
+    `latest_source_position`, supersede everything but the greatest pending position above the high-water and
+    mint its Execution; for `strict_source_sequence`, supersede positions at or below the high-water, mint only
+    the exact successor, and otherwise record that a gap is waiting (no lease is held while it waits)
+    (`apply_contract`). Nothing happens on a lane with an active Execution, or on a halted one, except that a
+    halted lane whose halting execution has a pending replay resumes for it (`lanes.replay_resumption`).
+
+    Locks: the account's guard (epoch and gate FOR SHARE, gate `v2_serving`), then the lanes FOR UPDATE in
+    ascending pk. A lane of another epoch than the one the gate serves refuses with GATE_NOT_SERVING, as a guard
+    on its own epoch does, and the whole transaction rolls back (the caller splits the batch: `poison.isolated_batches`).
+
+    Statements for any number of lanes, when each mints: BEGIN, the guard, the lanes, their pending Projections,
+    the generations, the Executions, the lanes' active Executions, COMMIT (a superseded Projection, a gap marker
+    or a replay resumption adds that lane's own statements). Fault point `advance.before_commit` fires before the
+    COMMIT."""
+    if not lane_pks:
+        return []
     with transaction.atomic():
-        ctx = lock_serving(account_id=lane.account_id, epoch_id=lane.epoch.epoch_id,
-                           epoch_digest=bytes(lane.epoch.digest))
-        lane = locks.lane_for_update(lane_pk, account_id=lane.account_id)
-        if lane.active_execution_id is not None:
-            return None
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=lane.account_id,
-                          channel=lane.route)
-        if lane.state != LaneState.OPEN:
-            # Only an authorized fact reopens a halted lane: here, a replay of the execution that halted it.
-            replayed = lanes.replay_resumption(lane, ctx)
-            if replayed is None:
-                return None
-            return _mint_on_lane(lane, replayed, route, ctx, profile_id)
-        pending = list(Projection.objects.filter(lane=lane, account_id=lane.account_id, lane_status="pending")
-                       .order_by("position", "tie_breaker", "pk"))
-        if not pending:
-            return None
-        chosen = apply_contract(lane, pending, route)
-        if chosen is None:
-            return None
-        return _mint_on_lane(lane, chosen, route, ctx, profile_id)
+        ctx = lock_serving(account_id=account_id)
+        lanes = locks.account_lanes_for_update(lane_pks, account_id=account_id)
+        if len(lanes) != len(set(lane_pks)):  # a pk of another account, or none at all: as the lane read refuses
+            raise OrderingLane.DoesNotExist(f"lanes {sorted(set(lane_pks) - {lane.pk for lane in lanes})} of "
+                                            f"account {account_id} do not exist")
+        for lane in lanes:
+            if lane.epoch_id != ctx.epoch_pk:  # as a guard on the lane's own epoch refuses it
+                raise GateNotServing(f"lane {lane.pk} is bound to another epoch; the gate serves {ctx.epoch_id}")
+        routes: dict[str, object] = {}
+
+        def route_of(lane: OrderingLane):
+            if lane.route not in routes:
+                routes[lane.route] = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest,
+                                               account_id=account_id, channel=lane.route)
+            return routes[lane.route]
+
+        idle = {lane.pk: lane for lane in lanes if lane.active_execution_id is None and lane.state == LaneState.OPEN}
+        pending: dict[int, list[Projection]] = {}
+        for p in (Projection.objects.filter(lane_id__in=sorted(idle), account_id=account_id, lane_status="pending")
+                  .order_by("lane_id", "position", "tie_breaker", "pk")) if idle else ():
+            pending.setdefault(p.lane_id, []).append(p)
+        mint = []
+        for lane in lanes:
+            if lane.active_execution_id is not None:
+                continue
+            if lane.state != LaneState.OPEN:
+                # Only an authorized fact reopens a halted lane: here, a replay of the execution that halted it.
+                chosen = lanes_services.replay_resumption(lane, ctx)
+            elif lane.pk in pending:
+                chosen = apply_contract(lane, pending[lane.pk], route_of(lane))
+            else:
+                chosen = None
+            if chosen is not None:
+                mint.append((lane, chosen, route_of(lane)))
+        minted = _mint(mint, ctx, epoch_profile(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest),
+                       account_id) if mint else []
+        fault_point("advance.before_commit")
+    return minted
+
+
+def lane_advance(*, lane_pk: int, account_id: int | None = None) -> Execution | None:
+    """`lanes_advance` of one lane, returning the Execution it minted (None: nothing to mint). `account_id`: the
+    lane's account as the caller knows it; None reads it from the lane first."""
+    if account_id is None:
+        account_id = lane_account(lane_pk)
+        if account_id is None:
+            raise OrderingLane.DoesNotExist(f"no lane {lane_pk}")
+    minted = lanes_advance(lane_pks=[lane_pk], account_id=account_id)
+    return Execution.objects.get(pk=minted[0], account_id=account_id) if minted else None
+
+
+def _mint(mint: list, ctx, profile_id: str, account_id: int) -> list[int]:
+    """`mint_execution` for each (lane, chosen Projection, route), set-based, lanes in ascending pk."""
+    rows, ids, generations = [], [], []
+    for lane, projection, route in mint:
+        generation = projection.execution_generation + 1
+        command_id = command_id_for(projection.identity_digest, generation)
+        ref = execution_ref(command_id=command_id, projection=projection, generation=generation, route=route,
+                            epoch_digest=ctx.epoch_digest, profile_id=profile_id)
+        rows.append(dict(projection_id=projection.pk, generation=generation, account_id=account_id,
+                         epoch_id=projection.epoch_id, lane_id=lane.pk, command_id=command_id, execution_ref=ref,
+                         execution_ref_digest=hashlib.sha256(ref).digest()))
+        ids.append(projection.pk)
+        generations.append(generation)
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        cursor.execute(_GENERATIONS_SQL, {"ids": ids, "generations": generations, "account": account_id})
+        if cursor.rowcount != len(ids):
+            raise AssertionError(f"lanes_advance: {cursor.rowcount} of {len(ids)} generations moved")
+    executions = [pk for (pk,) in insert_rows(Execution, rows)]
+    with connection.cursor() as cursor:
+        cursor.execute(_LANES_SQL, {"ids": [lane.pk for lane, _, _ in mint], "executions": executions,
+                                    "fences": [lane.fence + 1 for lane, _, _ in mint], "account": account_id})
+        if cursor.rowcount != len(mint):
+            raise AssertionError(f"lanes_advance: {cursor.rowcount} of {len(mint)} lanes moved")
+    for execution_pk, (_, projection, _) in zip(executions, mint):  # issue 21: the claim continues each trace
+        tracing.minted(ExecutionTrace, execution_pk, name="lane_advance", parent=ProjectionTrace,
+                       projection_id=projection.pk)
+    return executions
 
 
 def apply_contract(lane: OrderingLane, pending: list[Projection], route) -> Projection | None:
     """The lane's ordering contract over its pending Projections (`pending`, non-empty, ordered by position,
     tie-breaker, pk), on the lane locked `FOR UPDATE`: supersede what the contract supersedes, move the gap
     marker, and return the Projection to mint, or None (the lane's fence then already advanced where the contract
-    changed anything). Shared by `lane_advance` and the batched advance (D-295), so both decide alike."""
+    changed anything)."""
     chosen = None
     hw = lane.high_water
     if lane.contract == OrderingContract.LATEST_SOURCE_POSITION:
@@ -124,12 +213,6 @@ def apply_contract(lane: OrderingLane, pending: list[Projection], route) -> Proj
     if chosen is None:
         _lane_row(lane).update(fence=lane.fence + 1)
     return chosen
-
-
-def _mint_on_lane(lane: OrderingLane, projection: Projection, route, ctx, profile_id: str) -> Execution:
-    execution = mint_execution(projection=projection, route=route, ctx=ctx, profile_id=profile_id, lane=lane)
-    _lane_row(lane).update(active_execution=execution, gap_since=None, fence=lane.fence + 1)
-    return execution
 
 
 def lane_gap_deadline(*, lane_pk: int) -> str | None:

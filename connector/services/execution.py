@@ -37,6 +37,7 @@ from connector.services.advance import (  # noqa: E402,F401
     DEFAULT_SETTLE_SECONDS,
     _lane_row,
     lane_advance,
+    lanes_advance,
     lane_gap_deadline,
     window_seal_due,
 )
@@ -78,7 +79,7 @@ def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 6
         return out
     if int(settings.CONNECTOR.get("RUN_BATCH", 1)) and not tracing.enabled():
         # D-254..D-256: the batch path, the per-item one for the rest. Traced, each Execution keeps its own
-        # `execution_run` span and trace links: the per-item path (D-480, as materialize_together does).
+        # `execution_run` span and trace links: the per-item path (D-480).
         return execution_run_batch(tokens=tokens)
     return [_run_one(token) for token in tokens]
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import FilteredRelation, JSONField, Q
 from django.utils import timezone
 
 from connector import locks, logcontext, tracing
@@ -34,8 +32,10 @@ from connector.models import (
     WindowMember,
 )
 from connector.receipts import canonical_json, rec
-from connector.selectors.routes import route_for
+from connector.errors import GateNotServing
+from connector.selectors.routes import epoch_profile, route_for
 from connector.services.guard import ServingContext, lock_serving
+from connector.services.set_insert import insert_rows
 
 
 @dataclass
@@ -191,103 +191,6 @@ def _windowed(event: Event, n: NormalizedEvent, route: RouteProgram, ctx: Servin
         ProjectionWindow.objects.filter(pk=window.pk).update(member_count=window.member_count)
 
 
-# -- set-based inserts (STYLE R28/R31) -------------------------------------------------------------------------
-
-_INSERT_SQL: dict[tuple, tuple[str, tuple]] = {}
-
-
-def _insert_statement(model, returning: tuple[str, ...], conflict_nothing: bool,
-                      shared: tuple[bool, ...]) -> tuple[str, tuple]:
-    """One fixed statement per (table, returning, conflict rule, which columns hold one value for every row):
-    `INSERT INTO t (cols) SELECT %b::type | u.cN, ... [FROM unnest(%b::type[], ...) AS u(...)] [ON CONFLICT DO
-    NOTHING] RETURNING ...`. A column whose value is the same in every row (the receipt's account, epoch, route,
-    the defaults) is bound once as a scalar instead of an array of copies (D-263); the others are arrays
-    unnested together, in row order. Built from the model's own columns and types, so it never drifts from the
-    schema; values are parameters only (never SQL built from input)."""
-    key = (model, returning, conflict_nothing, shared)
-    if key not in _INSERT_SQL:
-        from django.db import connection
-
-        if len(_INSERT_SQL) >= 256:  # bounded: the shapes are few in practice, never data-sized
-            _INSERT_SQL.clear()
-        fields = _fields(model)
-        table = connection.ops.quote_name(model._meta.db_table)
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-        # Casts to the bare type (varchar, not varchar(64)): an explicit cast to a length would silently truncate
-        # a value the column must refuse; assignment to the column enforces the length as a single insert does.
-        bare = [re.sub(r"[(][^)]*[)]", "", f.db_type(connection)) for f in fields]
-        select = ", ".join(f"%b::{t}" if one else f"u.c{i}" for i, (t, one) in enumerate(zip(bare, shared)))
-        arrays = [(i, t) for i, (t, one) in enumerate(zip(bare, shared)) if not one]
-        source = (" FROM unnest(" + ", ".join(f"%b::{t}[]" for _, t in arrays) + ") AS u("
-                  + ", ".join(f"c{i}" for i, _ in arrays) + ")") if arrays else ""
-        sql = (f"INSERT INTO {table} ({columns}) SELECT {select}{source}"
-               + (" ON CONFLICT DO NOTHING" if conflict_nothing else "")
-               + " RETURNING " + ", ".join(connection.ops.quote_name(c) for c in returning))
-        _INSERT_SQL[key] = (sql, fields)
-    return _INSERT_SQL[key]
-
-
-_FIELDS: dict = {}
-
-
-def _fields(model) -> tuple:
-    if model not in _FIELDS:
-        _FIELDS[model] = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-    return _FIELDS[model]
-
-
-def _one_value(values: list) -> bool:
-    first = values[0]
-    return all(v is first or (type(v) is type(first) and v == first) for v in values)
-
-
-def _insert_rows(model, rows: list[dict], *, returning: tuple[str, ...] = ("id",),
-                 conflict_nothing: bool = False) -> list[tuple]:
-    """Insert `rows` (attname -> value; missing columns take the field default, `auto_now(_add)` the current
-    time) in ONE statement, in the given order, and return the RETURNING tuples (rows skipped by a conflict are
-    absent). Row constraints, foreign keys and triggers apply to every row exactly as for a single insert."""
-    assert transaction.get_connection().in_atomic_block
-    if not rows:
-        return []
-    fields, now, columns, connection = _fields(model), timezone.now(), [], transaction.get_connection()
-    for f in fields:
-        if getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False):
-            columns.append([row.get(f.attname, now) for row in rows])
-            continue
-        default = f.get_default() if f.attname not in rows[0] else None
-        json = isinstance(f, JSONField)  # a list or dict is bound as jsonb, not as an array or a record
-        columns.append([bytes(v) if isinstance(v, memoryview) else f.get_db_prep_value(v, connection)
-                        if json and v is not None else v
-                        for v in (row.get(f.attname, default) for row in rows)])
-    shared = tuple(_one_value(values) for values in columns)
-    sql, _ = _insert_statement(model, returning, conflict_nothing, shared)
-    params = ([values[0] for values, one in zip(columns, shared) if one]
-              + [values for values, one in zip(columns, shared) if not one])
-    with _server_binding_cursor(transaction.get_connection()) as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-# Public name of the set-based insert for the other owners' set-based writers (outbound authoring, D-296).
-insert_rows = _insert_rows
-
-
-def _server_binding_cursor(connection):
-    """A cursor on the connection's open session and transaction that binds its parameters on the server (psycopg's
-    `Cursor`, as Django's `OPTIONS["server_side_binding"]` would give every query; D-261), wrapped by Django as
-    any cursor is (statement logging and counting, error translation, execute wrappers). Django's default
-    `ClientCursor` quotes every element of the insert's arrays into the SQL text in Python (about half of a
-    100-event receipt's materialization CPU); server-side the arrays travel as binary parameters, dumped per
-    element by psycopg's C dumpers. Only these set-based statements use it: their SQL casts every parameter to
-    its column type, so the parameter types are explicit."""
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = ServerBindingCursor(connection.connection)
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
-
-
 # -- events --------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -333,7 +236,7 @@ def _events(entries: list[tuple[Receipt, _Item]], route: RouteProgram, profile_i
         first.setdefault(entry[1].n.source_event_key, entry)
     rows = {key: _event_row(receipt, item.n, route, contract_digest, replay, predecessor_pk, v1_predecessor_pk)
             for key, (receipt, item) in first.items()}
-    inserted = dict((key, pk) for pk, key in _insert_rows(
+    inserted = dict((key, pk) for pk, key in insert_rows(
         Event, [rows[key] for key in sorted(rows)], returning=("id", "source_event_key"), conflict_nothing=True))
     others = {item.n.source_event_key for _, item in entries
               if first[item.n.source_event_key][1] is not item or item.n.source_event_key not in inserted}
@@ -358,7 +261,7 @@ def _events(entries: list[tuple[Receipt, _Item]], route: RouteProgram, profile_i
 
 def _components(entries: list[tuple[Receipt, _Item]]) -> None:
     """The missing Components of `entries` ((receipt, item), in receipt then ordinal order), with one statement."""
-    _insert_rows(ReceiptComponent, [dict(
+    insert_rows(ReceiptComponent, [dict(
         receipt_id=r.pk, ordinal=i.ordinal, payload=i.n.component,
         payload_digest=hashlib.sha256(i.n.component).digest(), disposition=i.disposition,
         event_id=None if i.disposition == ComponentDisposition.QUARANTINED else i.event_pk,
@@ -376,7 +279,7 @@ def _lanes(ctx: ServingContext, route: RouteProgram, partitions: list[str], acco
     lanes = dict(OrderingLane.objects.filter(**key, partition__in=partitions).values_list("partition", "pk"))
     missing = sorted(set(partitions) - set(lanes))
     if missing:
-        for pk, partition in _insert_rows(OrderingLane, [dict(key, partition=p, contract=route.contract)
+        for pk, partition in insert_rows(OrderingLane, [dict(key, partition=p, contract=route.contract)
                                                          for p in missing],
                                           returning=("id", "partition"), conflict_nothing=True):
             lanes[partition] = pk
@@ -407,7 +310,7 @@ def _immediate_batch(items: list[_Item], route: RouteProgram, ctx: ServingContex
     if route.ordered:
         lanes = _lanes(ctx, route, sorted({i.n.partition for i in items}), account_id)
         ordered = sorted(items, key=lambda i: (lanes[i.n.partition], i.ordinal))
-        projections = _insert_rows(Projection, [_projection_row(i.event_pk, i.n, route, ctx, profile_id, suppress,
+        projections = insert_rows(Projection, [_projection_row(i.event_pk, i.n, route, ctx, profile_id, suppress,
                                                                 account_id, lanes[i.n.partition]) for i in ordered])
         tracing.remember_many(ProjectionTrace, [pk for (pk,) in projections])  # issue 21: lane advance continues
         out.lanes.update(lanes[i.n.partition] for i in items)
@@ -415,7 +318,7 @@ def _immediate_batch(items: list[_Item], route: RouteProgram, ctx: ServingContex
     rows = [_projection_row(i.event_pk, i.n, route, ctx, profile_id, suppress, account_id, None) for i in items]
     for row in rows:
         row["execution_generation"] = 1  # what mint_execution's first step sets: generation 0 -> 1
-    projections = [pk for (pk,) in _insert_rows(Projection, rows)]
+    projections = [pk for (pk,) in insert_rows(Projection, rows)]
     executions = []
     for pk, row in zip(projections, rows):
         projection = Projection(pk=pk, identity_digest=row["identity_digest"], input_digest=row["input_digest"],
@@ -426,75 +329,123 @@ def _immediate_batch(items: list[_Item], route: RouteProgram, ctx: ServingContex
         executions.append(dict(projection_id=pk, generation=1, account_id=account_id, epoch_id=ctx.epoch_pk,
                                lane_id=None, command_id=command_id, execution_ref=ref,
                                execution_ref_digest=hashlib.sha256(ref).digest()))
-    minted = [pk for (pk,) in _insert_rows(Execution, executions)]
+    minted = [pk for (pk,) in insert_rows(Execution, executions)]
     tracing.remember_many(ExecutionTrace, minted)  # issue 21: the claim continues each execution's trace
     out.executions.extend(minted)
 
 
-def _receipt_read(receipt_pk: int, account_id: int | None) -> tuple[Receipt, ReplayRequest | None]:
-    """The Receipt with its epoch and its replay request, in one statement. With the account (every product caller
-    passes it), every table of the read names it, so it is routed to the account's shard; without it (a task
-    message from before the account was carried) the Receipt is looked up once by its pk."""
-    receipts = Receipt.objects.select_related("epoch").defer("epoch__preimage")
-    if account_id is None:
-        receipt = receipts.select_related("replay_request").get(pk=receipt_pk)
-        return receipt, receipt.replay_request
-    receipt = (receipts.annotate(routed_replay=FilteredRelation(
-        "replay_request", condition=Q(replay_request__account_id=account_id)))
-        .select_related("routed_replay").get(pk=receipt_pk, account_id=account_id))
-    replay = getattr(receipt, "routed_replay", None)  # absent when the receipt has no replay request
-    if replay is None and receipt.replay_request_id is not None:
-        replay = receipt.replay_request  # never for a consistent row (a request is its receipt's account's)
-    return receipt, replay
+def receipts_materialize(*, receipt_pks, account_id: int) -> Materialized:
+    """Materialize the missing children of the Receipts of `receipt_pks` (all of account `account_id`; one receipt
+    is a batch of one) in one guarded transaction; returns what they produced. Idempotent: only ordinals without a
+    Component are derived (CV2-05-016/017: the repair of a crashed receipt is this same call), and every receipt is
+    no longer due when this returns.
+
+    Locks: the account's guard (epoch and gate FOR SHARE, gate `v2_serving`), then the receipts FOR UPDATE in
+    ascending pk, so concurrent materializers of a receipt serialize. A receipt of another epoch than the one the
+    gate serves refuses with GATE_NOT_SERVING, as a guard on its own epoch does; a pk of another account raises
+    Receipt.DoesNotExist; either
+    rolls the whole transaction back (the caller splits the batch: `poison.isolated_batches`).
+
+    Set-based (D-217, D-294): the transport receipts of one channel share one Event insert (proposed in source
+    event key order, so the first component of a key is the one that inserts, exactly as receipt after receipt in
+    ascending pk would) and a replay receipt has its own (its replay request); the Components of every receipt
+    are one insert; the lanes and Projections (and the Executions of an order-independent route) are one
+    statement each per route. Windowed routes add their members one window at a time, in grouping-key order;
+    routes with declared dependencies mint per event. Statements for any number of transport receipts of one
+    immediate route: BEGIN, the guard, the receipts, their done Components, the Events (+ one read when a key met
+    an existing Event), the Components, the lanes (a read, + an insert for new partitions), the Projections, the
+    due rows deleted, COMMIT. Fault point `materialize.after_components` fires once the Components are written,
+    before any projection."""
+    out = Materialized(account_id=account_id)
+    if not receipt_pks:
+        return out
+    logcontext.note(account_id=account_id)
+    with transaction.atomic():
+        ctx = lock_serving(account_id=account_id)
+        receipts = locks.account_receipts_for_update(receipt_pks, account_id=account_id)
+        if len(receipts) != len(set(receipt_pks)):  # a pk of another account, or none at all
+            raise Receipt.DoesNotExist(f"receipts {sorted(set(receipt_pks) - {r.pk for r in receipts})} of "
+                                       f"account {account_id} do not exist")
+        for r in receipts:
+            if r.epoch_id != ctx.epoch_pk or bytes(r.epoch_digest) != ctx.epoch_digest:
+                raise GateNotServing(f"receipt {r.pk} is bound to another epoch; the gate serves {ctx.epoch_id}")
+        done: dict[int, set[int]] = {}
+        for receipt_pk, ordinal in ReceiptComponent.objects.filter(
+                receipt_id__in=[r.pk for r in receipts]).order_by().values_list("receipt_id", "ordinal"):
+            done.setdefault(receipt_pk, set()).add(ordinal)
+        todo = [r for r in receipts if len(done.get(r.pk, ())) != r.component_count]
+        work = _derive_events(todo, done, ctx, account_id) if todo else []
+        entries = [entry for _, _, group in work for entry in group]
+        if entries:
+            _components(entries)
+            out.components += len(entries)
+            fault_point("materialize.after_components")
+        profile_id = epoch_profile(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest)
+        for route, replay, group in work:
+            _project(route, replay, group, ctx, profile_id, account_id, out)
+        MaterializationDue.objects.filter(receipt_id__in=[r.pk for r in receipts]).delete()
+    return out
+
+
+def _derive_events(receipts: list[Receipt], done: dict[int, set[int]], ctx: ServingContext,
+                   account_id: int) -> list[tuple[RouteProgram, ReplayRequest | None, list]]:
+    """The Events of every missing component (`_events`): per channel, in channel order, one call for the channel's
+    transport receipts; then one call per replay receipt. Returns (route, replay request, entries) per call."""
+    routes: dict[str, RouteProgram] = {}
+
+    def route_of(channel: str) -> RouteProgram:
+        if channel not in routes:
+            routes[channel] = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=account_id,
+                                        channel=channel)
+        return routes[channel]
+
+    profile_id = epoch_profile(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest)
+    replays = [r for r in receipts if r.kind == ReceiptKind.REPLAY]
+    requests = {q.pk: q for q in ReplayRequest.objects.filter(
+        account_id=account_id, pk__in=[r.replay_request_id for r in replays])} if replays else {}
+    work = []
+    transport = [r for r in receipts if r.kind != ReceiptKind.REPLAY]
+    for channel in sorted({r.channel for r in transport}):
+        route = route_of(channel)
+        entries = [(r, _Item(ordinal, n)) for r in transport if r.channel == channel
+                   for ordinal, n in enumerate(route.parse(bytes(r.payload))) if ordinal not in done.get(r.pk, ())]
+        work.append((route, None, entries))
+    for r in replays:
+        route = route_of(r.channel)
+        normalized = [route.normalize(json.loads(bytes(r.payload)))]
+        work.append((route, requests[r.replay_request_id],
+                     [(r, _Item(ordinal, n)) for ordinal, n in enumerate(normalized) if ordinal not in done.get(r.pk, ())]))
+    for route, replay, entries in work:
+        if entries:
+            _events(entries, route, profile_id, replay)
+    return work
+
+
+def _project(route: RouteProgram, replay: ReplayRequest | None, entries: list, ctx: ServingContext, profile_id: str,
+             account_id: int, out: Materialized) -> None:
+    """The Projections (windows, Executions) of the new Events of `entries`, as the route says."""
+    new = [(r, i) for r, i in entries if i.disposition == ComponentDisposition.EVENT]
+    out.events.extend(i.event_pk for _, i in new)
+    if not new:
+        return
+    if route.windowed and replay is None:
+        for r, i in sorted(new, key=lambda e: (e[1].n.grouping_key, e[0].pk, e[1].ordinal)):
+            _windowed(Event(pk=i.event_pk, account_id=account_id), i.n, route, ctx, profile_id, out)
+    elif route.definition.get("depends_on"):
+        for _, i in new:
+            _immediate(Event(pk=i.event_pk, account_id=account_id), i.n, route, ctx, profile_id, replay is not None,
+                       out)
+    else:
+        # `_immediate_batch` inserts Projections in (lane pk, ordinal) order; numbered in (receipt pk, ordinal)
+        # order, a lane's Projections get their pks in the order one receipt after the other would have given
+        # them (pk is the last tie-breaker of a lane's order).
+        _immediate_batch([_Item(seq, i.n, i.event_pk, i.disposition) for seq, (_, i) in enumerate(new)], route, ctx,
+                         profile_id, replay is not None, account_id, out)
 
 
 def receipt_materialize(*, receipt_pk: int, account_id: int | None = None) -> Materialized:
-    """Materialize the missing children of one Receipt in one guarded transaction (gate `v2_serving` on the
-    Receipt's exact epoch). Locks: epoch, gate (FOR SHARE), then the Receipt row (FOR UPDATE) so concurrent
-    materializers serialize; only ordinals without a Component are derived (CV2-05-016/017: the sweeper's
-    repair of a crashed receipt is this same call).
-
-    Set-based (D-217): the receipt's missing Events, Components, lanes and Projections (and the Executions of
-    an order-independent route) are each one statement whatever the number of events; Events are proposed in
-    key order, lanes opened in partition order, projections inserted in lane order (no deadlock between two
-    materializers). Windowed routes add their members one window at a time, in grouping-key order; routes with
-    declared dependencies mint per event. Fault point `materialize.after_components` fires once the Components
-    are written, before any projection. `account_id`: the receipt's account, as the caller knows it (the first
-    read names it, docs/scale-out.md); None looks the receipt up by its pk alone."""
-    receipt, replay_request = _receipt_read(receipt_pk, account_id)
-    out = Materialized(account_id=receipt.account_id)
-    logcontext.note(account_id=receipt.account_id)
-    with transaction.atomic():
-        ctx = lock_serving(account_id=receipt.account_id, epoch_id=receipt.epoch.epoch_id,
-                           epoch_digest=bytes(receipt.epoch_digest))
-        locks.receipt_for_update(receipt.pk, account_id=receipt.account_id)
-        done = set(ReceiptComponent.objects.filter(receipt=receipt).order_by().values_list("ordinal", flat=True))
-        if len(done) == receipt.component_count:
-            MaterializationDue.objects.filter(receipt=receipt).delete()
-            return out
-        route = route_for(epoch_pk=ctx.epoch_pk, epoch_digest=ctx.epoch_digest, account_id=receipt.account_id,
-                          channel=receipt.channel)
-        profile_id = receipt.epoch.profile_id
-        replay = replay_request if receipt.kind == ReceiptKind.REPLAY else None
-        if replay is not None:
-            normalized = [route.normalize(json.loads(bytes(receipt.payload)))]
-        else:
-            normalized = route.parse(bytes(receipt.payload))
-        items = [_Item(ordinal, n) for ordinal, n in enumerate(normalized) if ordinal not in done]
-        _events([(receipt, i) for i in items], route, profile_id, replay)
-        _components([(receipt, i) for i in items])
-        out.components += len(items)
-        fault_point("materialize.after_components")
-        new = [i for i in items if i.disposition == ComponentDisposition.EVENT]
-        out.events.extend(i.event_pk for i in new)
-        if route.windowed and replay is None:
-            for i in sorted(new, key=lambda i: (i.n.grouping_key, i.ordinal)):
-                _windowed(Event(pk=i.event_pk, account_id=receipt.account_id), i.n, route, ctx, profile_id, out)
-        elif route.definition.get("depends_on"):
-            for i in new:
-                _immediate(Event(pk=i.event_pk, account_id=receipt.account_id), i.n, route, ctx, profile_id,
-                           replay is not None, out)
-        elif new:
-            _immediate_batch(new, route, ctx, profile_id, replay is not None, receipt.account_id, out)
-        MaterializationDue.objects.filter(receipt=receipt).delete()
-    return out
+    """`receipts_materialize` of one receipt. `account_id`: the receipt's account as the caller knows it (the
+    first read names it, docs/scale-out.md); None reads it from the receipt first."""
+    if account_id is None:
+        account_id = Receipt.objects.filter(pk=receipt_pk).values_list("account_id", flat=True).get()
+    return receipts_materialize(receipt_pks=[receipt_pk], account_id=account_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -34,6 +35,7 @@ from connector.models import Execution, MaterializationDue, OrderingLane, Servin
 from connector.services.audit import audit_record
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 QUARANTINER = Actor.system("sweeper")
 
 # code -> (title, owner, alert deadline in minutes, remediation): the closed map's entries of these reasons
@@ -89,9 +91,9 @@ def classify(exc: BaseException) -> str:
 
 
 def log_fallback(logger: logging.Logger, exc: BaseException, message: str, *args) -> None:
-    """A batch that rolled back as a whole and hands its items to the per-item path: a defect (`failed`) is logged
-    with its traceback; a refusal or a transient failure (a gate that stopped serving, a lost connection) is routine
-    and logged at INFO without one (D-397)."""
+    """A batch that rolled back as a whole and is split (`isolated_batches`): a defect (`failed`) is logged with its
+    traceback; a refusal or a transient failure (a gate that stopped serving, a lost connection) is routine and
+    logged at INFO without one (D-397)."""
     if classify(exc) == FAILED:
         logger.error(message, *args, exc_info=exc)
     else:
@@ -140,6 +142,34 @@ class Isolated:
 def isolated(*, step: str, item: str, quarantine: Callable[[Exception], object] | None = None,
              refusals_quarantine: bool = False) -> Isolated:
     return Isolated(step=step, item=item, quarantine=quarantine, refusals_quarantine=refusals_quarantine)
+
+
+def isolated_batches(items: list, run: Callable[[list], R], *, step: str, describe: Callable[[object], str],
+                     quarantine_of: Callable[[object], Callable[[Exception], object]] | None = None,
+                     refusals_quarantine: bool = False) -> list[R]:
+    """Run the items as one batch (`run(items)`, one transaction that rolls back as a whole when it raises); a
+    batch that raises is split in two halves, each run again in order, until the failing item stands alone. A lone
+    item runs `isolated`: a deterministic failure is quarantined with its reason code (`quarantine_of(item)`), a
+    transient or refused one is logged and the item left as it was. A poison item among n therefore costs about
+    2 log2 n extra transactions and never holds the others back. Returns the results of the runs that committed,
+    in item order."""
+    results: list[R] = []
+    pending = [list(items)] if items else []
+    while pending:
+        batch = pending.pop(0)
+        if len(batch) == 1:
+            item = batch[0]
+            with isolated(step=step, item=describe(item), refusals_quarantine=refusals_quarantine,
+                          quarantine=quarantine_of(item) if quarantine_of is not None else None):
+                results.append(run(batch))
+            continue
+        try:
+            results.append(run(batch))
+        except Exception as exc:  # noqa: BLE001 - rolled back as a whole: split until the failing item stands alone
+            log_fallback(log, exc, "%s: a batch of %d rolled back; split in two", step, len(batch))
+            half = len(batch) // 2
+            pending[:0] = [batch[:half], batch[half:]]
+    return results
 
 
 def _message(exc: Exception) -> str:

@@ -160,11 +160,10 @@ def replay_request_settle(*, request_pk: int) -> bool:
         out = materialize.receipt_materialize(receipt_pk=receipt_pk, account_id=account_pk)
     except ConnectorError:
         return False
-    for lane_pk in sorted(out.lanes):
-        try:
-            execution.lane_advance(lane_pk=lane_pk, account_id=account_pk)
-        except ConnectorError:
-            pass  # the sweeper steps the lane later
+    try:
+        execution.lanes_advance(lane_pks=sorted(out.lanes), account_id=account_pk)
+    except ConnectorError:
+        pass  # the sweeper steps the lanes later
     return True
 
 

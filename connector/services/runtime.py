@@ -132,10 +132,10 @@ def runtime_command_apply(*, command_id: str, execution_ref: bytes, input: bytes
                     with transaction.atomic() if pushes else nullcontext():
                         outcome_item = _apply_record(account_id, item["record_key"], values, command_id)
                         if pushes and outcome_item == "applied":
-                            hooks.author_outbound(ctx=ctx, account_key=ctx_account_key(account_id),
-                                                  route_definition=route.definition, command_id=command_id,
-                                                  record_key=item["record_key"], fields=values,
-                                                  suppress_external_effects=suppress, execution_id=execution_id)
+                            hooks.author_outbound([dict(
+                                ctx=ctx, account_key=ctx_account_key(account_id), route_definition=route.definition,
+                                command_id=command_id, record_key=item["record_key"], fields=values,
+                                suppress_external_effects=suppress, execution_id=execution_id)])
                 except ApplicationItemRejected as exc:
                     outcome_item = f"rejected:{exc.code}"
                 outcomes.append(outcome_item)
@@ -381,9 +381,7 @@ def _author(todo: list[_Planned], outcomes: dict[str, str], ctxs: dict[str, obje
     calls = [dict(ctx=ctxs[p.command.command_id], account_key=keys[p.command.account_id], route_definition=p.push,
                   command_id=p.command.command_id, record_key=p.record_key, fields=p.values,
                   suppress_external_effects=False, execution_id=p.command.execution_id) for p in applied]
-    if not hooks.author_outbound_many(calls):  # the set-based author (D-296), else the hook per change
-        for call in calls:
-            hooks.author_outbound(**call)
+    hooks.author_outbound(calls)
 
 
 def _apply_planned(todo: list[_Planned], out: dict[str, ResultReceipt | None]) -> None:

@@ -112,7 +112,7 @@ def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200,
                 .values_list("lane_id", "account_id").distinct()[:limit])
     for lane_pk, account_pk in lanes:
         with run(SweepStep.LANE_ADVANCE, f"lane {lane_pk}", poison.lane_halt, lane_pk=lane_pk) as item:
-            if execution.lane_advance(lane_pk=lane_pk, account_id=account_pk) is not None:
+            if execution.lanes_advance(lane_pks=[lane_pk], account_id=account_pk):
                 report.lanes_advanced += 1
         count(item)
     for lane_pk in OrderingLane.objects.filter(gap_since__isnull=False, state="open").values_list("pk", flat=True):

@@ -2,8 +2,8 @@
 CV2-11-049, CV2-11-056; seed "Ownership boundaries").
 
 The set is recovered, never lease-healed: a successor coordinator, named by its own `holder`, takes over the SAME
-open set by one holder-fenced takeover (the holder changes, the fence advances by one, PostgreSQL refuses any
-other change, migration 0015), then loads the CutoverDecision and the set's per-owner receipts and does only what
+open set by one holder-fenced takeover (`fencing.barrier_set_takeover`: the holder changes, the fence advances by
+one, PostgreSQL refuses any other change, migration 0015), then loads the CutoverDecision and the set's per-owner receipts and does only what
 the decision allows:
 
 - `rollback_open`: resume acquisition (`acquiring -> held`, the owners reread and checked against the receipts) or,
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from connector.actors import Actor
-from connector.services.audit import audit_record
 from cutover import locks
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState, DecisionState
 from cutover.errors import BarrierSetRefused, CutoverPhaseRefused
@@ -33,9 +32,10 @@ from cutover.services import barrier_receipts
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from cutover.services import succession
+from cutover.services.fencing import barrier_set_takeover
 from cutover.services.v1_shutdown import _require, attempt_get
 
-__all__ = ["Recovery", "first_activation_takeover", "first_activation_release", "first_activation_recover"]
+__all__ = ["Recovery", "first_activation_release", "first_activation_recover"]
 
 ACTIVATION_WON = (DecisionState.ACTIVATING_V2, DecisionState.V2_COMMITTED)
 RESTORE_WON = (DecisionState.RESTORING_V1, DecisionState.V1_RESTORED)
@@ -58,27 +58,6 @@ def _open_set(attempt_key: str) -> ServingPublicationBarrierSet:
     if current is None or current.state not in BARRIER_SET_OPEN:
         raise BarrierSetRefused(f"attempt {attempt_key} has no open first-activation barrier set")
     return current
-
-
-def first_activation_takeover(*, attempt_key: str, holder: str, actor: Actor) -> ServingPublicationBarrierSet:
-    """One holder-fenced takeover of the attempt's open set by `holder` (idempotent for the holder that already
-    holds it). Locks: every owner barrier exclusive, then the set FOR UPDATE (its place in the canonical order)."""
-    _require(actor)
-    if not holder or holder != holder.strip():
-        raise BarrierSetRefused("a takeover needs a canonical holder identity")
-    current = _open_set(attempt_key)
-    with transaction.atomic():
-        row = locks.barrier_set_for_update(current.pk)
-        if row.state not in BARRIER_SET_OPEN:
-            raise BarrierSetRefused(f"{row} was released meanwhile; nothing to take over")
-        if row.holder == holder:
-            return row
-        previous = row.holder
-        row.take_over(holder=holder)
-        row.save()
-        audit_record(actor=actor, entity=row, action="barrier_set_takeover", from_state=row.state,
-                     to_state=row.state, fence=row.fence, reason=f"holder {previous} -> {holder}")
-    return row
 
 
 def first_activation_release(*, attempt_key: str, holder: str | None, expected_fence: int | None, reason: str,
@@ -111,7 +90,7 @@ def first_activation_recover(*, attempt_key: str, holder: str, actor: Actor, rel
     if decision is None:
         raise CutoverPhaseRefused(f"attempt {attempt_key} has no CutoverDecision; nothing to recover")
     attempt = attempt_get(attempt_key)
-    row = first_activation_takeover(attempt_key=attempt_key, holder=holder, actor=actor)
+    row = barrier_set_takeover(barrier_set_pk=_open_set(attempt_key).pk, holder=holder, actor=actor)
     problems = barrier_receipts.owner_receipt_problems(row, attempt.candidate_epoch)
     state = decision.state
     if state in RESTORE_WON:

@@ -34,13 +34,13 @@ from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivati
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import barrier_receipts
 from cutover.services.fencing import check_fence as _fence
-from cutover.services.fencing import check_holder
+from cutover.services.fencing import SUCCESSION_PERMISSION, check_holder
 from cutover.services.succession_drain import release_drain_of
 from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
                                               _same, _verify_handoff_digests)
 from effects.selectors import nonterminal_effects_of_epoch
 
-PERMISSION = "cutover.coordinate_succession"
+PERMISSION = SUCCESSION_PERMISSION
 HANDOFF_HALT_REASON = "ORDERING_HANDOFF"
 HANDOFF_BASELINE_ORIGIN = "ordering_handoff"
 # The comparator and partition derivation of a route: a change needs a total L1 transformation plus a snapshot

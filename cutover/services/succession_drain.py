@@ -34,14 +34,14 @@ from cutover import locks
 from cutover.choices import BarrierSetState, SuccessionDrainState
 from cutover.errors import SuccessionDrainRefused
 from cutover.models import ServingPublicationBarrierSet, SuccessionDrain
-from cutover.services.fencing import check_holder
+from cutover.services.fencing import SUCCESSION_PERMISSION, check_holder
 from effects.selectors import open_effects_of_epoch
 
 __all__ = ["DrainInventory", "succession_drain_open", "succession_drain_inventory", "succession_drain_complete",
            "release_drain_of"]
 
 SHOWN = 10
-PERMISSION = "cutover.coordinate_succession"  # the succession's (cutover.services.succession.PERMISSION)
+PERMISSION = SUCCESSION_PERMISSION
 
 
 def _require_perm(actor: Actor) -> None:

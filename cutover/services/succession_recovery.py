@@ -6,11 +6,11 @@ resumable service `manage.py succession` and the cutover console call, every act
 between any two of them (the crash points `succession.after_*`, `succession.before_commit`, ...) leaves the set
 open with its durable phase state; nothing expires it.
 
-`succession_takeover` is how a new coordinator recovers it: ONE holder-fenced takeover of the SAME open set (the
-holder changes, the fence advances by one, the state, the handoffs, the drain and the owner receipts stay;
-PostgreSQL allows no other change, migration 0020). From then on every act of the earlier holder (acquire, hold,
-drain, halt, handoff, activation, release) is refused with FENCE_STALE. `succession_resume` takes over and
-continues as the set's local state says:
+A new coordinator recovers it by ONE holder-fenced takeover of the SAME open set (`fencing.barrier_set_takeover`,
+the one takeover of both kinds of set: the holder changes, the fence advances by one, the state, the handoffs, the
+drain and the owner receipts stay; PostgreSQL allows no other change, migration 0020). From then on every act of
+the earlier holder (acquire, hold, drain, halt, handoff, activation, release) is refused with FENCE_STALE.
+`succession_resume` takes over and continues as the set's local state says:
 
 - `acquiring`: hold (the owners reread under the barriers), then as `held`;
 - `held` (the activation did not commit): drain, halt, the remaining handoffs, activate, read back, release;
@@ -24,19 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db import transaction
-
 from connector.actors import Actor
 from connector.faults import fault_point
-from connector.services.audit import audit_record
-from cutover import locks
 from cutover.choices import BARRIER_SET_OPEN, BarrierSetState
 from cutover.errors import BarrierSetRefused
 from cutover.models import ServingPublicationBarrierSet
 from cutover.services import succession, succession_phases
-from cutover.services.fencing import check_fence
+from cutover.services.fencing import barrier_set_takeover
 
-__all__ = ["Resumed", "succession_run", "succession_takeover", "succession_resume"]
+__all__ = ["Resumed", "succession_run", "succession_resume"]
 
 
 @dataclass(frozen=True)
@@ -58,30 +54,6 @@ def _open_set(predecessor_epoch_id: str) -> ServingPublicationBarrierSet:
            .first())
     if row is None:
         raise BarrierSetRefused(f"no barrier set is open for predecessor {predecessor_epoch_id}; nothing to take over")
-    return row
-
-
-def succession_takeover(*, predecessor_epoch_id: str, holder: str, actor: Actor,
-                        expected_fence: int | None = None) -> ServingPublicationBarrierSet:
-    """ONE holder-fenced takeover of the predecessor's open successor set by `holder` (idempotent for the holder
-    that already holds it; `expected_fence`, when given, is the fence the new coordinator saw). Locks: every owner
-    barrier exclusive, then the set FOR UPDATE (its place in the canonical order, docs/locking.md)."""
-    succession._require_perm(actor)
-    if not holder or holder != holder.strip():
-        raise BarrierSetRefused("a takeover needs a canonical holder identity")
-    current = _open_set(predecessor_epoch_id)
-    with transaction.atomic():
-        row = locks.barrier_set_for_update(current.pk)
-        if row.state not in BARRIER_SET_OPEN:
-            raise BarrierSetRefused(f"{row} was released meanwhile; nothing to take over")
-        if row.holder == holder:
-            return row
-        check_fence(row, expected_fence)
-        previous = row.holder
-        row.take_over(holder=holder)
-        row.save()
-        audit_record(actor=actor, entity=row, action="barrier_set_takeover", from_state=row.state,
-                     to_state=row.state, fence=row.fence, reason=f"holder {previous} -> {holder}")
     return row
 
 
@@ -126,7 +98,7 @@ def succession_run(*, predecessor_epoch_id: str, successor_epoch_id: str, holder
 
 def succession_resume(*, predecessor_epoch_id: str, holder: str, actor: Actor) -> Resumed:
     """Take the predecessor's open set over as `holder` and continue as its local state says (module docstring)."""
-    row = succession_takeover(predecessor_epoch_id=predecessor_epoch_id, holder=holder, actor=actor)
+    row = barrier_set_takeover(barrier_set_pk=_open_set(predecessor_epoch_id).pk, holder=holder, actor=actor)
     if row.state == BarrierSetState.ACQUIRING:
         row = succession.barrier_set_hold(barrier_set_pk=row.pk, expected_fence=row.fence, actor=actor,
                                           holder=holder)

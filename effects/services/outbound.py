@@ -18,8 +18,10 @@ from connector.selectors.owners import binding_definition_read
 from connector.selectors.rows import ServiceConfigurationCredentialMapping, ServingEpoch, ServingEpochBindingProof
 from connector.services.guard import ServingContext, lock_serving
 from connector.interpreters import callout as callout_paths
+from connector.services.set_insert import insert_rows
+from effects.choices import LinkState
 from effects.errors import OutboundConflict, OutboundPathUnsafe, OutboundRefused, RateLimitInvalid
-from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect
+from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect, RemoteLink
 from effects.services import identity
 from effects.services.retry import frozen_schedule
 
@@ -205,51 +207,132 @@ def idempotency_key(*, profile_id: str, account_key: str, application_scope: str
         effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id))
 
 
-def outbound_command_author(*, ctx: ServingContext, account_key: str, application_scope: str, effect_root_id: str,
-                            effect_slot_id: str, effect_generation_id: str, push_contract: str, callout: str,
-                            path_params: dict[str, str], body: dict, suppress_external_effects: bool,
-                            source_execution_id: int | None = None,
-                            predecessor: OutboundCommand | None = None, owner_slot: str = "") -> OutboundCommand:
-    """Author one OutboundCommand inside the caller's application transaction, which already holds the serving
-    guard `ctx` (gate `v2_serving`, exact active epoch). Freezes every reference from that exact epoch: push
-    contract and callout definitions, configuration, the account's exact credential generation for the callout's
-    CredentialRef, the request bytes and digest, the provider idempotency key if the contract supports one.
-    A replay context (`suppress_external_effects`) is refused. A retry of the same logical effect returns the
-    existing command if its binding is byte-identical, and fails closed otherwise. With an `owner_slot` that has
-    an active RemoteLink, the command addresses that linked remote identity through the callout's `update`
-    variant (the RemoteLink is the identity authority; the pushed fields never select it, CV2-10-059)."""
+def outbound_command_author(**call) -> OutboundCommand:
+    """One command authored as a batch of one (`outbound_commands_author(calls=[call])`), returned as its row: for
+    the callers that need the command itself (a successor generation, the tests)."""
+    (pk,) = outbound_commands_author(calls=[call])
+    return OutboundCommand.objects.get(pk=pk, account_id=call["ctx"].account_id)
+
+
+def _links(pairs: set[tuple[int, str]]) -> dict[tuple[int, str], RemoteLink]:
+    """The active RemoteLink of each (account, owner slot) pair, in one read (at most one per pair:
+    `effects_link_one_active_per_slot`)."""
+    if not pairs:
+        return {}
+    rows = RemoteLink.objects.filter(account_id__in=sorted({a for a, _ in pairs}),
+                                     owner_slot__in=sorted({s for _, s in pairs}), state=LinkState.ACTIVE)
+    return {(link.account_id, link.owner_slot): link for link in rows if (link.account_id, link.owner_slot) in pairs}
+
+
+def _existing(wanted: list[tuple[int, bytes]]) -> dict[tuple[int, bytes], tuple[int, None, bytes]]:
+    """The commands already authored under the (account, idempotency key) pairs, in one read (the key is derived
+    from the account key, so naming the account finds the same row and keeps the read single-shard, D-241)."""
+    if not wanted:
+        return {}
+    return {(c.account_id, bytes(c.idempotency_key)): (c.pk, None, bytes(c.binding_digest)) for c in
+            OutboundCommand.objects.filter(account_id__in=sorted({a for a, _ in wanted}),
+                                           idempotency_key__in=[k for _, k in wanted])
+            .only("id", "account_id", "idempotency_key", "binding_digest")}
+
+
+def _insert_commands(rows: list[dict], *, skip_conflicts: bool = True) -> dict[bytes, int]:
+    """Insert the new commands with one statement: idempotency key -> pk of the rows inserted. `skip_conflicts`:
+    a row whose key a concurrent author committed first is skipped (`ON CONFLICT DO NOTHING` waits for that
+    author, then skips) instead of failing the caller's transaction. A succession drain that closed the epoch's
+    roots refuses with SUCCESSION_ROOTS_CLOSED (D-315)."""
+    try:
+        return {bytes(key): pk for pk, key in insert_rows(OutboundCommand, rows, returning=("id", "idempotency_key"),
+                                                          conflict_nothing=skip_conflicts)}
+    except IntegrityError as exc:
+        if (closed := roots_closed(exc)) is not None:
+            raise closed from None
+        raise
+
+
+def _converge(lost: list[dict]) -> dict[bytes, int]:
+    """The commands a concurrent author committed first under the keys of `lost` (rows the insert skipped), in one
+    read: key -> its pk when its binding is byte-identical; OUTBOUND_CONFLICT otherwise. A row skipped by another
+    unique rule (no command under its key) is inserted alone, which raises that rule's IntegrityError."""
+    won = _existing([(row["account_id"], bytes(row["idempotency_key"])) for row in lost])
+    out = {}
+    for row in lost:
+        winner = won.get((row["account_id"], bytes(row["idempotency_key"])))
+        if winner is None:
+            _insert_commands([row], skip_conflicts=False)
+            raise AssertionError("a skipped command inserted alone")  # pragma: no cover - the insert raised
+        _same_binding(winner[2], row["binding_digest"], row)
+        out[bytes(row["idempotency_key"])] = winner[0]
+    return out
+
+
+def outbound_commands_author(*, calls: list[dict]) -> list[int]:
+    """Author one OutboundCommand and its RemoteEffect per call, inside the caller's application transaction,
+    which already holds each call's serving guard (`ctx`: gate `v2_serving`, exact active epoch); returns the
+    commands' pks in call order. One call is a batch of one. Each call freezes every reference from that exact
+    epoch (`_prepare`): push contract and callout definitions, configuration, the account's exact credential
+    generation for the callout's CredentialRef, the request bytes and digest, the provider idempotency key if
+    the contract supports one. With an `owner_slot` that has an active RemoteLink, the command addresses that
+    linked remote identity through the callout's `update` variant (the RemoteLink is the identity authority; the
+    pushed fields never select it, CV2-10-059).
+
+    Refusals, before any write: a replay context (`suppress_external_effects`, OUTBOUND_REFUSED); a guard that
+    moved since `ctx` (each call's guard is taken again with its exact epoch and fence, answered from the rows
+    this transaction holds); whatever `_prepare` refuses. A key that already exists, repeats within the calls,
+    or is committed meanwhile by a concurrent author converges on that command when its binding is
+    byte-identical and fails closed (OUTBOUND_CONFLICT) otherwise (CV2-10-001..015, CV2-10-047).
+
+    Statements for any number of calls: the slots' active RemoteLinks (one read, when a call names a slot), the
+    existing commands of the keys (one read), the new commands (one insert), their RemoteEffects (one insert);
+    a key a concurrent author won adds one read for it."""
     assert transaction.get_connection().in_atomic_block, "authored inside the application transaction"
-    if suppress_external_effects:
+    if any(call["suppress_external_effects"] for call in calls):
         raise OutboundRefused("a replay execution context cannot author outbound commands")
     # The guard is taken again here, in this transaction, with the caller's exact fence and epoch: a context
     # from an earlier transaction cannot author after the gate moved.
-    ctx = lock_serving(account_id=ctx.account_id, epoch_id=ctx.epoch_id, epoch_digest=ctx.epoch_digest,
-                       expected_fence=ctx.fence)
-    link = identity.active_link(account_id=ctx.account_id, owner_slot=owner_slot) if owner_slot else None
-    fields, binding_digest, key = _prepare(
-        ctx=ctx, account_key=account_key, application_scope=application_scope, effect_root_id=effect_root_id,
-        effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id, push_contract=push_contract,
-        callout=callout, path_params=path_params, body=body, source_execution_id=source_execution_id,
-        predecessor=predecessor, owner_slot=owner_slot, link=link)
-    # The key is derived from the account key, so naming the account finds the same row; it makes the read
-    # single-shard on the scale-out path (D-241).
-    existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
-    if existing is None:
-        try:
-            with transaction.atomic():
-                command = OutboundCommand.objects.create(**fields, binding_digest=binding_digest)
-                RemoteEffect.objects.create(**effect_row(command_id=command.pk, fields=fields))
-                return command
-        except IntegrityError as exc:
-            if (closed := roots_closed(exc)) is not None:  # a succession drain closed the epoch's roots (D-315)
-                raise closed from None
-            existing = OutboundCommand.objects.filter(account_id=ctx.account_id, idempotency_key=key).first()
-            if existing is None:
-                raise
-    if not hmac.compare_digest(bytes(existing.binding_digest), binding_digest):
-        raise OutboundConflict(f"logical effect {effect_root_id}/{effect_slot_id}/{effect_generation_id} exists with "
-                               "a different frozen binding")
-    return existing
+    ctxs = [lock_serving(account_id=c["ctx"].account_id, epoch_id=c["ctx"].epoch_id,
+                         epoch_digest=c["ctx"].epoch_digest, expected_fence=c["ctx"].fence) for c in calls]
+    links = _links({(ctx.account_id, c["owner_slot"]) for ctx, c in zip(ctxs, calls) if c.get("owner_slot")})
+    prepared = []
+    for ctx, call in zip(ctxs, calls):
+        slot = call.get("owner_slot", "")
+        prepared.append(_prepare(
+            ctx=ctx, account_key=call["account_key"], application_scope=call["application_scope"],
+            effect_root_id=call["effect_root_id"], effect_slot_id=call["effect_slot_id"],
+            effect_generation_id=call["effect_generation_id"], push_contract=call["push_contract"],
+            callout=call["callout"], path_params=call["path_params"], body=call["body"],
+            source_execution_id=call.get("source_execution_id"), predecessor=call.get("predecessor"),
+            owner_slot=slot, link=links.get((ctx.account_id, slot)) if slot else None))
+    existing = _existing(sorted({(f["account_id"], key) for f, _, key in prepared}))
+    # Each call resolves to an existing command's pk or to the index of a new row (a key repeated within the
+    # calls resolves like an existing one, to the first row): (pk, None, digest) or (None, index, digest).
+    rows, order, seen = [], [], {}
+    for fields, digest, key in prepared:
+        ident = (fields["account_id"], key)
+        found = existing.get(ident) or seen.get(ident)
+        if found is None:
+            row = {k: v for k, v in fields.items() if k not in ("predecessor", "target_link")}
+            row["predecessor_id"] = fields["predecessor"].pk if fields["predecessor"] is not None else None
+            row["target_link_id"] = fields["target_link"].pk if fields["target_link"] is not None else None
+            rows.append({**row, "binding_digest": digest})
+            found = seen[ident] = (None, len(rows) - 1, digest)
+        _same_binding(found[2], digest, fields)
+        order.append(found)
+    pks: list[int] = []
+    if rows:
+        inserted = _insert_commands(rows)
+        converged = _converge([row for row in rows if bytes(row["idempotency_key"]) not in inserted])
+        pks = [inserted.get(bytes(row["idempotency_key"])) or converged[bytes(row["idempotency_key"])]
+               for row in rows]
+        ours = [(pk, row) for pk, row in zip(pks, rows) if bytes(row["idempotency_key"]) in inserted]
+        if ours:
+            insert_rows(RemoteEffect, [effect_row(command_id=pk, fields=row) for pk, row in ours])
+    return [pk if pk is not None else pks[index] for pk, index, _ in order]
+
+
+def _same_binding(existing_digest: bytes, digest: bytes, fields: dict) -> None:
+    if not hmac.compare_digest(existing_digest, digest):
+        raise OutboundConflict(f"logical effect {fields['effect_root_id']}/{fields['effect_slot_id']}/"
+                               f"{fields['effect_generation_id']} exists with a different frozen binding")
 
 
 def effect_row(*, command_id: int, fields: dict) -> dict:
@@ -266,7 +349,7 @@ def _prepare(*, ctx: ServingContext, account_key: str, application_scope: str, e
              predecessor: OutboundCommand | None, owner_slot: str, link) -> tuple[dict, bytes, bytes]:
     """Everything an authored command freezes, from the exact guarded epoch `ctx` and the slot's active RemoteLink
     `link` (read by the caller): (the command's fields, its FrozenDispatchBinding digest, its idempotency key).
-    Shared by `outbound_command_author` and `outbound_commands_author` (D-296), so both freeze the same bytes."""
+    The calls' guards and links are read by `outbound_commands_author` for all of them at once."""
     try:
         epoch = _epoch_facts(bytes(ctx.epoch_digest), ctx.epoch_pk)
     except _Absent:  # pragma: no cover - the guard just locked this exact epoch

@@ -13,14 +13,13 @@ from connector import tracing
 from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
 from effects.models import CommandTrace, OutboundCommand
-from effects.services.outbound import frozen_binding, outbound_command_author
-from effects.services.outbound_together import outbound_commands_author
+from effects.services.outbound import frozen_binding, outbound_commands_author
 
 
 def _author_call(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str, fields: dict,
                  suppress_external_effects: bool, execution_id: int | None) -> dict | None:
     """The outbound author's arguments for one applied change of a pushing route (None: the route pushes
-    nothing). One definition for the single and the set-based author, so both author the same commands."""
+    nothing)."""
     push = route_definition.get("push")
     if not push:
         return None
@@ -33,25 +32,16 @@ def _author_call(*, ctx, account_key: str, route_definition: dict, command_id: s
 
 
 @tracing.traced("outbound_command_author")
-def author_for_runtime(**kwargs) -> OutboundCommand | None:
-    call = _author_call(**kwargs)
-    if call is None:
-        return None
-    wake_after_commit()
-    command = outbound_command_author(**call)
-    tracing.remember(CommandTrace, command.pk)  # issue 21: the egress request continues this trace after the outbox
-    return command
-
-
-@tracing.traced("outbound_commands_author")
-def author_many_for_runtime(calls: list[dict]) -> list[int]:
-    """`author_for_runtime` for every applied change of a batched Runtime transaction, set-based (D-296)."""
+def author_for_runtime(calls: list[dict]) -> list[int]:
+    """The outbound commands of the applied changes of one Runtime application transaction (one change is a
+    batch of one), authored by `outbound_commands_author`; returns their pks. One dispatch wake-up after the
+    commit, however many."""
     authored = [c for c in (_author_call(**kwargs) for kwargs in calls) if c is not None]
     if not authored:
         return []
     wake_after_commit()
     pks = outbound_commands_author(calls=authored)
-    tracing.remember_many(CommandTrace, pks)
+    tracing.remember_many(CommandTrace, pks)  # issue 21: the egress request continues each trace after the outbox
     return pks
 
 

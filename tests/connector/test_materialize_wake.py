@@ -25,7 +25,7 @@ from connector.models import (
     ReceiptComponent,
     StepFailure,
 )
-from connector.services import materialize, materialize_together
+from connector.services import materialize
 from tests.concurrency import raised, run_concurrently
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
@@ -131,14 +131,12 @@ def test_a_receipt_admitted_during_a_run_is_taken_by_that_run_or_woken(world, se
             return out
         return call
 
-    # whichever path materializes the first receipts (together, D-294, or one by one)
-    real, together = materialize.receipt_materialize, materialize_together.receipts_materialize
-    materialize.receipt_materialize = during(real)
-    materialize_together.receipts_materialize = during(together)
+    real = materialize.receipts_materialize
+    materialize.receipts_materialize = during(real)
     try:
         assert tasks.materialize_due(world.account.pk) == 4
     finally:
-        materialize.receipt_materialize, materialize_together.receipts_materialize = real, together
+        materialize.receipts_materialize = real
     assert len(sent["wakes"].calls) == 1
     assert MaterializationDue.objects.count() == 0 and Event.objects.count() == 4
 
@@ -202,31 +200,26 @@ def test_a_receipt_stuck_past_the_bound_is_materialized_by_the_sweep(world, sent
 
 def test_a_poison_receipt_is_held_and_the_rest_of_the_batch_materializes(world, sent, monkeypatch, settings):
     """One receipt of the batch fails deterministically: the shared transaction of the batch (D-294) rolls back,
-    every receipt goes alone, the failing one is held with MATERIALIZATION_FAILED evidence, the run returns
-    normally and every other receipt of the batch is materialized. Proves: CV2-13-001"""
+    the batch is split until the failing receipt stands alone (D-521), it is held with MATERIALIZATION_FAILED
+    evidence, the run returns normally and every other receipt of the batch is materialized. Proves: CV2-13-001"""
     settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
     receipts = _admitted(world, 6)
     bad = receipts[2].pk
-    real = materialize.receipt_materialize
+    real = materialize.receipts_materialize
+    batches = []
 
-    def step(**kwargs):
-        if kwargs["receipt_pk"] == bad:
+    def batch(**kwargs):  # the receipt fails every transaction it is part of
+        batches.append(sorted(kwargs["receipt_pks"]))
+        if bad in kwargs["receipt_pks"]:
             raise ValueError(f"poison receipt {bad}")
         return real(**kwargs)
 
-    real_together = materialize_together.receipts_materialize
-
-    def together(**kwargs):  # the receipt fails the shared transaction too (D-294): it rolls back, all go alone
-        if bad in kwargs["receipt_pks"]:
-            raise ValueError(f"poison receipt {bad}")
-        return real_together(**kwargs)
-
-    monkeypatch.setattr(materialize, "receipt_materialize", step)
-    monkeypatch.setattr(materialize_together, "receipts_materialize", together)
+    monkeypatch.setattr(materialize, "receipts_materialize", batch)
     assert tasks.materialize_due(world.account.pk) == 6
     assert MaterializationDue.objects.get(receipt_id=bad).held_reason == "MATERIALIZATION_FAILED"
     assert StepFailure.objects.get(entity_id=str(bad)).step == "receipt_materialize"
     assert MaterializationDue.objects.count() == 1 and Event.objects.count() == 5
+    assert len(batches) <= 7 and [bad] in batches  # split in halves: the poison stands alone after a few tries
 
 
 def test_the_batch_pick_is_routable_by_account(world):

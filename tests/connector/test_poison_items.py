@@ -165,7 +165,7 @@ def test_a_lane_whose_advance_fails_halts_and_the_other_lanes_advance(world, mon
         deliver(world, WEBHOOK, webhook_body(webhook_event(f"ev-{n}", f"rec-{n}", 1)))
     bad, good = (OrderingLane.objects.get(partition=f"rec-{n}") for n in (1, 2))
     with monkeypatch.context() as m:
-        poison(m, execution, "lane_advance", "lane_pk", bad.pk)
+        poison(m, execution, "lanes_advance", "lane_pks", [bad.pk])  # the sweeper: one lane a batch of one
         report = sweeper.inbound_sweep(grace_seconds=0)
     assert (report.lanes_advanced, report.quarantined) == (1, 1)
     bad.refresh_from_db()

@@ -238,9 +238,8 @@ def _pushing_world(monkeypatch):
 
     world = build_world("rp-", push=True)
     calls, wakes = [], []
-    real, real_many = hooks.author_outbound, hooks.author_outbound_many
-    monkeypatch.setattr(hooks, "author_outbound", lambda **kw: calls.append(kw) or real(**kw))
-    monkeypatch.setattr(hooks, "author_outbound_many", lambda many: calls.extend(many) or real_many(many))
+    real = hooks.author_outbound
+    monkeypatch.setattr(hooks, "author_outbound", lambda many: calls.extend(many) or real(many))
     monkeypatch.setattr(runtime_bridge, "_wake_dispatch", lambda: wakes.append(1))
     return world, calls, wakes
 

@@ -17,6 +17,7 @@ from cutover.choices import BarrierSetState
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet, SuccessionDrain
 from cutover.services import succession, succession_drain, succession_handoffs, succession_phases
 from cutover.services import succession_recovery as recovery
+from cutover.services.fencing import barrier_set_takeover
 from tests.crash.support import DB, assert_killed
 from tests.cutover.succession_helpers import build_succession_world, drain, send
 
@@ -146,7 +147,7 @@ def test_a_coordinator_killed_at_every_barrier_boundary_is_taken_over_by_a_new_h
     if point == "succession.after_handoff_chunk":
         assert OrderingHandoff.objects.filter(barrier_set=crashed).count() == 1
 
-    taken = recovery.succession_takeover(predecessor_epoch_id=world.epoch.epoch_id, holder=B, actor=ACTOR)
+    taken = barrier_set_takeover(barrier_set_pk=crashed.pk, holder=B, actor=ACTOR)
     assert (taken.pk, taken.holder, taken.state, taken.fence) == (crashed.pk, B, crashed.state, crashed.fence + 1)
     stale_holder_is_refused(world, taken, crashed.fence)
 

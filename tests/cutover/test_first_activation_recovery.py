@@ -17,6 +17,7 @@ from cutover.models import BarrierOwnerReceipt, CutoverDecision, ServiceCutoverA
 from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from cutover.services import first_activation_recovery as recovery
+from cutover.services.fencing import barrier_set_takeover
 from tests.concurrency import run_concurrently
 from tests.cutover.v1_world import ACTOR, approve_activation, build_v1_world, to_validating
 
@@ -120,7 +121,7 @@ def test_a_coordinator_crash_at_every_barrier_boundary_recovers_by_one_fenced_ta
     assert (crashed.holder, crashed.state, decision.state) == (A, set_state, decision_state)
     assert serving_state(world) == ("serving" if set_state == BarrierSetState.ACTIVATION_COMMITTED else "offline")
 
-    taken = recovery.first_activation_takeover(attempt_key=KEY, holder=B, actor=ACTOR)
+    taken = barrier_set_takeover(barrier_set_pk=crashed.pk, holder=B, actor=ACTOR)
     assert (taken.pk, taken.holder, taken.state, taken.fence) == (crashed.pk, B, crashed.state, crashed.fence + 1)
     stale_coordinator_is_refused(taken)
 

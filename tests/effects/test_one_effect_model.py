@@ -21,7 +21,7 @@ V2_EFFECT_PACKAGES = ("connector", "effects")
 # A table named in SQL (a table name as data, e.g. connector/placement.py's map of tables, is not a read of it).
 SQL_TABLE = r'(FROM|JOIN|UPDATE|INTO|TABLE)\s+"?{table}\b'
 # The modules that may create the connector's effect authority rows, and nothing else in the product.
-AUTHORING_MODULES = {"effects/services/outbound.py", "effects/services/outbound_together.py"}
+AUTHORING_MODULES = {"effects/services/outbound.py"}
 
 
 def _modules(package: str):
@@ -69,8 +69,8 @@ def test_v2_effect_paths_never_read_the_v1_implementation():
 
 
 def test_only_the_outbound_services_author_the_effect_authority():
-    """Exactly one authoring path: only `effects/services/outbound.py` and `outbound_together.py` (the set-based
-    form of the same semantics) create OutboundCommand or RemoteEffect rows anywhere in the product; the REST
+    """Exactly one authoring path: only `effects/services/outbound.py` creates OutboundCommand or RemoteEffect
+    rows anywhere in the product (by the ORM or the set-based insert); the REST
     bulk delivery modules never name them, and the outbound modules never name a delivery operation.
     Proves: CV2-10-046"""
     creators, crossings = set(), []
@@ -83,7 +83,7 @@ def test_only_the_outbound_services_author_the_effect_authority():
                         node.func.value, ast.Attribute) and isinstance(node.func.value.value, ast.Name) and (
                         node.func.value.value.id in ("OutboundCommand", "RemoteEffect")):
                     creators.add(path)
-                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_insert_rows" and node.args and (
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("_insert_rows", "insert_rows") and node.args and (
                         getattr(node.args[0], "id", "") in ("OutboundCommand", "RemoteEffect")):
                     creators.add(path)
             names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {

@@ -18,7 +18,7 @@ from connector.services import approvals
 from connector.services.admission import receipt_admit
 from connector.services.materialize import receipt_materialize
 from effects.errors import ReconcileRefused
-from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
+from effects.models import OutboundCommand, RemoteEffect, RemoteLink, RemoteLinkResolution
 from effects.services import identity, worker
 from governance import selectors
 from tests.connector.inbound_helpers import drain
@@ -102,9 +102,11 @@ def author_update(acme, record: str, fields: dict, command_id: str):
 
     with transaction.atomic():
         ctx = lock_serving(account_id=acme.pk)
-        return author_for_runtime(ctx=ctx, account_key=acme.account_key, route_definition={**ROUTE_DEFINITION, **PUSH},
-                                  command_id=command_id, record_key=record, fields=fields,
-                                  suppress_external_effects=False, execution_id=None)
+        (pk,) = author_for_runtime([dict(ctx=ctx, account_key=acme.account_key,
+                                         route_definition={**ROUTE_DEFINITION, **PUSH}, command_id=command_id,
+                                         record_key=record, fields=fields, suppress_external_effects=False,
+                                         execution_id=None)])
+        return OutboundCommand.objects.get(pk=pk)
 
 
 @pytest.mark.django_db

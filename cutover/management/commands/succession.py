@@ -30,7 +30,7 @@ from connector.errors import ConnectorError
 from connector.selectors.rows import ServingEpoch
 from connector.services import serving
 from cutover.selectors import barrier_set_open_for, succession_status
-from cutover.services import succession, succession_phases, succession_recovery
+from cutover.services import fencing, succession, succession_phases, succession_recovery
 
 
 class Command(BaseCommand):
@@ -149,8 +149,10 @@ class Command(BaseCommand):
 
     def phase_takeover(self, *, holder: str, resume: bool, **_):
         """A crashed coordinator's set, taken over by this one (D-133); nothing here waits for time to pass."""
-        row = succession_recovery.succession_takeover(predecessor_epoch_id=self.predecessor.epoch_id, holder=holder,
-                                                      actor=self.actor)
+        current = barrier_set_open_for(predecessor_epoch_pk=self.predecessor.pk)
+        if current is None:
+            raise CommandError("no open barrier set for this predecessor; nothing to take over")
+        row = fencing.barrier_set_takeover(barrier_set_pk=current.pk, holder=holder, actor=self.actor)
         self.stdout.write(f"barrier set #{row.pk} {row.state} (fence {row.fence}) held by {row.holder}")
         if not resume:
             return

@@ -1,6 +1,6 @@
-"""A kill inside the shared materialization transaction (D-294): a real worker process running `materialize_due`
-over several due receipts of one account is SIGKILLed at `materialize.after_components`; nothing of any receipt
-stands, and the next run derives each exactly once."""
+"""A kill inside the shared materialization transaction (D-294, D-521): a real worker process running
+`materialize_due` over several due receipts of one account is SIGKILLed at `materialize.after_components`; nothing
+of any receipt stands, and the next run derives each exactly once. The same for the lanes' advance."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from connector import tasks
 from connector.models import Event, MaterializationDue, Projection, ReceiptComponent
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
-from tests.connector.test_materialize_together import _deliveries
+from tests.connector.test_materialize_many import _deliveries
 from tests.crash.support import DB, assert_killed
 
 MATERIALIZE_DUE_SCRIPT = """
@@ -18,9 +18,11 @@ from connector import tasks
 settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
 tasks.execution_claim_and_run.delay = lambda *a, **k: None
 from connector.services import materialize
-def alone(**kwargs):  # the kill must come from the shared transaction, not from a receipt materialized alone
-    raise AssertionError("per-receipt path taken")
-materialize.receipt_materialize = alone
+real = materialize.receipts_materialize
+def shared(*, receipt_pks, account_id):  # the kill must come from the shared transaction of all five
+    assert len(receipt_pks) == 5, receipt_pks
+    return real(receipt_pks=receipt_pks, account_id=account_id)
+materialize.receipts_materialize = shared
 emit(attempted=tasks.materialize_due(ARGS["account_id"]))
 """
 
@@ -51,31 +53,31 @@ def test_a_kill_inside_the_shared_transaction_leaves_nothing_and_the_rerun_deriv
 
 
 ADVANCE_SCRIPT = """
-from connector.services import advance_together
-emit(out=advance_together.lanes_advance(lane_pks=ARGS["lanes"], account_id=ARGS["account_id"]))
+from connector.services import advance
+emit(out=advance.lanes_advance(lane_pks=ARGS["lanes"], account_id=ARGS["account_id"]))
 """
 
 
 @pytest.mark.django_db(**DB)
 def test_a_kill_inside_the_shared_advance_mints_nothing_and_the_rerun_mints_each_once(run_child):
-    """Five fresh lanes advanced together (D-295) by a child SIGKILLed at `advance.together_before_commit`: no
+    """Five fresh lanes advanced together (D-295) by a child SIGKILLed at `advance.before_commit`: no
     Execution stands, every Projection is still pending at generation 0, every lane idle at its old fence. The
     rerun mints exactly one Execution per lane. Proves: CV2-06-014, CV2-02-007, CV2-14-001"""
     from connector.models import Execution, OrderingLane
-    from connector.services import advance_together, materialize
+    from connector.services import advance, materialize
 
     world = build_inbound_world("ma-", [PACK_A])
     for i in range(5):
         receipt = admit(world, "records.webhook", webhook_body(webhook_event(f"ev-{i}", f"rec-{i}", 1)))
         materialize.receipt_materialize(receipt_pk=receipt.pk, account_id=world.account.pk)
     lanes = {lane.pk: lane.fence for lane in OrderingLane.objects.filter(account=world.account)}
-    run = run_child(ADVANCE_SCRIPT, "advance.together_before_commit", lanes=sorted(lanes),
+    run = run_child(ADVANCE_SCRIPT, "advance.before_commit", lanes=sorted(lanes),
                     account_id=world.account.pk)
     assert_killed(run)
     assert Execution.objects.count() == 0
     assert set(Projection.objects.values_list("lane_status", "execution_generation")) == {("pending", 0)}
     assert {lane.pk: (lane.fence, lane.active_execution_id) for lane in OrderingLane.objects.all()} == {
         pk: (fence, None) for pk, fence in lanes.items()}
-    taken, minted = advance_together.lanes_advance(lane_pks=sorted(lanes), account_id=world.account.pk)
-    assert taken == set(lanes) and len(minted) == 5 and Execution.objects.count() == 5
+    minted = advance.lanes_advance(lane_pks=sorted(lanes), account_id=world.account.pk)
+    assert len(minted) == 5 and Execution.objects.count() == 5
     assert {lane.active_execution_id for lane in OrderingLane.objects.all()} == set(minted)

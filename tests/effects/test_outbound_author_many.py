@@ -1,6 +1,7 @@
-"""Set-based outbound authoring (issue 18 goal 5, D-296): the commands `outbound_commands_author` writes are byte
-for byte the ones `outbound_command_author` writes for the same calls, an existing key converges or fails closed as
-it does, and a refusal writes nothing. On real PostgreSQL."""
+"""Outbound authoring, one path for any number of calls (issue 39, D-520): the commands `outbound_commands_author`
+writes for several calls at once are byte for byte the ones it writes for each call alone, an existing key (also
+one a concurrent author commits meanwhile) converges or fails closed, and a refusal writes nothing. On real
+PostgreSQL."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,8 @@ from connector.demo import build_world
 from connector.services.guard import lock_serving
 from effects.errors import OutboundConflict, OutboundRefused
 from effects.models import OutboundCommand, RemoteEffect
-from effects.services.outbound import outbound_command_author
-from effects.services.outbound_together import outbound_commands_author
+from effects.services.outbound import outbound_command_author, outbound_commands_author
+from tests.concurrency import run_concurrently
 
 SKIP = {"id", "created_at", "updated_at"}
 
@@ -50,8 +51,8 @@ def _push_names(world):
     return route.definition["push"]
 
 
-def test_set_based_authoring_writes_what_the_single_author_writes(world):
-    """The same three calls authored set-based and one by one (each inside a rolled-back savepoint of one
+def test_authoring_several_calls_at_once_writes_what_authoring_each_alone_writes(world):
+    """The same three calls authored in one call and one call each (each inside a rolled-back savepoint of one
     transaction, so both meet the same database): every column of every command (binding digest, request bytes
     and digest, idempotency key, frozen references, fence, epoch) and its one RemoteEffect are identical.
     Proves: CV2-10-001, CV2-10-005, CV2-10-047, CV2-14-001"""
@@ -99,3 +100,52 @@ def test_an_existing_key_converges_or_fails_closed_and_a_replay_context_writes_n
         ctx = lock_serving(account_id=account.pk)
         outbound_commands_author(calls=[dict(c, suppress_external_effects=True) for c in calls(ctx, ["r4"])])
     assert OutboundCommand.objects.count() == 2 and RemoteEffect.objects.count() == 2
+
+
+def test_a_key_a_concurrent_author_commits_meanwhile_converges_or_fails_closed(world):
+    """Two application transactions author the same logical effect at once (the second's insert waits on the
+    first's uncommitted key): with the same binding both return the same command, one OutboundCommand and one
+    RemoteEffect exist and neither transaction fails; with a different binding the second fails closed with
+    OutboundConflict and writes nothing. Proves: CV2-10-001, CV2-10-013, CV2-10-015"""
+    import threading
+
+    push = _push_names(world)
+    account = world.accounts[0]
+
+    def calls(keys, email):
+        ctx = lock_serving(account_id=account.pk)
+        return [dict(c, push_contract=push["contract"], callout=push["callout"],
+                     effect_slot_id=f"push:{push['contract']}") for c in _calls(ctx, account.account_key, keys,
+                                                                                email=email)]
+
+    def race(first_calls, second_calls) -> list:
+        inserted = threading.Event()
+
+        def first():
+            with transaction.atomic():
+                pks = outbound_commands_author(calls=first_calls())
+                inserted.set()
+                _hold_until_another_session_waits()
+            return pks
+
+        def second():
+            assert inserted.wait(30)
+            with transaction.atomic():
+                return outbound_commands_author(calls=second_calls())
+
+        return run_concurrently([first, second], expect=OutboundConflict)
+
+    first, second = race(lambda: calls(["r1"], "x@example.com"), lambda: calls(["r1", "r2"], "x@example.com"))
+    assert first[0] == second[0] and second[1] != second[0]
+    assert OutboundCommand.objects.count() == 2 and RemoteEffect.objects.count() == 2
+    _, refused = race(lambda: calls(["r3"], "y@example.com"), lambda: calls(["r3", "r4"], "z@example.com"))
+    assert isinstance(refused, OutboundConflict)
+    assert OutboundCommand.objects.count() == 3 and RemoteEffect.objects.count() == 3
+
+
+def _hold_until_another_session_waits() -> None:
+    """Keep this transaction open until another session waits on one of its locks (the concurrent insert of the
+    same key), so the two really overlap."""
+    from tests.concurrency import backend_pid_waiting, wait_until
+
+    assert wait_until(lambda: bool(backend_pid_waiting()), timeout=30)

@@ -1,6 +1,7 @@
-"""Due receipts of one account materialized in one transaction (issue 18 goal 5, D-294) and their lanes advanced in
-one transaction (D-295): the same rows as one receipt and one lane after the other, and a constant number of
-statements. On real PostgreSQL (the kills are in tests/crash/test_materialize_together_crash.py)."""
+"""Due receipts of one account materialized in one transaction (D-294) and their lanes advanced in one transaction
+(D-295), the one path of each step (D-521): the same rows as batches of one, a constant number of statements, and
+a poison item split out of its batch and quarantined alone while the others go on. On real PostgreSQL (the kills
+are in tests/crash/test_materialize_batch_crash.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,7 @@ from connector.models import (
     ReceiptComponent,
     SupersededDecision,
 )
-from connector.services import advance_together, execution, materialize, materialize_together
+from connector.services import advance, execution, materialize
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import admit, build_inbound_world, webhook_body, webhook_event
 
@@ -67,80 +68,99 @@ def _state(receipts: list[Receipt]) -> list:
     return out
 
 
-def test_together_derives_exactly_what_one_receipt_after_the_other_derives(two_accounts):
+def test_a_batch_derives_exactly_what_one_receipt_after_the_other_derives(two_accounts):
     """The same five deliveries to two accounts; account 1's are materialized in one transaction
-    (`receipts_materialize`), account 2's one receipt after the other (`receipt_materialize`, ascending pk). Every
+    (`receipts_materialize`), account 2's as batches of one (`receipt_materialize`, ascending pk). Every
     Component (ordinal, disposition, conflict reason, its Event), every Event, every lane with its Projections in
     pk order (the lane's last tie-breaker) and the due rows are the same: the first component of a key inserts,
     an identical later one is a duplicate, different bytes are a conflict, across receipts as within one.
     Proves: CV2-05-011, CV2-05-016, CV2-05-017, CV2-05-018, CV2-14-001"""
     together_acct, single_acct = two_accounts.accounts
     together, single = _deliveries(two_accounts, together_acct), _deliveries(two_accounts, single_acct)
-    taken, out = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in together],
-                                                           account_id=together_acct.pk)
-    assert taken == {r.pk for r in together} and out.components == 6 and len(out.events) == 4
+    out = materialize.receipts_materialize(receipt_pks=[r.pk for r in together], account_id=together_acct.pk)
+    assert out.components == 6 and len(out.events) == 4
     for r in single:
         materialize.receipt_materialize(receipt_pk=r.pk, account_id=single_acct.pk)
     state = _state(together)
     assert state == _state(single)
     assert [c[1] for c in state[2][0]] == ["duplicate_event"] and state[3][0][0][2] == "EVENT_KEY_CONFLICT"
     assert state[-1] == 0
-    # materialized: a second pass takes them and derives nothing more
-    taken, again = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in together],
-                                                             account_id=together_acct.pk)
-    assert taken == {r.pk for r in together} and again.components == 0 and _state(together) == state
+    # materialized: a second pass derives nothing more
+    again = materialize.receipts_materialize(receipt_pks=[r.pk for r in together], account_id=together_acct.pk)
+    assert again.components == 0 and _state(together) == state
 
 
-def test_what_the_together_path_does_not_take_stays_for_the_single_path(two_accounts, monkeypatch, settings):
-    """Receipts of another account are not read (each statement names its account); a gate that does not serve
-    raises before anything is written, and `materialize_due` then materializes each receipt alone.
-    Proves: CV2-05-011, CV2-03-015, CV2-13-001"""
-    from connector.errors import GateNotServing
-
+def test_another_accounts_receipt_refuses_the_batch_and_writes_nothing(two_accounts):
+    """A batch naming a receipt of another account raises Receipt.DoesNotExist (every statement names its account)
+    and writes nothing for any receipt of it. Proves: CV2-05-011, CV2-03-015"""
     first, second = two_accounts.accounts
     mine, theirs = _deliveries(two_accounts, first), _deliveries(two_accounts, second)
-    taken, _ = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in mine + theirs],
-                                                         account_id=first.pk)
-    assert taken == {r.pk for r in mine}
-    assert MaterializationDue.objects.filter(receipt__in=theirs).count() == 5
+    with pytest.raises(Receipt.DoesNotExist):
+        materialize.receipts_materialize(receipt_pks=[r.pk for r in mine + theirs[:1]], account_id=first.pk)
+    assert ReceiptComponent.objects.count() == 0 and MaterializationDue.objects.count() == 10
 
-    def refuse(**_kwargs):
+
+def test_a_poison_receipt_is_split_out_of_its_batch_and_held_while_the_others_materialize(two_accounts, monkeypatch,
+                                                                                           settings):
+    """Five due receipts of one account, the third of which fails deterministically whenever it is materialized:
+    `materialize_due` splits the failing batch until that receipt stands alone, holds it with
+    MATERIALIZATION_FAILED and a StepFailure, and materializes the four others (their lanes advanced); the held
+    receipt keeps no child. Before that, a gate that does not serve leaves every receipt due and holds none
+    (transient). Proves: CV2-13-001, CV2-05-017"""
+    from connector.choices import StepFailureReason
+    from connector.errors import GateNotServing
+    from connector.models import StepFailure
+
+    account = two_accounts.accounts[0]
+    receipts = _deliveries(two_accounts, account)
+    poison = receipts[2].pk
+    real_derive, real_guard = materialize._derive_events, materialize.lock_serving
+
+    def derive(todo, *args, **kwargs):
+        if any(r.pk == poison for r in todo):
+            raise ValueError("test: this receipt's bytes break the parser")
+        return real_derive(todo, *args, **kwargs)
+
+    def halted(**_kwargs):
         raise GateNotServing("test: the gate halts")
 
-    monkeypatch.setattr(materialize_together, "lock_serving", refuse)
-    alone = []
-    real = materialize.receipt_materialize
-    monkeypatch.setattr(materialize, "receipt_materialize", lambda **kw: alone.append(kw["receipt_pk"]) or real(**kw))
     monkeypatch.setattr(tasks.execution_claim_and_run, "delay", lambda *a, **k: None)
     settings.CONNECTOR = {**settings.CONNECTOR, "MATERIALIZE_SLOTS": 1}
-    assert tasks.materialize_due(second.pk) == 5
-    assert sorted(alone) == sorted(r.pk for r in theirs)
-    assert MaterializationDue.objects.count() == 0
+    monkeypatch.setattr(materialize, "lock_serving", halted)
+    assert tasks.materialize_due(account.pk) == 5
+    assert MaterializationDue.objects.filter(held_reason="").count() == 5 and StepFailure.objects.count() == 0
+    monkeypatch.setattr(materialize, "lock_serving", real_guard)
+    monkeypatch.setattr(materialize, "_derive_events", derive)
+    assert tasks.materialize_due(account.pk) == 5
+    held = MaterializationDue.objects.get()
+    assert (held.receipt_id, held.held_reason) == (poison, StepFailureReason.MATERIALIZATION_FAILED)
+    assert StepFailure.objects.get().entity_id == str(poison)
+    assert not ReceiptComponent.objects.filter(receipt_id=poison).exists()
+    assert ReceiptComponent.objects.filter(receipt__in=receipts).count() == 5
 
 
-#: Statements of `receipts_materialize` for any number of fresh one-event receipts (D-294): BEGIN, the guard, the
-#: receipts FOR UPDATE, their done Components, the Events, the Components, the lanes (read, insert), the
-#: Projections, the due rows, COMMIT. One receipt alone through `receipt_materialize` is 12 (+ its read before the
-#: transaction); 20 receipts one after the other were 20 x 13.
+#: Statements of `receipts_materialize` for any number of fresh one-event receipts, one included (D-294, D-521):
+#: BEGIN, the guard, the receipts FOR UPDATE, their done Components, the Events, the Components, the lanes (read,
+#: insert), the Projections, the due rows, COMMIT.
 TOGETHER = 11
 
 
-def test_together_statement_count_does_not_grow_with_the_receipts(two_accounts, django_assert_max_num_queries):
-    """2 and 20 fresh receipts (each a new record) are materialized with the same, pinned number of statements.
+def test_materialization_statement_count_does_not_grow_with_the_receipts(two_accounts,
+                                                                        django_assert_max_num_queries):
+    """1, 2 and 20 fresh receipts (each a new record) are materialized with the same, pinned number of statements.
     Proves: CV2-14-001, STYLE R27"""
     account = two_accounts.accounts[0]
     warm = [admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"w{i}", f"rec-w{i}", 1))) for i in range(2)]
-    materialize_together.receipts_materialize(receipt_pks=[r.pk for r in warm], account_id=account.pk)
+    materialize.receipts_materialize(receipt_pks=[r.pk for r in warm], account_id=account.pk)
     counts = []
-    for n in (2, 20):
+    for n in (1, 2, 20):
         receipts = [admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"e{n}-{i}", f"rec-{n}-{i}", 1)))
                     for i in range(n)]
         with django_assert_max_num_queries(TOGETHER), CaptureQueriesContext(connection) as seen:
-            taken, out = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in receipts],
-                                                                   account_id=account.pk)
-        assert len(taken) == n and out.components == n and len(out.lanes) == n
+            out = materialize.receipts_materialize(receipt_pks=[r.pk for r in receipts], account_id=account.pk)
+        assert out.components == n and len(out.lanes) == n
         counts.append(len(seen.captured_queries))
-    assert counts[0] == counts[1], counts
+    assert counts[0] == counts[1] == counts[2], counts
 
 
 def _lanes_state(account) -> dict:
@@ -160,7 +180,7 @@ def _lanes_state(account) -> dict:
 
 def test_lanes_advanced_together_decide_exactly_as_one_lane_after_the_other(two_accounts):
     """The same deliveries to two accounts, materialized one by one; account 1's lanes are advanced in one
-    transaction (`lanes_advance`), account 2's one lane after the other (`lane_advance`, ascending pk). Every lane
+    transaction (`lanes_advance`), account 2's as batches of one (`lane_advance`, ascending pk). Every lane
     (fence, state, high-water, gap, its active Execution and that Execution's ExecutionRef), every Projection's
     status and generation and every superseded decision are the same, including a lane whose lower position is
     superseded by a higher one. A second pass finds every lane busy and mints nothing.
@@ -170,45 +190,71 @@ def test_lanes_advanced_together_decide_exactly_as_one_lane_after_the_other(two_
         for r in _deliveries(two_accounts, account):
             materialize.receipt_materialize(receipt_pk=r.pk, account_id=account.pk)
     lanes = list(OrderingLane.objects.filter(account=together_acct).values_list("pk", flat=True))
-    taken, minted = advance_together.lanes_advance(lane_pks=lanes, account_id=together_acct.pk)
-    assert taken == set(lanes) and len(minted) == 3
+    minted = advance.lanes_advance(lane_pks=lanes, account_id=together_acct.pk)
+    assert len(minted) == 3
     for lane_pk in sorted(OrderingLane.objects.filter(account=single_acct).values_list("pk", flat=True)):
         execution.lane_advance(lane_pk=lane_pk, account_id=single_acct.pk)
     state = _lanes_state(together_acct)
     assert state == _lanes_state(single_acct)
     assert [d[0] for d in state["rec-a"][6]] == ["lower_than_selected"]  # ev-a (position 1) under ev-c (2)
     assert [p[1] for p in state["rec-a"][5]] == ["superseded", "minted"]
-    assert advance_together.lanes_advance(lane_pks=lanes, account_id=together_acct.pk) == (set(lanes), [])
+    assert advance.lanes_advance(lane_pks=lanes, account_id=together_acct.pk) == []
     assert _lanes_state(together_acct) == state
 
 
-#: Statements of `lanes_advance` for any number of fresh lanes that each mint (D-295): BEGIN, the guard, the lanes
-#: FOR UPDATE (with their epoch's compared columns), their pending Projections, the generations, the Executions,
-#: the lanes, COMMIT. One lane through `lane_advance` is 8 (its read, BEGIN, guard, lane, pending, generation,
-#: Execution, lane, COMMIT).
+#: Statements of `lanes_advance` for any number of fresh lanes that each mint, one included (D-295, D-521): BEGIN,
+#: the guard, the lanes FOR UPDATE (with their epoch's compared columns), their pending Projections, the
+#: generations, the Executions, the lanes, COMMIT.
 ADVANCE_TOGETHER = 8
 
 
 def test_lanes_advance_statement_count_does_not_grow_with_the_lanes(two_accounts, django_assert_max_num_queries):
-    """2 and 20 fresh lanes, each with one pending Projection, are advanced with the same, pinned number of
+    """1, 2 and 20 fresh lanes, each with one pending Projection, are advanced with the same, pinned number of
     statements. Proves: CV2-14-001, STYLE R27"""
     account = two_accounts.accounts[0]
     counts = []
-    for n in (2, 20):
+    for n in (1, 2, 20):
         receipts = [admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"a{n}-{i}", f"rec-a{n}-{i}", 1)))
                     for i in range(n)]
-        _, out = materialize_together.receipts_materialize(receipt_pks=[r.pk for r in receipts],
-                                                           account_id=account.pk)
+        out = materialize.receipts_materialize(receipt_pks=[r.pk for r in receipts], account_id=account.pk)
         with django_assert_max_num_queries(ADVANCE_TOGETHER), CaptureQueriesContext(connection) as seen:
-            taken, minted = advance_together.lanes_advance(lane_pks=out.lanes, account_id=account.pk)
-        assert taken == out.lanes and len(minted) == n
+            minted = advance.lanes_advance(lane_pks=out.lanes, account_id=account.pk)
+        assert len(minted) == n
         counts.append(len(seen.captured_queries))
-    assert counts[0] == counts[1], counts
+    assert counts[0] == counts[1] == counts[2], counts
+
+def test_a_poison_lane_is_split_out_of_its_batch_and_halted_while_the_others_advance(two_accounts, monkeypatch):
+    """Four fresh lanes of one account, one of which fails deterministically whenever it is advanced: the lane step
+    (`tasks._advance`, the materializer's and the claims task's) splits the failing batch until that lane stands
+    alone, halts it with LANE_STEP_FAILED and a StepFailure, and mints an Execution on each of the three others.
+    Proves: CV2-13-001, CV2-06-014"""
+    from connector.choices import LaneState, StepFailureReason
+    from connector.models import StepFailure
+
+    account = two_accounts.accounts[0]
+    receipts = [admit(two_accounts, WEBHOOK, webhook_body(webhook_event(f"p{i}", f"rec-p{i}", 1))) for i in range(4)]
+    out = materialize.receipts_materialize(receipt_pks=[r.pk for r in receipts], account_id=account.pk)
+    poison = sorted(out.lanes)[1]
+    real = advance.apply_contract
+
+    def contract(lane, pending, route):
+        if lane.pk == poison:
+            raise KeyError("test: this lane's route definition lost its ordering key")
+        return real(lane, pending, route)
+
+    monkeypatch.setattr(advance, "apply_contract", contract)
+    assert tasks._advance(out.lanes, account.pk) == 3
+    halted = OrderingLane.objects.get(pk=poison)
+    assert (halted.state, halted.halt_reason) == (LaneState.HALTED, StepFailureReason.LANE_STEP_FAILED)
+    assert StepFailure.objects.get().entity_id == str(poison)
+    assert sorted(OrderingLane.objects.filter(active_execution__isnull=False).values_list("pk", flat=True)) == sorted(
+        set(out.lanes) - {poison})
+
 
 
 def test_a_claims_step_advances_its_completed_lanes_together(two_accounts, monkeypatch):
     """Two records, each with an execution minted for position 1 and position 2 materialized behind it: the claims
-    task runs both executions, then mints both successors in ONE lane transaction (`advance_together`, D-398)
+    task runs both executions, then mints both successors in ONE lane transaction (`lanes_advance`, D-398)
     instead of two `lane_advance` tasks, and wakes one claimer for them. Proves: CV2-07-001, CV2-14-001"""
     from celery.app.task import Task
 
@@ -230,7 +276,7 @@ def test_a_claims_step_advances_its_completed_lanes_together(two_accounts, monke
     assert sent == [("connector.tasks.execution_claim_and_run", ())], sent  # no per-lane task, one wake-up
     lane_locks = [q["sql"] for q in queries.captured_queries
                   if "connector_orderinglane" in q["sql"] and "FOR UPDATE" in q["sql"]]
-    assert len(lane_locks) == 2, lane_locks  # the result recording's, then the together advance's
+    assert len(lane_locks) == 2, lane_locks  # the result recording's, then the lanes' advance
     rows = Execution.objects.filter(account_id=account.pk).select_related("projection__event").order_by("pk")
     assert [(e.state, e.projection.event.source_event_key) for e in rows] == [
         ("completed", "ev-x1"), ("completed", "ev-y1"), ("ready", "ev-x2"), ("ready", "ev-y2")]
