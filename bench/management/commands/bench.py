@@ -727,3 +727,7 @@ SUBCOMMANDS[Outbound.name] = Outbound()
 from bench.halt_drain import HaltDrain  # noqa: E402 - last settlement -> confirm_halted (issue 20, goal 5)
 
 SUBCOMMANDS[HaltDrain.name] = HaltDrain()
+
+from bench.admission_profile import AdmissionProfile  # noqa: E402 - the web's own cost per delivery (issue 40)
+
+SUBCOMMANDS[AdmissionProfile.name] = AdmissionProfile()
