@@ -8,8 +8,8 @@ exactly as bench burst's clients send them, and reports per request:
 - the CPU seconds of this process (`time.process_time`: the web worker's Python, not PostgreSQL's backend);
 - the round trips of the process: statements psycopg sends (the connection health check's `SELECT 1` included),
   COMMITs/ROLLBACKs, Redis commands (the materialization wake);
-- with `--stack full`, the same through Django's whole handler (every middleware, DRF), the path every request
-  took before the admission dispatch (D-540), so both are measured side by side in one run.
+- with `--stack both` (the default), the same through Django's whole handler as well (every middleware, DRF's
+  ReceiptAdmitApi), the path every request took before the admission dispatch (D-540), side by side in one run.
 
 Counts are load-insensitive; CPU seconds move a little with the machine's load (caches, frequency) and the
 report carries the load average beside them. `--profile FILE` writes a cProfile of the measured requests
@@ -77,58 +77,79 @@ def _environ(path: str, body: bytes, headers: dict[str, str]) -> dict:
     return environ
 
 
-def measure(*, requests: int, stack: str, warmup: int, profile_path: str | None) -> dict:
-    """Post `warmup` then `requests` signed one-event deliveries through the chosen WSGI callable."""
+def measure(*, requests: int, stacks: list[str], warmup: int, profile_prefix: str | None, block: int = 25) -> dict:
+    """Post `warmup` then `requests` signed one-event deliveries through each stack's WSGI callable, in alternating
+    blocks of `block` requests, so a change of the machine's load reaches every stack alike."""
     from django.core.handlers.wsgi import WSGIHandler
+
     from config.wsgi import application
     from connector.demo import DEMO_CHANNEL, demo_event_body
     from connector.models import ConnectorAccount, CredentialGeneration
     from connector.secrets import secret_backend
     from connector.services.signatures import sign
 
-    app = WSGIHandler() if stack == "full" else application
     account = ConnectorAccount.objects.order_by("pk").first().account_key
     generation = CredentialGeneration.objects.get(generation_id=f"{account}.webhook-signing.g1")
     secret = secret_backend().read(generation.secret_version_ref)
     path = f"/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts"
-    tag = f"{stack}-{int(time.time() * 1000):x}"
-    statuses: dict[str, int] = {}
+    began_tag = f"{int(time.time() * 1000):x}"
+    state = {stack: {"app": WSGIHandler() if stack == "full" else application, "statuses": {}, "cpu": 0.0,
+                     "wall": 0.0, "n": 0, "statements": 0, "commits": 0, "redis": 0,
+                     # CPU attribution (process_time), not wall time: on a loaded machine wall time is mostly
+                     # waiting for a core.
+                     "profiler": cProfile.Profile(time.process_time) if profile_prefix else None}
+             for stack in stacks}
 
-    def post(n: int) -> None:
-        body = demo_event_body(f"{tag}-{n}")
-        headers = {"Idempotency-Key": f"prof-{tag}-{n}", "Connector-Signature": sign(secret, int(time.time()), body)}
+    def post(stack: str, n: int) -> None:
+        tag = f"{stack}-{began_tag}-{n}"
+        body = demo_event_body(tag)
+        headers = {"Idempotency-Key": f"prof-{tag}", "Connector-Signature": sign(secret, int(time.time()), body)}
         seen = {}
 
         def start_response(status, response_headers, exc_info=None):
             seen["status"] = status.split()[0]
 
-        result = app(_environ(path, body, headers), start_response)
+        result = state[stack]["app"](_environ(path, body, headers), start_response)
         b"".join(result)
         if hasattr(result, "close"):
             result.close()
+        statuses = state[stack]["statuses"]
         statuses[seen["status"]] = statuses.get(seen["status"], 0) + 1
 
-    for n in range(warmup):
-        post(-1 - n)
-    # CPU attribution (process_time), not wall time: on a loaded machine wall time is mostly waiting for a core.
-    profiler = cProfile.Profile(time.process_time) if profile_path else None
-    with _Counter() as counter:
-        began_cpu, began = time.process_time(), time.perf_counter()
-        if profiler:
-            profiler.enable()
-        for n in range(requests):
-            post(n)
-        if profiler:
-            profiler.disable()
-        cpu, wall = time.process_time() - began_cpu, time.perf_counter() - began
-    if profiler:
-        profiler.dump_stats(profile_path)
-    return {"stack": stack, "requests": requests, "statuses": statuses,
-            "cpu_ms_per_request": 1000 * cpu / requests, "wall_ms_per_request": 1000 * wall / requests,
-            "statements_per_request": counter.statements / requests,
-            "commits_per_request": counter.commits / requests,
-            "postgres_round_trips_per_request": (counter.statements + counter.commits) / requests,
-            "redis_commands_per_request": counter.redis / requests}
+    for stack in stacks:
+        for n in range(warmup):
+            post(stack, -1 - n)
+        state[stack]["statuses"].clear()
+    done = 0
+    while done < requests:
+        size = min(block, requests - done)
+        for stack in stacks:
+            entry = state[stack]
+            with _Counter() as counter:
+                began_cpu, began = time.process_time(), time.perf_counter()
+                if entry["profiler"]:
+                    entry["profiler"].enable()
+                for n in range(done, done + size):
+                    post(stack, n)
+                if entry["profiler"]:
+                    entry["profiler"].disable()
+                entry["cpu"] += time.process_time() - began_cpu
+                entry["wall"] += time.perf_counter() - began
+            entry["n"] += size
+            for field in ("statements", "commits", "redis"):
+                entry[field] += getattr(counter, field)
+        done += size
+    out = {}
+    for stack, entry in state.items():
+        if entry["profiler"]:
+            entry["profiler"].dump_stats(f"{profile_prefix}.{stack}")
+        n = entry["n"]
+        out[stack] = {"requests": n, "statuses": entry["statuses"], "cpu_ms_per_request": 1000 * entry["cpu"] / n,
+                      "wall_ms_per_request": 1000 * entry["wall"] / n, "statements_per_request": entry["statements"] / n,
+                      "commits_per_request": entry["commits"] / n,
+                      "postgres_round_trips_per_request": (entry["statements"] + entry["commits"]) / n,
+                      "redis_commands_per_request": entry["redis"] / n}
+    return out
 
 
 class AdmissionProfile:
@@ -136,8 +157,7 @@ class AdmissionProfile:
 
     name = "admission-profile"
     help = ("The web process's CPU, statements and round trips per signed one-event delivery, through the WSGI "
-            "application in-process (and, with --stack full, through Django's whole handler) on a throwaway "
-            "database.")
+            "application in-process and through Django's whole handler, side by side, on a throwaway database.")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--requests", type=int, default=500, help="measured requests per stack (default 500)")
@@ -171,14 +191,14 @@ class AdmissionProfile:
             build_world("", push=True)
             with connections["default"].cursor() as cursor:
                 cursor.execute("ANALYZE")
-            for stack in stacks:
-                path = f"{options['profile']}.{stack}" if options["profile"] else (
-                    os.path.join(tempfile.gettempdir(), f"admission-{stack}.prof") if options["top"] else None)
-                report["stacks"][stack] = measure(requests=options["requests"], stack=stack,
-                                                  warmup=options["warmup"], profile_path=path)
-                if options["top"] and path:
+            prefix = options["profile"] or (os.path.join(tempfile.gettempdir(), "admission") if options["top"]
+                                            else None)
+            report["stacks"] = measure(requests=options["requests"], stacks=stacks, warmup=options["warmup"],
+                                       profile_prefix=prefix)
+            if options["top"]:
+                for stack in stacks:
                     out = io.StringIO()
-                    pstats.Stats(path, stream=out).sort_stats("cumulative").print_stats(options["top"])
+                    pstats.Stats(f"{prefix}.{stack}", stream=out).sort_stats("cumulative").print_stats(options["top"])
                     command.stdout.write(out.getvalue())
             connections["default"].close()
         report["load_average_after"] = list(os.getloadavg())
