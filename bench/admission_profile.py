@@ -145,7 +145,8 @@ def measure(*, requests: int, stacks: list[str], warmup: int, profile_prefix: st
             entry["profiler"].dump_stats(f"{profile_prefix}.{stack}")
         n = entry["n"]
         out[stack] = {"requests": n, "statuses": entry["statuses"], "cpu_ms_per_request": 1000 * entry["cpu"] / n,
-                      "wall_ms_per_request": 1000 * entry["wall"] / n, "statements_per_request": entry["statements"] / n,
+                      "wall_ms_per_request": 1000 * entry["wall"] / n,
+                      "statements_per_request": entry["statements"] / n,
                       "commits_per_request": entry["commits"] / n,
                       "postgres_round_trips_per_request": (entry["statements"] + entry["commits"]) / n,
                       "redis_commands_per_request": entry["redis"] / n}
@@ -208,7 +209,8 @@ class AdmissionProfile:
             command.stdout.write(
                 f"{stack:>8}: {figures['cpu_ms_per_request']:.2f} ms CPU/request (web process), "
                 f"{figures['statements_per_request']:.2f} statements + {figures['commits_per_request']:.2f} "
-                f"commits to PostgreSQL, {figures['redis_commands_per_request']:.2f} Redis commands, wall {figures['wall_ms_per_request']:.2f} ms; statuses {figures['statuses']}")
+                f"commits to PostgreSQL, {figures['redis_commands_per_request']:.2f} Redis commands, wall "
+                f"{figures['wall_ms_per_request']:.2f} ms; statuses {figures['statuses']}")
         command.stdout.write(f"load average before {report['load_average_before']} after "
                              f"{report['load_average_after']}")
         if options["json"]:

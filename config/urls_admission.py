@@ -3,7 +3,7 @@ name as in config.urls (`connector-api:receipt-admit`), and the API's JSON NOT_F
 from django.urls import include, path, re_path
 
 from connector.api.urls import api_not_found
-from connector.api.views import receipt_admit_direct
+from connector.api.admission_direct import receipt_admit_direct
 
 admission_patterns = [
     path("v2/accounts/<str:account>/channels/<str:channel>/receipts", receipt_admit_direct, name="receipt-admit"),

@@ -4,8 +4,8 @@ POST dispatched to a handler of its own (D-540).
 `POST /api/v2/accounts/<account>/channels/<channel>/receipts` is a machine-to-machine request authenticated only by
 its HMAC signature: it goes to a Django handler whose middleware is settings.ADMISSION_MIDDLEWARE (admission metrics
 and the security headers) and whose URLconf is settings.ADMISSION_URLCONF (the admission view without DRF's
-request machinery, connector.api.views.receipt_admit_direct). Every other request, including other methods on that
-path, goes to the whole stack of settings.MIDDLEWARE and config.urls."""
+request machinery, connector.api.admission_direct.receipt_admit_direct). Every other request, including other
+methods on that path, goes to the whole stack of settings.MIDDLEWARE and config.urls."""
 import os
 import re
 

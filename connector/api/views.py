@@ -13,7 +13,6 @@ from functools import partial
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.db import transaction
 from django.db.models import Prefetch
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -45,7 +44,7 @@ from connector.api.common import (
     error_response,
     model_permission,
 )
-from connector.api.exceptions import BodyTooLarge, connector_exception_handler
+from connector.api.exceptions import BodyTooLarge
 from connector.api.parsers import BoundedJSONParser
 from connector.api.serializers import (
     EpochRefSerializer,
@@ -110,10 +109,6 @@ def _claims_wake() -> None:
 
 def _schedule_materialization(receipt_pk: int, account_id: int) -> None:
     transaction.on_commit(partial(_materialization_enqueue, receipt_pk, account_id), robust=True)
-
-
-def _epoch_ref(receipt: Receipt) -> dict:
-    return {"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}
 
 
 # -- transport admission -------------------------------------------------------------------------------------------
@@ -181,48 +176,18 @@ class ReceiptAdmitApi(APIView):
         tags=["admission"],
     )
     def post(self, request, account: str, channel: str) -> Response:
-        data, code = _receipt_admit(None, request, account, channel)
+        data, code = admit_signed_delivery(None, request, account, channel)
         return Response(data, status=code)
 
 
-#: What DRF's APIView adds to every answer of ReceiptAdmitApi (`finalize_response`: its allowed methods; one renderer,
-#: so no `Vary: Accept`); the direct route answers with the same headers (D-540).
-ADMIT_ALLOW = "POST, OPTIONS"
-
-
 @tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
-def _receipt_admit(_view, request, account: str, channel: str) -> tuple[dict, int]:
-    """The admission itself, for ReceiptAdmitApi and for receipt_admit_direct alike: the answer's JSON data (the
-    shape of ReceiptAdmitApi.OutputSerializer) and its status."""
+def admit_signed_delivery(_view, request, account: str, channel: str) -> tuple[dict, int]:
+    """ReceiptAdmitApi's and receipt_admit_direct's admission (D-540): the answer's data and status."""
     body = _raw_body(request)  # the exact bytes, before anything could parse them
     admission = _verified_admission(request, account, channel, body)
     if admission.outcome == "created":
         _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)
-    return _admission_data(admission), (status.HTTP_201_CREATED if admission.outcome == "created"
-                                        else status.HTTP_200_OK)
-
-
-def receipt_admit_direct(request, account: str, channel: str) -> HttpResponse:
-    """The signed machine-to-machine POST as config/wsgi.py's admission dispatch serves it (D-540): the same checks
-    in the same order as ReceiptAdmitApi.post (signature, key, serving guard, size limit, every refusal through the
-    API's one exception handler and its catalog), the same status, body bytes and headers, without DRF's request
-    wrapping, negotiation, authentication, permission and throttle steps and serializers, none of which this
-    endpoint uses (no authentication classes, AllowAny, a raw body, JSON regardless of Accept)."""
-    try:
-        data, code = _receipt_admit(None, request, account, channel)
-        response = HttpResponse(_RENDERER.render(data), status=code, content_type=_RENDERER.media_type)
-        response.data = data  # observability.admission reads the outcome from it, as from a DRF Response
-    except Exception as exc:  # noqa: BLE001 - the one handler maps every exception, as DRF's handle_exception does
-        response = connector_exception_handler(exc, {"request": request, "view": None})
-        response.accepted_renderer, response.accepted_media_type = _RENDERER, _RENDERER.media_type
-        response.renderer_context = {"request": request, "response": response}
-        response.render()
-    response["Allow"] = ADMIT_ALLOW
-    response["Content-Length"] = str(len(response.content))
-    return response
-
-
-_RENDERER = JSONRenderer()
+    return _admission_data(admission), (201 if admission.outcome == "created" else 200)
 
 
 def _verified_admission(request, account_key: str, channel: str, body: bytes) -> Admission:
@@ -268,9 +233,7 @@ def _channel_check(account_key: str, channel: str) -> AdmissionHint:
     return hint
 
 
-def _admission_data(admission: Admission) -> dict:
-    """ReceiptAdmitApi.OutputSerializer's representation, built directly (the serializer describes it in the
-    schema; tests/connector/test_admission_direct.py holds the two equal)."""
+def _admission_data(admission: Admission) -> dict:  # ReceiptAdmitApi.OutputSerializer's representation
     receipt = admission.receipt
     if receipt is None:  # v1_accepted: the key belongs to a V1 tombstone, there is no V2 descendant
         return {"receipt": None, "admission": admission.outcome, "epoch": None, "component_count": None}
@@ -445,7 +408,7 @@ class ReceiptDetailApi(APIView):
 
         @extend_schema_field(EpochRefSerializer)
         def get_epoch(self, receipt) -> dict:
-            return EpochRefSerializer(_epoch_ref(receipt)).data
+            return EpochRefSerializer({"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}).data
 
         def get_materialized_component_count(self, receipt) -> int:
             return len(receipt.components.all())

@@ -1,6 +1,6 @@
 """The admission dispatch of config/wsgi.py (D-540): the signed transport POST runs through a handler of its own
-(settings.ADMISSION_MIDDLEWARE, config.urls_admission, connector.api.views.receipt_admit_direct) and answers
-exactly what the whole stack (every middleware, DRF's ReceiptAdmitApi) answers: status, body bytes and headers,
+(settings.ADMISSION_MIDDLEWARE, config.urls_admission, connector.api.admission_direct.receipt_admit_direct) and
+answers exactly what the whole stack (every middleware, DRF's ReceiptAdmitApi) answers: status, body bytes and headers,
 for every outcome and refusal; on real PostgreSQL, each refusal writing nothing."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from bench import load_budgets
-from bench.burst import check_burst, receiver_check
+from bench.burst_report import check_burst, receiver_check
 from bench.hot_account import check_report
 from demo.crm import DemoCrm
 
