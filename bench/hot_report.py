@@ -141,7 +141,14 @@ def check_report(report: dict, budgets: dict) -> list[str]:
     section = budgets.get("hot_account") or {}
     per_n = section.get("clients") or {}
     failures, checked = [], 0
+    ratio_floors = section.get("admission_only_over_raw_floor") or {}
     for run in report["runs"]:
+        floor = ratio_floors.get(str(run["clients"]))
+        if floor is not None and "ratios" in run:  # issue 40 goal 4: the admission path does less work than raw
+            checked += 1
+            ratio = run["ratios"].get("admission_only_over_raw")
+            if ratio is None or ratio < floor:
+                failures.append(f"clients={run['clients']} admission only / raw loop {ratio} < goal {floor}")
         if "product" in run:
             from bench.mix_product_run import check_product
 

@@ -55,6 +55,18 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "config.urls"
+
+# The signed machine-to-machine admission POST (config/wsgi.py's dispatch, D-540) runs only these: the admission
+# metrics, and the security headers every answer carries (HSTS, the SSL redirect, nosniff, referrer policy,
+# X-Frame-Options, CSP). No session, CSRF, authentication, actor, messages or sign-in throttling: the HMAC
+# signature is its only authentication. Its URLconf is config.urls_admission.
+ADMISSION_MIDDLEWARE = [
+    "observability.admission.AdmissionMetricsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+]
+ADMISSION_URLCONF = "config.urls_admission"
 WSGI_APPLICATION = "config.wsgi.application"
 
 # /metrics (issue 21, docs/operations.md): open when empty (development, tests), else only with

@@ -111,10 +111,6 @@ def _schedule_materialization(receipt_pk: int, account_id: int) -> None:
     transaction.on_commit(partial(_materialization_enqueue, receipt_pk, account_id), robust=True)
 
 
-def _epoch_ref(receipt: Receipt) -> dict:
-    return {"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}
-
-
 # -- transport admission -------------------------------------------------------------------------------------------
 
 class ReceiptAdmitApi(APIView):
@@ -179,14 +175,19 @@ class ReceiptAdmitApi(APIView):
             "component_count": 2})],
         tags=["admission"],
     )
-    @tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
     def post(self, request, account: str, channel: str) -> Response:
-        body = _raw_body(request)  # the exact bytes, before anything could parse them
-        admission = _verified_admission(request, account, channel, body)
-        if admission.outcome == "created":
-            _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)
-        data = self.OutputSerializer(_admission_data(admission)).data
-        return Response(data, status=status.HTTP_201_CREATED if admission.outcome == "created" else status.HTTP_200_OK)
+        data, code = admit_signed_delivery(None, request, account, channel)
+        return Response(data, status=code)
+
+
+@tracing.http_entry("receipt_admit")  # logs carry the ids; the span continues a caller's traceparent
+def admit_signed_delivery(_view, request, account: str, channel: str) -> tuple[dict, int]:
+    """ReceiptAdmitApi's and receipt_admit_direct's admission (D-540): the answer's data and status."""
+    body = _raw_body(request)  # the exact bytes, before anything could parse them
+    admission = _verified_admission(request, account, channel, body)
+    if admission.outcome == "created":
+        _schedule_materialization(admission.receipt.pk, admission.receipt.account_id)
+    return _admission_data(admission), (201 if admission.outcome == "created" else 200)
 
 
 def _verified_admission(request, account_key: str, channel: str, body: bytes) -> Admission:
@@ -232,11 +233,12 @@ def _channel_check(account_key: str, channel: str) -> AdmissionHint:
     return hint
 
 
-def _admission_data(admission: Admission) -> dict:
+def _admission_data(admission: Admission) -> dict:  # ReceiptAdmitApi.OutputSerializer's representation
     receipt = admission.receipt
     if receipt is None:  # v1_accepted: the key belongs to a V1 tombstone, there is no V2 descendant
         return {"receipt": None, "admission": admission.outcome, "epoch": None, "component_count": None}
-    return {"receipt": receipt.pk, "admission": admission.outcome, "epoch": _epoch_ref(receipt),
+    return {"receipt": receipt.pk, "admission": admission.outcome,
+            "epoch": {"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest).hex()},
             "component_count": receipt.component_count}
 
 
@@ -406,7 +408,7 @@ class ReceiptDetailApi(APIView):
 
         @extend_schema_field(EpochRefSerializer)
         def get_epoch(self, receipt) -> dict:
-            return EpochRefSerializer(_epoch_ref(receipt)).data
+            return EpochRefSerializer({"id": receipt.epoch.epoch_id, "digest": bytes(receipt.epoch_digest)}).data
 
         def get_materialized_component_count(self, receipt) -> int:
             return len(receipt.components.all())

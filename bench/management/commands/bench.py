@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand
 
 from bench.accounts import Accounts
 from bench.activation_command import Activation
+from bench.admission_profile import AdmissionProfile
 from bench.burst import Burst
 from bench.claims import Claims
 from bench.halt_drain import HaltDrain
@@ -23,7 +24,7 @@ from bench.subcommand import Subcommand
 
 SUBCOMMANDS: dict[str, Subcommand] = {s.name: s for s in (
     History(), HotAccount(), Activation(), Burst(), Accounts(), Claims(), Overhead(), MetricsPlans(), OutboundRate(),
-    Outbound(), HaltDrain())}
+    Outbound(), HaltDrain(), AdmissionProfile())}
 
 
 def run_as_administrator(command: Command) -> None:
