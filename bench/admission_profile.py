@@ -177,7 +177,7 @@ class AdmissionProfile:
 
         from django.db import connections
 
-        from bench.management.commands.bench import ThrowawayDatabases
+        from bench.databases import ThrowawayDatabases
         from connector.demo import build_world
 
         say = command.progress
