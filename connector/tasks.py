@@ -24,7 +24,7 @@ from connector.choices import SweepStep
 from connector.models import ReceiptTrace
 from connector.selectors import lanes as lane_selectors
 from connector.selectors import materialization
-from connector.services import execution, materialize, poison, sweeper
+from connector.services import execution, materialize, poison, statistics, sweeper
 
 log = logging.getLogger(__name__)
 BROKER_ERRORS = (KombuOperationalError, RedisError, OSError)
@@ -36,6 +36,15 @@ HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 def serving_epoch_sweep() -> dict[str, list[int]]:
     report = sweeper.serving_epoch_sweep()
     return {"verified": report.verified, "rejected": report.rejected, "deferred": report.deferred}
+
+
+@shared_task(name="connector.tasks.statistics_sweep", acks_late=True, ignore_result=True)
+def statistics_sweep() -> list[str]:
+    """Planner statistics for the tables that have none yet (connector.services.statistics)."""
+    analyzed = statistics.statistics_first_analyze()
+    if analyzed:
+        log.info("first planner statistics", extra={"tables": analyzed})
+    return analyzed
 
 
 @shared_task(name="connector.tasks.inbound_sweep", acks_late=True, ignore_result=True)

@@ -52,6 +52,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 30.0,
         "options": {"expires": 30.0},
     },
+    # The first planner statistics of a table, before autovacuum's first round (issue 40 goal 3, D-542).
+    "sweeper-statistics": {
+        "task": "connector.tasks.statistics_sweep",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
     "sweeper-inbound": {
         "task": "connector.tasks.inbound_sweep",
         "schedule": 5.0,
