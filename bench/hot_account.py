@@ -180,6 +180,7 @@ def _install_timers() -> None:
     inside Runtime, permit settlement inside egress) with timers. Bench processes only."""
     from connector import hooks, locks
     from effects import egress
+    from effects import egress_batch
 
     def timed_lock(fn, index):
         def wrapper(*args, **kwargs):
@@ -407,7 +408,7 @@ class Client:
             return outcome
         if outcome != "ok":
             return outcome
-        outcome, effect = RECORDER.op("egress_send", lambda: egress.send(
+        outcome, effect = RECORDER.op("egress_send", lambda: egress_batch.send(
             permit_pk=permit.pk, holder_id=self.holder.holder_id, holder_fence=permit.holder_fence,
             credential_gate_fence=permit.credential_gate_fence))
         if outcome == "rejected":

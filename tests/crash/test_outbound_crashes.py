@@ -34,6 +34,7 @@ from connector.actors import Actor
 from connector.models import AccountServingGate, AuditRecord
 from connector.services.execution import execution_claim, execution_run
 from effects import egress
+from effects import egress_batch
 from effects.choices import EFFECT_TERMINAL, PERMIT_OPEN, AttemptOutcome, EffectState, HolderState, PermitState
 from effects.errors import AbandonRefused, EgressRefused, PermitRefused
 from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
@@ -219,7 +220,7 @@ def test_crash_before_permit_acquisition_commits_reclaims_prepared_effect(run_ch
     with pytest.raises(PermitRefused):
         dispatch.permit_acquire(claim=stale)
     permit = dispatch.permit_acquire(claim=claim)
-    sent = egress.send(permit_pk=permit.pk, holder_id=RECOVERY, holder_fence=permit.holder_fence,
+    sent = egress_batch.send(permit_pk=permit.pk, holder_id=RECOVERY, holder_fence=permit.holder_fence,
                        credential_gate_fence=permit.credential_gate_fence)
     assert sent.state == EffectState.REMOTE_CONFIRMED
     assert effect_finalize_from_evidence(effect.pk).state == EffectState.FINALIZED
@@ -260,7 +261,7 @@ def test_crash_after_granted_needs_holder_isolation_then_returns_to_prepared(run
 
     _terminate_dead_holder(run)
     with pytest.raises(EgressRefused, match="terminated"):  # the dead generation can never send this permit
-        egress.send(permit_pk=permit.pk, holder_id=DEAD, holder_fence=permit.holder_fence,
+        egress_batch.send(permit_pk=permit.pk, holder_id=DEAD, holder_fence=permit.holder_fence,
                     credential_gate_fence=permit.credential_gate_fence)
     assert DispatchPermit.objects.get(pk=permit.pk).state == PermitState.GRANTED
     back = dispatch.permit_abandon(permit_pk=permit.pk, actor=OPERATOR)

@@ -21,10 +21,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from effects import egress
 from effects.choices import EffectState
 from effects.models import RemoteEffect
-from effects.services import dispatch, dispatch_together, worker
+from effects.services import worker
 from tests.effects.helpers import author
 
 CLAIM_AND_PERMIT = 13
@@ -66,15 +65,15 @@ def _count_stages(monkeypatch, stages, step):
 
 
 def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffect]:
-    """Run one worker step, counting the statements of each stage."""
+    """Run one worker step of one effect (a batch of one), counting the statements of each stage."""
+    from effects import egress_batch
+    from effects.services import dispatch_batch
+
     return _count_stages(monkeypatch, [
-        ("claim_and_permit", dispatch, "effect_claim"),
-        ("claim_and_permit", dispatch, "permit_acquire"),
-        ("claim_and_permit", dispatch_together, "effect_claim_and_permit"),
-        ("sending_marker", egress, "_win_sending"),
-        ("settle_and_finalize", egress, "permit_settle"),
-        ("settle_and_finalize", egress, "permit_settle_and_finalize"),
-        ("settle_and_finalize", worker, "effect_finalize_from_evidence"),
+        ("claim_and_permit", dispatch_batch, "claim_candidates"),
+        ("claim_and_permit", dispatch_batch, "effects_claim_batch"),
+        ("sending_marker", egress_batch, "win_sending_batch"),
+        ("settle_and_finalize", egress_batch, "permits_settle_confirmed"),
     ], lambda: worker.effect_dispatch_once(holder_name="h-stmt", account_id=account.pk))
 
 
@@ -113,6 +112,7 @@ def _batch_stage_counts(monkeypatch, account, n: int) -> tuple[dict[str, int], i
     from effects.services import dispatch_batch
 
     return _count_stages(monkeypatch, [
+        ("claim_and_permit", dispatch_batch, "claim_candidates"),
         ("claim_and_permit", dispatch_batch, "effects_claim_batch"),
         ("sending_marker", egress_batch, "win_sending_batch"),
         ("settle_and_finalize", egress_batch, "permits_settle_confirmed"),

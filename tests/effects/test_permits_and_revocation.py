@@ -13,6 +13,7 @@ from django.utils import timezone
 from connector.errors import GateNotServing, TransitionRefused
 from connector.models import AccountServingGate, AuditRecord, CredentialGenerationDispatchGate
 from effects import egress
+from effects import egress_batch
 from effects import locks as effect_locks
 from effects.errors import AbandonRefused, EgressRefused, PermitRefused
 from effects.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt
@@ -242,7 +243,7 @@ def test_revocation_racing_acquisition(tx_push_world, receiver, order):
         permit = DispatchPermit.objects.get()
         assert (permit.state, permit.credential_gate_fence) == ("granted", 1)
         with pytest.raises(EgressRefused, match="revoked"):
-            egress.send(permit_pk=permit.pk, holder_id="h-rev", holder_fence=permit.holder_fence,
+            egress_batch.send(permit_pk=permit.pk, holder_id="h-rev", holder_fence=permit.holder_fence,
                         credential_gate_fence=permit.credential_gate_fence)
         assert DispatchPermit.objects.get().state == "granted"
         effect = dispatch.permit_abandon(permit_pk=permit.pk, actor=ACTOR)
@@ -461,7 +462,7 @@ def test_crash_before_acquisition_is_reclaimed_after_the_lease_expires(push_worl
     with pytest.raises(PermitRefused):
         dispatch.permit_acquire(claim=stale)
     permit = dispatch.permit_acquire(claim=fresh)
-    effect = egress.send(permit_pk=permit.pk, holder_id="h-next", holder_fence=permit.holder_fence,
+    effect = egress_batch.send(permit_pk=permit.pk, holder_id="h-next", holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
     assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
     assert list(RemoteEffectAttempt.objects.order_by("ordinal").values_list("ordinal", "outcome")) == [

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from connector import demo
 from effects import egress
+from effects import egress_batch
 from effects.errors import RetryPolicyInvalid
 from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt
 from effects.services import dispatch, retry, worker
@@ -116,8 +117,8 @@ def test_a_settlement_the_database_refuses_is_tried_again_until_it_lands(retry_w
         return real(**kwargs)
     monkeypatch.setattr(egress, "permit_settle_and_finalize", flaky)
     ready = acquire("h1")
-    effect = egress.send(permit_pk=ready.permit.pk, holder_id="h1", holder_fence=ready.permit.holder_fence,
-                         credential_gate_fence=ready.permit.credential_gate_fence, finalize=True)
+    effect = egress_batch.send(permit_pk=ready.permit.pk, holder_id="h1", holder_fence=ready.permit.holder_fence,
+                         credential_gate_fence=ready.permit.credential_gate_fence)
     assert len(failures) == 2 and effect.state == "finalized"
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1
 

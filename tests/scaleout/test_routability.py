@@ -63,6 +63,7 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     from connector.services.materialize import receipt_materialize
     from connector.services.signatures import sign
     from effects import egress
+    from effects import egress_batch
     from effects.services import dispatch
     from tests.connector.test_api_admission import admit, body, event, signing_secret
     from tests.crash.support import ready_execution
@@ -96,7 +97,7 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
         claim = capture("effect claim", lambda: dispatch.effect_claim(holder=holder, account_id=account.pk))
         assert claim is not None
         permit = capture("permit", lambda: dispatch.permit_acquire(claim=claim))
-        effect = capture("egress marker, settlement", lambda: egress.send(
+        effect = capture("egress marker, settlement", lambda: egress_batch.send(
             permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
             credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
             account_id=claim.account_id, credential_generation_pk=permit.credential_gate.credential_generation_id))
