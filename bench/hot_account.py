@@ -179,8 +179,7 @@ def _install_timers() -> None:
     """Wrap the gate/epoch and credential-gate lock functions and the two nested operations (outbound authoring
     inside Runtime, permit settlement inside egress) with timers. Bench processes only."""
     from connector import hooks, locks
-    from effects import egress
-    from effects import egress_batch
+    from effects.services import dispatch
 
     def timed_lock(fn, index):
         def wrapper(*args, **kwargs):
@@ -203,7 +202,7 @@ def _install_timers() -> None:
     admission._admit_statement = timed_lock(admission._admit_statement, 0)
 
     hooks.author_outbound = _nested("outbound_authoring", hooks.author_outbound)
-    egress.permit_settle = _nested("permit_settlement", egress.permit_settle)
+    dispatch.permit_settle = _nested("permit_settlement", dispatch.permit_settle)
 
 
 def _nested(cls: str, fn: Callable):
@@ -399,7 +398,7 @@ class Client:
         return self.acquire_and_send(claim)
 
     def acquire_and_send(self, claim) -> str:
-        from effects import egress
+        from effects import egress_batch
         from effects.services import dispatch
 
         outcome, permit = RECORDER.op("permit_acquire", lambda: dispatch.permit_acquire(claim=claim))

@@ -121,7 +121,7 @@ SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_p
    AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
    AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
    AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
- ORDER BY e.id
+ ORDER BY e.id LIMIT %(n)s
    FOR UPDATE OF e SKIP LOCKED""".replace("{head}", _HEAD)
 
 # A limited batch's candidates (no lock, D-372): the first limited destination in rotation from the cursor (limiter
@@ -199,12 +199,18 @@ class Candidate:
     limiter_pk: int | None = None
 
 
+# Candidates read beyond a batch's size: workers that read the same oldest candidates at once each still find
+# unlocked ones (the claim locks at most n of them, SKIP LOCKED), so a batch of one does not collide with its peers.
+CANDIDATE_SLACK = 4
+
+
 def claim_candidates(*, n: int, account_id: int | None = None, limited: bool = False) -> list[Candidate]:
-    """Up to `n` claimable effects of one account (or, `limited`, of ONE limited destination), read without a lock
-    in ascending pk; the process's rotation cursor moves past the account (or destination) they belong to."""
+    """Up to `n` + CANDIDATE_SLACK claimable effects of one account (or, `limited`, of ONE limited destination),
+    read without a lock in ascending pk; the process's rotation cursor moves past the account (or destination)
+    they belong to."""
     if n <= 0:
         return []
-    args = {"account": account_id, "now": timezone.now(), "n": n}
+    args = {"account": account_id, "now": timezone.now(), "n": n + CANDIDATE_SLACK}
     with connection.cursor() as cursor:
         if limited:
             cursor.execute(_LIMITED[account_id is not None], {**args, "start": _ROTATION["limiter"]})
@@ -223,9 +229,10 @@ def claim_candidates(*, n: int, account_id: int | None = None, limited: bool = F
 def effects_claim_batch(*, holder: ProcessGeneration, n: int = 0, lease_seconds: int = 60,
                         account_id: int | None = None, limited: bool = False,
                         candidates: list[Candidate] | None = None) -> list[BatchPermit]:
-    """Claim up to `n` effects of one account and grant their permits in one transaction (see the module); or
-    exactly the given `candidates` (`claim_candidates`' answer or a part of it: the worker splits a batch whose
-    claim failed until the effect at fault stands alone).
+    """Claim up to `n` effects of one account and grant their permits in one transaction (see the module), the
+    first `n` of the given `candidates` that are still claimable and not locked by another claimer
+    (`claim_candidates`' answer or a part of it: the worker splits a batch whose claim failed until the effect at
+    fault stands alone; `n` 0: all of them), or of the candidates read now.
     `limited` (D-372): the effects of ONE limited destination instead (in rotation, its `not_before` due), the
     destination's limiter locked `FOR UPDATE` after the effects and before the holder, and only the prefix its
     admission allows granted (`limiter_admit_batch`: at most min(tokens, ceil((K - in flight) / 2))); a refusal
@@ -235,7 +242,8 @@ def effects_claim_batch(*, holder: ProcessGeneration, n: int = 0, lease_seconds:
     the COMMIT."""
     if candidates is None:
         candidates = claim_candidates(n=n, account_id=account_id, limited=limited)
-    if not candidates:
+    n = n or len(candidates)
+    if not candidates or n <= 0:
         return []
     acct, limiter_pk = candidates[0].account_id, candidates[0].limiter_pk
     limited = limiter_pk is not None
@@ -247,7 +255,7 @@ def effects_claim_batch(*, holder: ProcessGeneration, n: int = 0, lease_seconds:
         gates = connector_locks.credential_gates_for_share(c.credential_generation_pk for c in candidates)
         now = timezone.now()
         with connection.cursor() as cursor:
-            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [c.effect_pk for c in candidates], "now": now,
+            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [c.effect_pk for c in candidates], "now": now, "n": n,
                                            "limiter": limiter_pk})
             locked = cursor.fetchall()
         if not locked:

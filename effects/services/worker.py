@@ -119,7 +119,7 @@ def _batch_step(*, holder: ProcessGeneration, n: int, account_id: int | None,
     except settlement.LOST as exc:
         log.info("claim candidates not read: %s: %s", type(exc).__name__, exc)
         return []
-    permits, failed = _claim(holder, candidates)
+    permits, failed = _claim(holder, candidates, n)
     done = [RemoteEffect.objects.get(pk=pk) for pk in failed]
     if not permits:
         return done
@@ -142,16 +142,16 @@ def _batch_step(*, holder: ProcessGeneration, n: int, account_id: int | None,
     return done
 
 
-def _claim(holder: ProcessGeneration,
-           candidates: list[dispatch_batch.Candidate]) -> tuple[list[dispatch_batch.BatchPermit], list[int]]:
-    """The candidates claimed and granted in one transaction (see the module). A claim that fails
-    deterministically rolled back: each half is claimed again, until the effect at fault stands alone and is
-    quarantined (EFFECT_STEP_FAILED, D-530). Returns the permits granted and the effects quarantined; a refusal or
-    a transient failure of the claim writes nothing and grants nothing."""
-    if not candidates:
+def _claim(holder: ProcessGeneration, candidates: list[dispatch_batch.Candidate],
+           n: int) -> tuple[list[dispatch_batch.BatchPermit], list[int]]:
+    """Up to `n` of the candidates claimed and granted in one transaction (see the module). A claim that fails
+    deterministically rolled back: each half is claimed again (the second for what the first did not take), until
+    the effect at fault stands alone and is quarantined (EFFECT_STEP_FAILED, D-530). Returns the permits granted
+    and the effects quarantined; a refusal or a transient failure of the claim writes nothing and grants nothing."""
+    if not candidates or n <= 0:
         return [], []
     try:
-        return dispatch_batch.effects_claim_batch(holder=holder, candidates=candidates,
+        return dispatch_batch.effects_claim_batch(holder=holder, n=n, candidates=candidates,
                                                   lease_seconds=settings.CONNECTOR["LEASE_SECONDS"]), []
     except Exception as exc:  # noqa: BLE001 - classified: a defect is split until the effect at fault stands alone
         if poison.classify(exc) != poison.FAILED:
@@ -163,7 +163,8 @@ def _claim(holder: ProcessGeneration,
             return [], ([candidates[0].effect_pk] if step.failure == poison.FAILED else [])
         poison.log_fallback(log, exc, "the claim of %d effects failed; claiming each half again", len(candidates))
     half = len(candidates) // 2
-    first, second = _claim(holder, candidates[:half]), _claim(holder, candidates[half:])
+    first = _claim(holder, candidates[:half], n)
+    second = _claim(holder, candidates[half:], n - len(first[0]))
     return first[0] + second[0], first[1] + second[1]
 
 

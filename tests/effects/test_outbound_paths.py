@@ -272,5 +272,5 @@ def test_egress_retries_when_the_template_cannot_be_read_right_now(push_world, r
     assert claim("h1")[1] is None  # not before its scheduled time
     real = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=7))
-    assert send(acquire("h1")).state == "remote_confirmed"
+    assert send(acquire("h1")).state == "finalized"
     assert [r["path"] for r in receiver.requests] == ["/v1/records/r1"]

@@ -134,7 +134,7 @@ def test_open_permit_blocks_v2_halted_until_it_settles(push_world, receiver):
     assert _permit(ready).gate_fence < _gate(acme).fence  # the gate drains its open-permit set on a new fence
 
     effect = send(ready)
-    assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
+    assert effect.state == "finalized" and len(receiver.requests) == 1
     assert _permit(ready).state == "returned" and _open_permits(acme) == []
     assert gate_action(acme, "confirm_halted").mode == "v2_halted"
     assert RemoteEffect.objects.get(command__effect_root_id="order-2").state == "prepared"
@@ -307,7 +307,7 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
         assert sender.error is None, sender.error
         assert len(receiver.requests) == 1 and receiver.applied_total() == 1
         assert (permit.state, permit.io_may_have_started) == ("returned", True)
-        assert _effect(ready).state == "remote_confirmed"
+        assert _effect(ready).state == "finalized"
         revoked_at = AuditRecord.objects.get(action="credential_gate_revoke").at
         assert permit.sending_at <= revoked_at
     assert _open_permits(acme) == []
@@ -321,15 +321,15 @@ def test_revocation_record_lists_the_permits_already_sending(push_world, receive
     author(acme)
     generation = outbound_generation(acme)
     ready = acquire("h-rec", acme)
-    original = egress.fault_point
+    original = egress_batch.fault_point
 
     def revoke_while_sending(name):
         if name == "egress.after_sending":
             revoke(generation.generation_id)
         original(name)
 
-    monkeypatch.setattr(egress, "fault_point", revoke_while_sending)
-    assert send(ready).state == "remote_confirmed" and len(receiver.requests) == 1
+    monkeypatch.setattr(egress_batch, "fault_point", revoke_while_sending)
+    assert send(ready).state == "finalized" and len(receiver.requests) == 1
     record = AuditRecord.objects.get(action="credential_gate_revoke")
     assert "permit" in record.reason and str(ready.permit.pk) in record.reason
 
@@ -357,7 +357,7 @@ def test_reenablement_uses_a_new_fence_and_the_stale_permit_never_revives(push_w
             send(stale, credential_gate_fence=fence)
     fresh = acquire("h-re", acme)
     assert fresh.permit.credential_gate_fence == 3 and fresh.claim.attempt_pk != stale.claim.attempt_pk
-    assert send(fresh).state == "remote_confirmed"
+    assert send(fresh).state == "finalized"
     assert len(receiver.requests) == 1
     assert _permit(stale).state == "abandoned"
     assert RemoteEffectAttempt.objects.get(pk=stale.claim.attempt_pk).outcome == "no_effect"
@@ -464,7 +464,7 @@ def test_crash_before_acquisition_is_reclaimed_after_the_lease_expires(push_worl
     permit = dispatch.permit_acquire(claim=fresh)
     effect = egress_batch.send(permit_pk=permit.pk, holder_id="h-next", holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
-    assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
+    assert effect.state == "finalized" and len(receiver.requests) == 1
     assert list(RemoteEffectAttempt.objects.order_by("ordinal").values_list("ordinal", "outcome")) == [
         (1, ""), (2, "remote_confirmed")]
 
