@@ -97,7 +97,7 @@ def test_concurrent_sends_of_one_permit_make_one_request(tx_push_world, receiver
     results = run_concurrently([lambda: send(ready)] * 2)
     errors = raised(results)
     assert len(errors) == 1 and isinstance(errors[0], EgressRefused), errors
-    assert [r.state for r in results if not isinstance(r, BaseException)] == ["remote_confirmed"]
+    assert [r.state for r in results if not isinstance(r, BaseException)] == ["finalized"]
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1
 
 

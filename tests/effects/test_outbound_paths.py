@@ -201,7 +201,7 @@ def test_a_hostile_record_id_is_rejected_by_runtime_and_never_reaches_the_receiv
         assert path_fits_template(TEMPLATE, path) is None, path
         assert posixpath.normpath(unquote(path)).startswith("/v1/records/")
     assert sorted(unquote(p.rsplit("/", 1)[1]) for p in paths) == sorted(safe)
-    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"remote_confirmed"}
+    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
 
 
 @pytest.mark.django_db

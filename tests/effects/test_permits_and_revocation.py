@@ -278,16 +278,16 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
         _assert_waits(sender)
         pause.go.set()
     else:
-        original = effect_locks.permit_for_update
+        original = effect_locks.permits_for_update
 
-        def permit_for_update(pk, **kwargs):
-            # Inside the adapter's swap transaction, after it locked the credential gate: pause once.
-            row = original(pk, **kwargs)
+        def permits_for_update(pks, **kwargs):
+            # Inside the adapter's marker transaction, after it locked the credential gate: pause once.
+            rows = original(pks, **kwargs)
             if threading.current_thread().name == "sender" and not pause.reached.is_set():
                 pause.pause()
-            return row
+            return rows
 
-        monkeypatch.setattr(effect_locks, "permit_for_update", permit_for_update)
+        monkeypatch.setattr(effect_locks, "permits_for_update", permits_for_update)
         sender = start(lambda: send(ready), "sender")
         assert pause.reached.wait(scaled(10))
         revoker = start(revoke_fn, "revoker")
@@ -387,7 +387,7 @@ def test_permit_never_closes_because_time_passed(push_world, receiver, monkeypat
     author(acme)
     ready = acquire("h-old", acme)
     if state == "sending":
-        crash_at(monkeypatch, egress, "egress.after_sending")
+        crash_at(monkeypatch, egress_batch, "egress.after_sending")
         with pytest.raises(SimulatedCrash):
             send(ready)
     permit = _permit(ready)
@@ -433,7 +433,7 @@ def test_granted_abandonment_is_reclaimable_and_sending_abandonment_is_not(push_
     second = acquire("h-b", acme)
     assert (second.claim.effect_pk, RemoteEffectAttempt.objects.get(pk=second.claim.attempt_pk).ordinal) == (
         first.claim.effect_pk, 2)
-    crash_at(monkeypatch, egress, "egress.after_sending")
+    crash_at(monkeypatch, egress_batch, "egress.after_sending")
     with pytest.raises(SimulatedCrash):
         send(second)
     monkeypatch.undo()
