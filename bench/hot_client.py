@@ -184,7 +184,7 @@ class Client:
         return self.acquire_and_send(claim)
 
     def acquire_and_send(self, claim) -> str:
-        from effects import egress
+        from effects import egress_batch
         from effects.services import dispatch
 
         outcome, permit = RECORDER.op("permit_acquire", lambda: dispatch.permit_acquire(claim=claim))
@@ -193,7 +193,7 @@ class Client:
             return outcome
         if outcome != "ok":
             return outcome
-        outcome, effect = RECORDER.op("egress_send", lambda: egress.send(
+        outcome, effect = RECORDER.op("egress_send", lambda: egress_batch.send(
             permit_pk=permit.pk, holder_id=self.holder.holder_id, holder_fence=permit.holder_fence,
             credential_gate_fence=permit.credential_gate_fence))
         if outcome == "rejected":

@@ -134,7 +134,7 @@ def _install_timers() -> None:
     """Wrap the gate/epoch and credential-gate lock functions and the two nested operations (outbound authoring
     inside Runtime, permit settlement inside egress) with timers. Bench processes only."""
     from connector import hooks, locks
-    from effects import egress
+    from effects.services import dispatch
 
     def timed_lock(fn, index):
         def wrapper(*args, **kwargs):
@@ -157,7 +157,7 @@ def _install_timers() -> None:
     admission._admit_statement = timed_lock(admission._admit_statement, 0)
 
     hooks.author_outbound = _nested("outbound_authoring", hooks.author_outbound)
-    egress.permit_settle = _nested("permit_settlement", egress.permit_settle)
+    dispatch.permit_settle = _nested("permit_settlement", dispatch.permit_settle)
 
 
 def _nested(cls: str, fn: Callable):

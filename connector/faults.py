@@ -22,9 +22,7 @@ POINTS = (
     "egress.after_sending",  # granted -> sending committed, no byte sent yet
     "egress.after_request",  # the provider answered (or not), settlement not committed
     "dispatch.after_confirmed",  # remote success recorded, local finalization not committed
-    "dispatch.claim_permit_before_commit",  # claim + permit written in one transaction (D-335), not committed
     "dispatch.finalize_in_settlement",  # settlement written, finalization written in its savepoint (D-336)
-    "dispatch.settle_finalize_before_commit",  # settlement (+ finalization) written in one transaction, not committed
     "dispatch.batch_claim_before_commit",  # a batch's claims + permits written in one transaction (D-347), uncommitted
     "dispatch.batch_sending_before_commit",  # a batch's granted -> sending markers written (D-349), not committed
     "dispatch.batch_settle_before_commit",  # a batch's confirmed settlements + finalizations (D-348), uncommitted

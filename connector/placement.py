@@ -249,19 +249,16 @@ def distributed(group: str | None = None) -> dict[str, Placement]:
 REFERENCE_ROW_LOCKS = frozenset({"effects_processgeneration"})
 
 #: The hot transactions the routability test runs, in order (docs/scale-out.md, "Hot transactions").
-HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, completion, authoring", "effect claim",
-             "permit", "egress marker, settlement", "finalization", "batch claim", "batched egress")
-#: Hot steps that run only in the single-node configuration: the Citus configuration keeps the one-by-one egress
-#: step instead of the batched one (D-396).
-SINGLE_NODE_STEPS = ("batched egress",)
+HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, completion, authoring", "batch claim",
+             "batched egress")
+#: Hot steps that run only in the single-node configuration (none: the egress step is one path in both).
+SINGLE_NODE_STEPS: tuple[str, ...] = ()
 
 #: Hot statements that Citus could not send to one shard in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
 #: "account"), keyed by (step, table, problem), with what it takes. The routability test fails on any other finding
 #: and on any entry here that no longer occurs. Issue 23's last slice (D-244, D-245) emptied it of everything but
-#: the batched claim: entry points carry the account with the key (task messages, claim tokens, effect claims,
-#: egress arguments), joins by id name the account of both sides, saves name their shard, and the admission hint
-#: reads the gate by the account pk the process resolved from the key. The per-account claimer (D-264) emptied it.
-KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {}
+#: the batched claim; the egress step is one path for one effect or many (D-531), so its multi-effect statements
+#: are here until the permits, attempts and audit rows carry the account column (issue 39 item 5).
 
 #: The batched claim's statements in the single-node claim scope (`CLAIM_SCOPE` = "batch", the default), which serve
 #: several accounts in one statement by design (D-204/D-205, D-246): not routable on Citus, which therefore runs
@@ -272,8 +269,8 @@ _BATCH = ("the batched claim serves any set of accounts in one statement (D-204/
 _EGRESS_BATCH = ("the batched egress step (D-345..D-350) writes and locks the permits, attempts and audit rows of "
                  "several effects of ONE account in one statement; those tables reach their shard through one parent "
                  "row each (`via`), so a statement naming several parents is not provably one shard until they carry "
-                 "the account column. The Citus configuration (CLAIM_SCOPE \"account\") therefore keeps the "
-                 "one-by-one egress step, whose statements are routable (worker.egress_batch_size, D-396)")
+                 "the account column. The Citus configuration (CLAIM_SCOPE \"account\") takes batches of one "
+                 "(worker.egress_batch_size, D-396), whose statements name one parent each but not provably")
 SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_execution", "unpinned"):
         "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
@@ -292,3 +289,6 @@ SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batched egress", "effects_dispatchpermit", "unpinned"): _EGRESS_BATCH,
     ("batched egress", "effects_remoteeffectattempt", "unpinned"): _EGRESS_BATCH,
 }
+KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {  # a batch of one locks one permit: that lock is one shard
+    key: reason for key, reason in SINGLE_NODE_ONLY.items()
+    if key[0] == "batched egress" and key[2] != "row lock not single-shard"}

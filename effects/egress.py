@@ -1,7 +1,8 @@
 """The sole egress adapter: the only module that performs provider I/O (a test proves no other module imports an
-HTTP client). It sends only for a `granted` permit it wins in its own committed `granted -> sending`
-compare-and-swap, after re-locking the exact credential dispatch gate and checking the permit, holder and fences;
-every other caller is refused before any byte leaves (CV2-10-036..039, CV2-04-008)."""
+HTTP client). A permit's exchange is made only after it won its own committed `granted -> sending`
+compare-and-swap (`effects.egress_batch.win_sending_batch`), which re-locks the exact credential dispatch gate and
+checks the permit, holder and fences (`sending_refusal`); every other caller is refused before any byte leaves
+(CV2-10-036..039, CV2-04-008)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,30 +15,19 @@ import ssl
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
-from opentelemetry.trace import SpanKind
 
-from connector.selectors import locks as connector_locks
-from connector import stage_metrics
-from connector import tracing
+from connector import stage_metrics, tracing
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.interpreters import callout as callout_paths
 from connector.services.secrets import read_secret
-from effects import locks
 from effects.choices import AttemptOutcome, HolderState, PermitState
-from effects.errors import DestinationDeferred, EgressRefused
-from effects.models import CommandTrace, DispatchPermit, RemoteEffect
-from effects import settlement
-from effects.services.dispatch import permit_settle
-from effects.services.dispatch_together import permit_settle_and_finalize
-from effects.services.identity import effect_slot
-from effects.services.limiter import receiver_deferral
+from effects.errors import EgressRefused
+from effects.models import DispatchPermit
 from effects.services.outbound import frozen_path_template
 
 log = logging.getLogger(__name__)
@@ -120,8 +110,8 @@ def _tls_client(ca_file: str | None, client_pem: str | None) -> httpx.Client:
 
 def sending_refusal(*, permit: DispatchPermit, holder, credential_gate, holder_id: str, holder_fence: int,
                     credential_gate_fence: int) -> str | None:
-    """Why the locked permit may not move `granted -> sending` for this caller (None: it may), the checks of
-    `_win_sending` and of the batched marker (effects.egress_batch, D-349) alike."""
+    """Why the locked permit may not move `granted -> sending` for this caller (None: it may): the checks of the
+    sending marker (`effects.egress_batch.win_sending_batch`)."""
     if permit.state != PermitState.GRANTED:
         return f"permit is {permit.state}; only the one caller that wins granted -> sending sends"
     if holder.holder_id != holder_id or permit.holder_fence != holder_fence:
@@ -132,40 +122,6 @@ def sending_refusal(*, permit: DispatchPermit, holder, credential_gate, holder_i
             or credential_gate.fence != permit.credential_gate_fence:
         return f"credential dispatch gate is {credential_gate.mode} at fence {credential_gate.fence}"
     return None
-
-
-def _win_sending(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
-                 effect_pk: int | None = None, credential_generation_pk: int | None = None,
-                 limiter_pk: int | None = None) -> DispatchPermit:
-    """`effect_pk` and `credential_generation_pk` (the worker knows both from the permit it was granted): the
-    credential gate and the permit are locked by them at once (each names its shard, docs/scale-out.md); without
-    them the permit is read once by its pk to find them. Either way the locked permit must name that gate.
-    `limiter_pk` (the worker's, a limited destination's permit, D-402): the limiter `FOR SHARE` between the gate and
-    the permit, as the batched limited marker reads it (D-371); the marker refuses while a receiver's deferral is
-    pending (`DestinationDeferred`), and the locked permit must name that limiter."""
-    if effect_pk is None or credential_generation_pk is None:
-        effect_pk, credential_generation_pk = DispatchPermit.objects.filter(pk=permit_pk).values_list(
-            "effect_id", "credential_gate__credential_generation_id").get()
-    with transaction.atomic():
-        credential_gate = connector_locks.credential_gate_for_share(credential_generation_pk)
-        limiter = locks.limiter_for_share(limiter_pk) if limiter_pk is not None else None
-        permit = locks.permit_for_update(permit_pk, effect_id=effect_pk)
-        if permit.credential_gate_id != credential_gate.pk:
-            raise EgressRefused("the permit names another credential dispatch gate")
-        if limiter is not None:
-            if permit.limiter_id != limiter.pk:
-                raise EgressRefused("the permit names another destination limiter")
-            deferral = receiver_deferral(limiter, timezone.now())
-            if deferral is not None:
-                raise DestinationDeferred(deferral)
-        holder = locks.holder_for_share(permit.holder_id)
-        refusal = sending_refusal(permit=permit, holder=holder, credential_gate=credential_gate, holder_id=holder_id,
-                                  holder_fence=holder_fence, credential_gate_fence=credential_gate_fence)
-        if refusal is not None:
-            raise EgressRefused(refusal)
-        permit.start_sending(at=timezone.now())
-        permit.save()
-    return permit
 
 
 def _path_refusal(command) -> tuple[str, bool] | None:
@@ -253,47 +209,6 @@ def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
     return Exchange({"outcome": result.outcome, "response_status": result.status, "response_digest": digest,
                      "remote_id": result.remote_id, "evidence": result.evidence,
                      "defer_seconds": result.defer_seconds}, answered, seconds)
-
-
-@tracing.entry("egress_send", CommandTrace, arg="permit_pk", lookup="command__effect__permits",
-               kind=SpanKind.CLIENT)  # issue 21: continues the trace stored with the OutboundCommand
-def send(*, permit_pk: int, holder_id: str, holder_fence: int, credential_gate_fence: int,
-         base_url: str | None = None, effect_pk: int | None = None, account_id: int | None = None,
-         credential_generation_pk: int | None = None, finalize: bool = False, limiter_pk: int | None = None):
-    """Win `granted -> sending` (committed), then make the one HTTP call and settle the permit with the answer or
-    the ambiguity. Returns the settled RemoteEffect. The worker passes the permit's effect, its account and its
-    credential generation: every statement then names its shard (docs/scale-out.md); without them each is looked
-    up once by the permit's pk. `finalize` (the worker): an answer proving `remote_confirmed` is settled and
-    finalized in one transaction (`permit_settle_and_finalize`, D-336)."""
-    permit = _win_sending(permit_pk=permit_pk, holder_id=holder_id, holder_fence=holder_fence,
-                          credential_gate_fence=credential_gate_fence, effect_pk=effect_pk,
-                          credential_generation_pk=credential_generation_pk, limiter_pk=limiter_pk)
-    fault_point("egress.after_sending")
-    effects = RemoteEffect.objects.select_related("command", "command__credential_generation")
-    if account_id is not None:
-        effects = effects.filter(account_id=account_id, command__account_id=account_id)
-    effect = effects.get(pk=permit.effect_id)
-    done = _exchange(permit_pk=permit.pk, command=effect.command, base_url=base_url)
-    return settle_exchange(permit_pk=permit.pk, effect=effect, done=done, finalize=finalize, holder_id=holder_id)
-
-
-def settle_exchange(*, permit_pk: int, effect: RemoteEffect, done: Exchange, finalize: bool,
-                    holder_id: str) -> RemoteEffect:
-    """Settle one exchange's answer (`send`, and each answer `egress_batch` settles alone): `finalize` and an answer
-    proving `remote_confirmed`: settled and finalized in one transaction (`permit_settle_and_finalize`, D-336); any
-    other: `permit_settle`. A settlement PostgreSQL cannot take now is tried again until it lands
-    (`settlement.until_landed`, issue 37 item 3), or `holder_id`'s generation is given up. Counted in the egress metric once committed (issue 21)."""
-    command, settle = effect.command, {"effect_pk": effect.pk, "account_id": effect.account_id}
-    if finalize and done.outcome["outcome"] == AttemptOutcome.REMOTE_CONFIRMED:
-        call = partial(permit_settle_and_finalize, permit_pk=permit_pk, owner_slot=effect_slot(effect),
-                       commanded_at=command.created_at, callout=command.callout, **done.outcome, **settle)
-    else:
-        call = partial(permit_settle, permit_pk=permit_pk, **done.outcome, **settle)
-    effect = settlement.until_landed(call, permit_pk=permit_pk, holder_id=holder_id)
-    if done.answered is not None:
-        # Issue 21: counted once the settlement committed (a refused settlement counts nothing), by callout and answer.
-        stage_metrics.egress_observe(callout=command.callout, status_label=done.answered, seconds=done.seconds)
-    return effect
 
 
 # -- REST bulk delivery ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """No stranded settlement (issue 37 item 3, decisions D-424..D-426): the egress process's answer is written, or its
 holder generation is given up.
 
-- `until_landed`: a settlement (`permit_settle`, `permit_settle_and_finalize`) that PostgreSQL cannot take now (a
+- `until_landed`: a settlement (`permit_settle`, `permits_settle_confirmed`) that PostgreSQL cannot take now (a
   lost connection, a server restarting, a lock or statement timeout: `OperationalError` / `InterfaceError`) is
   tried again, with exponential backoff from SETTLE_RETRY_FIRST_SECONDS to SETTLE_RETRY_MAX_SECONDS, for as long as
   the process lives. Each try is the whole settlement transaction again: the permit is still `sending` under its

@@ -8,13 +8,10 @@ from effects.services import worker
 
 @shared_task(name="effects.tasks.effect_dispatch", acks_late=True, ignore_result=True)
 def effect_dispatch(limit: int = 20) -> int:
-    """Up to `limit` effects: batched steps of CONNECTOR["EGRESS_BATCH"] (D-350), or one by one when it is 0 or 1."""
+    """Up to `limit` effects, in worker steps of up to CONNECTOR["EGRESS_BATCH"] effects each (D-350)."""
     done, size = 0, worker.egress_batch_size()
     while done < limit:
-        if size > 1:
-            step = len(worker.effect_dispatch_batch(n=min(size, limit - done)))
-        else:
-            step = 1 if worker.effect_dispatch_once() is not None else 0
+        step = len(worker.effect_dispatch_batch(n=min(size, limit - done)))
         if not step:
             break
         done += step

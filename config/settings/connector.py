@@ -44,9 +44,9 @@ CONNECTOR = {
     "SETTLE_RETRY_FIRST_SECONDS": float(env_str("CONNECTOR_SETTLE_RETRY_FIRST_SECONDS", "0.25")),
     "SETTLE_RETRY_MAX_SECONDS": float(env_str("CONNECTOR_SETTLE_RETRY_MAX_SECONDS", "5")),
     "SETTLE_GIVE_UP_SECONDS": env_int("CONNECTOR_SETTLE_GIVE_UP_SECONDS", 60),
-    # Effects per batched egress worker step (issue 20, D-350): up to this many `prepared` effects of one account
-    # whose destinations declare no limit are claimed, marked `sending` and settled in one transaction each; the
-    # lease (LEASE_SECONDS) covers the batch's sequential exchanges. 0 or 1: the one-by-one step (before D-350).
+    # Effects per egress worker step (issue 20, D-350, D-531), at least 1: up to this many `prepared` effects of one
+    # account whose destinations declare no limit are claimed, marked `sending` and settled in one transaction each;
+    # the lease (LEASE_SECONDS) covers the batch's sequential exchanges. Only a size: one effect is a batch of one.
     "EGRESS_BATCH": env_int("CONNECTOR_EGRESS_BATCH", 10),
     # Distinct destination (callout) label values one process gives its egress, latency and deferral metrics before
     # counting the rest as `_other` (issue 21, D-232): the label set stays bounded whatever the contracts declare.

@@ -71,7 +71,6 @@ PATHS: tuple[PathKind, ...] = (
                                  "effects.services.intents.remote_call_authorize")),
     PathKind("dispatch", GUARD, ("effects.services.dispatch._claim_one",
                                  "effects.services.dispatch.permit_acquire",
-                                 "effects.services.dispatch_together._claim_and_permit_one",
                                  "effects.services.dispatch_batch.effects_claim_batch",
                                  "effects.services.recovery.uncertain_recover")),
 )

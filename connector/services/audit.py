@@ -108,3 +108,40 @@ def audit_records_each(*, actor: Actor, model, rows: Sequence[tuple[int, int | N
     if written != len(rows):
         raise AssertionError(f"{written} audit rows written for {len(rows)} records")
     return written
+
+
+
+# The audit rows of a caller's data-modifying WITH chain, written by that same statement: the chain (`ctes`, which
+# starts with WITH) names a CTE `rows` whose rows carry `entity_id`, `fence`, `reason` and `ord`; one audit row per
+# row of it, in `ord`; then the caller's final SELECT runs over its own CTEs. A trigger's refusal anywhere aborts the
+# one statement: nothing of the chain or of its audit rows is written.
+AUDIT_CHAIN_SQL = """
+{ctes}, audit_written AS (
+    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
+                                       fence, evidence_digest, reason)
+    SELECT %(audit_at)s::timestamptz, %(audit_actor)s, %(audit_actor_user_id)s::bigint, %(audit_entity_type)s,
+           r.entity_id::text, %(audit_action)s, %(audit_from_state)s, %(audit_to_state)s, r.fence, NULL, r.reason
+      FROM {rows} r ORDER BY r.ord
+)
+{select}
+"""
+
+
+def audit_records_in(*, actor: Actor, model, action: str, from_state: str = "", to_state: str = "",
+                     chain: tuple[str, str, str, dict]) -> list[tuple]:
+    """The rows `audit_record` would write for each row of the caller's CTE, written by the caller's own statement
+    (AUDIT_CHAIN_SQL): `chain` = (the WITH chain, the name of its CTE of audited rows, the final SELECT, its
+    parameters). One statement for N transitions and their audit rows, the audit table's INSERT this module's.
+    Returns the final SELECT's rows."""
+    assert transaction.get_connection().in_atomic_block, "audit rows are written inside the audited transaction"
+    assert AuditRecord._meta.db_table == "connector_auditrecord"
+    ctes, rows, select, params = chain
+    assert ctes.lstrip().upper().startswith("WITH") and _COLUMN.match(rows), "a WITH chain and a CTE name"
+    audit = {"audit_at": timezone.now(), "audit_actor": str(actor),
+             "audit_actor_user_id": getattr(actor.user, "pk", None), "audit_entity_type": model._meta.label,
+             "audit_action": action, "audit_from_state": from_state, "audit_to_state": to_state}
+    assert not set(params) & set(audit), "the chain's parameters are not named audit_*"
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(AUDIT_CHAIN_SQL.format(ctes=ctes.strip(), rows=rows, select=select.strip()),
+                       {**params, **audit})
+        return cursor.fetchall()

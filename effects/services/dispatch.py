@@ -81,7 +81,7 @@ CLOSED = object()  # take()'s answer when the destination refused under its lock
 
 
 def claim_scan(*, account_id: int | None, take, limited_only: bool = False):
-    """The claim's candidate scan (effect_claim, effect_claim_and_permit): up to CLAIM_ROUNDS pages of 20
+    """The claim's candidate scan (effect_claim): up to CLAIM_ROUNDS pages of 20
     claimable `prepared` effects in pk order, passing over destinations whose unlocked hint says they cannot
     admit a permit now; `take(pk, account_id, credential_generation_pk)` is tried on each and its first non-None
     answer returned (CLOSED closes that candidate's destination for the rest of the scan). `limited_only`: only
@@ -264,8 +264,7 @@ def permit_settle(*, permit_pk: int, outcome: str, response_status: int | None, 
 def settle_locked(*, effect: RemoteEffect, permit_pk: int, outcome: str, response_status: int | None,
                   response_digest: bytes | None, remote_id: str, evidence: str, final: bool = False,
                   defer_seconds: float | None = None) -> RemoteEffect:
-    """permit_settle's writes, inside the caller's transaction, the effect already locked (FOR UPDATE); also the
-    first part of `permit_settle_and_finalize` (D-336)."""
+    """permit_settle's writes, inside the caller's transaction, the effect already locked (FOR UPDATE)."""
     if defer_seconds is not None:  # the limiter (an immutable column of the permit) is locked before the permit
         limiter_pk = DispatchPermit.objects.filter(pk=permit_pk, effect_id=effect.pk).values_list(
             "limiter_id", flat=True).first()

@@ -1,26 +1,28 @@
-"""The worker's batched outbound transactions (issue 20, decisions D-345..D-349): a batch of up to `n`
-`prepared` effects of ONE account whose destinations declare no rate limit, claimed and granted in one
-transaction, and their confirmed settlements and finalizations in one transaction. The committed
-`granted -> sending` markers of the batch are one transaction of the sole egress adapter
-(`effects.egress.send_batch`), committed before any byte.
+"""The worker's outbound transactions, one path for one effect or many (issue 20, D-345..D-349; issue 39): a batch
+of up to `n` `prepared` effects of ONE account whose destinations declare no rate limit (or of ONE limited
+destination, D-372), claimed and granted in one transaction, and their confirmed settlements and finalizations in
+one transaction. The committed `granted -> sending` markers of the batch are one transaction of the sole egress
+adapter's send path (`effects.egress_batch.send_batch`), committed before any byte.
 
-- `effects_claim_batch`: the account is chosen in rotation from this process's cursor (the idea of the inbound
-  batched claim, D-204/D-264: the next batch starts after the account this one served), its oldest claimable
-  effects read without a lock; then ONE transaction in the canonical lock order (docs/locking.md): the serving
-  guard once (`lock_serving`: epoch, account gate FOR SHARE; provider I/O held refuses), the credential dispatch
-  gates of the batch FOR SHARE (fair advisory locks shared, then the rows, ascending generation), the effects
-  `FOR UPDATE SKIP LOCKED` (ascending pk, re-checked: still `prepared`, lease free or expired, no limiter), the
+- `claim_candidates` / `effects_claim_batch`: the account is chosen in rotation from this process's cursor (the
+  idea of the inbound batched claim, D-204/D-264: the next batch starts after the account this one served), its
+  oldest claimable effects read without a lock; then ONE transaction in the canonical lock order
+  (docs/locking.md): the serving guard once (`lock_serving`: epoch, account gate FOR SHARE; provider I/O held
+  refuses), the credential dispatch gates of the batch FOR SHARE (fair advisory locks shared, then the rows,
+  ascending generation), the effects `FOR UPDATE SKIP LOCKED` (ascending pk, re-checked: still `prepared`, lease
+  free or expired, due, heading their owner slot, the batch's limiter), a limited batch's limiter FOR UPDATE, the
   holder FOR SHARE once; then one statement that moves the effects `prepared -> dispatching` (the state in the
   WHERE clause, the transition trigger fires per row), gives each a new lease fence and Attempt ordinal, appends
-  the Attempts and the `granted` permits and writes the permits' audit rows. Per effect, the checks of
-  `effect_claim_and_permit` hold: its credential gate `enabled` (its fence copied into the permit; a gate that
-  is not enabled leaves its effects untouched and claimable), its frozen secret version present (else it is
-  quarantined CREDENTIAL_MATERIAL_MISSING, as today), the holder running (else the whole claim is refused).
+  the Attempts and the `granted` permits and, through the connector's audit writer (`audit_records_in`), the
+  permits' audit rows. Per effect: its credential gate `enabled` (its fence copied into the permit; a gate that is
+  not enabled leaves its effects untouched and claimable), its frozen secret version present (else it is
+  quarantined CREDENTIAL_MATERIAL_MISSING, CV2-10-013), the holder running (else the whole claim is refused).
 - `permits_settle_confirmed`: the `remote_confirmed` settlements of the batch (attempt outcome, permit
-  `sending -> returned`, effect `dispatching -> remote_confirmed`, audit) in one statement, then in a savepoint
-  their finalizations (RemoteLinks in one statement, `remote_confirmed -> finalized` and audit in one); the
-  settlement commits whatever happens to the finalization (D-336): a link conflict is marked as `effect_finalize`
-  marks it, any other failure leaves the effects `remote_confirmed` for the worker's retry or the sweeper.
+  `sending -> returned`, effect `dispatching -> remote_confirmed`, audit) in one statement, then in a savepoint their
+  finalizations (RemoteLinks in one statement, `remote_confirmed -> finalized` in one); each statement writes its
+  audit rows through the connector's audit writer; the settlement commits whatever happens to the
+  finalization (D-336): a link conflict is marked as `effect_finalize` marks it, any other failure leaves the
+  effects `remote_confirmed` for the worker's retry or the sweeper.
 """
 from __future__ import annotations
 
@@ -34,13 +36,13 @@ from django.utils import timezone
 from connector import stage_metrics
 from connector.faults import fault_point
 from connector.selectors import locks as connector_locks
-from connector.services.audit import audit_record
+from connector.services.audit import audit_record, audit_records, audit_records_in
 from connector.services.guard import lock_serving
 from connector.services.secrets import secret_version_exists
 from effects import locks
 from effects.choices import EffectState, HolderState
 from effects.errors import PermitRefused, ProviderIoHeld
-from effects.models import ProcessGeneration, RemoteEffect
+from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect
 from effects.services import dispatch, identity
 from effects.services.limiter import limiter_admit_batch
 
@@ -119,7 +121,7 @@ SELECT e.id, c.credential_generation_id, g.secret_version_ref, c.rate_requests_p
    AND c.limiter_id IS NOT DISTINCT FROM %(limiter)s::bigint
    AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
    AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %(now)s) AND {head}
- ORDER BY e.id
+ ORDER BY e.id LIMIT %(n)s
    FOR UPDATE OF e SKIP LOCKED""".replace("{head}", _HEAD)
 
 # A limited batch's candidates (no lock, D-372): the first limited destination in rotation from the cursor (limiter
@@ -155,7 +157,7 @@ _LIMITED = {scoped: _LIMITED_CANDIDATES.format(**{
 # The grant, one statement (D-347): `prepared -> dispatching` with a new lease (fence + 1, ordinal + 1; the state
 # compared again in the WHERE clause), each effect's Attempt (bound to its command's frozen epoch, request and
 # credential generation), its `granted` permit (the guarded gate's and its credential gate's fences copied) and
-# the permit's audit row, as `_grant` writes them one by one.
+# the permits' audit rows (`audited`, written by the connector's `audit_records_in` in the same statement).
 _GRANT = """
 WITH d AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(credential_gates)s::bigint[], %(credential_fences)s::bigint[])
@@ -182,51 +184,78 @@ WITH d AS (
            %(holder_pk)s, a.lease_fence, %(limiter)s::bigint, 'granted', false, %(now)s, NULL, NULL, ''
       FROM attempts a JOIN d ON d.id = a.effect_id
  RETURNING id, effect_id, attempt_id, holder_fence, credential_gate_fence
-), audit AS (
-    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state,
-                                       to_state, fence, evidence_digest, reason)
-    SELECT %(now)s, %(actor)s, NULL, 'effects.DispatchPermit', p.id::text, 'permit_acquire', '', 'granted',
-           p.credential_gate_fence, NULL, '' FROM permits p ORDER BY p.effect_id
-)
-SELECT p.id, p.effect_id, p.attempt_id, p.holder_fence, p.credential_gate_fence FROM permits p ORDER BY p.effect_id"""
+), audited AS (
+    SELECT p.id AS entity_id, p.credential_gate_fence AS fence, '' AS reason, p.effect_id AS ord FROM permits p
+)"""
+_GRANTED = "SELECT p.id, p.effect_id, p.attempt_id, p.holder_fence, p.credential_gate_fence FROM permits p ORDER BY p.effect_id"
 
 
-def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int = 60,
-                        account_id: int | None = None, limited: bool = False) -> list[BatchPermit]:
-    """Claim up to `n` effects of one account and grant their permits in one transaction (see the module).
-    `limited` (D-372): the effects of ONE limited destination instead (in rotation, its `not_before` due), the
-    destination's limiter locked `FOR UPDATE` after the effects and before the holder, and only the prefix its
-    admission allows granted (`limiter_admit_batch`: at most min(tokens, ceil((K - in flight) / 2))); a refusal
-    writes only the limiter's refusal. Returns the granted permits in ascending effect pk; [] when nothing was claimable. A
-    refusal (the account's gate does not serve, provider I/O held, the holder not running) raises and rolls back:
-    nothing of the claim survives it. `fault_point("dispatch.batch_claim_before_commit")` fires before the COMMIT."""
+@dataclass(frozen=True)
+class Candidate:
+    """A claimable effect read without a lock: the batch claim locks and re-checks it."""
+    effect_pk: int
+    account_id: int
+    credential_generation_pk: int
+    limiter_pk: int | None = None
+
+
+# Candidates read beyond a batch's size: workers that read the same oldest candidates at once each still find
+# unlocked ones (the claim locks at most n of them, SKIP LOCKED), so a batch of one does not collide with its peers.
+CANDIDATE_SLACK = 4
+
+
+def claim_candidates(*, n: int, account_id: int | None = None, limited: bool = False) -> list[Candidate]:
+    """Up to `n` + CANDIDATE_SLACK claimable effects of one account (or, `limited`, of ONE limited destination),
+    read without a lock in ascending pk; the process's rotation cursor moves past the account (or destination)
+    they belong to."""
     if n <= 0:
         return []
-    now = timezone.now()
-    args = {"account": account_id, "now": now, "n": n}
+    args = {"account": account_id, "now": timezone.now(), "n": n + CANDIDATE_SLACK}
     with connection.cursor() as cursor:
         if limited:
             cursor.execute(_LIMITED[account_id is not None], {**args, "start": _ROTATION["limiter"]})
         else:
             cursor.execute(_CANDIDATES if account_id is None else _ACCOUNT_CANDIDATES,
                            {**args, "start": _ROTATION["start"]})
-        candidates = cursor.fetchall()
-    if not candidates:
+        rows = cursor.fetchall()
+    candidates = [Candidate(row[0], row[1], row[2], row[3] if limited else None) for row in rows]
+    if candidates and limited:
+        _ROTATION["limiter"] = candidates[0].limiter_pk + 1
+    elif candidates and account_id is None:
+        _ROTATION["start"] = candidates[0].account_id + 1
+    return candidates
+
+
+def effects_claim_batch(*, holder: ProcessGeneration, n: int = 0, lease_seconds: int = 60,
+                        account_id: int | None = None, limited: bool = False,
+                        candidates: list[Candidate] | None = None) -> list[BatchPermit]:
+    """Claim up to `n` effects of one account and grant their permits in one transaction (see the module), the
+    first `n` of the given `candidates` that are still claimable and not locked by another claimer
+    (`claim_candidates`' answer or a part of it: the worker splits a batch whose claim failed until the effect at
+    fault stands alone; `n` 0: all of them), or of the candidates read now.
+    `limited` (D-372): the effects of ONE limited destination instead (in rotation, its `not_before` due), the
+    destination's limiter locked `FOR UPDATE` after the effects and before the holder, and only the prefix its
+    admission allows granted (`limiter_admit_batch`: at most min(tokens, ceil((K - in flight) / 2))); a refusal
+    writes only the limiter's refusal. Returns the granted permits in ascending effect pk; [] when nothing was
+    claimable. A refusal (the account's gate does not serve, provider I/O held, the holder not running) raises and
+    rolls back: nothing of the claim survives it. `fault_point("dispatch.batch_claim_before_commit")` fires before
+    the COMMIT."""
+    if candidates is None:
+        candidates = claim_candidates(n=n, account_id=account_id, limited=limited)
+    n = n or len(candidates)
+    if not candidates or n <= 0:
         return []
-    acct, limiter_pk = candidates[0][1], (candidates[0][3] if limited else None)
-    if limited:
-        _ROTATION["limiter"] = limiter_pk + 1
-    elif account_id is None:
-        _ROTATION["start"] = acct + 1
+    acct, limiter_pk = candidates[0].account_id, candidates[0].limiter_pk
+    limited = limiter_pk is not None
     with transaction.atomic():
         ctx = lock_serving(account_id=acct)
         if ctx.provider_io_held:  # read with the epoch row the guard holds FOR SHARE (D-321)
             raise ProviderIoHeld(f"epoch {ctx.epoch_id} is active but its first activation is not read back yet; "
                                  "provider I/O is disabled")
-        gates = connector_locks.credential_gates_for_share(row[2] for row in candidates)
+        gates = connector_locks.credential_gates_for_share(c.credential_generation_pk for c in candidates)
         now = timezone.now()
         with connection.cursor() as cursor:
-            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [row[0] for row in candidates], "now": now,
+            cursor.execute(_LOCK_EFFECTS, {"account": acct, "ids": [c.effect_pk for c in candidates], "now": now, "n": n,
                                            "limiter": limiter_pk})
             locked = cursor.fetchall()
         if not locked:
@@ -251,14 +280,12 @@ def effects_claim_batch(*, holder: ProcessGeneration, n: int, lease_seconds: int
         if not chosen:
             return []
         expires = now + timedelta(seconds=lease_seconds)
-        with connection.cursor() as cursor:
-            cursor.execute(_GRANT, {
-                "ids": [pk for pk, _, _ in chosen], "credential_gates": [g.pk for _, g, _ in chosen],
-                "credential_fences": [g.fence for _, g, _ in chosen], "account": acct,
-                "holder_id": holder_row.holder_id, "holder_pk": holder_row.pk, "expires": expires, "now": now,
-                "gate": ctx.gate_pk, "gate_fence": ctx.fence, "actor": str(dispatch.DISPATCHER),
-                "limiter": limiter_pk})
-            granted = cursor.fetchall()
+        granted = audit_records_in(actor=dispatch.DISPATCHER, model=DispatchPermit, action="permit_acquire",
+                                   to_state="granted", chain=(_GRANT, "audited", _GRANTED, {
+            "ids": [pk for pk, _, _ in chosen], "credential_gates": [g.pk for _, g, _ in chosen],
+            "credential_fences": [g.fence for _, g, _ in chosen], "account": acct,
+            "holder_id": holder_row.holder_id, "holder_pk": holder_row.pk, "expires": expires, "now": now,
+            "gate": ctx.gate_pk, "gate_fence": ctx.fence, "limiter": limiter_pk}))
         if len(granted) != len(chosen):  # every chosen row is locked and prepared: anything else is a defect
             raise AssertionError(f"{len(granted)} permits granted for {len(chosen)} locked effects")
         fault_point("dispatch.batch_claim_before_commit")
@@ -302,7 +329,8 @@ class Confirmed:
 
 # The confirmed settlements, one statement (D-348): each Attempt's outcome (written once), each permit
 # `sending -> returned`, each effect `dispatching -> remote_confirmed` with its proven identity (both states compared
-# again in the WHERE clauses) and the effect's `permit_settle` audit row, as `settle_locked` writes them.
+# again in the WHERE clauses) and each effect's `permit_settle` audit row (`audited`, written by the connector's
+# `audit_records_in` in the same statement), as `settle_locked` writes them.
 _SETTLE = """
 WITH d AS (
     SELECT * FROM unnest(%(permits)s::bigint[], %(effects)s::bigint[], %(statuses)s::int[], %(digests)s::bytea[],
@@ -323,13 +351,10 @@ WITH d AS (
     UPDATE effects_remoteeffect e SET state = 'remote_confirmed', remote_id = d.remote_id, changed_at = %(now)s
       FROM d WHERE e.account_id = %(account)s AND e.id = d.effect_id AND e.state = 'dispatching'
  RETURNING e.id
-), audit AS (
-    INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state,
-                                       to_state, fence, evidence_digest, reason)
-    SELECT %(now)s, %(actor)s, NULL, 'effects.RemoteEffect', d.effect_id::text, 'permit_settle', 'dispatching',
-           'remote_confirmed', NULL, NULL, d.reason FROM d ORDER BY d.ord
-)
-SELECT (SELECT count(*) FROM permits), (SELECT count(*) FROM attempts), (SELECT count(*) FROM effects)"""
+), audited AS (
+    SELECT d.effect_id AS entity_id, NULL::bigint AS fence, d.reason, d.ord FROM d
+)"""
+_SETTLED = "SELECT (SELECT count(*) FROM permits), (SELECT count(*) FROM attempts), (SELECT count(*) FROM effects)"
 
 # The finalizations' RemoteLinks, one statement (D-338's single-statement link, for the batch): a link one of the
 # two partial unique indexes refuses is not inserted, and then it must be exactly this one already.
@@ -346,18 +371,12 @@ SELECT v.effect_id, l.owner_slot, l.remote_identity
   JOIN effects_remotelink l ON l.account_id = %(account)s AND l.state = 'active'
    AND (l.owner_slot = v.slot OR l.remote_identity = v.remote_id)"""
 
-# `remote_confirmed -> finalized` (lease cleared) and the `effect_finalize` audit rows, one statement.
+# `remote_confirmed -> finalized` (lease cleared) and the `effect_finalize` audit rows (the connector's
+# `audit_records`), one statement.
 _FINALIZE = """
-WITH moved AS (
-    UPDATE effects_remoteeffect e SET state = 'finalized', lease_holder = '', lease_expires_at = NULL,
-           changed_at = %(now)s
-     WHERE e.account_id = %(account)s AND e.id = ANY(%(effects)s::bigint[]) AND e.state = 'remote_confirmed'
- RETURNING e.id
-)
-INSERT INTO connector_auditrecord (at, actor, actor_user_id, entity_type, entity_id, action, from_state, to_state,
-                                   fence, evidence_digest, reason)
-SELECT %(now)s, %(actor)s, NULL, 'effects.RemoteEffect', m.id::text, 'effect_finalize', 'remote_confirmed',
-       'finalized', NULL, NULL, '' FROM moved m ORDER BY m.id"""
+UPDATE effects_remoteeffect e SET state = 'finalized', lease_holder = '', lease_expires_at = NULL, changed_at = %(now)s
+ WHERE e.account_id = %(account)s AND e.id = ANY(%(effects)s::bigint[]) AND e.state = 'remote_confirmed'
+RETURNING e.id, NULL::bigint AS fence"""
 
 
 def permits_settle_confirmed(*, account_id: int, items: list[Confirmed]) -> dict[int, RemoteEffect]:
@@ -371,7 +390,6 @@ def permits_settle_confirmed(*, account_id: int, items: list[Confirmed]) -> dict
         return {}
     items = sorted(items, key=lambda i: i.effect_pk)
     effect_pks = [i.effect_pk for i in items]
-    actor = str(dispatch.DISPATCHER)
     with transaction.atomic():
         effects = {e.pk: e for e in RemoteEffect.objects.select_for_update(of=("self",))
                    .filter(account_id=account_id, pk__in=effect_pks).order_by("pk").only("id", "state")}
@@ -384,25 +402,35 @@ def permits_settle_confirmed(*, account_id: int, items: list[Confirmed]) -> dict
                 raise PermitRefused(f"permit is {permit.state}, effect {effect.state}; the batch settles only "
                                     "sending permits of dispatching effects")
         now = timezone.now()
-        with connection.cursor() as cursor:
-            cursor.execute(_SETTLE, {
+        [moved] = audit_records_in(
+            actor=dispatch.DISPATCHER, model=RemoteEffect, action="permit_settle", from_state=EffectState.DISPATCHING,
+            to_state=EffectState.REMOTE_CONFIRMED, chain=(_SETTLE, "audited", _SETTLED, {
                 "permits": [i.permit_pk for i in items], "effects": effect_pks,
                 "statuses": [i.response_status for i in items], "digests": [i.response_digest for i in items],
                 "remote_ids": [i.remote_id for i in items], "evidence": [i.evidence for i in items],
-                "reasons": [f"remote_confirmed: {i.evidence}"[:500] for i in items], "now": now, "account": account_id,
-                "actor": actor})
-            moved = cursor.fetchone()
+                "reasons": [f"remote_confirmed: {i.evidence}"[:500] for i in items], "now": now,
+                "account": account_id}))
         if list(moved) != [len(items)] * 3:
             raise AssertionError(f"settled {moved} rows for {len(items)} confirmed permits")
-        conflicts = _finalize_in_savepoint(account_id=account_id, items=items, actor=actor)
+        finalized = _finalize_in_savepoint(account_id=account_id, items=items)
+        if finalized is not None:
+            _mark_conflicts(account_id, [i.effect_pk for i in items if i not in finalized])
         fault_point("dispatch.batch_settle_before_commit")
     return {e.pk: e for e in RemoteEffect.objects.filter(account_id=account_id, pk__in=effect_pks)} \
-        if conflicts is not None else {}
+        if finalized is not None else {}
 
 
-def _finalize_in_savepoint(*, account_id: int, items: list[Confirmed], actor: str) -> list[int] | None:
-    """The batch's finalizations in a savepoint (see `permits_settle_confirmed`). Returns the effects whose link
-    conflicts (marked), or None when the finalization failed and rolled back (all left `remote_confirmed`)."""
+
+def _mark_conflicts(account_id: int, effect_pks: list[int]) -> None:
+    for pk in effect_pks:
+        dispatch.mark_link_conflict(RemoteEffect(pk=pk, account_id=account_id),
+                                    f"remote identity or slot of effect #{pk} is linked elsewhere; nothing was linked")
+
+
+def _finalize_in_savepoint(*, account_id: int, items: list[Confirmed]) -> list[Confirmed] | None:
+    """The batch's finalizations in a savepoint (see `permits_settle_confirmed`). Returns the items finalized (the
+    others' links conflict: the caller marks them), or None when the finalization failed and rolled back (all left
+    `remote_confirmed`)."""
     try:
         with transaction.atomic():
             now = timezone.now()
@@ -424,11 +452,12 @@ def _finalize_in_savepoint(*, account_id: int, items: list[Confirmed], actor: st
                         conflicts = sorted({pk for pk, *link in found if tuple(link) != wanted[pk]}
                                            | (set(wanted) - {pk for pk, *_ in found}))
             done = [i for i in items if i.effect_pk not in set(conflicts)]
-            with connection.cursor() as cursor:
-                cursor.execute(_FINALIZE, {"account": account_id, "now": now, "actor": actor,
-                                           "effects": [i.effect_pk for i in done]})
-                if cursor.rowcount != len(done):
-                    raise AssertionError(f"finalized {cursor.rowcount} of {len(done)} confirmed effects")
+            moved = audit_records(actor=dispatch.DISPATCHER, model=RemoteEffect, action="effect_finalize",
+                                  from_state=EffectState.REMOTE_CONFIRMED, to_state=EffectState.FINALIZED,
+                                  moved=(_FINALIZE, {"account": account_id, "now": now,
+                                                     "effects": [i.effect_pk for i in done]}, "id"))
+            if moved != len(done):
+                raise AssertionError(f"finalized {moved} of {len(done)} confirmed effects")
             fault_point("dispatch.finalize_in_settlement")
     except Exception as exc:  # noqa: BLE001 - never lose the settlement: the worker or the sweeper finalizes later
         log.warning("batch finalization in the settlement failed; left remote_confirmed",
@@ -436,7 +465,4 @@ def _finalize_in_savepoint(*, account_id: int, items: list[Confirmed], actor: st
         return None
     for i in done:
         stage_metrics.effect_finalized(callout=i.callout, commanded_at=i.commanded_at, finalized_at=now)
-    for pk in conflicts:
-        dispatch.mark_link_conflict(RemoteEffect(pk=pk, account_id=account_id),
-                                    f"remote identity or slot of effect #{pk} is linked elsewhere; nothing was linked")
-    return conflicts
+    return done

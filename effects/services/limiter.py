@@ -1,4 +1,4 @@
-"""The destination limiter's decisions (D-222, D-223), shared by `permit_acquire` and `effect_claim_and_permit`:
+"""The destination limiter's decisions (D-222, D-223), shared by `permit_acquire` and the batch claim:
 an unlocked admission hint for the claim's candidate scan, the admission under the limiter's lock, and the writes
 of a refusal and of a grant. Callers hold the limiter `FOR UPDATE` (after the effect, docs/locking.md)."""
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""The dispatch worker loop: claim a prepared effect and acquire its permit (one transaction), send through the
-sole egress adapter, settle and finalize a confirmed effect (one transaction). Each step is its own transaction; a
-crash anywhere leaves a state the seed's crash rules recover from (docs/architecture.md). Each step runs isolated
-(decision D-168): a deterministic failure quarantines (or holds) that effect with EFFECT_STEP_FAILED and the loop
-moves on to the next one. The egress task's step is `effect_dispatch_batch` (issue 20, D-345..D-350): the same
-three transactions for a batch of one account's unlimited effects, then one limited destination's effect alone."""
+"""The dispatch worker loop, one path for one effect or many (issue 20, D-345..D-350; issue 39): a batch of up to
+`n` `prepared` effects of one account whose destinations declare no limit (or of ONE limited destination, in
+rotation, D-372) is claimed and granted in one transaction (`dispatch_batch.effects_claim_batch`), its `sending`
+markers committed in one transaction before any byte, each effect sent once through the sole egress adapter and the
+answers settled, the confirmed ones with their finalizations in one transaction (`egress_batch.send_batch`). One
+effect is a batch of one (`effect_dispatch_once`). Each step is its own transaction; a crash anywhere leaves a state
+the crash rules recover from (docs/architecture.md). A step that fails deterministically for the batch is tried
+again on each half of it, until the effect at fault stands alone and is quarantined (or held) with
+EFFECT_STEP_FAILED (D-168, D-530); a refusal or a transient failure writes nothing."""
 from __future__ import annotations
 
 import logging
@@ -19,11 +22,10 @@ from connector.choices import SweepStep
 from connector.errors import ConnectorError
 from connector.faults import fault_point
 from connector.services import poison
-from effects import egress, settlement
+from effects import egress_batch, settlement
 from effects.choices import EffectState
 from effects.models import ProcessGeneration, RemoteEffect
-from effects import egress_batch
-from effects.services import dispatch, dispatch_batch, dispatch_together, dispatch_withdraw, identity, liveness
+from effects.services import dispatch, dispatch_batch, identity, liveness
 from effects.services.poison import effect_quarantine
 
 log = logging.getLogger(__name__)
@@ -58,164 +60,132 @@ def _isolated(step: str, effect_pk: int) -> poison.Isolated:
                            quarantine=partial(effect_quarantine, effect_pk=effect_pk, step=step))
 
 
-@logcontext.fresh  # issue 21: the ids this claim notes end with it
+def _holder(holder_name: str | None) -> ProcessGeneration:
+    holder = dispatch.holder_register(holder_id=holder_name or holder_id())
+    dispatch.holder_heartbeat(holder_id=holder.holder_id)
+    return holder
+
+
+@logcontext.fresh  # issue 21: the ids this step notes end with it
 def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | None = None,
-                         limited_only: bool = False, holder: ProcessGeneration | None = None) -> RemoteEffect | None:
-    """Claim and acquire a permit (one transaction, D-335), send (the committed `sending` marker, then the one
-    HTTP exchange), settle and finalize (one transaction, D-336) one effect. None when nothing was claimable or
-    the permit was refused; the effect otherwise (also when one of its steps failed and it was quarantined or
-    held). A destination whose limiter refuses (D-222) is passed over by the same scan, its effect left
-    `prepared` and claimable, so other destinations keep moving. `limited_only` (the batched step's companion,
-    D-350): only effects of destinations that declare a limit; `holder` (the batched step's): already registered
-    and heartbeaten."""
-    if holder is None:
-        holder = dispatch.holder_register(holder_id=holder_name or holder_id())
-        dispatch.holder_heartbeat(holder_id=holder.holder_id)
-    granted = dispatch_together.effect_claim_and_permit(
-        holder=holder, lease_seconds=settings.CONNECTOR["LEASE_SECONDS"], account_id=account_id,
-        limited_only=limited_only)
-    if granted is None:
-        return None
-    logcontext.note(effect_id=granted.effect_pk)
-    if granted.failed:
-        return RemoteEffect.objects.get(pk=granted.effect_pk)
-    claim, permit = granted.claim, granted.permit
-    effect = None
-    with _isolated(SweepStep.EFFECT_SEND, claim.effect_pk):
-        effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-                             credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
-                             account_id=claim.account_id, finalize=True,
-                             credential_generation_pk=permit.credential_gate.credential_generation_id,
-                             limiter_pk=permit.limiter_id)
-    if effect is None:  # refused or failed before any byte: withdrawn while its destination is deferred (D-402),
-        # abandoned with its proof after a revocation (D-399); a permit still open then is given up (D-425)
-        try:
-            withdrawn = permit.limiter_id is not None and dispatch_withdraw.permits_withdraw(permits=[
-                dispatch_batch.BatchPermit(permit.pk, permit.effect_id, permit.attempt_id, claim.account_id,
-                                           permit.holder_fence, permit.credential_gate_fence,
-                                           permit.credential_gate.credential_generation_id, permit.limiter_id)],
-                holder_id=holder.holder_id)
-            if not withdrawn:
-                dispatch_withdraw.permits_abandon_fenced_out([permit.pk])
-            effect = RemoteEffect.objects.get(pk=claim.effect_pk)
-        except settlement.LOST:
-            effect = None
-        if effect is None or _left_open(effect):
-            _stranded(holder, f"the send of effect #{claim.effect_pk}")
-            effect = RemoteEffect.objects.get(pk=claim.effect_pk)
-        return effect
-    if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
-        # The finalization inside the settlement's transaction failed (its savepoint rolled back, D-336): the
-        # settlement committed; finalize again from the attempt evidence (the sweeper would too).
-        fault_point("dispatch.after_confirmed")
-        effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
-    return effect
+                         holder: ProcessGeneration | None = None) -> RemoteEffect | None:
+    """The worker step for a batch of one: one limited destination's due effect if any (its limiter admitting it),
+    else one unlimited effect. None when nothing was claimable or the claim was refused; the effect otherwise (also
+    when one of its steps failed and it was quarantined or held). `holder`: already registered and heartbeaten."""
+    holder = holder or _holder(holder_name)
+    for limited in (True, False):
+        done = _batch_step(holder=holder, n=1, account_id=account_id, limited=limited)
+        if done:
+            logcontext.note(effect_id=done[0].pk)
+            return done[0]
+    return None
 
 
 def egress_batch_size() -> int:
-    """`CONNECTOR["EGRESS_BATCH"]` (default 10): effects per batched worker step; 0 or 1 keeps the one-by-one step.
-    The Citus configuration (`CLAIM_SCOPE` "account", D-264) keeps the one-by-one step: the batch's statements name
-    several effects' permits and attempts, tables that reach their shard only through one parent row until they
-    carry the account column (`connector.placement.SINGLE_NODE_ONLY`, D-396)."""
+    """`CONNECTOR["EGRESS_BATCH"]` (default 10, at least 1): effects per worker step. The Citus configuration
+    (`CLAIM_SCOPE` "account", D-264) takes batches of one: the batch's statements name several effects' permits and
+    attempts, tables that reach their shard only through one parent row until they carry the account column
+    (`connector.placement.SINGLE_NODE_ONLY`, D-396)."""
     if settings.CONNECTOR.get("CLAIM_SCOPE") == "account":
         return 1
-    return int(settings.CONNECTOR.get("EGRESS_BATCH", 10))
+    return max(1, int(settings.CONNECTOR.get("EGRESS_BATCH", 10)))
 
 
 @logcontext.fresh
 def effect_dispatch_batch(*, n: int | None = None, holder_name: str | None = None,
                           account_id: int | None = None) -> list[RemoteEffect]:
-    """One batched worker step (issue 20, D-345..D-350): up to `n` `prepared` effects of one account whose
-    destinations declare no limit are claimed and granted in one transaction
-    (`dispatch_batch.effects_claim_batch`), their `sending` markers committed in one transaction before any byte,
-    each sent once through the sole egress adapter, and their confirmed settlements and finalizations committed in
-    one transaction (`egress_batch.send_batch`); then a batch of ONE limited destination (in rotation, D-372): its
-    effects claimed with the limiter `FOR UPDATE` admitting at most min(tokens, half the free slots), each sent behind its
-    own marker that refuses while the receiver deferred the destination (D-371). A batch claim that fails
-    deterministically rolled back: its effects then take the one-by-one step, whose isolation (D-168)
-    quarantines the one at fault; a refusal or a transient failure of the claim writes nothing. Returns the effects
-    the step handled ([] when nothing was claimable)."""
-    n = egress_batch_size() if n is None else n
-    holder = dispatch.holder_register(holder_id=holder_name or holder_id())
-    dispatch.holder_heartbeat(holder_id=holder.holder_id)
+    """One worker step (see the module): limited batches first, while their tokens last (each stops at its
+    limiter's admission, so a declared rate is a ceiling that cannot starve the unlimited destinations; taken first,
+    a token due while this worker sends an unlimited batch is not lost to the bucket's small burst, D-400), then one
+    batch of up to `n` unlimited effects of one account. Returns the effects the step handled ([] when nothing was
+    claimable)."""
+    n = egress_batch_size() if n is None else max(1, n)
+    holder = _holder(holder_name)
     done: list[RemoteEffect] = []
-    while len(done) < n:  # limited batches first, while their tokens last (each stops at its limiter's admission,
-        # so a declared rate is a ceiling that cannot starve the unlimited destinations; taken first, a token due
-        # while this worker sends an unlimited batch is not lost to the bucket's small burst, D-400)
+    while len(done) < n:
         limited = _batch_step(holder=holder, n=n, account_id=account_id, limited=True)
-        if limited is None:
-            limited = _one_by_one(holder=holder, n=1, account_id=account_id, limited_only=True)
         if not limited:
             break
         done += limited
-    unlimited = _batch_step(holder=holder, n=n, account_id=account_id, limited=False)
-    if unlimited is None:
-        return done + _one_by_one(holder=holder, n=n, account_id=account_id, limited_only=False)
-    return done + unlimited
-
-
-def _one_by_one(*, holder: ProcessGeneration, n: int, account_id: int | None,
-                limited_only: bool) -> list[RemoteEffect]:
-    """After a batch claim failed deterministically (rolled back): its effects take the one-by-one step, whose
-    isolation (D-168) quarantines the one at fault."""
-    done = []
-    for _ in range(max(n, 1)):
-        one = effect_dispatch_once(holder=holder, account_id=account_id, limited_only=limited_only)
-        if one is None:
-            break
-        done.append(one)
-    return done
+    return done + _batch_step(holder=holder, n=n, account_id=account_id, limited=False)
 
 
 def _batch_step(*, holder: ProcessGeneration, n: int, account_id: int | None,
-                limited: bool) -> list[RemoteEffect] | None:
-    """One batch: claim + permits, send, settle (see effect_dispatch_batch). None: the claim failed
-    deterministically and rolled back (the caller falls back to the one-by-one step)."""
+                limited: bool) -> list[RemoteEffect]:
+    """One batch: claim + permits, send, settle (see the module). Returns the effects handled, those quarantined
+    by the claim included."""
     try:
-        permits = dispatch_batch.effects_claim_batch(holder=holder, n=n, account_id=account_id, limited=limited,
-                                                     lease_seconds=settings.CONNECTOR["LEASE_SECONDS"])
-    except Exception as exc:  # noqa: BLE001 - classified below; the one-by-one path isolates the item at fault
-        if poison.classify(exc) == poison.FAILED:
-            log.exception("effects_claim_batch failed; falling back to the one-by-one step")
-            return None
-        log.info("effects_claim_batch deferred: %s: %s", type(exc).__name__, exc)
+        candidates = dispatch_batch.claim_candidates(n=n, account_id=account_id, limited=limited)
+    except settlement.LOST as exc:
+        log.info("claim candidates not read: %s: %s", type(exc).__name__, exc)
         return []
-    done: list[RemoteEffect] = []
-    if permits:
-        try:
-            settled = egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
-        except settlement.LOST:  # the database failed around the markers: nothing more is sent by this generation
-            _stranded(holder, "a batch's sending markers")
-            settled = {}
-        except Exception:  # noqa: BLE001 - each permit takes the one-by-one send, whose committed CAS is the guard
-            log.exception("the batched send failed; sending each permit alone")
-            settled = {p.effect_pk: e for p in permits if (e := _send_one(p, holder.holder_id)) is not None}
-        try:
-            read = {p.effect_pk: settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk,
-                                                                                    account_id=p.account_id)
-                    for p in permits}
-        except settlement.LOST:
-            read = {}
-        if not read or any(_left_open(e) for e in read.values()):
-            _stranded(holder, "a batch's send")  # its permits are closed now; read them again
-            read = {p.effect_pk: RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id) for p in permits}
-        for p in permits:
-            effect = read[p.effect_pk]
-            if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
-                fault_point("dispatch.after_confirmed")  # finalization held in the settlement: again (D-336)
-                effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
-            done.append(effect)
+    permits, failed = _claim(holder, candidates, n)
+    done = [RemoteEffect.objects.get(pk=pk) for pk in failed]
+    if not permits:
+        return done
+    settled = _send(holder, permits)
+    try:
+        read = {p.effect_pk: settled.get(p.effect_pk) or RemoteEffect.objects.get(pk=p.effect_pk,
+                                                                                account_id=p.account_id)
+                for p in permits}
+    except settlement.LOST:
+        read = {}
+    if not read or any(_left_open(e) for e in read.values()):
+        _stranded(holder, "a batch's send")  # its permits are closed now; read them again
+        read = {p.effect_pk: RemoteEffect.objects.get(pk=p.effect_pk, account_id=p.account_id) for p in permits}
+    for p in permits:
+        effect = read[p.effect_pk]
+        if effect.state == EffectState.REMOTE_CONFIRMED and not effect.quarantine_reason:
+            fault_point("dispatch.after_confirmed")  # finalization held in the settlement: again (D-336)
+            effect = effect_finalize_from_evidence(effect.pk, account_id=effect.account_id)
+        done.append(effect)
     return done
 
 
-def _send_one(p: dispatch_batch.BatchPermit, holder_id: str) -> RemoteEffect | None:
-    """A batch's permit through `egress.send` under isolation (D-350): a permit the batch already moved to
-    `sending` is refused there (only the one caller that won the CAS sends), so nothing is ever sent twice."""
-    with _isolated(SweepStep.EFFECT_SEND, p.effect_pk):
-        return egress.send(permit_pk=p.permit_pk, holder_id=holder_id, holder_fence=p.holder_fence,
-                           credential_gate_fence=p.credential_gate_fence, effect_pk=p.effect_pk,
-                           account_id=p.account_id, finalize=True, credential_generation_pk=p.credential_generation_pk)
-    return None
+def _claim(holder: ProcessGeneration, candidates: list[dispatch_batch.Candidate],
+           n: int) -> tuple[list[dispatch_batch.BatchPermit], list[int]]:
+    """Up to `n` of the candidates claimed and granted in one transaction (see the module). A claim that fails
+    deterministically rolled back: each half is claimed again (the second for what the first did not take), until
+    the effect at fault stands alone and is quarantined (EFFECT_STEP_FAILED, D-530). Returns the permits granted
+    and the effects quarantined; a refusal or a transient failure of the claim writes nothing and grants nothing."""
+    if not candidates or n <= 0:
+        return [], []
+    try:
+        return dispatch_batch.effects_claim_batch(holder=holder, n=n, candidates=candidates,
+                                                  lease_seconds=settings.CONNECTOR["LEASE_SECONDS"]), []
+    except Exception as exc:  # noqa: BLE001 - classified: a defect is split until the effect at fault stands alone
+        if poison.classify(exc) != poison.FAILED:
+            log.info("effects_claim_batch deferred: %s: %s", type(exc).__name__, exc)
+            return [], []
+        if len(candidates) == 1:
+            with _isolated(SweepStep.PERMIT_ACQUIRE, candidates[0].effect_pk) as step:
+                raise exc
+            return [], ([candidates[0].effect_pk] if step.failure == poison.FAILED else [])
+        poison.log_fallback(log, exc, "the claim of %d effects failed; claiming each half again", len(candidates))
+    half = len(candidates) // 2
+    first = _claim(holder, candidates[:half], n)
+    second = _claim(holder, candidates[half:], n - len(first[0]))
+    return first[0] + second[0], first[1] + second[1]
+
+
+def _send(holder: ProcessGeneration, permits: list[dispatch_batch.BatchPermit]) -> dict[int, RemoteEffect]:
+    """The batch's markers, exchanges and settlements (`egress_batch.send_batch`). A failure outside the per-item
+    isolation: the database lost around the markers gives the generation up (nothing more is sent by it); any other
+    sends each half again (a permit already marked `sending` is refused by its marker: nothing is sent twice), until
+    the permit at fault stands alone and is held. Returns the settled effects by pk (the others are read back)."""
+    try:
+        return egress_batch.send_batch(permits=permits, holder_id=holder.holder_id)
+    except settlement.LOST:
+        _stranded(holder, "a batch's sending markers")
+        return {}
+    except Exception as exc:  # noqa: BLE001 - split until the permit at fault stands alone
+        if len(permits) == 1:
+            with _isolated(SweepStep.EFFECT_SEND, permits[0].effect_pk):
+                raise exc
+            return {}
+        poison.log_fallback(log, exc, "the send of %d permits failed; sending each half again", len(permits))
+    half = len(permits) // 2
+    return _send(holder, permits[:half]) | _send(holder, permits[half:])
 
 
 def effect_finalize_from_evidence(effect_pk: int, *, account_id: int | None = None) -> RemoteEffect:

@@ -34,6 +34,7 @@ from connector.actors import Actor
 from connector.models import AccountServingGate, AuditRecord
 from connector.services.execution import execution_claim, execution_run
 from effects import egress
+from effects import egress_batch
 from effects.choices import EFFECT_TERMINAL, PERMIT_OPEN, AttemptOutcome, EffectState, HolderState, PermitState
 from effects.errors import AbandonRefused, EgressRefused, PermitRefused
 from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt, RemoteLink
@@ -219,9 +220,9 @@ def test_crash_before_permit_acquisition_commits_reclaims_prepared_effect(run_ch
     with pytest.raises(PermitRefused):
         dispatch.permit_acquire(claim=stale)
     permit = dispatch.permit_acquire(claim=claim)
-    sent = egress.send(permit_pk=permit.pk, holder_id=RECOVERY, holder_fence=permit.holder_fence,
+    sent = egress_batch.send(permit_pk=permit.pk, holder_id=RECOVERY, holder_fence=permit.holder_fence,
                        credential_gate_fence=permit.credential_gate_fence)
-    assert sent.state == EffectState.REMOTE_CONFIRMED
+    assert sent.state == EffectState.FINALIZED
     assert effect_finalize_from_evidence(effect.pk).state == EffectState.FINALIZED
     done = RemoteEffect.objects.get(pk=effect.pk)
     assert done.attempt_count == 2 and done.state == EffectState.FINALIZED
@@ -260,7 +261,7 @@ def test_crash_after_granted_needs_holder_isolation_then_returns_to_prepared(run
 
     _terminate_dead_holder(run)
     with pytest.raises(EgressRefused, match="terminated"):  # the dead generation can never send this permit
-        egress.send(permit_pk=permit.pk, holder_id=DEAD, holder_fence=permit.holder_fence,
+        egress_batch.send(permit_pk=permit.pk, holder_id=DEAD, holder_fence=permit.holder_fence,
                     credential_gate_fence=permit.credential_gate_fence)
     assert DispatchPermit.objects.get(pk=permit.pk).state == PermitState.GRANTED
     back = dispatch.permit_abandon(permit_pk=permit.pk, actor=OPERATOR)
@@ -422,8 +423,8 @@ def test_crash_after_remote_confirmation_finalizes_without_redispatch(run_child,
 
 @pytest.mark.django_db(**DB)
 def test_crash_inside_claim_and_permit_transaction_leaves_nothing_and_the_effect_lands_once(run_child, receiver):
-    """Issue 20 (D-335): the worker is SIGKILLed at "dispatch.claim_permit_before_commit", inside the one
-    transaction that claims the effect and grants its permit (Attempt, lease, permit, `prepared -> dispatching`
+    """Issue 20 (D-335, D-347): the worker's step for a batch of one is SIGKILLed at
+    "dispatch.batch_claim_before_commit", inside the one transaction that claims the effect and grants its permit (Attempt, lease, permit, `prepared -> dispatching`
     written, not committed). Nothing of it survives: no Attempt, no lease, no permit, the effect `prepared`; so
     a new holder dispatches it at once (no lease to wait out) and the receiver applies it exactly once:
     0 duplicated, 0 lost.
@@ -432,7 +433,7 @@ def test_crash_inside_claim_and_permit_transaction_leaves_nothing_and_the_effect
 
     effect = _author_effect(build_world("o-", push=True))
     key = effect.command.provider_idempotency_key
-    run = run_child(DISPATCH_SCRIPT, "dispatch.claim_permit_before_commit", account_id=effect.account_id,
+    run = run_child(DISPATCH_SCRIPT, "dispatch.batch_claim_before_commit", account_id=effect.account_id,
                     holder=DEAD)
     assert_killed(run)
     crashed = RemoteEffect.objects.get(pk=effect.pk)
@@ -452,8 +453,9 @@ def test_crash_inside_claim_and_permit_transaction_leaves_nothing_and_the_effect
 
 @pytest.mark.django_db(**DB)
 def test_crash_inside_settle_and_finalize_transaction_is_uncertain_then_lands_once(run_child, receiver):
-    """Issue 20 (D-336): the receiver applied the effect and answered 201; the worker is SIGKILLed at
-    "dispatch.settle_finalize_before_commit", inside the one transaction that settles the permit and finalizes
+    """Issue 20 (D-336, D-348): the receiver applied the effect and answered 201; the worker's step for a batch of
+    one is SIGKILLed at "dispatch.batch_settle_before_commit", inside the one transaction that settles the permit
+    and finalizes
     the effect (settlement, RemoteLink and `finalized` written, not committed). Nothing of it survives: the
     permit is still `sending` (the committed pre-I/O marker), Attempt 1 has no outcome, no RemoteLink. Recovery
     is the crash row "Worker may have completed external I/O but lacks proof": holder isolation, abandonment to
@@ -464,7 +466,7 @@ def test_crash_inside_settle_and_finalize_transaction_is_uncertain_then_lands_on
 
     effect = _author_effect(build_world("o-", push=True))
     key = effect.command.provider_idempotency_key
-    run = run_child(DISPATCH_SCRIPT, "dispatch.settle_finalize_before_commit", account_id=effect.account_id,
+    run = run_child(DISPATCH_SCRIPT, "dispatch.batch_settle_before_commit", account_id=effect.account_id,
                     holder=DEAD)
     assert_killed(run)
     assert receiver.applied == {key: 1} and len(receiver.requests) == 1

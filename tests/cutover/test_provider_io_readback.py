@@ -16,7 +16,7 @@ from cutover.services import first_activation as fa
 from effects.choices import EffectState
 from effects.errors import ProviderIoHeld
 from effects.models import DispatchPermit, RemoteEffect
-from effects.services import dispatch_together
+from effects.services import dispatch_batch
 from effects.services.worker import effect_dispatch_once
 from tests.cutover.v1_world import ACTOR, V1World, approve_activation, to_validating
 from tests.effects import helpers
@@ -68,11 +68,12 @@ def refused_and_nothing_written(world: V1World) -> None:
     assert DispatchPermit.objects.count() == 0
     assert RemoteEffect.objects.filter(pk=effect.pk).values("state", "changed_at").get() == before
     assert before["state"] == EffectState.PREPARED
-    # the worker's claim + permit in one transaction (D-335) refuses on the same flag and keeps nothing of its claim
+    # the worker's claim + permit in one transaction (D-347) refuses on the same flag and keeps nothing of its claim
     helpers.author(account, root="order-early-2", record_id="early-2")
     second = RemoteEffect.objects.get(account_id=account.pk, command__effect_root_id="order-early-2")
     holder = helpers.dispatch.holder_register(holder_id="h-early-2")
-    assert dispatch_together.effect_claim_and_permit(holder=holder, account_id=account.pk) is None
+    with pytest.raises(ProviderIoHeld):
+        dispatch_batch.effects_claim_batch(holder=holder, n=1, account_id=account.pk)
     assert effect_dispatch_once(holder_name="h-early-2", account_id=account.pk) is None
     second = RemoteEffect.objects.get(pk=second.pk)
     assert (second.state, second.attempt_count, second.lease_holder, second.lease_expires_at) == (

@@ -12,6 +12,7 @@ from connector.actors import Actor
 from connector.models import CredentialGeneration
 from connector.services.guard import lock_serving
 from effects import egress
+from effects import egress_batch
 from effects.models import DispatchPermit, OutboundCommand, ProcessGeneration
 from effects.services import dispatch
 from effects.services.outbound import outbound_command_author
@@ -86,7 +87,7 @@ def acquire(holder_id: str = "h1", account=None) -> Ready:
 def send(ready: Ready, *, holder_id: str | None = None, holder_fence: int | None = None,
          credential_gate_fence: int | None = None):
     p = ready.permit
-    return egress.send(permit_pk=p.pk, holder_id=holder_id or ready.holder.holder_id,
+    return egress_batch.send(permit_pk=p.pk, holder_id=holder_id or ready.holder.holder_id,
                        holder_fence=p.holder_fence if holder_fence is None else holder_fence,
                        credential_gate_fence=(p.credential_gate_fence if credential_gate_fence is None
                                               else credential_gate_fence))

@@ -80,7 +80,7 @@ def test_a_second_send_for_the_same_permit_is_refused(push_world, receiver):
     later invocation, after it returned) is refused before any byte. Proves: CV2-10-038, CV2-10-039"""
     author(push_world.accounts[0])
     ready = acquire("h-once")
-    assert send(ready).state == "remote_confirmed"
+    assert send(ready).state == "finalized"
     with pytest.raises(EgressRefused, match="returned"):
         send(ready)
     assert len(receiver.requests) == 1
@@ -97,7 +97,7 @@ def test_concurrent_sends_of_one_permit_make_one_request(tx_push_world, receiver
     results = run_concurrently([lambda: send(ready)] * 2)
     errors = raised(results)
     assert len(errors) == 1 and isinstance(errors[0], EgressRefused), errors
-    assert [r.state for r in results if not isinstance(r, BaseException)] == ["remote_confirmed"]
+    assert [r.state for r in results if not isinstance(r, BaseException)] == ["finalized"]
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1
 
 
@@ -120,5 +120,5 @@ def test_a_permit_is_refused_for_another_holder_or_fence(push_world, receiver):
     assert receiver.requests == []
     permit = DispatchPermit.objects.get(pk=p.pk)
     assert (permit.state, permit.io_may_have_started) == ("granted", False)
-    assert send(mine).state == "remote_confirmed" and len(receiver.requests) == 1
+    assert send(mine).state == "finalized" and len(receiver.requests) == 1
     assert DispatchPermit.objects.get(pk=theirs.permit.pk).state == "granted"

@@ -233,7 +233,7 @@ def test_rotation_never_changes_a_frozen_generation_and_dispatch_uses_its_exact_
     for command in (dispatching_command, queued, later):
         assert OutboundCommand.objects.get(pk=command.pk).credential_generation_id == frozen.pk
 
-    assert send(ready).state == "remote_confirmed"
+    assert send(ready).state == "finalized"
     while worker.effect_dispatch_once(holder_name="h-rot", account_id=acme.pk) is not None:
         pass
     assert len(receiver.requests) == 3

@@ -180,19 +180,28 @@ def test_finalization_failure_in_the_batch_never_loses_the_settlement(tx_world, 
     assert len(receiver.requests) == 2
 
 
-def test_a_deterministic_batch_claim_failure_falls_back_to_the_one_by_one_step(tx_world, receiver, monkeypatch):
-    """D-168: a batch claim that fails deterministically rolls back; the step then runs its effects one by one
-    (whose isolation quarantines the one at fault), so the worker keeps moving.
-    Proves: CV2-10-048"""
+def test_a_deterministic_batch_claim_failure_is_split_until_the_effect_at_fault_stands_alone(tx_world, receiver,
+                                                                                             monkeypatch):
+    """D-168, D-530: a batch claim that fails deterministically rolls back; the step claims each half again, until
+    the effect at fault stands alone and is quarantined (EFFECT_STEP_FAILED, nothing sent); every other effect of
+    the batch is granted, sent once and finalized in the same step.
+    Proves: CV2-10-048, CV2-13-001"""
     acme = tx_world.accounts[0]
-    pks = _author(acme, 2)
+    pks = _author(acme, 5)
+    real, claimed = dispatch_batch.effects_claim_batch, []
 
-    def broken(**kwargs):
-        raise ValueError("a poisoned row")
+    def broken(*, candidates, **kwargs):
+        claimed.append([c.effect_pk for c in candidates])
+        if pks[3] in claimed[-1]:
+            raise ValueError("a poisoned row")
+        return real(candidates=candidates, **kwargs)
     monkeypatch.setattr(dispatch_batch, "effects_claim_batch", broken)
-    done = worker.effect_dispatch_batch(n=5, holder_name="h-fallback", account_id=acme.pk)
-    assert sorted(e.pk for e in done) == pks and {e.state for e in done} == {EffectState.FINALIZED}
-    assert receiver.applied_total() == 2
+    done = {e.pk: (e.state, e.quarantine_reason) for e in worker.effect_dispatch_batch(
+        n=5, holder_name="h-split", account_id=acme.pk)}
+    assert done == {**{pk: (EffectState.FINALIZED, "") for pk in pks if pk != pks[3]},
+                    pks[3]: (EffectState.QUARANTINED, "EFFECT_STEP_FAILED")}
+    assert claimed == [pks, pks[:2], pks[2:], [pks[2]], pks[3:], [pks[3]], [pks[4]]]
+    assert receiver.applied_total() == 4 and not DispatchPermit.objects.filter(effect_id=pks[3]).exists()
 
 
 def test_limited_destinations_take_their_own_batch_after_the_unlimited_one(transactional_db, receiver, monkeypatch):
@@ -215,18 +224,20 @@ def test_limited_destinations_take_their_own_batch_after_the_unlimited_one(trans
     assert receiver.applied_total() == 2
 
 
-def test_a_failing_batch_send_falls_back_to_each_permit_alone_and_never_sends_twice(tx_world, receiver, monkeypatch):
-    """D-350: the batch's exchanges fail after the markers committed for the first permit's exchange (a defect in
-    the batch path): the step sends each permit alone through `egress.send`, whose committed CAS refuses every
-    permit the batch already marked `sending`: nothing is sent twice, and the unmarked ones land once. The marked
-    permit is never left open under a live holder (issue 37 item 3, D-425): the step gives its generation up, so it
-    is abandoned with that proof and its effect is `uncertain` for reconciliation.
+def test_a_failing_batch_send_is_split_and_never_sends_twice(tx_world, receiver, monkeypatch):
+    """D-350, D-530: the batch's send fails after the markers committed for the first permit (a defect in the send
+    path): the step sends each half again, whose committed CAS refuses every permit already marked `sending`:
+    nothing is sent twice, and the unmarked ones land once. The marked permit is never left open under a live
+    holder (issue 37 item 3, D-425): the step gives its generation up, so it is abandoned with that proof and its
+    effect is `uncertain` for reconciliation.
     Proves: CV2-10-038, CV2-13-001"""
     acme = tx_world.accounts[0]
     pks = _author(acme, 3)
     real = egress_batch.win_sending_batch
 
-    def marks_one_then_fails(*, permits, holder_id):
+    def marks_one_then_fails(*, permits, holder_id, **kwargs):
+        if len(permits) < 3:
+            return real(permits=permits, holder_id=holder_id, **kwargs)
         real(permits=permits[:1], holder_id=holder_id)
         raise ValueError("a defect after the first marker committed")
     monkeypatch.setattr(egress_batch, "win_sending_batch", marks_one_then_fails)

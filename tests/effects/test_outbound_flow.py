@@ -5,6 +5,7 @@ import pytest
 from connector.actors import Actor
 from connector.services import admission, execution, materialize
 from effects import egress
+from effects import egress_batch
 from effects.models import DispatchPermit, OutboundCommand, RemoteEffect
 from effects.services import dispatch
 
@@ -27,7 +28,7 @@ def test_smoke(push_world, receiver):
     holder = dispatch.holder_register(holder_id="h1")
     claim = dispatch.effect_claim(holder=holder)
     permit = dispatch.permit_acquire(claim=claim)
-    effect = egress.send(permit_pk=permit.pk, holder_id="h1", holder_fence=permit.holder_fence,
+    effect = egress_batch.send(permit_pk=permit.pk, holder_id="h1", holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
     effect = dispatch.effect_finalize(effect_pk=effect.pk, owner_slot="r1")
     assert effect.state == "finalized"

@@ -201,7 +201,7 @@ def test_a_hostile_record_id_is_rejected_by_runtime_and_never_reaches_the_receiv
         assert path_fits_template(TEMPLATE, path) is None, path
         assert posixpath.normpath(unquote(path)).startswith("/v1/records/")
     assert sorted(unquote(p.rsplit("/", 1)[1]) for p in paths) == sorted(safe)
-    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"remote_confirmed"}
+    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
 
 
 @pytest.mark.django_db
@@ -272,5 +272,5 @@ def test_egress_retries_when_the_template_cannot_be_read_right_now(push_world, r
     assert claim("h1")[1] is None  # not before its scheduled time
     real = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=7))
-    assert send(acquire("h1")).state == "remote_confirmed"
+    assert send(acquire("h1")).state == "finalized"
     assert [r["path"] for r in receiver.requests] == ["/v1/records/r1"]

@@ -1,19 +1,19 @@
 """Pinned statement counts of the outbound hot path (STYLE R27, issue 20; docs/benchmarks.md, issue 20 section).
 
-One `effect_dispatch_once` worker step of one effect against the loopback receiver, in real transactions (a
-transactional test, as in production). The counted effect is the second of the process (the first warms the
-process's pooled HTTP client and caches). Statements are what Django's connection records, BEGIN/COMMIT and
-savepoints included. Each stage is measured around the function the worker calls for it:
+One worker step of one effect (`effect_dispatch_once`: a batch of one, D-531) against the loopback receiver, in real
+transactions (a transactional test, as in production). The counted effect is the second of the process (the first
+warms the process's pooled HTTP client and caches). Statements are what Django's connection records, BEGIN/COMMIT
+and savepoints included. Each stage is measured around the function the worker calls for it:
 
-| stage | before (issue 20) | after (D-335, D-336, D-338) |
+| stage | per-item path (issue 20, D-335, D-336) | one path, a batch of one (D-531) |
 | --- | --- | --- |
-| claim + permit (`effect_claim` + `permit_acquire`, now `effect_claim_and_permit`) | 21 | 13 |
-| the sending marker (`_win_sending`, committed before any byte) | 7 | 7 |
-| settlement + finalization (`permit_settle` + `effect_finalize_from_evidence`, now one transaction) | 17 | 13 |
-| the whole `effect_dispatch_once` step | 48 | 36 |
+| claim + permit (candidate reads + `effects_claim_batch`) | 13 | 10 |
+| the sending marker (`win_sending_batch`, committed before any byte) | 7 | 7 |
+| settlement + finalization (`permits_settle_confirmed`) | 13 | 10 |
+| the whole step | 36 | 30 |
 
 The batched step (`effect_dispatch_batch`, D-345..D-350), pinned below for n = 1 and n = 10 (constant in n): claim +
-permits 9, the n sending markers 7, the n settlements + finalizations 10, the whole step 30 (3 per effect at n = 10).
+permits 10, the n sending markers 7, the n settlements + finalizations 10, the whole step 30 (3 per effect at n = 10).
 """
 from __future__ import annotations
 
@@ -21,16 +21,15 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from effects import egress
 from effects.choices import EffectState
 from effects.models import RemoteEffect
-from effects.services import dispatch, dispatch_together, worker
+from effects.services import worker
 from tests.effects.helpers import author
 
-CLAIM_AND_PERMIT = 13
+CLAIM_AND_PERMIT = 10
 SENDING_MARKER = 7
-SETTLE_AND_FINALIZE = 13
-DISPATCH_STEP = 36
+SETTLE_AND_FINALIZE = 10
+DISPATCH_STEP = 30
 
 
 @pytest.fixture
@@ -66,15 +65,15 @@ def _count_stages(monkeypatch, stages, step):
 
 
 def _stage_counts(monkeypatch, account) -> tuple[dict[str, int], int, RemoteEffect]:
-    """Run one worker step, counting the statements of each stage."""
+    """Run one worker step of one effect (a batch of one), counting the statements of each stage."""
+    from effects import egress_batch
+    from effects.services import dispatch_batch
+
     return _count_stages(monkeypatch, [
-        ("claim_and_permit", dispatch, "effect_claim"),
-        ("claim_and_permit", dispatch, "permit_acquire"),
-        ("claim_and_permit", dispatch_together, "effect_claim_and_permit"),
-        ("sending_marker", egress, "_win_sending"),
-        ("settle_and_finalize", egress, "permit_settle"),
-        ("settle_and_finalize", egress, "permit_settle_and_finalize"),
-        ("settle_and_finalize", worker, "effect_finalize_from_evidence"),
+        ("claim_and_permit", dispatch_batch, "claim_candidates"),
+        ("claim_and_permit", dispatch_batch, "effects_claim_batch"),
+        ("sending_marker", egress_batch, "win_sending_batch"),
+        ("settle_and_finalize", egress_batch, "permits_settle_confirmed"),
     ], lambda: worker.effect_dispatch_once(holder_name="h-stmt", account_id=account.pk))
 
 
@@ -113,6 +112,7 @@ def _batch_stage_counts(monkeypatch, account, n: int) -> tuple[dict[str, int], i
     from effects.services import dispatch_batch
 
     return _count_stages(monkeypatch, [
+        ("claim_and_permit", dispatch_batch, "claim_candidates"),
         ("claim_and_permit", dispatch_batch, "effects_claim_batch"),
         ("sending_marker", egress_batch, "win_sending_batch"),
         ("settle_and_finalize", egress_batch, "permits_settle_confirmed"),

@@ -13,6 +13,7 @@ from django.utils import timezone
 from connector.errors import GateNotServing, TransitionRefused
 from connector.models import AccountServingGate, AuditRecord, CredentialGenerationDispatchGate
 from effects import egress
+from effects import egress_batch
 from effects import locks as effect_locks
 from effects.errors import AbandonRefused, EgressRefused, PermitRefused
 from effects.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt
@@ -133,7 +134,7 @@ def test_open_permit_blocks_v2_halted_until_it_settles(push_world, receiver):
     assert _permit(ready).gate_fence < _gate(acme).fence  # the gate drains its open-permit set on a new fence
 
     effect = send(ready)
-    assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
+    assert effect.state == "finalized" and len(receiver.requests) == 1
     assert _permit(ready).state == "returned" and _open_permits(acme) == []
     assert gate_action(acme, "confirm_halted").mode == "v2_halted"
     assert RemoteEffect.objects.get(command__effect_root_id="order-2").state == "prepared"
@@ -242,7 +243,7 @@ def test_revocation_racing_acquisition(tx_push_world, receiver, order):
         permit = DispatchPermit.objects.get()
         assert (permit.state, permit.credential_gate_fence) == ("granted", 1)
         with pytest.raises(EgressRefused, match="revoked"):
-            egress.send(permit_pk=permit.pk, holder_id="h-rev", holder_fence=permit.holder_fence,
+            egress_batch.send(permit_pk=permit.pk, holder_id="h-rev", holder_fence=permit.holder_fence,
                         credential_gate_fence=permit.credential_gate_fence)
         assert DispatchPermit.objects.get().state == "granted"
         effect = dispatch.permit_abandon(permit_pk=permit.pk, actor=ACTOR)
@@ -277,16 +278,16 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
         _assert_waits(sender)
         pause.go.set()
     else:
-        original = effect_locks.permit_for_update
+        original = effect_locks.permits_for_update
 
-        def permit_for_update(pk, **kwargs):
-            # Inside the adapter's swap transaction, after it locked the credential gate: pause once.
-            row = original(pk, **kwargs)
+        def permits_for_update(pks, **kwargs):
+            # Inside the adapter's marker transaction, after it locked the credential gate: pause once.
+            rows = original(pks, **kwargs)
             if threading.current_thread().name == "sender" and not pause.reached.is_set():
                 pause.pause()
-            return row
+            return rows
 
-        monkeypatch.setattr(effect_locks, "permit_for_update", permit_for_update)
+        monkeypatch.setattr(effect_locks, "permits_for_update", permits_for_update)
         sender = start(lambda: send(ready), "sender")
         assert pause.reached.wait(scaled(10))
         revoker = start(revoke_fn, "revoker")
@@ -306,7 +307,7 @@ def test_revocation_racing_granted_to_sending(tx_push_world, receiver, monkeypat
         assert sender.error is None, sender.error
         assert len(receiver.requests) == 1 and receiver.applied_total() == 1
         assert (permit.state, permit.io_may_have_started) == ("returned", True)
-        assert _effect(ready).state == "remote_confirmed"
+        assert _effect(ready).state == "finalized"
         revoked_at = AuditRecord.objects.get(action="credential_gate_revoke").at
         assert permit.sending_at <= revoked_at
     assert _open_permits(acme) == []
@@ -320,15 +321,15 @@ def test_revocation_record_lists_the_permits_already_sending(push_world, receive
     author(acme)
     generation = outbound_generation(acme)
     ready = acquire("h-rec", acme)
-    original = egress.fault_point
+    original = egress_batch.fault_point
 
     def revoke_while_sending(name):
         if name == "egress.after_sending":
             revoke(generation.generation_id)
         original(name)
 
-    monkeypatch.setattr(egress, "fault_point", revoke_while_sending)
-    assert send(ready).state == "remote_confirmed" and len(receiver.requests) == 1
+    monkeypatch.setattr(egress_batch, "fault_point", revoke_while_sending)
+    assert send(ready).state == "finalized" and len(receiver.requests) == 1
     record = AuditRecord.objects.get(action="credential_gate_revoke")
     assert "permit" in record.reason and str(ready.permit.pk) in record.reason
 
@@ -356,7 +357,7 @@ def test_reenablement_uses_a_new_fence_and_the_stale_permit_never_revives(push_w
             send(stale, credential_gate_fence=fence)
     fresh = acquire("h-re", acme)
     assert fresh.permit.credential_gate_fence == 3 and fresh.claim.attempt_pk != stale.claim.attempt_pk
-    assert send(fresh).state == "remote_confirmed"
+    assert send(fresh).state == "finalized"
     assert len(receiver.requests) == 1
     assert _permit(stale).state == "abandoned"
     assert RemoteEffectAttempt.objects.get(pk=stale.claim.attempt_pk).outcome == "no_effect"
@@ -386,7 +387,7 @@ def test_permit_never_closes_because_time_passed(push_world, receiver, monkeypat
     author(acme)
     ready = acquire("h-old", acme)
     if state == "sending":
-        crash_at(monkeypatch, egress, "egress.after_sending")
+        crash_at(monkeypatch, egress_batch, "egress.after_sending")
         with pytest.raises(SimulatedCrash):
             send(ready)
     permit = _permit(ready)
@@ -432,7 +433,7 @@ def test_granted_abandonment_is_reclaimable_and_sending_abandonment_is_not(push_
     second = acquire("h-b", acme)
     assert (second.claim.effect_pk, RemoteEffectAttempt.objects.get(pk=second.claim.attempt_pk).ordinal) == (
         first.claim.effect_pk, 2)
-    crash_at(monkeypatch, egress, "egress.after_sending")
+    crash_at(monkeypatch, egress_batch, "egress.after_sending")
     with pytest.raises(SimulatedCrash):
         send(second)
     monkeypatch.undo()
@@ -461,9 +462,9 @@ def test_crash_before_acquisition_is_reclaimed_after_the_lease_expires(push_worl
     with pytest.raises(PermitRefused):
         dispatch.permit_acquire(claim=stale)
     permit = dispatch.permit_acquire(claim=fresh)
-    effect = egress.send(permit_pk=permit.pk, holder_id="h-next", holder_fence=permit.holder_fence,
+    effect = egress_batch.send(permit_pk=permit.pk, holder_id="h-next", holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
-    assert effect.state == "remote_confirmed" and len(receiver.requests) == 1
+    assert effect.state == "finalized" and len(receiver.requests) == 1
     assert list(RemoteEffectAttempt.objects.order_by("ordinal").values_list("ordinal", "outcome")) == [
         (1, ""), (2, "remote_confirmed")]
 

@@ -11,7 +11,7 @@ from connector.models import StepFailure
 from effects import tasks
 from effects.choices import EffectState
 from effects.models import DispatchPermit, RemoteEffect
-from effects.services import dispatch, dispatch_together, worker
+from effects.services import dispatch, worker
 from tests.effects.helpers import acquire, author, send
 
 
@@ -23,30 +23,27 @@ def _failure(effect: RemoteEffect) -> StepFailure:
 @pytest.mark.parametrize("batch", [1, 10])
 def test_a_permit_step_failure_quarantines_that_effect_and_the_worker_dispatches_the_next(push_world, receiver,
                                                                                         monkeypatch, settings, batch):
-    """`effects.tasks.effect_dispatch` meets an effect whose permit acquisition fails (a KeyError): the effect,
-    still `prepared`, is quarantined (EFFECT_STEP_FAILED, no permit, nothing sent) and the same loop dispatches
-    and finalizes the next effect (today the exception ended the task, and every later run met the same effect
-    first). With the batched step (EGRESS_BATCH 10, D-350) the poison fails the batch's claim transaction too: it
-    rolls back and the step runs its effects one by one, whose isolation quarantines the bad one.
+    """`effects.tasks.effect_dispatch` meets an effect whose claim + permit transaction fails (a KeyError): the
+    effect, still `prepared`, is quarantined (EFFECT_STEP_FAILED, no permit, nothing sent) and the same loop
+    dispatches and finalizes the next effect. With batches of 10 the poison fails the batch's claim transaction:
+    it rolls back and each half is claimed again until the bad effect stands alone and is quarantined (D-530);
+    with batches of one it stands alone at once.
     Proves: CV2-13-001, CV2-10-031"""
     from effects.services import dispatch_batch
 
     settings.CONNECTOR = {**settings.CONNECTOR, "EGRESS_BATCH": batch}
-
-    def poisoned_batch(ref):
-        raise KeyError("poison in the batch")
-    monkeypatch.setattr(dispatch_batch, "secret_version_exists", poisoned_batch)
     acme = push_world.accounts[0]
     bad = RemoteEffect.objects.get(command=author(acme, root="order-bad", record_id="r-bad"))
     good = RemoteEffect.objects.get(command=author(acme, root="order-good", record_id="r-good"))
-    real = dispatch_together._claim_and_permit_one
+    real, claimed = dispatch_batch.effects_claim_batch, []
 
-    def claim_and_permit_one(*, pk, **kwargs):  # the worker's claim + permit transaction (D-335)
-        if pk == bad.pk:
+    def effects_claim_batch(*, candidates, **kwargs):  # the worker's claim + permit transaction (D-347)
+        claimed.append(sorted(c.effect_pk for c in candidates))
+        if bad.pk in {c.effect_pk for c in candidates}:
             raise KeyError("poison permit")
-        return real(pk=pk, **kwargs)
+        return real(candidates=candidates, **kwargs)
 
-    monkeypatch.setattr(dispatch_together, "_claim_and_permit_one", claim_and_permit_one)
+    monkeypatch.setattr(dispatch_batch, "effects_claim_batch", effects_claim_batch)
     assert tasks.effect_dispatch() == 2
     bad.refresh_from_db()
     good.refresh_from_db()
@@ -56,6 +53,7 @@ def test_a_permit_step_failure_quarantines_that_effect_and_the_worker_dispatches
     assert not DispatchPermit.objects.filter(effect=bad).exists()
     assert (_failure(bad).step, _failure(bad).exception_class) == ("permit_acquire", "builtins.KeyError")
     assert worker.effect_dispatch_once(holder_name="h-2", account_id=acme.pk) is None  # nothing left to claim
+    assert claimed == [sorted([bad.pk, good.pk]), [bad.pk], [good.pk]]  # the candidates read beyond the batch
 
 
 @pytest.mark.django_db
@@ -65,10 +63,14 @@ def test_a_finalization_failure_holds_that_effect_and_the_sweep_finalizes_the_ot
     provider's evidence stands), is held with EFFECT_STEP_FAILED and skipped by later sweeps, while the other
     confirmed effect is finalized in the same sweep; `poison_release --effect` lifts the hold after the fix.
     Proves: CV2-13-001, CV2-10-030"""
+    from effects.services import dispatch_batch
+
     acme = push_world.accounts[0]
-    for n in (1, 2):
-        author(acme, root=f"order-{n}", record_id=f"r-{n}")
-        assert send(acquire(f"h-{n}", acme)).state == EffectState.REMOTE_CONFIRMED
+    with monkeypatch.context() as held:  # the finalization in the settlement fails: both left remote_confirmed
+        held.setattr(dispatch_batch, "_finalize_in_savepoint", lambda **kwargs: None)
+        for n in (1, 2):
+            author(acme, root=f"order-{n}", record_id=f"r-{n}")
+            assert send(acquire(f"h-{n}", acme)).state == EffectState.REMOTE_CONFIRMED
     bad, good = RemoteEffect.objects.order_by("pk")
     real = dispatch.effect_finalize
 

@@ -20,7 +20,7 @@ from connector.receipts import canonical_json
 from effects import egress
 from effects.errors import DestinationDeferred, RateLimitInvalid
 from effects.models import DestinationLimiter, DispatchPermit, OutboundCommand, RemoteEffect, RemoteEffectAttempt
-from effects.services import dispatch, dispatch_together, worker
+from effects.services import dispatch, worker
 from effects.services.outbound import declared_rate_limit
 from tests.concurrency import raised, run_concurrently, start
 from tests import dbroles
@@ -113,8 +113,10 @@ def test_an_undeclared_destination_takes_no_limiter(push_world, receiver):
         effect = worker.effect_dispatch_once(holder_name="h-free")
     assert effect.state == "finalized"
     touching = [q["sql"] for q in queries.captured_queries if "destinationlimiter" in q["sql"]]
-    # Only the claim's candidate query names the table (its LEFT JOIN finds no row); nothing locks or writes it.
-    assert len(touching) == 1 and touching[0].startswith("SELECT") and "FOR UPDATE" not in touching[0]
+    # Only the limited batch's candidate query names the table (it finds no limited destination); nothing locks or
+    # writes it.
+    assert len(touching) == 1 and "FOR UPDATE" not in touching[0] and "FOR SHARE" not in touching[0]
+    assert not any(sql.lstrip().startswith(("UPDATE", "INSERT")) for sql in touching)
     assert DispatchPermit.objects.get().limiter_id is None and not DestinationLimiter.objects.exists()
 
 
@@ -324,57 +326,34 @@ LIMITED_CLAIM, LIMITED_PERMIT = 8, 15
 UNLIMITED_CLAIM, UNLIMITED_PERMIT = 7, 12
 
 
-def _fused_counts(account) -> tuple[int, list[str]]:
-    _author_many(account, 2)
-    holder = dispatch.holder_register(holder_id="h-sc")
-    with CaptureQueriesContext(connection) as fused_q:
-        granted = dispatch_together.effect_claim_and_permit(holder=holder)
-    assert granted.permit.state == "granted"
-    return len(fused_q), [q["sql"][:90] for q in fused_q.captured_queries]
-
-
-@pytest.mark.parametrize("limited", [True, False])
-def test_fused_claim_and_permit_statement_counts_are_pinned(db, monkeypatch, limited):
-    """The worker's claim + permit in one transaction (D-335): 16 statements for a limited destination (the two
-    steps took 8 + 15), 12 without a limit (7 + 12). Proves: CV2-10-037"""
-    if limited:
-        world = _limited_world(monkeypatch, "sc-", requests_per_second=1000, max_in_flight=4)
-    else:
-        from connector.demo import build_world
-        world = build_world("p-", push=True)
-    n, sql = _fused_counts(world.accounts[0])
-    assert n == (FUSED_LIMITED if limited else FUSED_UNLIMITED), sql
-
-
-FUSED_LIMITED, FUSED_UNLIMITED = 16, 12
-
-
-def test_a_limiter_refusal_inside_claim_and_permit_leaves_the_effect_prepared_with_nothing(db, monkeypatch):
-    """The destination admits one permit in flight; the claim scan's unlocked hint is made to let a second
-    candidate through, so the decision falls under the limiter's lock inside the one claim + permit transaction
-    (D-335): it refuses, writing only the limiter's refusal. The effect stays `prepared` with no Attempt, no lease
-    and no permit; once the first permit is abandoned (its holder terminated) the destination grants again.
+def test_a_limiter_refusal_inside_the_claim_leaves_the_effect_prepared_with_nothing(db, monkeypatch):
+    """The destination admits one permit in flight: the second claim of its batch (D-372) falls under the
+    limiter's lock inside the one claim + permit transaction and is refused, writing only the limiter's refusal.
+    The effect stays `prepared` with no Attempt, no lease and no permit; once the first permit is abandoned (its
+    holder terminated) the destination grants again.
     Proves: CV2-10-037"""
+    from effects.services import dispatch_batch
+
     world = _limited_world(monkeypatch, "lr-", requests_per_second=1000, max_in_flight=1)
     acme = world.accounts[0]
     first_cmd, second_cmd = _author_many(acme, 2)
     holder = dispatch.holder_register(holder_id="h-lr")
-    first = dispatch_together.effect_claim_and_permit(holder=holder, account_id=acme.pk)
+    [first] = dispatch_batch.effects_claim_batch(holder=holder, n=2, account_id=acme.pk, limited=True)
     assert first.effect_pk == RemoteEffect.objects.get(command=first_cmd).pk
-    monkeypatch.setattr(dispatch, "_destination_open", lambda *args: True)  # the hint is only a hint
-    assert dispatch_together.effect_claim_and_permit(holder=holder, account_id=acme.pk) is None
+    assert dispatch_batch.effects_claim_batch(holder=holder, n=2, account_id=acme.pk, limited=True) == []
     second = RemoteEffect.objects.get(command=second_cmd)
     assert (second.state, second.attempt_count, second.lease_holder, second.lease_expires_at) == (
         "prepared", 0, "", None)
     assert not RemoteEffectAttempt.objects.filter(effect=second).exists()
     assert not DispatchPermit.objects.filter(effect=second).exists()
     limiter = DestinationLimiter.objects.get(pk=second_cmd.limiter_id)
-    assert (limiter.refused_total, limiter.granted_total) == (1, 1)
+    assert limiter.granted_total == 1 and limiter.refused_total >= 1
     dispatch.holder_terminate(holder_id="h-lr", actor=ACTOR, evidence="test: the first holder stops")
-    dispatch.permit_abandon(permit_pk=first.permit.pk, actor=ACTOR)
-    again = dispatch_together.effect_claim_and_permit(holder=dispatch.holder_register(holder_id="h-lr2"),
-                                                      account_id=acme.pk)
-    assert again.permit.state == "granted" and again.effect_pk == first.effect_pk  # the abandoned one, prepared
+    dispatch.permit_abandon(permit_pk=first.permit_pk, actor=ACTOR)
+    [again] = dispatch_batch.effects_claim_batch(holder=dispatch.holder_register(holder_id="h-lr2"), n=1,
+                                                 account_id=acme.pk, limited=True)
+    assert again.effect_pk == first.effect_pk  # the abandoned one, prepared again
+    assert DispatchPermit.objects.get(pk=again.permit_pk).state == "granted"
     assert RemoteEffect.objects.get(pk=second.pk).state == "prepared"  # still claimable, nothing lost
 
 

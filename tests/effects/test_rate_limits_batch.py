@@ -205,36 +205,28 @@ def test_limited_batch_statement_counts_are_pinned(limited, receiver, n):
 LIMITED_CLAIM, LIMITED_SEND_FIXED, LIMITED_MARKER = 12, 11, 8
 
 
-def test_the_one_by_one_marker_refuses_while_deferred_and_the_worker_withdraws_the_permit(limited, receiver,
-                                                                                          monkeypatch):
-    """D-402, the one-by-one step (`EGRESS_BATCH` <= 1, the Citus configuration): a limited permit granted, then
-    the receiver's deferral recorded before its marker: `egress.send` given the permit's limiter refuses
-    (`DestinationDeferred`, nothing sent), and `effect_dispatch_once` withdraws the permit with the proof that no
+def test_a_batch_of_one_marker_refuses_while_deferred_and_the_send_withdraws_the_permit(limited, receiver):
+    """D-402, a batch of one (the Citus configuration's step): a limited permit granted, then the receiver's
+    deferral recorded before its marker: `egress_batch.send` refuses (`DestinationDeferred`, nothing sent, the
+    permit left `granted`), and the worker's send path (`send_batch`) withdraws the permit with the proof that no
     byte was sent, so the effect is `prepared` again at once and its attempt is not counted.
     Proves: CV2-10-037, CV2-10-040"""
-    from effects import egress
     from effects.errors import DestinationDeferred
-    from effects.services import dispatch_together
 
     acme = limited(requests_per_second=50, max_in_flight=4).accounts[0]
     commands = _author(acme, 2)
     holder = dispatch.holder_register(holder_id="h-one")
-    granted = dispatch_together.effect_claim_and_permit(holder=holder, lease_seconds=60, account_id=acme.pk)
-    permit = granted.permit
+    [granted] = dispatch_batch.effects_claim_batch(holder=holder, n=1, account_id=acme.pk, limited=True)
+    permit = DispatchPermit.objects.get(pk=granted.permit_pk)
     assert permit.limiter_id == commands[0].limiter_id
     with transaction.atomic():
         _destination_defer(limiter=locks.limiter_for_update(permit.limiter_id), seconds=30, status=429)
     with pytest.raises(DestinationDeferred):
-        egress.send(permit_pk=permit.pk, holder_id="h-one", holder_fence=permit.holder_fence,
-                    credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
-                    account_id=acme.pk, credential_generation_pk=permit.credential_gate.credential_generation_id,
-                    limiter_pk=permit.limiter_id)
+        egress_batch.send(permit_pk=permit.pk, holder_id="h-one", holder_fence=permit.holder_fence,
+                          credential_gate_fence=permit.credential_gate_fence)
     assert receiver.requests == [] and DispatchPermit.objects.get(pk=permit.pk).state == "granted"
 
-    real = dispatch_together.effect_claim_and_permit
-    monkeypatch.setattr(dispatch_together, "effect_claim_and_permit", lambda **kw: granted)  # the same race again
-    effect = worker.effect_dispatch_once(holder=holder, account_id=acme.pk, limited_only=True)
-    monkeypatch.setattr(dispatch_together, "effect_claim_and_permit", real)
+    effect = egress_batch.send_batch(permits=[granted], holder_id="h-one")[granted.effect_pk]
     assert receiver.requests == []
     assert (effect.state, effect.lease_expires_at) == ("prepared", None)
     closed = DispatchPermit.objects.get(pk=permit.pk)

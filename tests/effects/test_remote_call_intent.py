@@ -115,7 +115,7 @@ def test_a_prepared_or_dispatching_predecessor_is_resumed_and_no_new_effect_exis
 
 
 @pytest.mark.django_db
-def test_a_confirmed_or_finalized_predecessor_rejects_a_new_generation(push_world, receiver):
+def test_a_confirmed_or_finalized_predecessor_rejects_a_new_generation(push_world, receiver, monkeypatch):
     """A root whose effect the receiver applied and the worker finalized, and a root whose effect is
     `remote_confirmed` (sent, not yet finalized): both prove the call happened, so the intent is
     REMOTE_CALL_EFFECT_OCCURRED, writes nothing (no intent, command or audit row) and the receiver is not called
@@ -124,7 +124,11 @@ def test_a_confirmed_or_finalized_predecessor_rejects_a_new_generation(push_worl
     author(acme, root="order-fin")
     assert _dispatch(acme).state == "finalized"
     author(acme, root="order-conf", record_id="r2")
-    assert send(acquire("h-conf", acme)).state == "remote_confirmed"
+    from effects.services import dispatch_batch
+
+    with monkeypatch.context() as held:  # the finalization in the settlement fails: left remote_confirmed
+        held.setattr(dispatch_batch, "_finalize_in_savepoint", lambda **kwargs: None)
+        assert send(acquire("h-conf", acme)).state == "remote_confirmed"
     before, requests = _counts(), len(receiver.requests)
     for root, state in (("order-fin", "finalized"), ("order-conf", "remote_confirmed")):
         with pytest.raises(RemoteCallEffectOccurred, match=state) as refused:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from connector import demo
 from effects import egress
+from effects import egress_batch
 from effects.errors import RetryPolicyInvalid
 from effects.models import DispatchPermit, ProcessGeneration, RemoteEffect, RemoteEffectAttempt
 from effects.services import dispatch, retry, worker
@@ -107,17 +108,17 @@ def test_a_settlement_the_database_refuses_is_tried_again_until_it_lands(retry_w
     try, once, and the receiver saw one request. Proves: issue 37 item 3"""
     settings.CONNECTOR = {**settings.CONNECTOR, "SETTLE_RETRY_FIRST_SECONDS": 0.01}
     author(retry_world.accounts[0])
-    real, failures = egress.permit_settle_and_finalize, []
+    real, failures = egress_batch.permits_settle_confirmed, []
 
     def flaky(**kwargs):
         if len(failures) < 2:
             failures.append(1)
             raise OperationalError("server closed the connection unexpectedly")
         return real(**kwargs)
-    monkeypatch.setattr(egress, "permit_settle_and_finalize", flaky)
+    monkeypatch.setattr(egress_batch, "permits_settle_confirmed", flaky)
     ready = acquire("h1")
-    effect = egress.send(permit_pk=ready.permit.pk, holder_id="h1", holder_fence=ready.permit.holder_fence,
-                         credential_gate_fence=ready.permit.credential_gate_fence, finalize=True)
+    effect = egress_batch.send(permit_pk=ready.permit.pk, holder_id="h1", holder_fence=ready.permit.holder_fence,
+                         credential_gate_fence=ready.permit.credential_gate_fence)
     assert len(failures) == 2 and effect.state == "finalized"
     assert len(receiver.requests) == 1 and receiver.applied_total() == 1
 
@@ -131,7 +132,7 @@ def test_a_settlement_that_never_lands_gives_the_generation_up(retry_world, rece
 
     def down(**kwargs):
         raise OperationalError("could not connect to server")
-    monkeypatch.setattr(egress, "permit_settle_and_finalize", down)
+    monkeypatch.setattr(egress_batch, "permits_settle_confirmed", down)
     monkeypatch.setattr(worker, "_HOLDER_ID", "h-gives-up")
     effect = worker.effect_dispatch_once()
     assert effect.state == "uncertain"

@@ -41,10 +41,11 @@ def test_successor_only_after_proven_no_effect(push_world, receiver):
             body={"record_key": "r9"}, suppress_external_effects=False)
     holder = dispatch.holder_register(holder_id="h-succ")
     from effects import egress
+    from effects import egress_batch
     while RemoteEffect.objects.get(command=other).state == "prepared":
         claim = dispatch.effect_claim(holder=holder)
         permit = dispatch.permit_acquire(claim=claim)
-        egress.send(permit_pk=permit.pk, holder_id="h-succ", holder_fence=permit.holder_fence,
+        egress_batch.send(permit_pk=permit.pk, holder_id="h-succ", holder_fence=permit.holder_fence,
                     credential_gate_fence=permit.credential_gate_fence)
     assert RemoteEffect.objects.get(command=other).state == "no_effect"
     successor = _successor(push_world, other)

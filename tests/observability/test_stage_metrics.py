@@ -19,6 +19,7 @@ from connector.services import execution
 from connector.services.materialize import receipt_materialize
 from connector.services.signatures import sign
 from effects import egress
+from effects import egress_batch
 from effects.errors import DestinationDeferred
 from effects.models import DestinationLimiter, OutboundCommand, RemoteEffect
 from effects.services import dispatch, worker
@@ -167,7 +168,7 @@ def test_egress_deferrals_and_finalization_are_counted_after_their_commits(trans
     assert before.delta(LIMITED, destination=CALLOUT, cause="rate") == 0
 
     receiver.modes, receiver.retry_after = ["throttle"], "0"
-    effect = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
+    effect = egress_batch.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
                          credential_gate_fence=permit.credential_gate_fence)
     assert effect.state == "prepared"
     assert DestinationLimiter.objects.get(pk=limiter.pk).deferrals_total == 1
@@ -177,8 +178,13 @@ def test_egress_deferrals_and_finalization_are_counted_after_their_commits(trans
 
     holder, again = claim("h-sm-3", account)
     permit = dispatch.permit_acquire(claim=again)
-    confirmed = egress.send(permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-                            credential_gate_fence=permit.credential_gate_fence)
+    from effects.services import dispatch_batch
+
+    with monkeypatch.context() as held:  # the finalization in the settlement fails: left remote_confirmed
+        held.setattr(dispatch_batch, "_finalize_in_savepoint", lambda **kwargs: None)
+        confirmed = egress_batch.send(permit_pk=permit.pk, holder_id=holder.holder_id,
+                                      holder_fence=permit.holder_fence,
+                                      credential_gate_fence=permit.credential_gate_fence)
     assert confirmed.state == "remote_confirmed"
     assert before.delta(EGRESS + "_count", destination=CALLOUT, status="2xx") == 1
 

@@ -290,7 +290,12 @@ def check(sql: str, *, tables: dict[str, Placement] = DEFAULT) -> Verdict:
         if any(alias not in pinned for alias in used_aliases):
             verdict.findings.append(Finding(",".join(sorted({refs[a] for a in used_aliases if a not in pinned})),
                                             "row lock not single-shard"))
-        verdict.reference_locks = sorted({t for t in refs.values() if tables[t].kind == REFERENCE})
+        # `FOR UPDATE OF e` locks only the rows of the named aliases (or tables), not those of the joined tables
+        lock_of = re.search(r"\bFOR\s+(?:NO\s+KEY\s+)?(?:UPDATE|SHARE)\s+OF\s+([\w\s,\"]+?)(?:\s+SKIP\b|\s+NOWAIT\b|;|$)",
+                            blank, re.I)
+        named = {n.strip().strip('"') for n in lock_of.group(1).split(",")} if lock_of else None
+        locked = [t for a, t in refs.items() if named is None or a in named or t in named]
+        verdict.reference_locks = sorted({t for t in locked if tables[t].kind == REFERENCE})
     return verdict
 
 

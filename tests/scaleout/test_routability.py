@@ -1,14 +1,15 @@
 """Every hot statement stays on the Citus path (issue 23, docs/scale-out.md, D-240..D-243).
 
 The hot paths run once on a small world (the demo push world: admission over HTTP, materialization, lane advance,
-claim, run with completion and outbound authoring, the batched claim, effect claim, permit, egress marker with
-settlement, finalization); every statement PostgreSQL receives is captured and read by `tests/scaleout/routing.py`
+claim, run with completion and outbound authoring, the batched claim, the egress step of claim + permit, marker,
+exchange, settlement and finalization); every statement PostgreSQL receives is captured and read by `tests/scaleout/routing.py`
 against the placement data of `connector.placement`. The bodies of the hot PL/pgSQL functions are read from
 pg_proc and checked the same way. The hot paths run in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
 "account", D-264): a statement that Citus could not send to one shard fails the test unless it is listed, with what
-it would take, in `connector.placement.KNOWN_UNROUTABLE` (empty since D-264); a listed entry that no longer occurs
-fails too, so the list only shrinks. The batched claim runs once more in the single-node scope ("batch", the
-default), and so does the batched egress step (kept one by one in the Citus configuration, D-396); their findings
+it would take, in `connector.placement.KNOWN_UNROUTABLE` (only the egress step's multi-effect shapes, D-531); a
+listed entry that no longer occurs fails too, so the list only shrinks. The batched claim runs once more in the
+single-node scope ("batch", the default), and so does the egress step (batches of one in the Citus configuration,
+D-396); their findings
 must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
 from __future__ import annotations
 
@@ -62,8 +63,7 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     from connector.services import execution
     from connector.services.materialize import receipt_materialize
     from connector.services.signatures import sign
-    from effects import egress
-    from effects.services import dispatch
+    from effects.services import worker
     from tests.connector.test_api_admission import admit, body, event, signing_secret
     from tests.crash.support import ready_execution
 
@@ -92,17 +92,9 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
         token = capture("claim", lambda: execution.execution_claim(holder="route", account_id=account.pk))
         done = capture("run, completion, authoring", lambda: execution.execution_run(token=token))
         assert done.state == "completed", done.state
-        holder = dispatch.holder_register(holder_id="route-h")
-        claim = capture("effect claim", lambda: dispatch.effect_claim(holder=holder, account_id=account.pk))
-        assert claim is not None
-        permit = capture("permit", lambda: dispatch.permit_acquire(claim=claim))
-        effect = capture("egress marker, settlement", lambda: egress.send(
-            permit_pk=permit.pk, holder_id=holder.holder_id, holder_fence=permit.holder_fence,
-            credential_gate_fence=permit.credential_gate_fence, effect_pk=permit.effect_id,
-            account_id=claim.account_id, credential_generation_pk=permit.credential_gate.credential_generation_id))
-        final = capture("finalization", lambda: dispatch.effect_finalize(  # as the worker calls it
-            effect_pk=effect.pk, owner_slot=f"r-route-{n}", account_id=effect.account_id))
-        assert final.state == "finalized", final.state
+        effect = capture("batched egress", lambda: worker.effect_dispatch_once(  # a batch of one (D-396, D-531)
+            holder_name="route-h", account_id=account.pk))
+        assert effect.state == "finalized", effect.state
     for i in range(2):  # a claimer given its shard group (one account)
         ready_execution(account.account_key, f"rec-route-batch-{i}")
     tokens = capture("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=2,
@@ -115,8 +107,8 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
 
 
 def _batched_egress(client, account, settings) -> list[str]:
-    """The batched egress step over two effects of one account, in the single-node configuration (its statements
-    name several effects' children: SINGLE_NODE_ONLY, D-396); the Citus configuration keeps the one-by-one step."""
+    """The egress step over two effects of one account, in the single-node configuration (its statements name
+    several effects' children: SINGLE_NODE_ONLY, D-396); the Citus configuration takes batches of one."""
     from connector.services import execution
     from connector.services.materialize import receipt_materialize
     from connector.services.signatures import sign
@@ -124,7 +116,7 @@ def _batched_egress(client, account, settings) -> list[str]:
     from tests.connector.test_api_admission import admit, body, event, signing_secret
 
     settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    assert worker.egress_batch_size() == 1  # the Citus configuration: one by one, routable (captured above)
+    assert worker.egress_batch_size() == 1  # the Citus configuration: batches of one (captured above)
     for i in range(2):
         payload = body(event(id=f"e-route-egress-{i}", record_id=f"r-route-egress-{i}"))
         signature = sign(signing_secret(account.account_key), int(time.time()), payload)
@@ -176,7 +168,7 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
     assert set(steps) == set(placement.HOT_STEPS) - set(placement.SINGLE_NODE_STEPS), sorted(steps)
     found, examples = _findings(steps)
     known = set(placement.KNOWN_UNROUTABLE)
-    assert not known, "the Citus configuration (CLAIM_SCOPE account) has no unroutable hot statement (D-264)"
+    assert {k[0] for k in known} == {"batched egress"}, "only the egress step's multi-effect shapes (D-531)"
     new = sorted(found - known)
     assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
     assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
