@@ -3,9 +3,9 @@
 The scan reads every string literal of the product apps' Python (ast: plain strings and the literal parts of
 f-strings, where `{Model._meta.db_table}` resolves to the model's table) for INSERT INTO / UPDATE / DELETE FROM,
 maps the table to the app owning its model (Django's registry) and fails listing every write whose table belongs
-to another app than the module's. ORM writes go through the owning app's models, which other apps cannot import
-(import-linter: "other apps reach connector only through its services, selectors and the shared kernel"). No test
-here needs the database."""
+to another app than the module's. A second scan fails on `Model.objects...create/update/delete(...)` of another
+app's model imported by name (connector's selectors re-export row classes for reading). No test here needs the
+database."""
 from __future__ import annotations
 
 import ast
@@ -80,6 +80,45 @@ def foreign_writes() -> set[tuple[str, str]]:
                     if owner is not None and owner != app:
                         found.add((relative, match.group(1).lower()))
     return found
+
+
+ORM_WRITES = {"create", "update", "delete", "bulk_create", "bulk_update", "get_or_create", "update_or_create"}
+
+
+def foreign_orm_writes() -> set[tuple[str, int, str]]:
+    """{(module path, line, model)} for every `Model.objects...<write>()` in a product module on a model of another
+    product app imported by name (connector's selectors re-export row classes for reading; writing them is the
+    owner's). Writes through an instance (`row.save()`) are not seen here."""
+    labels: dict[str, set[str]] = {}
+    for model in apps.get_models(include_auto_created=True):
+        labels.setdefault(model.__name__, set()).add(model._meta.app_label)
+    found = set()
+    for app in APPS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if "/migrations/" in relative:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            foreign = {alias.asname or alias.name: alias.name for node in ast.walk(tree)
+                       if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] != app
+                       for alias in node.names
+                       if labels.get(alias.name, set()) & set(APPS) and app not in labels[alias.name]}
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ORM_WRITES):
+                    continue
+                receiver = node.func.value
+                while isinstance(receiver, (ast.Attribute, ast.Call)):
+                    receiver = receiver.value if isinstance(receiver, ast.Attribute) else receiver.func
+                if isinstance(receiver, ast.Name) and receiver.id in foreign:
+                    found.add((relative, node.lineno, foreign[receiver.id]))
+    return found
+
+
+def test_no_app_writes_another_apps_model_through_the_orm():
+    found = sorted(foreign_orm_writes())
+    assert not found, "ORM writes to another app's model (move them into a service of the owning app):\n" + \
+        "\n".join(f"  {module}:{line}: {model}" for module, line, model in found)
 
 
 def test_no_app_writes_another_apps_table_in_sql():

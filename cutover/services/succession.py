@@ -465,14 +465,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         row.save()
         audit_record(actor=actor, entity=row, action="successor_activate", from_state=BarrierSetState.HELD,
                      to_state=row.state, fence=row.fence, evidence_digest=bytes(succ.digest))
-        pred.drain()
-        pred.save(update_fields=serving.EPOCH_STATE_FIELDS)
-        audit_record(actor=actor, entity=pred, action="successor_activate", from_state=EpochState.ACTIVE,
-                     to_state=pred.state, evidence_digest=bytes(pred.digest), reason=f"succeeded by {succ.epoch_id}")
-        succ.activate()
-        succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
-        audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
-                     to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
+        serving.epochs_hand_over(predecessor=pred, successor=succ, actor=actor)
         # Set-based (D-210, D-279): one statement moves every gate v2_halted -> v2_serving naming the successor (the
         # edge read from the django-fsm declaration, the triggers judging each row) and writes their audit rows.
         gate_services.gates_bind_epoch(gates=gates, action="activate_successor", epoch=succ, actor=actor,
