@@ -413,3 +413,20 @@ def epoch_retire(*, epoch_pk: int, actor: Actor, reason: str, expected_digest: b
     audit_record(actor=actor, entity=epoch, action="epoch_retire", from_state=EpochState.DRAINING,
                  to_state=epoch.state, evidence_digest=bytes(epoch.digest), reason=reason)
     return epoch
+
+
+def epochs_hand_over(*, predecessor: ServingEpoch, successor: ServingEpoch, actor: Actor) -> None:
+    """A successor activation's epoch moves (D-551): `predecessor` active -> draining, then `successor` verified ->
+    active, each saved and audited, in the CALLER's transaction after it locked both epochs and checked the
+    succession (cutover.services.succession.successor_activate); connector owns the epoch rows."""
+    assert transaction.get_connection().in_atomic_block, "the hand-over runs inside the caller's transaction"
+    predecessor.drain()
+    predecessor.save(update_fields=EPOCH_STATE_FIELDS)
+    audit_record(actor=actor, entity=predecessor, action="successor_activate", from_state=EpochState.ACTIVE,
+                 to_state=predecessor.state, evidence_digest=bytes(predecessor.digest),
+                 reason=f"succeeded by {successor.epoch_id}")
+    successor.activate()
+    successor.save(update_fields=EPOCH_STATE_FIELDS)
+    audit_record(actor=actor, entity=successor, action="successor_activate", from_state=EpochState.VERIFIED,
+                 to_state=successor.state, evidence_digest=bytes(successor.digest),
+                 reason=f"succeeds {predecessor.epoch_id}")

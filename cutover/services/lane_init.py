@@ -6,12 +6,13 @@ candidate epoch's lane for that account, route and partition with `baseline` = `
 high-water (origin `v1_high_water` or `provider_snapshot_barrier`), so the first V2 admission continues after the
 last position V1 applied instead of reapplying or skipping it. A baseline whose route is not an enabled inbound
 route of the candidate epoch refuses (its ordering would be unsupported). Idempotent: an existing lane with the
-same baseline is kept; a different one refuses."""
+same baseline is kept; a different one refuses. The lane rows are written by connector
+(`connector.services.lane_handoff.lane_create_from_baseline`), which owns them."""
 from __future__ import annotations
 
 from connector.errors import ConnectorError
-from connector.selectors.rows import OrderingLane
 from connector.selectors.routes import route_for
+from connector.services.lane_handoff import lane_create_from_baseline
 from cutover.errors import CutoverPhaseRefused
 from cutover.models import OrderingBaseline, ServiceCutoverAttempt
 
@@ -29,14 +30,13 @@ def initialize_lanes_from_baselines(attempt: ServiceCutoverAttempt) -> int:
         except ConnectorError as exc:
             raise CutoverPhaseRefused(f"baseline route {baseline.route_key} is not a route of the candidate epoch: "
                                       f"{exc.detail}") from exc
-        key = dict(epoch=epoch, account_id=baseline.account_id, route=route.business_key,
-                   route_version=route.version, partition=baseline.partition)
-        lane = OrderingLane.objects.filter(**key).first()
-        if lane is not None:
-            if lane.baseline != baseline.high_water:
-                raise CutoverPhaseRefused(f"lane {lane.pk} exists with another baseline")
+        lane = lane_create_from_baseline(epoch=epoch, account_id=baseline.account_id, route=route.business_key,
+                                         route_version=route.version, partition=baseline.partition,
+                                         contract=route.contract, baseline=baseline.high_water,
+                                         origin=baseline.origin)
+        if not lane.created:
+            if lane.lane.baseline != baseline.high_water:
+                raise CutoverPhaseRefused(f"lane {lane.lane.pk} exists with another baseline")
             continue
-        OrderingLane.objects.create(**key, contract=route.contract, baseline=baseline.high_water,
-                                    high_water=baseline.high_water, baseline_origin=baseline.origin)
         created += 1
     return created

@@ -26,7 +26,9 @@ from connector.selectors.routes import epoch_ordering_proofs, route_for
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
 from connector.services import gates as gate_services
 from connector.services import serving
+from connector.services import lane_handoff
 from connector.services.audit import audit_record
+from connector.services.lane_handoff import HANDOFF_BASELINE_ORIGIN, HANDOFF_HALT_REASON
 from cutover import locks
 from cutover.choices import SUPPORTED_SUCCESSOR_CLASSES, BarrierSetState, SuccessorClass
 from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivationRefused, SuccessorClassUnsupported,
@@ -41,8 +43,6 @@ from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES
 from effects.selectors import nonterminal_effects_of_epoch
 
 PERMISSION = SUCCESSION_PERMISSION
-HANDOFF_HALT_REASON = "ORDERING_HANDOFF"
-HANDOFF_BASELINE_ORIGIN = "ordering_handoff"
 # The comparator and partition derivation of a route: a change needs a total L1 transformation plus a snapshot
 # barrier (CV2-11-016), which this product does not implement, so any difference refuses the handoff.
 CONTRACT_KEYS = ("partition", "position", "position_kind", "tie_breaker", "first_position")
@@ -351,15 +351,11 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder:
             if Projection.objects.filter(lane=lane, lane_status="pending").exists():
                 raise HandoffRefused(f"lane {lane.pk} ({lane.route}/{lane.partition}) has pending positions")
             frozen_fence = lane.fence + 1
-            OrderingLane.objects.filter(pk=lane.pk, fence=lane.fence).update(
-                state=LaneState.HALTED, halt_reason=HANDOFF_HALT_REASON, fence=frozen_fence)
+            lane_handoff.lane_freeze_for_handoff(lane_pk=lane.pk, fence=lane.fence)
         tie = None if lane.high_water_tie is None else bytes(lane.high_water_tie)
         try:
-            with transaction.atomic():
-                successor_lane = OrderingLane.objects.create(
-                    epoch=succ, account_id=lane.account_id, route=lane.route, route_version=new_route.version,
-                    partition=lane.partition, contract=lane.contract, baseline=lane.high_water,
-                    baseline_origin=HANDOFF_BASELINE_ORIGIN, high_water=lane.high_water, high_water_tie=tie)
+            successor_lane = lane_handoff.successor_lane_create(epoch=succ, lane=lane,
+                                                                route_version=new_route.version, tie=tie)
         except IntegrityError as exc:
             raise HandoffRefused(f"the successor lane of {lane.route}/{lane.partition} already exists") from exc
         handoff = OrderingHandoff(
@@ -469,14 +465,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         row.save()
         audit_record(actor=actor, entity=row, action="successor_activate", from_state=BarrierSetState.HELD,
                      to_state=row.state, fence=row.fence, evidence_digest=bytes(succ.digest))
-        pred.drain()
-        pred.save(update_fields=serving.EPOCH_STATE_FIELDS)
-        audit_record(actor=actor, entity=pred, action="successor_activate", from_state=EpochState.ACTIVE,
-                     to_state=pred.state, evidence_digest=bytes(pred.digest), reason=f"succeeded by {succ.epoch_id}")
-        succ.activate()
-        succ.save(update_fields=serving.EPOCH_STATE_FIELDS)
-        audit_record(actor=actor, entity=succ, action="successor_activate", from_state=EpochState.VERIFIED,
-                     to_state=succ.state, evidence_digest=bytes(succ.digest), reason=f"succeeds {pred.epoch_id}")
+        serving.epochs_hand_over(predecessor=pred, successor=succ, actor=actor)
         # Set-based (D-210, D-279): one statement moves every gate v2_halted -> v2_serving naming the successor (the
         # edge read from the django-fsm declaration, the triggers judging each row) and writes their audit rows.
         gate_services.gates_bind_epoch(gates=gates, action="activate_successor", epoch=succ, actor=actor,

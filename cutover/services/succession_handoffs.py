@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from connector.actors import Actor
@@ -26,12 +26,12 @@ from connector.choices import EXECUTION_ACTIVE, EpochState, GateMode, LaneState
 from connector.selectors.routes import ChannelNotFound, routes_for_accounts
 from connector.selectors.rows import AccountServingGate, Execution, OrderingLane, Projection, ServingEpoch
 from connector.selectors.serving import unmaterialized_receipts_of_epoch
+from connector.services import lane_handoff
 from connector.services.audit import audit_records_each
 from cutover import locks
 from cutover.errors import HandoffRefused
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services.succession import (
-    HANDOFF_BASELINE_ORIGIN,
     HANDOFF_HALT_REASON,
     _accounts,
     _handoff_digest,
@@ -148,20 +148,6 @@ def _lane_refusals(lanes: list[OrderingLane], succ: ServingEpoch, versions: dict
     return derived
 
 
-# The successor lanes of a chunk, one statement: the columns `OrderingLane.objects.create` writes (the model's
-# defaults spelled out: no active execution, `open`, no halt reason, no gap, fence 1, changed_at now).
-_STAGE_LANES_SQL = """
-INSERT INTO connector_orderinglane (epoch_id, account_id, route, route_version, partition, contract, baseline,
-                                    baseline_origin, high_water, high_water_tie, active_execution_id, state,
-                                    halt_reason, gap_since, fence, changed_at)
-SELECT %(epoch)s, v.account_id, v.route, v.route_version, v.partition, v.contract, v.high_water, %(origin)s,
-       v.high_water, v.tie, NULL, %(state)s, '', NULL, 1, %(now)s::timestamptz
-  FROM unnest(%(accounts)s::bigint[], %(routes)s::text[], %(versions)s::int[], %(partitions)s::text[],
-              %(contracts)s::text[], %(high_waters)s::numeric[], %(ties)s::bytea[]) WITH ORDINALITY
-       AS v(account_id, route, route_version, partition, contract, high_water, tie, ordinal)
- ORDER BY v.ordinal
-RETURNING id, account_id, route, route_version, partition"""
-
 # The handoffs of a chunk, one statement (created_at as auto_now_add).
 _INSERT_HANDOFFS_SQL = """
 INSERT INTO cutover_orderinghandoff (barrier_set_id, predecessor_epoch_id, successor_epoch_id, account_id,
@@ -187,16 +173,8 @@ def _stage_lanes(succ: ServingEpoch, lanes: list[OrderingLane], versions: dict[i
     """Insert the successor lane of every lane (baseline = high-water = the frozen high-water, origin
     ORDERING_HANDOFF); returns {predecessor lane pk: successor lane pk}. A concurrent insert of the same lane
     refuses the chunk."""
-    assert OrderingLane._meta.db_table == "connector_orderinglane"
     try:
-        with transaction.atomic(), transaction.get_connection().cursor() as cursor:
-            cursor.execute(_STAGE_LANES_SQL, {
-                "epoch": succ.pk, "origin": HANDOFF_BASELINE_ORIGIN, "state": LaneState.OPEN, "now": timezone.now(),
-                "accounts": [lane.account_id for lane in lanes], "routes": [lane.route for lane in lanes],
-                "versions": [versions[lane.pk] for lane in lanes], "partitions": [lane.partition for lane in lanes],
-                "contracts": [lane.contract for lane in lanes], "high_waters": [lane.high_water for lane in lanes],
-                "ties": [ties[lane.pk] for lane in lanes]})
-            created = {tuple(rest): pk for pk, *rest in cursor.fetchall()}
+        created = lane_handoff.successor_lanes_insert(epoch_pk=succ.pk, lanes=lanes, versions=versions, ties=ties)
     except IntegrityError as exc:
         raise HandoffRefused("a successor lane of this chunk already exists (created concurrently); nothing was "
                              "handed off: rerun the phase") from exc
@@ -261,8 +239,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor,
         if not todo:
             return out
         fresh = [lane.pk for lane in todo if lane.pk not in derived]
-        frozen = OrderingLane.objects.filter(pk__in=fresh).update(
-            state=LaneState.HALTED, halt_reason=HANDOFF_HALT_REASON, fence=F("fence") + 1)
+        frozen = lane_handoff.lanes_freeze_for_handoff(fresh)
         if frozen != len(fresh):
             raise HandoffRefused(f"{len(fresh) - frozen} lane(s) changed under their lock; nothing was handed off")
         ties = {lane.pk: None if lane.high_water_tie is None else bytes(lane.high_water_tie) for lane in todo}
