@@ -19,12 +19,7 @@ APPS = ("connector", "effects", "cutover", "governance", "observability", "v1")
 
 # Writes to another app's table that remain, each with why. The test fails when one of them disappears (delete its
 # entry), so the list only gets shorter.
-ALLOWED: dict[tuple[str, str], str] = {
-    # The audit rows of a dispatch batch, one INSERT for the batch; being moved into connector's audit service by
-    # another change of issue 39 (effects -> connector_auditrecord): delete this entry when it lands.
-    ("effects/services/dispatch_batch.py", "connector_auditrecord"):
-        "the batch's audit INSERT, moving to connector.services.audit (issue 39)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\"?([A-Za-z_][A-Za-z0-9_]*)\"?", re.IGNORECASE)
 # `FOR UPDATE [OF t]` locks and `ON CONFLICT ... DO UPDATE SET` write the statement's own table: not a write naming
