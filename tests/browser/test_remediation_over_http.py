@@ -161,7 +161,7 @@ def test_a_gap_halts_at_the_deadline_and_an_operator_resumes_after_the_late_even
 
     context, page = login(browser, product["url"], "oscar")
     page.goto(f"{product['url']}/board/")
-    assert decision.decided_at.strftime("%Y-%m-%d %H:%M:%S") in page.inner_text("#r-GAP_DEADLINE ~ table")
+    assert decision.decided_at.strftime("%Y-%m-%d %H:%M:%S") in page.inner_text("section:has(> #r-GAP_DEADLINE) table")
     shot(page, "19-board-gap")
     page.get_by_role("link", name=f"Lane #{lane.pk}", exact=False).first.click()
     page.wait_for_selector("text=Resume the partition")
@@ -216,7 +216,7 @@ def test_an_operator_replays_a_failed_execution_on_its_page(browser, live_server
     person("oscar", "operator")
     context, page = login(browser, live_server.url, "oscar")
     page.goto(f"{live_server.url}/board/")
-    assert "Replay runs" in page.inner_text("#r-RESULT_FAILED ~ table")
+    assert "Replay runs" in page.inner_text("section:has(> #r-RESULT_FAILED) table")
     shot(page, "22-board-replay-runs")
     page.goto(f"{live_server.url}/queue/execution/{failed.pk}/")
     page.get_by_label("Reason").fill("Runtime's downstream is back")
