@@ -131,10 +131,12 @@ RECORDER = Recorder()
 
 
 def _install_timers() -> None:
-    """Wrap the gate/epoch and credential-gate lock functions and the two nested operations (outbound authoring
-    inside Runtime, permit settlement inside egress) with timers. Bench processes only."""
+    """Wrap the gate/epoch and credential-gate lock functions and the nested operations (outbound authoring inside
+    Runtime, permit settlement inside egress, finalization inside the settlement) with timers. Bench processes
+    only."""
     from connector import hooks, locks
-    from effects.services import dispatch
+    from effects import egress_batch
+    from effects.services import dispatch, dispatch_batch
 
     def timed_lock(fn, index):
         def wrapper(*args, **kwargs):
@@ -157,7 +159,12 @@ def _install_timers() -> None:
     admission._admit_statement = timed_lock(admission._admit_statement, 0)
 
     hooks.author_outbound = _nested("outbound_authoring", hooks.author_outbound)
+    # A settlement is a confirmed answer's (with its finalization, one transaction for the batch) or any other
+    # answer's: both are the permit_settlement class.
     dispatch.permit_settle = _nested("permit_settlement", dispatch.permit_settle)
+    egress_batch.permits_settle_confirmed = _nested("permit_settlement", egress_batch.permits_settle_confirmed)
+    # The finalization runs inside the confirmed settlement's transaction (one path, D-531), not as a step of its own.
+    dispatch_batch._finalize_in_savepoint = _nested("effect_finalize", dispatch_batch._finalize_in_savepoint)
 
 
 def _nested(cls: str, fn: Callable):
