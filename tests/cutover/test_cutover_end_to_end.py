@@ -85,21 +85,23 @@ class Load:
                     self.refused.append((account.account_key, key, payload, record, i))
                     if len(self.refused) >= 5:
                         return
-                time.sleep(0.005)
+                time.sleep(0.02)  # ~50 deliveries/s: the V1 worker drains them within the deadline on a loaded machine
         finally:
             connections.close_all()
 
 
 @pytest.mark.django_db(databases=["default", "journal"], transaction=True)
-def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(provider, child_env):
+def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(provider, child_env, tmp_path):
     """Proves: CV2-12-001, CV2-12-003, CV2-12-004, CV2-12-026, CV2-12-032, CV2-12-037, CV2-12-044, CV2-12-051,
     CV2-12-055, CV2-12-068, CV2-12-070, CV2-05-007 (V1 duplicate resolved by its tombstone), CV2-02-007 (every
     accepted input applied once at the provider, none lost across the cutover, none repeated by V1 or V2)"""
     world = build_v1_world("e-")
+    worker_log = (tmp_path / "v1-worker.log").open("w")  # a file, not a pipe nobody reads (a full pipe blocks it)
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "v1_worker", "--generation", world.generation_id, "--idle", "0.02"],
-        env={**child_env, "CONNECTOR_EGRESS_BASE_URL": provider.url}, cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        env={**child_env, "CONNECTOR_EGRESS_BASE_URL": provider.url,
+             "CONNECTOR_EGRESS_TIMEOUT_SECONDS": str(whole_seconds(5))},
+        cwd=ROOT, stdout=worker_log, stderr=subprocess.STDOUT)
     load = Load(world)
     try:
         load.thread.start()
@@ -112,19 +114,27 @@ def test_a_live_v1_service_cuts_over_to_v2_without_losing_or_repeating_anything(
         load.thread.join(scaled(30))
         assert load.refused, "the source kept sending after the barriers closed"
 
+        blocked = ["nothing yet"]
+
         def stopped() -> bool:  # the live V1 worker finishes every accepted item under its own authority
             try:
                 sd.v1_stop(attempt_key="e2e", actor=ACTOR)
-            except sd.DrainBlocked:
+            except sd.DrainBlocked as exc:
+                blocked[0] = str(exc)
                 return False
             return True
 
-        wait_for(stopped, 60, "V1 drained and stopped", interval=0.2, proc=worker)
+        try:
+            wait_for(stopped, 60, "V1 drained and stopped", interval=0.2, proc=worker)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {len(load.accepted)} accepted; last refusal: {blocked[0]}; worker said: "
+                                 f"{(tmp_path / 'v1-worker.log').read_text()[-2000:]}") from exc
         assert worker.wait(scaled(30)) == 0, "the terminated generation's worker did not exit"
     finally:
         load.stop.set()
         if worker.poll() is None:
             worker.kill()
+        worker_log.close()
     assert len(load.accepted) >= 10
     assert set(V1WorkItem.objects.values_list("state", flat=True)) == {WorkState.DONE}
     assert set(V1OutboundEffect.objects.values_list("state", flat=True)) == {EffectState.FINALIZED}
