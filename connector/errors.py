@@ -215,6 +215,16 @@ class ApprovalMissing(ConnectorError):
     operator_action = "Request dual approval of the current subject (attestations screen) and wait for two approvers."
 
 
+class ApprovalMemberChanged(ConnectorError):
+    """One member of an approved set (D-494) changed since the requester saw it: its current digest is not the one
+    the approvers approved, so that member is not applied; the set's other members are decided on their own."""
+
+    code = "APPROVAL_MEMBER_CHANGED"
+    http_status = 409
+    operator_action = ("Reload the member's own page; request dual approval of it as it is now (alone or in a new "
+                       "set) and wait for two approvers.")
+
+
 class StateTokenInvalid(ConnectorError):
     """The decision carries no valid state token (missing or malformed): an operator decision is applied only to
     the exact state the page showed, so a decision without one is refused, never applied unchecked."""
@@ -250,6 +260,6 @@ ERROR_CATALOG = MappingProxyType({
                 EpochCandidateInvalid, EpochNotFound, TransitionRefused, EpochRetentionUnmet,
                 ActivationCardinalityExceeded, FenceStale,
                 GateNotServing, SuccessionRootsClosed, PermissionRefused, SecretBackendError, ApprovalRefused, ApprovalMissing,
-                ApprovalReasonMissing,
+                ApprovalReasonMissing, ApprovalMemberChanged,
                 StateTokenInvalid, FormInvalid, ApproverNotIndependent)
 })

@@ -93,6 +93,8 @@ DEFAULT: dict[str, Placement] = {
     "connector_dualapprovalrequest": _ref("operator approval requests (rare writes); a reference table because an "
                                           "account-scoped link resolution references its approval"),
     "connector_dualapproval": _local("operator approvals (rare, coordinator transactions)"),
+    "connector_dualapprovalsetmember": _ref("the stored members of a set approval request (written with it, never "
+                                            "changed); a reference table beside its request"),
     "connector_stepfailure": _local("isolation evidence of a failed step, written after the step's own "
                                     "transaction rolled back; keyed by entity type + id, never joined"),
     # -- the account's serving state and its hot rows ----------------------------------------------------------

@@ -7,8 +7,9 @@ Each app that owns database code keeps it in two folders (procrastinate's `procr
 
 A file's leading `--` lines describe it; two of them are read here:
 - `-- databases: default journal`: the database aliases the file is applied to (`default` when absent);
-- `-- optional: <why>`: the table may be gone (the V1 table removal drops V1's tables after the cutover); the
-  file is applied only where the table exists.
+- `-- optional: <why>`: the table may be gone (the V1 table removal drops V1's tables after the cutover), or not
+  yet there (a table created after an earlier migration that applies the files); the file is applied only where
+  the table exists.
 
 A migration applies an app's files with `operations(app_label)` (functions first, then triggers). A fresh
 database and an upgraded one end with the same definitions; `tests/test_sql_files.py` compares the migrated

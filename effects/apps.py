@@ -26,5 +26,7 @@ class EffectsConfig(AppConfig):
         hooks.register_admission_check(runtime_bridge.admission_problems)
         # Relinking an owner slot to another remote identity needs two approvers of exactly that change (D-191).
         approvals.register_subject(identity.APPROVAL_KIND, identity.relink_subject, identity.relink_outcome)
+        # ... and a set of relinks one approval of the set, each member applied against its approved digest (D-494).
+        approvals.register_set(identity.SET_KIND, identity.APPROVAL_KIND, identity.relink_set_outcome)
         # A replay preserves its predecessor's EffectRootIDs as correlation evidence and mints nothing (D-309).
         hooks.register_replay_admitted(intents.replay_correlate)

@@ -5,6 +5,9 @@ rules (who may approve or refuse, the digest) stay in connector.services.approva
 - remote identity change (a relink): the effect with its RemoteLink conflict; before, the slot's links the
   relink retires; after, the slot linked to the proven identity and the effect finalized. Once applied, the rows
   come from the RemoteLinkResolution that used the approval (what was done, not what would be).
+- set of remote identity changes (many relinks under one approval, D-494): each member as a row: its effect
+  with a link, the identity change before/after (as applied, once applied), the member digest the requester saw,
+  and whether it still holds (a changed member is refused alone when the set is applied).
 - activation decision: the verified epoch and the account gates it would serve; links to the cutover console.
 - readiness certificate and restore point: the certificate's (or restore point's) subject and the cutover step it
   unblocks; links to the service cutover attempt's console page.
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from django.urls import NoReverseMatch, reverse
 
 from connector.selectors.rows import AccountServingGate, ApprovalKind, DualApprovalRequest, ServingEpoch
+from connector.services import approvals
 from effects.selectors import RemoteEffect
 from effects.services import identity
 
@@ -26,6 +30,70 @@ class Context:
     link: tuple[str, str] | None = None  # (label, url) of the subject's own page
     rows: list[tuple[str, str, str]] = field(default_factory=list)  # (aspect, before, after)
     note: str = ""  # how the before/after were read
+    members: list[Member] = field(default_factory=list)  # a set subject's members (D-494), in the set's order
+
+
+@dataclass
+class Member:
+    """One member of a set of relinks as the approval page shows it."""
+
+    key: str  # the member's subject key (effect:N)
+    link: tuple[str, str] | None  # (label, url) of the effect's page
+    before: str
+    after: str
+    digest: str  # hex of the member digest the requester saw (and the approvers approve)
+    holds: bool  # the member's current digest is still that one
+    status: str  # waiting | applied | resolved otherwise | changed
+    pk: int | None = None  # the effect's pk and the change time the page shows (the apply form's state token)
+    token: str = ""
+
+
+def _identity_change(effect, approval_pk: int) -> tuple[list[tuple[str, str, str]], str, bool]:
+    """(before/after rows, how they were read, applied under this approval) of one effect's relink."""
+    resolution = getattr(effect, "link_resolution", None)
+    if resolution is not None and resolution.approval_id == approval_pk:
+        retired = list(effect.account.remote_links.filter(pk__in=resolution.retired_links).order_by("pk"))
+        before = "; ".join(f"link #{x.pk}: {x.owner_slot} → {x.remote_identity}" for x in retired) or "no link"
+        return ([(f"Owner slot {resolution.owner_slot!r}", before,
+                  f"link #{resolution.new_link_id}: {resolution.owner_slot} → {resolution.proven_identity}"),
+                 (f"Effect #{effect.pk}", "remote_confirmed, REMOTE_LINK_CONFLICT", effect.state)],
+                "As applied (the RemoteLinkResolution that used this approval).", True)
+    slot = identity.effect_slot(effect)
+    in_the_way = identity.conflicting_links(effect, slot)
+    before = "; ".join(f"link #{x.pk}: {x.owner_slot} → {x.remote_identity}" for x in in_the_way) or "no link"
+    return ([(f"Owner slot {slot!r}", before,
+              f"new link: {slot} → {effect.remote_id} ({len(in_the_way)} link(s) retired)"),
+             (f"Effect #{effect.pk}", f"{effect.state}, {effect.quarantine_reason or 'no reason code'}", "finalized")],
+            "As it would be applied now (read from the current links).", False)
+
+
+def _relink_set(row: DualApprovalRequest) -> Context:
+    members = list(row.members.order_by("ordinal"))
+    pks = [identity.member_effect_pk(m.member_key) for m in members]
+    effects = {e.pk: e for e in RemoteEffect.objects.select_related("command", "account", "link_resolution")
+               .filter(pk__in=[pk for pk in pks if pk is not None])}
+    shown = []
+    for member, pk in zip(members, pks, strict=True):
+        effect = effects.get(pk)
+        approved = bytes(member.member_digest)
+        if effect is None:
+            shown.append(Member(member.member_key, None, "—", "the effect no longer exists", approved.hex(), False,
+                                "changed"))
+            continue
+        rows, _, applied = _identity_change(effect, row.pk)
+        current, _ = approvals.subject_current(identity.APPROVAL_KIND, member.member_key)
+        holds = current == approved
+        status = ("applied" if applied else "resolved otherwise" if getattr(effect, "link_resolution", None)
+                  else "waiting" if holds else "changed")
+        shown.append(Member(member.member_key, (f"Effect #{effect.pk} ({effect.state}) of account {effect.account}",
+                                                reverse("governance:effect", args=[effect.pk])),
+                            rows[0][1], rows[0][2], approved.hex(), holds, status, effect.pk,
+                            effect.changed_at.isoformat()))
+    accounts = sorted({str(e.account) for e in effects.values()})
+    return Context(what=(f"Relink {len(members)} owner slot(s) (account {', '.join(accounts) or '—'}) to the remote "
+                         "identities their providers proved, under this one approval; each relink is applied on its "
+                         "own, only while its digest is still the one shown here"),
+                   note="Each member as it would be applied now, or as applied under this approval.", members=shown)
 
 
 def _relink(row: DualApprovalRequest) -> Context:
@@ -39,22 +107,8 @@ def _relink(row: DualApprovalRequest) -> Context:
             f" of account {effect.account}", reverse("governance:effect", args=[effect.pk]))
     what = (f"Change the remote identity of owner slot {slot!r} (account {effect.account}) to the identity the "
             f"provider proved for effect #{effect.pk}, {effect.remote_id!r}")
-    resolution = getattr(effect, "link_resolution", None)
-    if resolution is not None and resolution.approval_id == row.pk:
-        retired = list(effect.account.remote_links.filter(pk__in=resolution.retired_links).order_by("pk"))
-        before = "; ".join(f"link #{x.pk}: {x.owner_slot} → {x.remote_identity}" for x in retired) or "no link"
-        return Context(what=what, link=link, note="As applied (the RemoteLinkResolution that used this approval).",
-                       rows=[(f"Owner slot {resolution.owner_slot!r}", before,
-                              f"link #{resolution.new_link_id}: {resolution.owner_slot} → "
-                              f"{resolution.proven_identity}"),
-                             (f"Effect #{effect.pk}", "remote_confirmed, REMOTE_LINK_CONFLICT", effect.state)])
-    in_the_way = identity.conflicting_links(effect, slot)
-    before = "; ".join(f"link #{x.pk}: {x.owner_slot} → {x.remote_identity}" for x in in_the_way) or "no link"
-    return Context(what=what, link=link, note="As it would be applied now (read from the current links).",
-                   rows=[(f"Owner slot {slot!r}", before, f"new link: {slot} → {effect.remote_id} "
-                                                          f"({len(in_the_way)} link(s) retired)"),
-                         (f"Effect #{effect.pk}", f"{effect.state}, {effect.quarantine_reason or 'no reason code'}",
-                          "finalized")])
+    rows, note, _ = _identity_change(effect, row.pk)
+    return Context(what=what, link=link, note=note, rows=rows)
 
 
 def _activation(row: DualApprovalRequest) -> Context:
@@ -103,7 +157,8 @@ def _restore_point(row: DualApprovalRequest) -> Context:
                           "validation may begin, with this restore point as the way back")])
 
 
-KINDS = {"remote_identity_change": _relink, "activation_decision": _activation,
+KINDS = {"remote_identity_change": _relink, "remote_identity_change_set": _relink_set,
+         "activation_decision": _activation,
          "readiness_certificate": _readiness, "restore_point": _restore_point}
 
 
@@ -125,10 +180,10 @@ def filed_requests(*, recent: int = 20) -> Filed:
     rows = DualApprovalRequest.objects.select_related("requested_by", "refused_by").prefetch_related(
         "approvals__approver")
     decided = rows.exclude(state="pending").order_by("-pk")
-    relink = ApprovalKind.REMOTE_IDENTITY_CHANGE
+    relink = (ApprovalKind.REMOTE_IDENTITY_CHANGE, ApprovalKind.REMOTE_IDENTITY_CHANGE_SET)
     return Filed(waiting=list(rows.filter(state="pending").order_by("pk")),
-                 relinks=list(decided.filter(kind=relink)[:recent]),
-                 cutover=list(decided.exclude(kind=relink)[:recent]))
+                 relinks=list(decided.filter(kind__in=relink)[:recent]),
+                 cutover=list(decided.exclude(kind__in=relink)[:recent]))
 
 
 def certification_context(cert) -> Context:

@@ -10,17 +10,24 @@ its code; the others go on. The result page lists what became of each item (done
 The remedies: `release` (a poison hold, D-168: `effects.services.poison.poison_release_item`), `replay` (a
 quarantined execution: `connector.services.replay.execution_replay`), `resume` (a lane halted at a gap past its
 deadline: `connector.services.lanes.lane_resume`) and `remote_call` (a terminal no_effect the policy decided: a
-new remote call, `effects.services.intents.remote_call_for_effect`). A remedy that needs two approvers (a
-relink) is not offered in bulk (D-493).
+new remote call, `effects.services.intents.remote_call_for_effect`).
+
+A relink (`REMOTE_LINK_CONFLICT`) needs two approvers (D-191), so its bulk remedy is `relink_set` (D-494, which
+supersedes D-493): the action on the selected set is ONE dual-approval request for the set
+(`effects.services.identity.effect_relink_set_request`), and the result is that request's page, which shows the
+set. Once two approvers approved it, the page's apply action (`apply_relink_set`) is again a loop of single
+decisions: each member by `effect_relink_apply` under the set's approval, in its own transaction, with its own
+state token and audit row, refused alone (APPROVAL_MEMBER_CHANGED) if it changed since it was approved.
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
@@ -30,7 +37,7 @@ from connector.errors import ConnectorError, FormInvalid, TransitionRefused
 from connector.selectors.rows import Execution, OrderingLane, Receipt
 from connector.services import lanes, replay
 from effects.selectors import RELEASABLE_KINDS, DeliveryOperation, RemoteEffect, poison_held
-from effects.services import intents
+from effects.services import identity, intents
 from effects.services.poison import poison_release_item
 
 from .access import screen
@@ -64,7 +71,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class BulkRemedy:
-    verb: str  # release | replay | resume | remote_call
+    verb: str  # release | replay | resume | remote_call | relink_set
     label: str  # the button's words
     permission: str
     token: str  # "" | "changed_at" | "fence"
@@ -128,6 +135,15 @@ def _ended_effects(code: str, account_key: str | None) -> list[Candidate]:
                       reverse("governance:effect", args=[x.pk])) for x in rows]
 
 
+def _conflicts(code: str, account_key: str | None) -> list[Candidate]:
+    rows = (RemoteEffect.objects.filter(state="remote_confirmed", quarantine_reason=code)
+            .select_related("account").order_by("pk"))
+    if account_key is not None:
+        rows = rows.filter(account__account_key=account_key)
+    return [Candidate(x.pk, f"Effect #{x.pk} ({x.state}, proven identity {x.remote_id})", x.account.account_key,
+                      x.changed_at.isoformat(), reverse("governance:effect", args=[x.pk])) for x in rows]
+
+
 # -- the per-item services ----------------------------------------------------------------------------------------
 
 def _evidence(reason: str, evidence_ref: str) -> str:
@@ -159,9 +175,19 @@ def _remote_call(pk, token, *, code, actor, reason, evidence_ref, mode) -> str:
     return f"intent {intent.intent_id} ({intent.disposition})"
 
 
+def _relink_member(pk, token, *, code, actor, reason, evidence_ref, mode, approval_pk: int) -> str:
+    effect = identity.effect_relink_apply(effect_pk=pk, evidence=_evidence(reason, evidence_ref), actor=actor,
+                                          expected_changed_at=statetokens.timestamp(token), approval_pk=approval_pk)
+    return f"relinked under request #{approval_pk}; the effect is {effect.state}"
+
+
+def _relink_set(pk, token, **_) -> str:  # never looped: a set is requested as one (bulk view, D-494)
+    raise TransitionRefused("a set of relinks is requested as one; apply it on its approval page")
+
+
 def remedy_for(code: str) -> BulkRemedy | None:
-    """The bulk remedy the reason allows, or None (a terminal reason, a person's reconciliation of one item's
-    evidence, or a remedy that needs two approvers: D-493)."""
+    """The bulk remedy the reason allows, or None (a terminal reason, or a person's reconciliation of one item's
+    evidence, D-493). A relink's is one dual-approval request for the set (D-494)."""
     if code in RELEASABLE_KINDS:
         return BulkRemedy("release", "Release", RELEASE_PERMISSION, "", _held, _release)
     if code in REPLAY_CODES:
@@ -172,6 +198,9 @@ def remedy_for(code: str) -> BulkRemedy | None:
     if code in REMOTE_CALL_CODES:
         return BulkRemedy("remote_call", "Authorize a new remote call for", intents.PERMISSION, "changed_at",
                       _ended_effects, _remote_call)
+    if code == identity.CONFLICT:
+        return BulkRemedy("relink_set", "Request one dual approval to relink", identity.PERMISSION, "changed_at",
+                          _conflicts, _relink_set)
     return None
 
 
@@ -197,6 +226,22 @@ def apply_all(*, code: str, remedy: BulkRemedy, items: list[tuple[int, str]], ac
             outcome = Outcome(pk, False, TransitionRefused.code, f"no item #{pk} of {code}")
         outcomes.append(outcome)
     return outcomes
+
+
+def apply_relink_set(*, approval_pk: int, items: list[tuple[int, str]], actor: Actor, reason: str,
+                     evidence_ref: str) -> list[Outcome]:
+    """Apply an approved set of relinks (D-494): each (effect pk, change time the page showed) by
+    `effect_relink_apply` under the set's approval, one transaction each (`apply_all`). A member this approval
+    already applied is reported as such and not decided again (re-applying is idempotent)."""
+    applied = identity.relinked_under(approval_pk, [pk for pk, _ in items])
+    remedy = BulkRemedy("relink_apply", "Apply", identity.PERMISSION, "changed_at", _conflicts,
+                        partial(_relink_member, approval_pk=approval_pk))
+    todo = [(pk, token) for pk, token in items if pk not in applied]
+    decided = {o.pk: o for o in apply_all(code=identity.CONFLICT, remedy=remedy, items=todo, actor=actor,
+                                          reason=reason, evidence_ref=evidence_ref)}
+    return [decided.get(pk) or Outcome(pk, True, "", f"already applied under request #{approval_pk} at "
+                                                     f"{applied[pk]:%Y-%m-%d %H:%M:%S}; nothing was done again")
+            for pk, _ in items]
 
 
 # -- the screen ----------------------------------------------------------------------------------------------------
@@ -284,8 +329,28 @@ def bulk(request):
         kept.add("mode", "Choose missing_arrived or skip_with_evidence.")
     if kept.errors:
         return _page(request, code, remedy, account=account, selected=None, kept=kept, status=400)
+    if remedy.verb == "relink_set":
+        return _request_set(request, code, remedy, account=account, items=items, kept=kept)
     outcomes = apply_all(code=code, remedy=remedy, items=items, actor=Actor.for_user(request.user),
                          reason=request.POST["reason"].strip(), evidence_ref=request.POST["evidence_ref"].strip(),
                          mode=request.POST.get("mode", ""))
     return _page(request, code, remedy, account=account, selected=set(), outcomes=outcomes)
 
+
+
+def _request_set(request, code: str, remedy: BulkRemedy, *, account, items, kept: Kept):
+    """One dual-approval request for the ticked relinks (D-494); its page shows the set. A refusal (a member
+    changed since the page was shown, no longer a conflict) requests nothing and comes back as typed."""
+    try:
+        row = identity.effect_relink_set_request(
+            items=[(pk, statetokens.timestamp(token)) for pk, token in items], reason=request.POST["reason"],
+            evidence_ref=request.POST["evidence_ref"], actor=Actor.for_user(request.user))
+    except ConnectorError as error:
+        return _page(request, code, remedy, account=account, selected=None, kept=kept.refused("item", error),
+                     status=error.http_status)
+    from django.contrib import messages
+
+    messages.success(request, f"One dual approval requested for the set of {row.members.count()} relinks (request "
+                              f"#{row.pk}): two approvers other than you approve or refuse it here, then the "
+                              "relinks are applied here.")
+    return redirect("governance:approval", pk=row.pk)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from connector.admin.base import FactAdmin, FactInline, badge, digest_col, state_diagram
-from connector.models.approvals import APPROVAL_TRANSITIONS, DualApproval, DualApprovalRequest
+from connector.models.approvals import APPROVAL_TRANSITIONS, DualApproval, DualApprovalRequest, DualApprovalSetMember
 
 
 class DualApprovalInline(FactInline):
@@ -14,10 +14,19 @@ class DualApprovalInline(FactInline):
     digest = digest_col("digest_seen", "digest seen")
 
 
+class DualApprovalSetMemberInline(FactInline):
+    """The stored membership of a set request (D-494): each member and the digest the requester saw."""
+
+    model = DualApprovalSetMember
+    fields = ("ordinal", "member_key", "digest", "summary")
+    digest = digest_col("member_digest", "member digest")
+
+
 @admin.register(DualApprovalRequest)
 class DualApprovalRequestAdmin(FactAdmin):
     fact_description = ("A request for two distinct approvals of one subject (readiness certificate, restore point, "
-                        "activation decision or remote identity change) at an exact digest, with the requester's "
+                        "activation decision, remote identity change, or a set of remote identity changes with its stored "
+                        "members) at an exact digest, with the requester's "
                         "reason and evidence reference. Written by connector.services.approvals; a request for a "
                         "changed subject voids this one and its approvals; an approver may refuse it with a reason, "
                         "which ends it. Approve or refuse on the attestation screens, not here.")
@@ -25,7 +34,7 @@ class DualApprovalRequestAdmin(FactAdmin):
     list_filter = ("kind", "state")
     search_fields = ("subject_key", "summary")
     date_hierarchy = "created_at"
-    inlines = (DualApprovalInline,)
+    inlines = (DualApprovalSetMemberInline, DualApprovalInline)
     fieldsets = (
         (None, {"fields": ("kind", "subject_key", "summary", "state_badge", "requested_by", "reason",
                            "evidence_ref", "void_reason", "refused_by", "refusal_reason", "created_at",

@@ -7,6 +7,10 @@ subject (another digest) voids the live one and every approval it had; an approv
 (request, approver), never by the requester (a CHECK on the copied requester column). A request carries its
 requester's reason and evidence reference; an approver may refuse a pending request with a reason, which ends it
 (`refused`, terminal, D-460).
+
+A set subject (D-494) is one request for many members of another kind (many relinks): its membership is stored
+with the request (`DualApprovalSetMember`, append-only), each member with the digest the requester saw, and the
+request's digest is the digest over those (member key, digest) pairs, so approving binds exactly that set.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from django.db.models.functions import Length
 from django.db.models.lookups import Exact
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-__all__ = ["ApprovalKind", "ApprovalState", "APPROVAL_TRANSITIONS", "DualApprovalRequest", "DualApproval"]
+__all__ = ["ApprovalKind", "ApprovalState", "APPROVAL_TRANSITIONS", "DualApprovalRequest", "DualApproval",
+           "DualApprovalSetMember"]
 
 
 class ApprovalKind(models.TextChoices):
@@ -27,6 +32,8 @@ class ApprovalKind(models.TextChoices):
     RESTORE_POINT = "restore_point", "restore point"
     ACTIVATION_DECISION = "activation_decision", "activation decision"
     REMOTE_IDENTITY_CHANGE = "remote_identity_change", "remote identity change"  # relinking an owner slot (D-191)
+    # many relinks under one request: a set subject with stored membership (D-494)
+    REMOTE_IDENTITY_CHANGE_SET = "remote_identity_change_set", "set of remote identity changes"
 
 
 class ApprovalState(models.TextChoices):
@@ -111,3 +118,28 @@ class DualApproval(models.Model):
             models.CheckConstraint(condition=~Q(approver=F("requester")),
                                    name="connector_dualapproval_not_the_requester"),
         ]
+
+
+class DualApprovalSetMember(models.Model):
+    """One member of a set subject (D-494): the member's own subject key (of the set kind's member kind, e.g.
+    `effect:12` of a relink) and the digest of that member the requester saw, in the order the set lists them.
+    Written with its request by `approval_request`, never changed (append-only in PostgreSQL). The guarded step
+    applies a member only while its current digest is still this one."""
+
+    request = models.ForeignKey(DualApprovalRequest, on_delete=models.PROTECT, related_name="members")
+    ordinal = models.PositiveIntegerField()
+    member_key = models.CharField(max_length=255)
+    member_digest = models.BinaryField(max_length=32)
+    summary = models.TextField()
+
+    class Meta:
+        ordering = ["request", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "member_key"], name="connector_dualapprovalset_member_once"),
+            models.UniqueConstraint(fields=["request", "ordinal"], name="connector_dualapprovalset_ordinal_once"),
+            models.CheckConstraint(condition=Exact(Length("member_digest"), 32),
+                                   name="connector_dualapprovalset_digest_length"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.member_key} of request #{self.request_id}"

@@ -105,7 +105,8 @@ def _normalized(value: object) -> object:
 # them back) but not in the content digest, because the restore point's own dual approval is written after the
 # capture and must not read as drift (decision D-156). Every V1 and V2 authority table is digested.
 GOVERNANCE_TABLES = frozenset({
-    "connector_dualapprovalrequest", "connector_dualapproval", "connector_auditrecord", "auth_user",
+    "connector_dualapprovalrequest", "connector_dualapproval", "connector_dualapprovalsetmember",
+    "connector_auditrecord", "auth_user",
     "auth_user_groups", "auth_user_user_permissions", "django_session", "django_admin_log",
     "axes_accessattempt", "axes_accesslog", "axes_accessfailurelog"})
 

@@ -11,6 +11,10 @@ conflict (CV2-10-045, CV2-10-052, CV2-10-059, CV2-13-002, CV2-15-022; decisions 
   `keep_link` (the existing links stay the authority; the effect finalizes without a new link) or `relink` (the
   provider's identity really changed: the conflicting links are retired and the slot is linked to the proven
   identity), the latter only with an approved dual approval of exactly that identity change.
+- Many conflicts under one approval (D-494): `effect_relink_set_request` asks two approvers for a set of relinks
+  at once (one request of kind `remote_identity_change_set`, its members the effects' relink subjects with the
+  digests the requester saw); `effect_relink_apply` with `approval_pk` then applies one member under that set's
+  approval, only while the member's digest is still the approved one.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ CONFLICT = "REMOTE_LINK_CONFLICT"
 KEEP, RELINK = "keep_link", "relink"
 LINK_DECISIONS = (KEEP, RELINK)
 APPROVAL_KIND = ApprovalKind.REMOTE_IDENTITY_CHANGE
+SET_KIND = ApprovalKind.REMOTE_IDENTITY_CHANGE_SET
 PERMISSION = "effects.reconcile_effect"
 SUBJECT_PROTOCOL = "nexuscrm.connector.remote-identity-change.v1"
 
@@ -141,6 +146,35 @@ def relink_outcome(request: DualApprovalRequest) -> str | None:
             f"{resolution.decision} at {when}; nothing this approval covers was applied.")
 
 
+def relink_set_key(effect_pks) -> str:
+    """The subject key of the set of relinks of these effects (`approvals.set_key` of their subject keys)."""
+    return approvals.set_key([relink_subject_key(pk) for pk in effect_pks])
+
+
+def member_effect_pk(member_key: str) -> int | None:
+    kind, _, raw = member_key.partition(":")
+    return int(raw) if kind == "effect" and raw.isdigit() else None
+
+
+def relinked_under(approval_pk: int, effect_pks) -> dict:
+    """{effect pk: when} of those of `effect_pks` a relink applied under approval request #approval_pk. Read-only."""
+    return dict(RemoteLinkResolution.objects.filter(approval_id=approval_pk, effect_id__in=list(effect_pks))
+                .values_list("effect_id", "created_at"))
+
+
+def relink_set_outcome(request: DualApprovalRequest) -> str | None:
+    """What became of an approved set of relinks, once every member's conflict is resolved (None while one is still
+    open): how many members this approval applied and how many were resolved otherwise. Read-only."""
+    pks = [member_effect_pk(key) for key in request.members.values_list("member_key", flat=True)]
+    resolutions = list(RemoteLinkResolution.objects.filter(effect_id__in=[pk for pk in pks if pk is not None]))
+    if len(resolutions) < len(pks):
+        return None
+    used = [r for r in resolutions if r.approval_id == request.pk]
+    last = max(r.created_at for r in resolutions)
+    return (f"{len(used)} of {len(pks)} relinks applied under this approval (the last conflict ended at "
+            f"{last:%Y-%m-%d %H:%M:%S}); {len(pks) - len(used)} resolved otherwise.")
+
+
 # -- resolution --------------------------------------------------------------------------------------------------
 
 def _conflicted(*, effect_pk: int, evidence: str, actor: Actor, expected_changed_at) -> RemoteEffect:
@@ -205,16 +239,46 @@ def effect_relink_request(*, effect_pk: int, reason: str, evidence_ref: str, act
 
 
 @transaction.atomic
-def effect_relink_apply(*, effect_pk: int, evidence: str, actor: Actor, expected_changed_at) -> RemoteEffect:
-    """Apply an approved identity change: require an approved dual approval of exactly the current subject digest,
-    retire every conflicting active link (`active -> retired`), link the slot to the proven identity, append the
+def effect_relink_set_request(*, items: list[tuple[int, object]], reason: str, evidence_ref: str, actor: Actor
+                              ) -> DualApprovalRequest:
+    """Ask two approvers to approve relinking a set of conflicted effects at once (D-494): each (effect pk, the
+    change time the page showed) is checked as `effect_relink_request` checks one (lock, evidence, stale page,
+    still a conflict), then one dual-approval request of the set opens (or the live one of the same set and digest
+    returns), storing each member's digest as read now. Changes no link or effect; one audit row per effect.
+    A refusal of any member refuses the whole request: the approvers see exactly the set the requester saw.
+    Locks: the effects, FOR UPDATE, by ascending pk; then the set's live request."""
+    evidence = f"{reason.strip()} [evidence: {evidence_ref.strip()}]" if reason.strip() and evidence_ref.strip() else ""
+    if not items:
+        raise ReconcileRefused("a set of relinks needs at least one effect")
+    effects = [_conflicted(effect_pk=pk, evidence=evidence, actor=actor, expected_changed_at=shown)
+               for pk, shown in sorted(items, key=lambda item: item[0])]
+    members = [relink_subject_key(effect.pk) for effect in effects]
+    request = approvals.approval_request(kind=SET_KIND, subject_key=approvals.set_key(members), actor=actor,
+                                         reason=reason, evidence_ref=evidence_ref, members=members)
+    for effect in effects:
+        audit_record(actor=actor, entity=effect, action="effect_relink_request", from_state=effect.state,
+                     to_state=effect.state, evidence_digest=bytes(request.subject_digest),
+                     reason=f"set request #{request.pk}: {evidence}"[:500])
+    return request
+
+
+@transaction.atomic
+def effect_relink_apply(*, effect_pk: int, evidence: str, actor: Actor, expected_changed_at,
+                        approval_pk: int | None = None) -> RemoteEffect:
+    """Apply an approved identity change: require an approved dual approval of exactly the current subject digest
+    (with `approval_pk`: the approved set request #approval_pk lists this effect with exactly its current digest,
+    `approvals.approval_require_member`, D-494), retire every conflicting active link (`active -> retired`), link the slot to the proven identity, append the
     resolution with its evidence and approval, and finalize the effect. The provider is never called.
     Locks: the effect, then the links (FOR UPDATE, ascending pk). Raises ApprovalMissing, ReconcileRefused or
     PermissionRefused."""
     effect = _conflicted(effect_pk=effect_pk, evidence=evidence, actor=actor, expected_changed_at=expected_changed_at)
     key = relink_subject_key(effect.pk)
     digest, _ = relink_subject(key)
-    request = approvals.approval_require(kind=APPROVAL_KIND, subject_key=key, digest=digest)
+    if approval_pk is None:
+        request = approvals.approval_require(kind=APPROVAL_KIND, subject_key=key, digest=digest)
+    else:
+        request = approvals.approval_require_member(kind=SET_KIND, request_pk=approval_pk, member_key=key,
+                                                    digest=digest)
     slot = effect_slot(effect)
     retired = []
     now = timezone.now()
