@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from django.contrib import messages
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -348,8 +349,6 @@ def _request_set(request, code: str, remedy: BulkRemedy, *, account, items, kept
     except ConnectorError as error:
         return _page(request, code, remedy, account=account, selected=None, kept=kept.refused("item", error),
                      status=error.http_status)
-    from django.contrib import messages
-
     messages.success(request, f"One dual approval requested for the set of {row.members.count()} relinks (request "
                               f"#{row.pk}): two approvers other than you approve or refuse it here, then the "
                               "relinks are applied here.")

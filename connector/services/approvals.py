@@ -70,10 +70,6 @@ def register_set(kind: str, member_kind: str, outcome: Outcome | None = None) ->
         _OUTCOMES[kind] = outcome
 
 
-def is_set(kind: str) -> bool:
-    return kind in _SETS
-
-
 def set_key(members: list[str]) -> str:
     """The subject key of the set of these member keys (whatever their order): the same members, the same key, so
     one set has at most one live request; another selection is another set."""
