@@ -25,8 +25,11 @@ def link_context(effect: RemoteEffect, user) -> dict:
     refused = None if approval else (DualApprovalRequest.objects.select_related("refused_by").filter(
         kind=identity.APPROVAL_KIND, subject_key=identity.relink_subject_key(effect.pk), state="refused")
         .order_by("-pk").first())
+    in_sets = list(DualApprovalRequest.objects.filter(kind=identity.SET_KIND, state__in=("pending", "approved"),
+                                                      members__member_key=identity.relink_subject_key(effect.pk))
+                   .order_by("pk"))
     return {"conflict": {
-        "refused": refused, "slot": slot, "link": identity.active_link(account_id=effect.account_id, owner_slot=slot),
+        "refused": refused, "in_sets": in_sets, "slot": slot, "link": identity.active_link(account_id=effect.account_id, owner_slot=slot),
         "addressed": effect.command.target_link, "in_the_way": identity.conflicting_links(effect, slot),
         "summary": summary, "approval": approval,
         "approved": approval is not None and approval.state == "approved" and bytes(approval.subject_digest) == digest,

@@ -3,8 +3,8 @@
 set, which writes one PNG per screen into docs/operator-guide/).
 
 The world is the demo world of `manage.py demo_load` (its people, one per role, with one password) plus, built
-through the services, one of each object kind a screen shows: a receipt whose record was pushed and linked, an
-uncertain effect waiting in the queue, a strict lane halted by its gap deadline, a pending platform-attested
+through the services, one of each object kind a screen shows: a receipt whose record was pushed and linked, a
+RemoteLink conflict requested as a relink set, an uncertain effect waiting in the queue, a strict lane halted by its gap deadline, a pending platform-attested
 certification, the REST delivery demo, an activation decision's dual-approval request, a successor activation and a
 service cutover opened from V1.
 
@@ -125,6 +125,20 @@ def build_world(receiver) -> None:
     drain()
     while worker.effect_dispatch_once(holder_name="walk") is not None:
         pass
+    # A RemoteLink conflict (the provider answers an update with another identity), requested as a relink set
+    # (D-494): the board's bulk form, the bulk page and the set's approval page with its members.
+    from effects.models import RemoteEffect
+    from effects.services import identity
+
+    deliver("records.webhook", "walk-2b", event("cust-42", 3))
+    drain()
+    receiver.modes = ["new_identity"]
+    while worker.effect_dispatch_once(holder_name="walk") is not None:
+        pass
+    conflicted = RemoteEffect.objects.get(quarantine_reason=identity.CONFLICT)
+    identity.effect_relink_set_request(items=[(conflicted.pk, conflicted.changed_at)],
+                                       reason="The CRM merged the duplicate record", evidence_ref="CRM audit T-77",
+                                       actor=Actor.for_user(User.objects.get(username="oscar")))
     # A strict-sequence gap past its deadline: the lane halts with GAP_DEADLINE (board and queue).
     deliver("records.sequenced", "walk-3", event("acct-9", 1))
     deliver("records.sequenced", "walk-4", event("acct-9", 3))
@@ -309,10 +323,14 @@ def walk_anonymous(browser, base: str, walk: Walk, shots: Path | None) -> None:
 
 
 def deep_pages() -> list[str]:
-    """Pages of kinds the crawl's first instance of a shape may not link: a RemoteLink (from a finalized effect)
-    and a delivery operation (the queue lists only those that wait for a person)."""
+    """Pages of kinds the crawl's first instance of a shape may not link: a RemoteLink (from a finalized effect),
+    a delivery operation (the queue lists only those that wait for a person), a relink set's approval page and
+    its bulk page (D-494)."""
+    from connector.models import DualApprovalRequest
     from effects.models import DeliveryOperation, RemoteLink
 
     link = RemoteLink.objects.order_by("pk").first()
     operation = DeliveryOperation.objects.order_by("pk").first()
-    return [f"/links/{link.pk}/", f"/queue/delivery/{operation.pk}/"]
+    relink_set = DualApprovalRequest.objects.get(kind="remote_identity_change_set")
+    return [f"/links/{link.pk}/", f"/queue/delivery/{operation.pk}/", f"/attestations/approval/{relink_set.pk}/",
+            "/bulk/?code=REMOTE_LINK_CONFLICT"]

@@ -215,6 +215,8 @@ def test_the_board_requests_one_approval_for_the_set_and_the_page_shows_and_appl
         assert f'href="/queue/effect/{effect.pk}/"' in members and effect.remote_id in members
         assert f'title="{digest}">{digest[:12]}…</code>' in members
     assert "Approve</button>" not in page and "Apply the relinks" not in page
+    effect_page = requester.get(f"/queue/effect/{effects[0].pk}/").content.decode()
+    assert f'<a href="/attestations/approval/{request.pk}/">request #{request.pk}</a> (pending' in effect_page
     digest = bytes(request.subject_digest).hex()
     for approver in ("b", "c"):
         post(client_for(deciders[approver]), f"/attestations/approval/{request.pk}/", digest=digest)
