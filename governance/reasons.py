@@ -53,7 +53,7 @@ REASONS: dict[str, Reason] = {r.code: r for r in (
        "integration on-call", 60,
        "Look the record up at the provider, then on the effect's page either keep the existing link (evidence that "
        "the linked record is the one changed) or relink the slot to the proven identity (two approvers); the "
-       "effect then finalizes"),
+       "effect then finalizes. Many conflicts: select them on the board and request one approval for the set"),
     _r("RECEIVER_UNREACHABLE", "Effect ended no_effect: the receiver was unreachable for its whole retry schedule "
        "(nothing was sent)", "integration on-call", 60,
        "Once the receiver is reachable again, authorize a new remote call on the effect page (a successor generation "

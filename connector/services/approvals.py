@@ -83,8 +83,11 @@ def set_digest(kind: str, pairs: list[tuple[str, bytes]]) -> bytes:
         [key, bytes(digest).hex()] for key, digest in sorted(pairs)]})).digest()
 
 
-def _set_summary(kind: str, summaries: list[str]) -> str:
-    return f"{len(summaries)} {ApprovalKind(_SETS[kind]).label}s, one approval for the set: " + "; ".join(summaries)
+def _set_summary(kind: str, summaries: list[str], shown: int = 3) -> str:
+    """The set in words: how many members, the first few in full (each member's own summary is stored with it)."""
+    more = f"; and {len(summaries) - shown} more (each listed with its digest)" if len(summaries) > shown else ""
+    return (f"{len(summaries)} {ApprovalKind(_SETS[kind]).label}s, one approval for the set: "
+            + "; ".join(summaries[:shown]) + more)
 
 
 def _members_current(kind: str, members: list[str]) -> list[tuple[str, bytes, str]]:

@@ -18,6 +18,7 @@ from effects.errors import ReconcileRefused
 from effects.models import RemoteEffect, RemoteLink, RemoteLinkResolution
 from effects.services import identity
 from governance import bulk
+from tests.concurrency import run_concurrently
 from tests.dbroles import as_admin
 from tests.effects.test_remote_identity import dispatch, push
 from tests.governance.test_remediation_screens import post
@@ -171,6 +172,34 @@ def test_applying_the_set_applies_each_member_once_and_a_changed_member_is_refus
         identity.effect_relink_apply(effect_pk=effects[1].pk, evidence="x", actor=Actor.for_user(deciders["operator"]),
                                      expected_changed_at=effects[1].changed_at, approval_pk=request.pk)
     assert approvals.subject_outcome(DualApprovalRequest.objects.get(pk=request.pk)) is None  # one still open
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "journal"])
+def test_two_operators_applying_one_set_at_once_relink_each_member_exactly_once(conflicts, deciders):
+    """Two operators apply the same approved set at the same moment, each on their own connection: every member is
+    relinked exactly once (one resolution naming the set, one `effect_relink_apply` audit row), by one of them;
+    the other's outcome for it is "already applied" or RECONCILE_REFUSED (the effect moved under its lock), never
+    a second relink, an error or a deadlock. Proves: issue 38 item 5"""
+    acme, effects = conflicts
+    request = _request(effects, deciders["requester"])
+    _give(request, deciders["b"])
+    _give(request, deciders["c"])
+    actors = [Actor.for_user(deciders["operator"]), Actor.for_user(_person("otto-operator", "operator"))]
+    items = _items(effects)
+    results = run_concurrently(
+        [lambda i=i: bulk.apply_relink_set(approval_pk=request.pk, items=items, actor=actors[i],
+                                           reason=f"merged ({i})", evidence_ref="T-5") for i in (0, 1)],
+        expect=(), before=connection.ensure_connection)
+    for effect in effects:
+        mine = [o for outcomes in results for o in outcomes if o.pk == effect.pk]
+        relinked = [o for o in mine if o.done and "already applied" not in o.detail]
+        others = [o for o in mine if o not in relinked]
+        assert len(relinked) == 1 and len(others) == 1, mine
+        assert (others[0].done and "already applied" in others[0].detail) or others[0].code == "RECONCILE_REFUSED"
+    assert sorted(RemoteLinkResolution.objects.filter(approval=request).values_list("effect_id", flat=True)) == \
+        sorted(e.pk for e in effects)
+    audit = AuditRecord.objects.filter(action="effect_relink_apply")
+    assert sorted(audit.values_list("entity_id", flat=True)) == sorted(str(e.pk) for e in effects)
 
 
 def test_a_set_approval_relinks_only_its_members(conflicts, deciders):
