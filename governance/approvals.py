@@ -71,7 +71,7 @@ def _apply_set(request, pk: int):
     if not request.user.has_perm(identity.PERMISSION):
         raise PermissionDenied(f"applying relinks needs {identity.PERMISSION}")
     kept = Kept.of(request, "apply", SET_FIELDS)
-    items = bulk._items(request.POST.getlist("item"))
+    items = bulk.parse_items(request.POST.getlist("item"))
     if not items:
         kept.add("item", "FORM_INVALID: the page lists no member to apply; reload it.")
     kept.require(reason="the reason for applying these relinks", evidence_ref="an evidence reference")

@@ -285,7 +285,7 @@ def _item(code: str, pk: int) -> tuple[str, str]:
     return f"{kind.capitalize()} #{pk}", reverse(KIND_PAGES[kind], args=[pk])
 
 
-def _items(raw: list[str]) -> list[tuple[int, str]] | None:
+def parse_items(raw: list[str]) -> list[tuple[int, str]] | None:
     """`pk` or `pk|token` per ticked box, each once, in the order posted; None if one is not that shape."""
     items, seen = [], set()
     for value in raw:
@@ -318,7 +318,7 @@ def bulk(request):
     if not request.user.has_perm(remedy.permission):
         raise PermissionDenied(f"a bulk {remedy.verb} needs {remedy.permission}")
     kept = Kept.of(request, "bulk", FIELDS)
-    items = _items(request.POST.getlist("item"))
+    items = parse_items(request.POST.getlist("item"))
     if items is None:
         kept.add("item", f"{FormInvalid.code}: an item is not a number; reload the page and select again.")
     elif not items:
