@@ -21,7 +21,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from connector import placement
-from tests.scaleout.routing import Finding, body_statements, check
+from tests.scaleout.routing import body_statements, check
 from tests.support import whole_seconds
 
 
