@@ -95,16 +95,12 @@ def _product_worker(index: int, command: dict) -> dict:
     from connector.services import execution as ex
 
     holder, mode, n = f"bench-{index}", command["mode"], command["batch"]
-    if mode == "account":  # the batched step with the Citus claim scope (D-264)
-        from django.conf import settings
-
-        settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
     delay = command["start_at"] - time.time()
     if delay > 0:
         time.sleep(delay)
     done = idle_since = 0
     while time.time() < command["stop_at"]:
-        if mode in ("batch", "account"):
+        if mode == "batch":
             ran = len(ex.execution_claim_batch_and_run(holder=holder, n=n, lease_seconds=600))
         else:
             ran = 0 if ex.execution_claim_and_run(holder=holder, lease_seconds=600) is None else 1
@@ -294,7 +290,7 @@ def _throughput_phase(setup, conninfo, *, mode: str, workers: int, batch: int, w
     left = _scalar(conninfo, "SELECT count(*) FROM connector_execution WHERE state = 'ready'")
     results = _scalar(conninfo, "SELECT count(*) FROM connector_applicationresult")
     completed = _scalar(conninfo, "SELECT count(*) FROM connector_execution WHERE state = 'completed'")
-    return {**out, "mode": mode, "workers": workers, "batch": batch if mode in ("batch", "account") else 1,
+    return {**out, "mode": mode, "workers": workers, "batch": batch if mode == "batch" else 1,
             "ready_left": left, "application_results": results, "completed_total": completed,
             "cpu": cpu.result(out["count"])}
 
@@ -430,7 +426,7 @@ class Claims:
         parser.add_argument("--peer-jobs", type=int, default=40000)
         parser.add_argument("--fair-backlog", type=int, default=60, help="per quiet account; the hot one gets 10x")
         parser.add_argument("--modes", default="",
-                            help="comma-separated: single,batch,account (default: single,batch)")
+                            help="comma-separated: single,batch (default: single,batch)")
         parser.add_argument("--database-name", default="connector_bench_claims")
         parser.add_argument("--keep", action="store_true")
         parser.add_argument("--json", default="", help="write the report to this file")

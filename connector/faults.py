@@ -13,7 +13,6 @@ POINTS = (
     "materialize.after_components",  # some children written in an uncommitted transaction
     "advance.before_commit",  # lanes advanced (D-295, D-521): Executions minted, not committed
     "claim.after_commit",  # Execution claimed, Runtime not called
-    "claim.account_after_commit",  # per-account claimer (D-264): one account's leases committed, the next not taken
     "runtime.after_commit",  # Runtime committed the result, connector has not recorded it
     "result.before_commit",  # connector recording the result, not yet committed
     "runtime.batch_before_commit",  # Runtime's batch transaction wrote CRM changes and results, not committed

@@ -379,44 +379,6 @@ def executions_lease(*, candidates: list[tuple[int, int, int]], holder: str, now
         return [(int(pk), int(fence)) for pk, fence in cursor.fetchall()]
 
 
-# The per-account claimer's lease compare-and-swap (CLAIM_SCOPE "account", D-264): the batched lease of
-# `_EXECUTIONS_LEASE` for the candidates of ONE account, every reference to the Execution table pinned
-# `e.account_id = %(account)s`, so on Citus it is a single-shard statement (row locks are allowed there only). The
-# same checks: still ready, lease free or expired, still bound to the epoch the account's guard locked, ascending
-# pk, FOR UPDATE SKIP LOCKED. The Attempts are appended by the caller in the same transaction (one insert whose
-# rows each name their Execution: `ExecutionAttempt` has no account column before the move, so an insert fed by
-# this statement's CTE could not be shown to land on one shard).
-_ACCOUNT_EXECUTIONS_LEASE = """
-WITH picked AS (
-    SELECT e.id, e.attempt_count + 1 AS ordinal, e.lease_fence + 1 AS fence
-    FROM connector_execution e
-    WHERE e.account_id = %(account)s AND e.id = ANY(%(ids)s::bigint[]) AND e.epoch_id = %(epoch)s
-      AND e.state = 'ready' AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-    ORDER BY e.id
-    FOR UPDATE OF e SKIP LOCKED
-)
-UPDATE connector_execution t
-SET attempt_count = p.ordinal, lease_fence = p.fence, lease_holder = %(holder)s, lease_expires_at = %(expires)s
-FROM picked p WHERE t.account_id = %(account)s AND t.id = p.id
-RETURNING t.id, t.attempt_count, t.lease_fence"""
-
-
-def account_executions_lease(*, account_id: int, epoch_pk: int, execution_pks: list[int], holder: str, now,
-                             expires) -> list[tuple[int, int, int]]:
-    """Lock and lease the given Executions of one account (`_ACCOUNT_EXECUTIONS_LEASE`) bound to the guarded epoch
-    `epoch_pk`, inside the caller's guarded transaction (entity rows last in the canonical order). Returns
-    (execution pk, attempt ordinal, lease fence) of the rows leased, ascending pk; the caller appends their
-    Attempts in the same transaction."""
-    assert transaction.get_connection().in_atomic_block, "the lease is written inside the claim's transaction"
-    if not execution_pks:
-        return []
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(_ACCOUNT_EXECUTIONS_LEASE, {"account": account_id, "ids": sorted(execution_pks),
-                                                   "epoch": epoch_pk, "holder": holder, "now": now,
-                                                   "expires": expires})
-        return sorted((int(pk), int(ordinal), int(fence)) for pk, ordinal, fence in cursor.fetchall())
-
-
 # The per-gate fair advisory locks of `gate_for_update`, for several gates, taken exclusively one after the other in
 # the array's (ascending) order: the aggregate consumes the function scan of unnest row by row, in array order.
 _GATES_FAIR_SQL = ("SELECT count(pg_advisory_xact_lock(%s, (a.id %% 2147483647)::int)) "

@@ -256,41 +256,40 @@ HOT_STEPS = ("admission", "materialization", "lane advance", "claim", "run, comp
 #: Hot steps that run only in the single-node configuration (none: the egress step is one path in both).
 SINGLE_NODE_STEPS: tuple[str, ...] = ()
 
-#: Hot statements that Citus could not send to one shard in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
-#: "account"), keyed by (step, table, problem), with what it takes. The routability test fails on any other finding
-#: and on any entry here that no longer occurs. Issue 23's last slice (D-244, D-245) emptied it of everything but
-#: the batched claim; the egress step is one path for one effect or many (D-531), so its multi-effect statements
-#: are here until the permits, attempts and audit rows carry the account column (issue 39 item 5).
+#: Hot statements that Citus could not send to one shard, keyed by (step, table, problem), with what it takes. The
+#: routability test fails on any other finding and on any entry here that no longer occurs. Issue 23's last slice
+#: (D-244, D-245) emptied it of everything but the batched claim. One path per step (issue 39 item 1): the egress
+#: step is one path for one effect or many (D-531) and the batched claim is the only claim of the worker (D-503, the
+#: per-account claimer of D-264 removed), so their multi-effect and multi-account statements are here until those
+#: statements name one account (the claim) or the permits, attempts and audit rows carry the account column
+#: (issue 39 item 5).
 
-#: The batched claim's statements in the single-node claim scope (`CLAIM_SCOPE` = "batch", the default), which serve
-#: several accounts in one statement by design (D-204/D-205, D-246): not routable on Citus, which therefore runs
-#: CLAIM_SCOPE = "account" (D-264). The routability test asserts that the batch scope yields exactly these.
+#: The batched claim's statements, which serve several accounts in one statement by design (D-204/D-205, D-246),
+#: and the batched egress step's, which name several effects' children: what the routability test's multi-account,
+#: multi-effect run must yield exactly.
 _BATCH = ("the batched claim serves any set of accounts in one statement (D-204/D-205: fairness across accounts in "
-          "one round trip); on Citus the claimer runs CLAIM_SCOPE \"account\": one account per statement "
-          "(D-246, D-264)")
+          "one round trip); it is the one claim path (D-503): on Citus it needs a rendering whose statements name "
+          "one account each (the per-account claimer of D-264 was that second path)")
 _EGRESS_BATCH = ("the batched egress step (D-345..D-350) writes and locks the permits, attempts and audit rows of "
                  "several effects of ONE account in one statement; those tables reach their shard through one parent "
                  "row each (`via`), so a statement naming several parents is not provably one shard until they carry "
-                 "the account column. The Citus configuration (CLAIM_SCOPE \"account\") takes batches of one "
-                 "(worker.egress_batch_size, D-396), whose statements name one parent each but not provably")
+                 "the account column. A batch of one (worker.effect_dispatch_once) names one parent each, but not "
+                 "provably")
 SINGLE_NODE_ONLY: dict[tuple[str, str, str], str] = {
     ("batch claim", "connector_execution", "unpinned"):
-        "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design; on Citus each "
-        "per-account claimer reads one account's candidates per statement (D-243, D-264). " + _BATCH,
+        "the fair candidate scan over accounts (recursive skip scan) is cross-shard by design, even for a claimer "
+        "given its shard group (D-243). " + _BATCH,
     ("batch claim", "connector_execution,connector_executionattempt", "row lock not single-shard"):
-        "the lease CAS locks candidates of the batch in one statement; on Citus the claimer leases one account per "
-        "statement pinned e.account_id = %(account)s (locks.account_executions_lease, D-264). " + _BATCH,
+        "the lease CAS locks candidates of the batch in one statement (locks.executions_lease). " + _BATCH,
     ("batch claim", "connector_executionattempt", "unpinned"):
-        "the Attempts of the batch are inserted from the CAS; on Citus one insert per account, each row naming its "
-        "Execution (D-264). " + _BATCH,
+        "the Attempts of the batch are inserted from the CAS. " + _BATCH,
     ("batch claim", "connector_lock_serving", "routine called without one constant account"):
-        "the batch guards every account of the batch in one statement; on Citus lock_serving guards one account "
-        "per transaction (D-264). " + _BATCH,
+        "the batch guards every account of the batch in one statement (guard.lock_serving_accounts). " + _BATCH,
     ("batched egress", "connector_auditrecord", "unpinned"): _EGRESS_BATCH,
     ("batched egress", "effects_dispatchpermit", "row lock not single-shard"): _EGRESS_BATCH,
     ("batched egress", "effects_dispatchpermit", "unpinned"): _EGRESS_BATCH,
     ("batched egress", "effects_remoteeffectattempt", "unpinned"): _EGRESS_BATCH,
 }
-KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {  # a batch of one locks one permit: that lock is one shard
+KNOWN_UNROUTABLE: dict[tuple[str, str, str], str] = {  # an egress batch of one locks one permit: one shard
     key: reason for key, reason in SINGLE_NODE_ONLY.items()
-    if key[0] == "batched egress" and key[2] != "row lock not single-shard"}
+    if key[0] == "batch claim" or key[2] != "row lock not single-shard"}

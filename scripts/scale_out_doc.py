@@ -60,7 +60,8 @@ def render() -> str:
         names = ", ".join(f"`{n}`" for n in r.account_names)
         lines.append(f"| `{name}` | `{r.distribution_arg}` | {names} | {_cell(r.why)} |")
     lines += ["", f"#### Hot statements not routable in the Citus configuration ({len(pl.KNOWN_UNROUTABLE)})", "",
-              "The hot paths run with `CONNECTOR[\"CLAIM_SCOPE\"]` = \"account\" (D-264). Asserted by "
+              "The batched claim is the one claim path (D-503: the per-account claimer of D-264 is gone), so its "
+              "multi-account shapes are listed until its statements name one account each. Asserted by "
               "`tests/scaleout/test_routability.py`: any finding fails it, and so does a listed entry that no longer "
               "occurs."]
     if pl.KNOWN_UNROUTABLE:
@@ -70,10 +71,10 @@ def render() -> str:
             lines.append(f"| {step} | `{table}` | {problem} | {_cell(why)} |")
     else:
         lines += ["", "None."]
-    lines += ["", f"#### Single-node-only statements: the batch claim scope ({len(pl.SINGLE_NODE_ONLY)})", "",
-              "`CLAIM_SCOPE` = \"batch\" (the default, single-node PostgreSQL) serves several accounts in one "
-              "statement (D-204/D-205, D-246); the routability test asserts it yields exactly these, and Citus runs "
-              "the \"account\" scope instead.", "", "| step | table | finding | why, and the account scope's shape |",
+    lines += ["", f"#### Multi-account and multi-effect statements ({len(pl.SINGLE_NODE_ONLY)})", "",
+              "The batched claim over several accounts serves them in one statement (D-204/D-205, D-246) and the "
+              "egress step over several effects names their children in one statement (D-396); the routability test "
+              "asserts they yield exactly these.", "", "| step | table | finding | why |",
               "| --- | --- | --- | --- |"]
     for (step, table, problem), why in sorted(pl.SINGLE_NODE_ONLY.items(),
                                               key=lambda kv: (pl.HOT_STEPS.index(kv[0][0]), kv[0][1:])):

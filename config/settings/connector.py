@@ -16,12 +16,6 @@ CONNECTOR = {
     "LEASE_SECONDS": env_int("CONNECTOR_LEASE_SECONDS", 60),
     # Executions one worker step claims in one transaction (D-204); the lease above must cover running them all.
     "CLAIM_BATCH": env_int("CONNECTOR_CLAIM_BATCH", 10),
-    # "batch": one claim statement serves every account of the batch (single-node PostgreSQL, D-204/D-205);
-    # "account": one account per statement and per transaction, the Citus deployment's claimer (D-264).
-    "CLAIM_SCOPE": env_str("CONNECTOR_CLAIM_SCOPE", "batch"),
-    # 1: a claimed batch runs through one Runtime transaction and one completion transaction (D-254..D-256), the
-    # per-item path taking what the batch path leaves; 0: every claimed Execution runs alone (before D-254).
-    "RUN_BATCH": env_int("CONNECTOR_RUN_BATCH", 1),
     # The batch materializer (issue 18, D-269): receipts read per batch (an account's materialized in one
     # transaction, D-521), reads per run before handing over to a fresh wake-up, the admission's wake-up debounce
     # (seconds a pending wake covers an account's new receipts), and how long a receipt may stay due before the

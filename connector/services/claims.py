@@ -4,12 +4,10 @@ Split from connector.services.execution (module size, D-260), which re-exports t
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from functools import partial
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -17,9 +15,8 @@ from django.utils import timezone
 from connector import locks
 from connector.actors import Actor
 from connector.choices import ExecutionState, SweepStep
-from connector.errors import ConnectorError
 from connector.faults import fault_point
-from connector.models import ConnectorAccount, Execution, ExecutionAttempt
+from connector.models import Execution, ExecutionAttempt
 from connector.services import poison
 from connector.services.guard import ServingContext, lock_serving, lock_serving_accounts
 
@@ -122,19 +119,15 @@ FROM rotation r CROSS JOIN LATERAL (
 ORDER BY c.rank, r.wrap, r.account_id
 LIMIT %(n)s"""
 
-# Where this process's next batch starts its rotation over accounts (round-robin across batches too): "start" for
-# the single-node batch claim, "account" for the per-account claimer (CLAIM_SCOPE "account", D-264).
-_ROTATION = {"start": 0, "account": 0}
-
-#: `CONNECTOR["CLAIM_SCOPE"]`: "batch" (single-node PostgreSQL: one statement serves every account of the batch,
-#: D-204/D-205) or "account" (the Citus deployment: one account per statement and per transaction, D-264).
-CLAIM_SCOPES = ("batch", "account")
+# Where this process's next batch starts its rotation over accounts (round-robin across batches too).
+_ROTATION = {"start": 0}
 
 
 def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
                           account_ids: list[int] | None = None) -> list[ClaimToken]:
     """Claim up to `n` ready Executions whose lease is free or expired, fairly across accounts, in one
-    transaction (D-204, D-205, CV2-07-016/017/018).
+    transaction (D-204, D-205, CV2-07-016/017/018). The one claim path of the worker (D-503): one Execution is a
+    batch of one.
 
     1. Candidates (one statement, no lock): up to `n` claimable executions interleaved round-robin over the
        accounts that have ready work, starting from this process's rotation cursor (`_CLAIM_CANDIDATES`);
@@ -146,18 +139,16 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
        still free or expired, same epoch), leased with a new fence and Attempt ordinal, and their Attempts
        appended, in one statement (`locks.executions_lease`).
 
+    A lease transaction that fails deterministically rolled back as a whole: each half of the candidates is leased
+    again, until the Execution at fault stands alone and is quarantined (EXECUTION_STEP_FAILED, step
+    execution_claim, D-503); a refusal or a transient failure of the whole batch raises (nothing was written), of
+    a half is logged and leases nothing of that half.
+
     An expired lease is reacquired under the same Execution identity and command with a higher fence (CV2-07-017).
     Returns the tokens in claim order (round-robin over accounts); `fault_point("claim.after_commit")` fires
-    once after the commit. Nothing is written for a skipped candidate; a refused guard never raises.
-
-    With `CONNECTOR["CLAIM_SCOPE"]` = "account" (the Citus deployment) the same claim runs one account at a time
-    (`_claim_by_account`, D-264): every statement then names one account."""
+    once after the commits. Nothing is written for a skipped candidate; a refused guard never raises."""
     if n <= 0:
         return []
-    scope = settings.CONNECTOR.get("CLAIM_SCOPE", "batch")
-    assert scope in CLAIM_SCOPES, scope
-    if scope == "account":
-        return _claim_by_account(holder=holder, n=n, lease_seconds=lease_seconds, account_ids=account_ids)
     now = timezone.now()
     with transaction.get_connection().cursor() as cursor:
         cursor.execute(_CLAIM_CANDIDATES, {"start": _ROTATION["start"], "accounts": 2 * n, "n": n, "now": now,
@@ -166,19 +157,8 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
     if not candidates:
         return []
     order = {pk: i for i, (pk, _, _) in enumerate(candidates)}
-    first_rank, seen = [], set()
-    for _, acct, _ in candidates:
-        if acct not in seen:
-            seen.add(acct)
-            first_rank.append(acct)
-    _ROTATION["start"] = first_rank[-1] + 1
-    with transaction.atomic(durable=True):
-        guarded = lock_serving_accounts(account_ids=seen)
-        chosen = [(pk, epoch_pk, acct) for pk, acct, epoch_pk in candidates
-                  if isinstance(guarded[acct], ServingContext) and guarded[acct].epoch_pk == epoch_pk]
-        now = timezone.now()
-        leased = locks.executions_lease(candidates=chosen, holder=holder, now=now,
-                                        expires=now + timedelta(seconds=lease_seconds))
+    _ROTATION["start"] = _next_start(candidates)
+    leased = _lease_isolating(candidates, holder=holder, lease_seconds=lease_seconds, whole=True)
     if not leased:
         return []
     fault_point("claim.after_commit")
@@ -186,92 +166,46 @@ def execution_claim_batch(*, holder: str, n: int, lease_seconds: int = 60,
     return [ClaimToken(pk, fence, holder, accounts[pk]) for pk, fence in sorted(leased, key=lambda t: order[t[0]])]
 
 
-# The per-account claimer's candidates (CLAIM_SCOPE "account", D-264): one account's oldest claimable Executions, no
-# lock; pinned `e.account_id = %(account)s`, so on Citus it reads one shard.
-_ACCOUNT_CANDIDATES = """
-SELECT e.id, e.epoch_id FROM connector_execution e
-WHERE e.account_id = %(account)s AND e.state = 'ready'
-  AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s)
-ORDER BY e.id LIMIT %(n)s"""
+def _next_start(candidates) -> int:
+    """The rotation cursor after this batch: past the last account of the batch's first round."""
+    first_rank, seen = [], set()
+    for _, acct, _ in candidates:
+        if acct not in seen:
+            seen.add(acct)
+            first_rank.append(acct)
+    return first_rank[-1] + 1
 
 
-def _claim_by_account(*, holder: str, n: int, lease_seconds: int,
-                      account_ids: list[int] | None) -> list[ClaimToken]:
-    """`execution_claim_batch` for the Citus deployment (CLAIM_SCOPE "account", D-264, amending D-243/D-246):
-    up to `n` Executions taken one account at a time, each account in its own short single-shard transaction.
-
-    Accounts are visited in rotation from this process's cursor (`_ROTATION["account"]`): the claimer's group
-    `account_ids` when given (one claimer per shard group), otherwise every `ConnectorAccount` (a reference table:
-    one read on the coordinator's copy, no shard touched). Per account, its share of what is left
-    (`ceil(left / accounts still to visit in this pass)`): one candidate read pinned to the account (an empty one
-    ends the account's visit: 1 statement); then one transaction with the account's guard (`lock_serving`: epoch
-    then gate FOR SHARE, the canonical order; an account that does not serve is skipped), the lease CAS pinned to
-    the account (`locks.account_executions_lease`: FOR UPDATE SKIP LOCKED, same epoch as the guarded one) and
-    the Attempts of what it leased. Accounts that took their whole share are visited again (a later pass) while
-    the batch is not full, so a hot account fills what the others leave but never delays another account's share.
-    The next batch starts after the last account this one visited in its first pass. Statements: 1 (accounts,
-    when no group is given) + 1 per empty account + 5 per account claimed from (candidates, BEGIN, guard, lease
-    CAS, Attempts, COMMIT counted as the pins count them)."""
-    accounts = (sorted(set(account_ids)) if account_ids is not None
-                else list(ConnectorAccount.objects.order_by("pk").values_list("pk", flat=True)))
-    if not accounts:
-        return []
-    start = _ROTATION["account"]
-    pending = [a for a in accounts if a >= start] + [a for a in accounts if a < start]
-    tokens: list[ClaimToken] = []
-    first_pass = True
-    while pending and len(tokens) < n:
-        again = []
-        for i, account in enumerate(pending):
-            share = math.ceil((n - len(tokens)) / (len(pending) - i))
-            try:
-                got = _claim_account(account=account, holder=holder, n=share, lease_seconds=lease_seconds)
-            except Exception:  # noqa: BLE001 - re-raised unless earlier accounts already leased something
-                # Earlier accounts' leases are committed: hand them to the run instead of leaving them leased until
-                # expiry. The cursor moves to this account, so the next batch meets it first and raises from there
-                # (the worker step then isolates it through the single claims, D-168).
-                if not tokens:
-                    raise
-                _ROTATION["account"] = account
-                log.exception("claim of account %s failed; running the %d Executions already leased", account,
-                              len(tokens))
-                again = []
-                break
-            if got:
-                fault_point("claim.account_after_commit")
-            tokens += got
-            if first_pass:
-                _ROTATION["account"] = account + 1
-            if len(got) == share:
-                again.append(account)
-            if len(tokens) >= n:
-                break
-        pending, first_pass = again, False
-    if tokens:
-        fault_point("claim.after_commit")
-    return tokens
-
-
-def _claim_account(*, account: int, holder: str, n: int, lease_seconds: int) -> list[ClaimToken]:
-    """Up to `n` Executions of one account: candidates (no lock), then one transaction: guard, lease CAS,
-    Attempts. Nothing is written when the gate does not serve or no candidate is bound to the guarded epoch."""
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(_ACCOUNT_CANDIDATES, {"account": account, "now": timezone.now(), "n": n})
-        candidates = cursor.fetchall()
-    if not candidates:
-        return []
+def _lease(candidates, *, holder: str, lease_seconds: int) -> list[tuple[int, int]]:
+    """Steps 2 and 3 of `execution_claim_batch` for these candidates, in one transaction."""
     with transaction.atomic(durable=True):
-        try:
-            ctx = lock_serving(account_id=account)
-        except ConnectorError:  # the gate does not serve (or kept moving): the account contributes nothing
-            return []
-        chosen = [pk for pk, epoch_pk in candidates if epoch_pk == ctx.epoch_pk]
+        guarded = lock_serving_accounts(account_ids={acct for _, acct, _ in candidates})
+        chosen = [(pk, epoch_pk, acct) for pk, acct, epoch_pk in candidates
+                  if isinstance(guarded[acct], ServingContext) and guarded[acct].epoch_pk == epoch_pk]
         now = timezone.now()
-        expires = now + timedelta(seconds=lease_seconds)
-        leased = locks.account_executions_lease(account_id=account, epoch_pk=ctx.epoch_pk, execution_pks=chosen,
-                                                holder=holder, now=now, expires=expires)
-        if leased:
-            ExecutionAttempt.objects.bulk_create([
-                ExecutionAttempt(execution_id=pk, ordinal=ordinal, holder=holder, lease_fence=fence,
-                                 lease_expires_at=expires) for pk, ordinal, fence in leased])
-    return [ClaimToken(pk, fence, holder, account) for pk, _, fence in leased]
+        return locks.executions_lease(candidates=chosen, holder=holder, now=now,
+                                      expires=now + timedelta(seconds=lease_seconds))
+
+
+def _lease_isolating(candidates, *, holder: str, lease_seconds: int, whole: bool = False) -> list[tuple[int, int]]:
+    """`_lease`, split in halves while it fails deterministically, until the Execution at fault stands alone and is
+    quarantined (poison isolation, D-168, D-503). A refusal or transient failure of the whole batch raises."""
+    try:
+        return _lease(candidates, holder=holder, lease_seconds=lease_seconds)
+    except Exception as exc:  # noqa: BLE001 - classified: a defect is split until the Execution at fault stands alone
+        if poison.classify(exc) != poison.FAILED:
+            if whole:
+                raise
+            log.info("execution claim of %d deferred: %s: %s", len(candidates), type(exc).__name__, exc)
+            return []
+        if len(candidates) == 1:
+            pk = candidates[0][0]
+            with poison.isolated(step=SweepStep.EXECUTION_CLAIM, item=f"execution {pk}",
+                                 quarantine=partial(poison.execution_quarantine, execution_pk=pk,
+                                                    step=SweepStep.EXECUTION_CLAIM)):
+                raise exc
+            return []
+        poison.log_fallback(log, exc, "the claim of %d executions failed; claiming each half again", len(candidates))
+    half = len(candidates) // 2
+    return (_lease_isolating(candidates[:half], holder=holder, lease_seconds=lease_seconds)
+            + _lease_isolating(candidates[half:], holder=holder, lease_seconds=lease_seconds))

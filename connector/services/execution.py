@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F, FilteredRelation, Q
 from django.db.models.functions import Coalesce
@@ -53,35 +52,23 @@ from connector.services.claims import (  # noqa: E402,F401
 
 def execution_claim_batch_and_run(*, holder: str, n: int, lease_seconds: int = 60,
                                   account_ids: list[int] | None = None) -> list[Execution]:
-    """One worker step over a batch: claim up to `n` Executions (`execution_claim_batch`), then run them: with
-    `CONNECTOR["RUN_BATCH"]` (default) through `execution_run_batch` (one Runtime transaction and one completion
-    transaction for the batch's common case, D-254..D-256), otherwise (and for whatever the batch path leaves) one
-    by one, each in Runtime's own transaction and each completion in its own fenced transaction, exactly as
-    `execution_claim_and_run` runs one. A deterministic failure of one run quarantines that Execution only
-    (EXECUTION_STEP_FAILED) and the loop goes on; a transient one leaves it leased. A crash loses only what was
-    not committed: the leases of the batch's unrun Executions expire and they are claimed again with a new fence.
-    If the batch claim itself fails deterministically, this step falls back to single claims, whose poison
-    isolation quarantines the execution at fault. Returns the Executions it ran (completed, quarantined or left
-    ready by a transient failure); empty when nothing was claimable."""
+    """One worker step over a batch, the one claim-and-run path (D-503): claim up to `n` Executions
+    (`execution_claim_batch`, which isolates an Execution whose claim fails by splitting the batch), then run them
+    through `execution_run_batch` (one Runtime transaction and one completion transaction for the batch's common
+    case, D-254..D-256; the per-item step `_run_one` for whatever the batch leaves, where a deterministic failure
+    quarantines that Execution only, EXECUTION_STEP_FAILED, and a transient one leaves it leased). A crash loses only
+    what was not committed: the leases of the batch's unrun Executions expire and they are claimed again with a new
+    fence. Returns the Executions it ran (completed, quarantined or left ready by a transient failure); empty when
+    nothing was claimable or the claim was refused or deferred."""
     try:
         tokens = execution_claim_batch(holder=holder, n=n, lease_seconds=lease_seconds, account_ids=account_ids)
-    except Exception as exc:  # noqa: BLE001 - classified below; the single path isolates the poison item
-        if poison.classify(exc) != poison.FAILED:  # transient or refused: nothing was written, the next step retries
-            log.info("execution_claim_batch deferred: %s: %s", type(exc).__name__, exc)
-            return []
-        log.exception("execution_claim_batch failed; falling back to single claims")
-        out = []
-        for _ in range(n):
-            one = execution_claim_and_run(holder=holder, lease_seconds=lease_seconds)
-            if one is None:
-                break
-            out.append(one)
-        return out
-    if int(settings.CONNECTOR.get("RUN_BATCH", 1)) and not tracing.enabled():
-        # D-254..D-256: the batch path, the per-item one for the rest. Traced, each Execution keeps its own
-        # `execution_run` span and trace links: the per-item path (D-480).
-        return execution_run_batch(tokens=tokens)
-    return [_run_one(token) for token in tokens]
+    except Exception as exc:  # noqa: BLE001 - nothing was written; the next step retries
+        poison.log_fallback(log, exc, "execution_claim_batch of %d deferred", n)
+        return []
+    if tracing.enabled():
+        # Traced, each Execution keeps its own `execution_run` span and trace links: the per-item step (D-480).
+        return [_run_one(token) for token in tokens]
+    return execution_run_batch(tokens=tokens)
 
 
 def execution_run(*, token: ClaimToken) -> Execution:

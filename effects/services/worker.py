@@ -82,12 +82,9 @@ def effect_dispatch_once(*, holder_name: str | None = None, account_id: int | No
 
 
 def egress_batch_size() -> int:
-    """`CONNECTOR["EGRESS_BATCH"]` (default 10, at least 1): effects per worker step. The Citus configuration
-    (`CLAIM_SCOPE` "account", D-264) takes batches of one: the batch's statements name several effects' permits and
-    attempts, tables that reach their shard only through one parent row until they carry the account column
-    (`connector.placement.SINGLE_NODE_ONLY`, D-396)."""
-    if settings.CONNECTOR.get("CLAIM_SCOPE") == "account":
-        return 1
+    """`CONNECTOR["EGRESS_BATCH"]` (default 10, at least 1): effects per worker step (a tuning knob: one path for one
+    effect or many, D-531). Its multi-effect statements are not routable by account until the permits, attempts and
+    audit rows carry the account column (`connector.placement.KNOWN_UNROUTABLE`)."""
     return max(1, int(settings.CONNECTOR.get("EGRESS_BATCH", 10)))
 
 

@@ -29,15 +29,7 @@ def later(seconds: int):
 @pytest.fixture(autouse=True)
 def _fresh_rotation():
     """Each test starts the process's rotation cursors at the lowest account."""
-    execution._ROTATION.update(start=0, account=0)
-
-
-@pytest.fixture(params=["batch", "account"])
-def scope(request, settings):
-    """Each claim test runs in both claim scopes: "batch" (one statement over the batch's accounts, D-204/D-205)
-    and "account" (the Citus claimer: one account per statement and transaction, D-264)."""
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": request.param}
-    return request.param
+    execution._ROTATION.update(start=0)
 
 
 def _ready(world, account, count: int, tag: str) -> list[Execution]:
@@ -52,7 +44,7 @@ def three_accounts(transactional_db):
     return build_inbound_world("cb-", [PACK_A], account_keys=("acct-1", "acct-2", "acct-3"))
 
 
-def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_accounts, scope):
+def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_accounts):
     """Fairness: the hot account holds 10x the other accounts' ready Executions and its backlog is the oldest
     (lowest pks, first in FIFO order), yet one batch of 6 takes two from every account, round-robin, and
     successive batches keep rotating until each quiet account is drained before the hot one.
@@ -66,17 +58,15 @@ def test_batch_claims_every_account_while_one_holds_ten_times_the_backlog(three_
     per_account = Counter(claimed[t.execution_pk].account_id for t in tokens)
     assert per_account == {hot.pk: 2, quiet_a.pk: 2, quiet_b.pk: 2}
     order = [claimed[t.execution_pk].account_id for t in tokens]
-    if scope == "batch":  # ranks interleaved in one statement: every account's first, then every account's second
-        assert order[:3] == sorted([hot.pk, quiet_a.pk, quiet_b.pk])
-    else:  # one account after another in rotation, each its share
-        assert order == sorted(order)
+    # ranks interleaved in one statement: every account's first, then every account's second
+    assert order[:3] == sorted([hot.pk, quiet_a.pk, quiet_b.pk])
     # The next batch has only the hot account's work left: it takes it (no account is starved, none idles).
     second = execution.execution_claim_batch(holder="w1", n=6, lease_seconds=60)
     assert {Execution.objects.get(pk=t.execution_pk).account_id for t in second} == {hot.pk}
     assert len(second) == 6
 
 
-def test_rotation_moves_the_first_pick_across_batches(three_accounts, scope):
+def test_rotation_moves_the_first_pick_across_batches(three_accounts):
     """Batches of one rotate over the accounts (a hot account with the oldest work does not win every batch).
     Proves: CV2-14-003, CV2-14-008"""
     accounts = three_accounts.accounts
@@ -87,7 +77,7 @@ def test_rotation_moves_the_first_pick_across_batches(three_accounts, scope):
     assert picks == [a.pk for a in accounts] * 2
 
 
-def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_accounts, scope):
+def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_accounts):
     """Two claimers, each on its own connection, claim batches at the same moment until nothing is left: every
     ready Execution is claimed exactly once, with exactly one Attempt (ordinal 1) whose fence is the
     Execution's, no error, no deadlock. Proves: CV2-07-016, CV2-07-018, CV2-15-024"""
@@ -121,7 +111,7 @@ def test_two_concurrent_batch_claimers_never_claim_the_same_execution(three_acco
     assert sorted(ExecutionAttempt.objects.values_list("execution_id", flat=True)) == sorted(ready)
 
 
-def test_a_stale_lease_fence_cannot_complete(three_accounts, scope):
+def test_a_stale_lease_fence_cannot_complete(three_accounts):
     """Claimant A's lease expires and B re-claims the same Execution with fence + 1. A's late run is refused
     before Runtime (FENCE_STALE, nothing written); A's completion after Runtime (the run raced past the first
     check) is refused under the row lock; B completes it with the one ApplicationResult.
@@ -150,7 +140,7 @@ def test_a_stale_lease_fence_cannot_complete(three_accounts, scope):
     assert ApplicationResult.objects.filter(command_id=minted.command_id).count() == 1
 
 
-def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts, scope):
+def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts):
     """The guard runs per account in the batch: an account whose gate left v2_serving contributes nothing (no
     Attempt, no lease) while the other accounts are claimed in the same transaction.
     Proves: CV2-03-015, CV2-03-016, CV2-07-016"""
@@ -166,7 +156,7 @@ def test_a_batch_skips_an_account_whose_gate_does_not_serve(three_accounts, scop
     assert not ExecutionAttempt.objects.filter(execution__account=halted).exists()
 
 
-def test_batch_worker_step_runs_each_claimed_execution(three_accounts, scope):
+def test_batch_worker_step_runs_each_claimed_execution(three_accounts):
     """`execution_claim_batch_and_run` claims one batch across accounts and runs each Execution to completion
     with exactly one ApplicationResult each. Proves: CV2-07-022, CV2-08-005"""
     for account, tag in zip(three_accounts.accounts, ("w1", "w2", "w3")):
@@ -177,30 +167,9 @@ def test_batch_worker_step_runs_each_claimed_execution(three_accounts, scope):
     assert execution.execution_claim_batch_and_run(holder="w", n=10) == []
 
 
-def test_account_scope_serves_every_quiet_account_within_two_batches_of_a_hot_one(three_accounts, settings):
-    """The per-account claimer (CLAIM_SCOPE "account", D-264) with batches smaller than the number of accounts:
-    the hot account's 10x backlog (its Executions the oldest) never delays a quiet account by more than one batch;
-    the rotation cursor carries on where the last batch stopped, and after the quiet accounts are drained the
-    hot account fills whole batches. Proves: CV2-14-003, CV2-14-008, CV2-07-016"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    hot, quiet_a, quiet_b = three_accounts.accounts
-    _ready(three_accounts, hot, 20, "hh")
-    _ready(three_accounts, quiet_a, 2, "ha")
-    _ready(three_accounts, quiet_b, 2, "hb")
-    accounts = {e.pk: e.account_id for e in Execution.objects.all()}
-    batches = [[accounts[t.execution_pk] for t in execution.execution_claim_batch(holder="w", n=2)]
-               for _ in range(3)]
-    assert [len(b) for b in batches] == [2, 2, 2]
-    assert batches[0] == [hot.pk, quiet_a.pk] and batches[1] == [quiet_b.pk, hot.pk]
-    assert batches[2] == [quiet_a.pk, quiet_b.pk]  # both quiet accounts drained by the third batch of two
-    rest = execution.execution_claim_batch(holder="w", n=10)
-    assert [accounts[t.execution_pk] for t in rest] == [hot.pk] * 10
-
-
-def test_account_scope_claims_only_its_group(three_accounts, settings):
-    """A claimer given its shard group (`account_ids`) visits those accounts only: another account's ready work
-    stays unclaimed (another claimer's). Proves: CV2-14-001, CV2-07-016"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+def test_a_claimer_given_its_group_claims_only_its_group(three_accounts):
+    """A claimer given its account group (`account_ids`) claims from those accounts only: another account's ready
+    work stays unclaimed (another claimer's). Proves: CV2-07-016"""
     first, second, third = three_accounts.accounts
     for account, tag in ((first, "g1"), (second, "g2"), (third, "g3")):
         _ready(three_accounts, account, 3, tag)
@@ -211,46 +180,45 @@ def test_account_scope_claims_only_its_group(three_accounts, settings):
     assert not ExecutionAttempt.objects.filter(execution__account=first).exists()
 
 
-def test_account_scope_skips_a_candidate_bound_to_another_epoch(three_accounts, settings):
-    """The per-account claim leases only candidates bound to the epoch the account's guard locked (the check
-    before the CAS; the CAS repeats it under the row lock): a candidate read with another epoch is not leased (no
-    Attempt), the rest are.
-    Proves: CV2-03-017, CV2-07-018"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
+def test_a_candidate_bound_to_another_epoch_is_not_leased(three_accounts):
+    """The claim leases only candidates bound to the epoch the account's guard locked (the check before the CAS;
+    the CAS repeats it under the row lock): a candidate read with another epoch is not leased (no Attempt), the
+    rest are. Proves: CV2-03-017, CV2-07-018"""
+    from connector.services import claims
+
     account = three_accounts.accounts[0]
     stale, fresh = _ready(three_accounts, account, 2, "ep")
-    with mock.patch("connector.services.claims._ACCOUNT_CANDIDATES",
-                    "SELECT e.id, CASE WHEN e.id = %(stale)s THEN -1 ELSE e.epoch_id END FROM connector_execution e "
-                    "WHERE e.account_id = %(account)s AND e.state = 'ready' "
-                    "AND (e.lease_expires_at IS NULL OR e.lease_expires_at < %(now)s) ORDER BY e.id LIMIT %(n)s"
-                    .replace("%(stale)s", str(stale.pk))):
+    skewed = (f"SELECT q.id, q.account_id, CASE WHEN q.id = {stale.pk} THEN -1 ELSE q.epoch_id END "
+              f"FROM ({claims._CLAIM_CANDIDATES}) q")
+    with mock.patch.object(claims, "_CLAIM_CANDIDATES", skewed):
         tokens = execution.execution_claim_batch(holder="w", n=5, account_ids=[account.pk])
     assert [t.execution_pk for t in tokens] == [fresh.pk]
     assert not ExecutionAttempt.objects.filter(execution=stale).exists()
 
 
-def test_account_scope_failure_after_a_committed_account_runs_what_was_leased(three_accounts, settings):
-    """A deterministic failure claiming the second account of a batch (its own transaction rolled back) does not
-    strand the first account's committed leases: the batch returns them; the next batch starts at the failing
-    account and raises from there (the worker step then falls back to the single claims, D-168). Proves:
-    CV2-07-016, CV2-07-017"""
+def test_a_poison_candidate_is_isolated_by_splitting_the_batch(three_accounts):
+    """A lease transaction that fails deterministically for one Execution rolls back as a whole; the claim leases
+    each half again until the Execution at fault stands alone: it is quarantined (EXECUTION_STEP_FAILED, step
+    execution_claim, its lane halted) and every other candidate of the same call is leased (D-503, replacing the
+    fallback to single claims). Proves: CV2-13-001, CV2-07-010, CV2-07-016"""
+    from connector.models import OrderingLane, StepFailure
     from connector.services import claims
 
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
     first, second, _ = three_accounts.accounts
-    _ready(three_accounts, first, 2, "fa")
-    _ready(three_accounts, second, 2, "fb")
-    real = claims._claim_account
+    ready = _ready(three_accounts, first, 2, "pa") + _ready(three_accounts, second, 2, "pb")
+    bad = ready[1]
+    real = claims.locks.executions_lease
 
-    def failing(*, account, **kwargs):
-        if account == second.pk:
-            raise RuntimeError("poison")
-        return real(account=account, **kwargs)
+    def lease(*, candidates, **kwargs):
+        if any(pk == bad.pk for pk, _, _ in candidates):
+            raise KeyError("poison claim")
+        return real(candidates=candidates, **kwargs)
 
-    with mock.patch.object(claims, "_claim_account", failing):
-        tokens = execution.execution_claim_batch(holder="w", n=4)
-        assert {t.account_id for t in tokens} == {first.pk} and len(tokens) == 2
-        with pytest.raises(RuntimeError):
-            execution.execution_claim_batch(holder="w", n=4)
-    assert not ExecutionAttempt.objects.filter(execution__account=second).exists()
-    assert {t.account_id for t in execution.execution_claim_batch(holder="w", n=4)} == {second.pk}
+    with mock.patch.object(claims.locks, "executions_lease", lease):
+        tokens = execution.execution_claim_batch(holder="w", n=10)
+    assert sorted(t.execution_pk for t in tokens) == sorted(e.pk for e in ready if e.pk != bad.pk)
+    bad.refresh_from_db()
+    assert (bad.state, bad.quarantine_reason, bad.attempt_count) == ("quarantined", "EXECUTION_STEP_FAILED", 0)
+    assert StepFailure.objects.get(entity_id=str(bad.pk)).step == "execution_claim"
+    assert OrderingLane.objects.get(pk=bad.lane_id).halt_reason == "EXECUTION_STEP_FAILED"
+    assert ExecutionAttempt.objects.filter(execution__in=[e for e in ready if e.pk != bad.pk]).count() == 3

@@ -19,7 +19,6 @@ receipt's epoch read back with its preimage; materialization with a savepoint pe
 | one `execution_claim_batch` of up to n Executions over any number of accounts (D-204) | n `execution_claim` calls of 7 each (candidates, BEGIN, guard, lock, Attempt, lease, COMMIT) | 5 |
 | one `execution_claim_batch_and_run` worker step of n Executions: claim, Runtime, completion (D-254..D-256) | 5 + 19n (24 for n = 1, 195 for n = 10) | 18 for any n |
 | the same worker step on a route that pushes outbound (D-293, D-296) | 25 for n = 1, 196 for n = 10 (per-command path) | 23 for any n (19 + 6 per applied change with D-293 alone) |
-| the same batch claim in the Citus claim scope (`CLAIM_SCOPE` "account", D-264), k accounts claimed from | (new) | 6k, + 1 without a group, + 1 per empty account |
 """
 from __future__ import annotations
 
@@ -152,57 +151,12 @@ def test_batch_claim_statement_count_does_not_grow_with_the_batch(hot_world, dja
     assert len(large.captured_queries) == len(small.captured_queries)
 
 
-#: The batch claim in the Citus claim scope (`CLAIM_SCOPE` "account", D-264), per account it claims from: the
-#: account's candidates, BEGIN, its guard, the lease CAS, the Attempts, COMMIT (6). A claimer given no group reads
-#: the accounts (the ConnectorAccount reference table) once per batch (+1); an account with no ready work costs its
-#: candidate read only (+1).
-ACCOUNT_CLAIM_PER_ACCOUNT = 6
-ACCOUNT_CLAIM_ROTATION = 1
-ACCOUNT_CLAIM_EMPTY = 1
-
-
-def test_account_scope_claim_statement_count_per_account(hot_world, settings):
-    """The per-account claimer's statements grow with the accounts it claims from, not with the Executions: 2 or
-    4 Executions of one account cost the same 6; a batch over k accounts costs 6k (+1 when the claimer has no
-    group and reads the accounts, +1 per account without ready work). Proves: CV2-14-001, CV2-14-010, STYLE R27"""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from connector.models import ConnectorAccount
-    from tests.crash.support import ready_execution
-
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    first, second = hot_world.accounts[:2]
-    for i in range(8):
-        ready_execution(first.account_key, f"rec-a{i}")
-        if i < 6:
-            ready_execution(second.account_key, f"rec-s{i}")
-    for n in (2, 4):
-        with CaptureQueriesContext(connection) as one:
-            tokens = execution.execution_claim_batch(holder="pin", n=n, account_ids=[first.pk])
-        assert len(tokens) == n
-        assert len(one.captured_queries) == ACCOUNT_CLAIM_PER_ACCOUNT, [q["sql"][:80] for q in one.captured_queries]
-    with CaptureQueriesContext(connection) as group:
-        tokens = execution.execution_claim_batch(holder="pin", n=4, account_ids=[first.pk, second.pk])
-    assert len(tokens) == 4 and {t.account_id for t in tokens} == {first.pk, second.pk}
-    assert len(group.captured_queries) == 2 * ACCOUNT_CLAIM_PER_ACCOUNT
-    accounts = ConnectorAccount.objects.count()
-    execution._ROTATION["account"] = 0
-    with CaptureQueriesContext(connection) as every:
-        tokens = execution.execution_claim_batch(holder="pin", n=50)
-    assert len(tokens) == 4 and {t.account_id for t in tokens} == {second.pk}  # first is drained
-    # One pass: every account's candidates read once (the second takes all of its 4 left, fewer than its share
-    # of 50 / k, so no second pass); the others are empty.
-    assert len(every.captured_queries) == (ACCOUNT_CLAIM_ROTATION + ACCOUNT_CLAIM_PER_ACCOUNT
-                                           + (accounts - 1) * ACCOUNT_CLAIM_EMPTY), accounts
-
-
 #: Statements of one `execution_claim_batch_and_run` step of n Executions on the batch path (D-254..D-256), BEGIN and
 #: COMMIT included, for n = 1 and n = 10 alike: the claim (5), the claimed Executions (1, shared by both batches),
 #: Runtime's batch (BEGIN, stored results, CrmRecords FOR UPDATE, changes + ApplicationResults, COMMIT: 5; the
 #: epochs named are cached by exact digest), the completion batch (result receipts read back 1, BEGIN, every
 #: account's guard, lanes FOR UPDATE, Executions FOR UPDATE, completions + audit + lanes, COMMIT: 7). Before (the
-#: one-by-one run, `RUN_BATCH` 0, as on main at 8953204): 5 + 19 per Execution (24 for n = 1, 195 for n = 10).
+#: one-by-one run, as on main at 8953204, removed by D-503): 5 + 19 per Execution (24 for n = 1, 195 for n = 10).
 BATCH_RUN = 18
 
 

@@ -48,6 +48,12 @@ def _no_per_item(monkeypatch):
     monkeypatch.setattr(execution, "execution_run", refuse)
 
 
+def _per_item(*, account_ids: list[int]) -> list[Execution]:
+    """The per-item step (`execution._run_one`: what the batch path leaves, and a traced step) for every Execution
+    of a claimed batch: the reference the batch path is compared with."""
+    return [execution._run_one(t) for t in execution.execution_claim_batch(holder="w", n=10, account_ids=account_ids)]
+
+
 def _expected_result(command_id: str, ref_digest: bytes, outcome: str) -> tuple[bytes, bytes]:
     """The per-command path's result digest and receipt for a one-item command (runtime_command_apply), restated."""
     digest = hashlib.sha256(encode(runtime.RESULT_RECEIPT_PROTOCOL + "/result", rec(
@@ -93,10 +99,10 @@ def _round(world, account, n: int, tag: str, sequence: int, names: dict[str, str
 
 
 @pytest.mark.parametrize("quarantine_rejected", [False, True])
-def test_batch_run_writes_exactly_what_the_per_item_path_writes(two_accounts, settings, monkeypatch,
+def test_batch_run_writes_exactly_what_the_per_item_path_writes(two_accounts, monkeypatch,
                                                                quarantine_rejected):
     """The same deliveries to two accounts; account 1 runs through the batch path (no Execution takes the
-    per-item step), account 2 through the per-item path (`RUN_BATCH` 0). Over two rounds (new records, a
+    per-item step), account 2 through the per-item step (`execution._run_one`, each claimed Execution alone). Over two rounds (new records, a
     rejected email, then an unchanged record = noop and a changed one = version 2) every Execution, its
     ApplicationResult (outcome, detail, the per-command result digest and receipt), its audit row, its lane
     (high-water, tie, fence, halt) and the CRM records are the same. With a route that quarantines `rejected`,
@@ -115,10 +121,7 @@ def test_batch_run_writes_exactly_what_the_per_item_path_writes(two_accounts, se
             _no_per_item(m)
             done = execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[batch_acct.pk])
         assert len(done) == len(names)
-        settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 0}
-        assert len(execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[item_acct.pk])) == \
-            len(names)
-        settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 1}
+        assert len(_per_item(account_ids=[item_acct.pk])) == len(names)
     batch_state, item_state = _state(batch_acct), _state(item_acct)
     assert batch_state == item_state
     assert batch_state["r2"][-1]["record"][1] == 2 and batch_state["r1"][-1]["result"] == ("noop", "noop")
@@ -251,7 +254,7 @@ def _normalized(call: dict, execution_pk_to_name: dict) -> tuple:
             call["ctx"].epoch_digest, call["ctx"].fence)
 
 
-def test_a_pushing_route_runs_in_the_batch_with_the_per_item_authoring(transactional_db, monkeypatch, settings):
+def test_a_pushing_route_runs_in_the_batch_with_the_per_item_authoring(transactional_db, monkeypatch):
     """A route that authors outbound runs through the batch path (D-293): the guard of its accounts is taken in
     the batch transaction and every applied change is authored (set-based, D-296) with the same arguments as the
     per-item path (`runtime_command_apply`) passes its author hook for the same events; each completed Execution has exactly one
@@ -274,8 +277,7 @@ def test_a_pushing_route_runs_in_the_batch_with_the_per_item_authoring(transacti
     batch_calls = [_normalized(c, names) for c in calls]
     calls.clear()
     wakes.clear()
-    settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 0}
-    done_items = execution.execution_claim_batch_and_run(holder="w", n=10, account_ids=[item_acct.pk])
+    done_items = _per_item(account_ids=[item_acct.pk])
     assert [e.state for e in done_items] == ["completed"] * 3 and len(wakes) == 3
     assert sorted(batch_calls, key=repr) == sorted((_normalized(c, names) for c in calls), key=repr)
     gate = AccountServingGate.objects.get(account=batch_acct)

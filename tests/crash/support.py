@@ -64,14 +64,6 @@ tokens = execution_claim_batch(holder="crash-child", n=ARGS["n"], lease_seconds=
 emit(executions=[t.execution_pk for t in tokens])
 """
 
-CLAIM_BATCH_ACCOUNT_SCOPE_SCRIPT = """
-from django.conf import settings
-settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}  # the Citus claimer (D-264)
-from connector.services.execution import execution_claim_batch
-tokens = execution_claim_batch(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
-emit(executions=[t.execution_pk for t in tokens])
-"""
-
 CLAIM_BATCH_AND_RUN_SCRIPT = """
 from connector.services.execution import execution_claim_batch_and_run
 done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
@@ -79,9 +71,9 @@ emit(executions=[e.pk for e in done])
 """
 
 CLAIM_BATCH_AND_RUN_PER_ITEM_SCRIPT = """
-from django.conf import settings
-settings.CONNECTOR = {**settings.CONNECTOR, "RUN_BATCH": 0}  # each claimed Execution runs alone (before D-254)
-from connector.services.execution import execution_claim_batch_and_run
-done = execution_claim_batch_and_run(holder="crash-child", n=ARGS["n"], lease_seconds=ARGS["lease_seconds"])
+from connector.services.execution import _run_one, execution_claim_batch
+# the per-item step of the batch path (what the batch leaves, a traced step), each claimed Execution alone
+done = [_run_one(t) for t in execution_claim_batch(holder="crash-child", n=ARGS["n"],
+                                                   lease_seconds=ARGS["lease_seconds"])]
 emit(executions=[e.pk for e in done])
 """

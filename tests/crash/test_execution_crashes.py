@@ -23,7 +23,6 @@ from connector.services.execution import (
 )
 from tests.crash.support import (
     CLAIM_AND_RUN_SCRIPT,
-    CLAIM_BATCH_ACCOUNT_SCOPE_SCRIPT,
     CLAIM_BATCH_AND_RUN_PER_ITEM_SCRIPT,
     CLAIM_BATCH_SCRIPT,
     CLAIM_SCRIPT,
@@ -186,38 +185,9 @@ def test_batch_claimed_before_runtime_accepts_retries_each_execution(run_child):
 
 
 @pytest.mark.django_db(**DB)
-def test_account_scope_claim_crash_between_accounts_keeps_each_account_exact(run_child, settings):
-    """The per-account claimer (CLAIM_SCOPE "account", D-264) commits each account's leases in its own
-    transaction; SIGKILLed right after the first account's commit (`claim.account_after_commit`), that account's
-    two leases and Attempts are durable and the other account has none. Its Executions are claimable at once;
-    the first account's only after lease expiry, as Attempt 2 with fence + 1; each command gets one
-    ApplicationResult. Proves: CV2-07-020, CV2-07-017, CV2-07-021, CV2-07-016"""
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    world, ready = _batch_world()
-    first, second = sorted({e.account_id for e in ready})
-    run = run_child(CLAIM_BATCH_ACCOUNT_SCOPE_SCRIPT, "claim.account_after_commit", n=10,
-                    lease_seconds=LEASE_SECONDS)
-    assert_killed(run)
-    rows = {e.pk: e for e in Execution.objects.filter(pk__in=[e.pk for e in ready])}
-    assert {(rows[e.pk].attempt_count, rows[e.pk].lease_fence) for e in ready if e.account_id == first} == {(1, 1)}
-    assert {(rows[e.pk].attempt_count, rows[e.pk].lease_fence) for e in ready if e.account_id == second} == {(0, 0)}
-    assert ExecutionAttempt.objects.count() == 2 and not ApplicationResult.objects.exists()
-
-    now = execution_claim_batch(holder="recovery", n=10)
-    assert {t.account_id for t in now} == {second} and {t.lease_fence for t in now} == {1} and len(now) == 2
-    _wait_for_lease_expiry()
-    later = execution_claim_batch(holder="recovery", n=10, lease_seconds=60)
-    assert {t.account_id for t in later} == {first} and {t.lease_fence for t in later} == {2} and len(later) == 2
-    for token in now + later:
-        assert execution_run(token=token).state == "completed"
-    for e in ready:
-        assert ApplicationResult.objects.filter(command_id=e.command_id).count() == 1
-
-
-@pytest.mark.django_db(**DB)
 def test_batch_run_crash_loses_only_uncommitted_work(run_child):
-    """A batch worker step running each Execution alone (`RUN_BATCH` 0; the batch run's own crash points are in
-    test_batch_run_crashes.py) is SIGKILLed after Runtime committed the first Execution's ApplicationResult
+    """A batch worker step running each Execution through the per-item step (`_run_one`, as the batch path runs
+    what the batch leaves and a traced step; the batch run's own crash points are in test_batch_run_crashes.py) is SIGKILLed after Runtime committed the first Execution's ApplicationResult
     (`runtime.after_commit`), before the result was recorded and before the batch's other three ran. Nothing
     committed is lost or repeated: after lease expiry the next batch step re-claims all four with a new fence,
     the first completes from Runtime's same stored ApplicationResult (applied once), the other three run once.

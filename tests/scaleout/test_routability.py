@@ -4,13 +4,11 @@ The hot paths run once on a small world (the demo push world: admission over HTT
 claim, run with completion and outbound authoring, the batched claim, the egress step of claim + permit, marker,
 exchange, settlement and finalization); every statement PostgreSQL receives is captured and read by `tests/scaleout/routing.py`
 against the placement data of `connector.placement`. The bodies of the hot PL/pgSQL functions are read from
-pg_proc and checked the same way. The hot paths run in the Citus configuration (`CONNECTOR["CLAIM_SCOPE"]` =
-"account", D-264): a statement that Citus could not send to one shard fails the test unless it is listed, with what
-it would take, in `connector.placement.KNOWN_UNROUTABLE` (only the egress step's multi-effect shapes, D-531); a
-listed entry that no longer occurs fails too, so the list only shrinks. The batched claim runs once more in the
-single-node scope ("batch", the default), and so does the egress step (batches of one in the Citus configuration,
-D-396); their findings
-must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
+pg_proc and checked the same way. A statement that Citus could not send to one shard fails the test unless it is
+listed, with what it would take, in `connector.placement.KNOWN_UNROUTABLE` (only the batched claim's multi-account
+shapes, D-503, and the egress step's multi-effect ones, D-531); a listed entry that no longer occurs fails too, so
+the list only shrinks. The batched claim over two accounts and the egress step over two effects run once more;
+their findings must be exactly `connector.placement.SINGLE_NODE_ONLY` (D-246)."""
 from __future__ import annotations
 
 import time
@@ -23,7 +21,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from connector import placement
-from tests.scaleout.routing import Finding, body_statements, check
+from tests.scaleout.routing import body_statements, check
 from tests.support import whole_seconds
 
 
@@ -36,26 +34,18 @@ def _capture_into(steps: dict[str, list[str]]):
     return capture
 
 
-def _batch_claims(world, settings, tag: str, *, strict: bool = True) -> tuple[dict[str, list[str]],
-                                                                           dict[str, list[str]]]:
-    """The batched claim in both claim scopes, each over two accounts with ready work (and, in the account scope,
-    with no claimer group: the accounts come from the ConnectorAccount reference table, an account with no ready
-    work costs its candidate read). Returns (account-scope statements, batch-scope statements) by step."""
+def _batch_claims(world, tag: str) -> dict[str, list[str]]:
+    """The batched claim over two accounts with ready work, with no claimer group. Returns its statements."""
     from connector.services import execution
     from tests.crash.support import ready_execution
 
-    out = []
-    for scope in ("account", "batch"):
-        settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": scope}
-        steps: dict[str, list[str]] = defaultdict(list)
-        for account in world.accounts[:2]:
-            for i in range(2):
-                ready_execution(account.account_key, f"rec-{tag}-{scope}-{account.pk}-{i}")
-        tokens = _capture_into(steps)("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=4))
-        assert not strict or (len(tokens) == 4 and len({t.account_id for t in tokens}) == 2), tokens
-        out.append(steps)
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    return out[0], out[1]
+    steps: dict[str, list[str]] = defaultdict(list)
+    for account in world.accounts[:2]:
+        for i in range(2):
+            ready_execution(account.account_key, f"rec-{tag}-{account.pk}-{i}")
+    tokens = _capture_into(steps)("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=4))
+    assert len(tokens) == 4 and len({t.account_id for t in tokens}) == 2, tokens
+    return steps
 
 
 def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -68,8 +58,7 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     from tests.crash.support import ready_execution
 
     settings.CONNECTOR = {**settings.CONNECTOR,
-                          "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2),
-                          "CLAIM_SCOPE": "account"}  # the Citus configuration (D-264)
+                          "EGRESS_BASE_URL": receiver_url, "EGRESS_TIMEOUT_SECONDS": whole_seconds(2)}
     account = world.accounts[0]
     client = Client()
     steps: dict[str, list[str]] = defaultdict(list)
@@ -100,23 +89,21 @@ def _run_hot_paths(world, receiver_url, settings) -> tuple[dict[str, list[str]],
     tokens = capture("batch claim", lambda: execution.execution_claim_batch(holder="route-b", n=2,
                                                                             account_ids=[account.pk]))
     assert len(tokens) == 2
-    by_account, single_node = _batch_claims(world, settings, "route")
-    steps["batch claim"] += by_account["batch claim"]
-    single_node["batched egress"] = _batched_egress(client, account, settings)
+    single_node = _batch_claims(world, "route")
+    steps["batch claim"] += single_node["batch claim"]
+    single_node["batched egress"] = _batched_egress(client, account)
     return steps, single_node
 
 
-def _batched_egress(client, account, settings) -> list[str]:
-    """The egress step over two effects of one account, in the single-node configuration (its statements name
-    several effects' children: SINGLE_NODE_ONLY, D-396); the Citus configuration takes batches of one."""
+def _batched_egress(client, account) -> list[str]:
+    """The egress step over two effects of one account (its statements name several effects' children:
+    SINGLE_NODE_ONLY, D-396); the hot run above took a batch of one."""
     from connector.services import execution
     from connector.services.materialize import receipt_materialize
     from connector.services.signatures import sign
     from effects.services import worker
     from tests.connector.test_api_admission import admit, body, event, signing_secret
 
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "account"}
-    assert worker.egress_batch_size() == 1  # the Citus configuration: batches of one (captured above)
     for i in range(2):
         payload = body(event(id=f"e-route-egress-{i}", record_id=f"r-route-egress-{i}"))
         signature = sign(signing_secret(account.account_key), int(time.time()), payload)
@@ -126,7 +113,6 @@ def _batched_egress(client, account, settings) -> list[str]:
             execution.lane_advance(lane_pk=lane, account_id=out.account_id)
         token = execution.execution_claim(holder="route", account_id=account.pk)
         assert execution.execution_run(token=token).state == "completed"
-    settings.CONNECTOR = {**settings.CONNECTOR, "CLAIM_SCOPE": "batch"}
     assert worker.egress_batch_size() > 1
     steps: dict[str, list[str]] = defaultdict(list)
     done = _capture_into(steps)("batched egress", lambda: worker.effect_dispatch_batch(
@@ -168,12 +154,13 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
     assert set(steps) == set(placement.HOT_STEPS) - set(placement.SINGLE_NODE_STEPS), sorted(steps)
     found, examples = _findings(steps)
     known = set(placement.KNOWN_UNROUTABLE)
-    assert {k[0] for k in known} == {"batched egress"}, "only the egress step's multi-effect shapes (D-531)"
+    assert {k[0] for k in known} == {"batch claim", "batched egress"}, (
+        "only the batched claim's multi-account shapes (D-503) and the egress step's multi-effect ones (D-531)")
     new = sorted(found - known)
     assert not new, "unroutable hot statements:\n" + "\n".join(f"{k}\n    {examples[k][:400]}" for k in new)
     assert not sorted(known - found), f"listed as unroutable but routable now (remove them): {sorted(known - found)}"
-    # The single-node claim scope (the default) keeps exactly its four multi-account shapes (D-246) and the batched
-    # egress step its four multi-effect ones (D-396), no other.
+    # The batched claim over two accounts has exactly its four multi-account shapes (D-246) and the batched egress
+    # step over two effects its four multi-effect ones (D-396), no other.
     single_found, single_examples = _findings(single_node)
     assert single_found == set(placement.SINGLE_NODE_ONLY), (
         sorted(single_found ^ set(placement.SINGLE_NODE_ONLY)),
@@ -183,27 +170,6 @@ def test_every_hot_statement_is_routable_by_account(hot_world, settings):
     touched = {t for sqls in steps.values() for sql in sqls for t in check(sql).pinned_via_parent}
     hot_children = {t for t, p in placement.distributed().items() if p.backfill and p.hot}
     assert touched <= hot_children, touched - hot_children
-
-
-@pytest.mark.parametrize("module, name, pinned, problem", [
-    ("connector.services.claims", "_ACCOUNT_CANDIDATES", "e.account_id = %(account)s AND ", "unpinned"),
-    ("connector.locks", "_ACCOUNT_EXECUTIONS_LEASE", "e.account_id = %(account)s AND e.id = ANY",
-     "row lock not single-shard"),
-])
-def test_the_per_account_claim_without_its_account_filter_is_refused(hot_world, settings, monkeypatch, module,
-                                                                     name, pinned, problem):
-    """The per-account claimer's candidate read or lease CAS with its account filter dropped (as a careless edit
-    would) still claims on one node, but the routability check of its captured statements turns red.
-    Proves: CV2-14-001"""
-    import importlib
-
-    target = importlib.import_module(module)
-    sql = getattr(target, name)
-    assert pinned in sql
-    monkeypatch.setattr(target, name, sql.replace(pinned, pinned.replace("e.account_id = %(account)s AND ", ""), 1))
-    by_account, _ = _batch_claims(hot_world, settings, "unpinned", strict=False)  # what it claims is not the point
-    found, _ = _findings(by_account)
-    assert ("batch claim", "connector_execution", problem) in found, found
 
 
 def test_the_hot_functions_bodies_are_routed_by_their_account_argument(db):
