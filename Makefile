@@ -31,7 +31,7 @@ help:
 	@echo "make bench    quick benchmarks against bench/budgets.json (docs/benchmarks.md)"
 	@echo "make hostile  10,000 generated hostile requests over HTTP against the real processes"
 	@echo "make screenshots  regenerate docs/operator-guide/*.png (the browser tests with SCREENSHOT_DIR set)"
-	@echo "other targets: venv services migrate demo prove-fallback bench-outbound bench-mix bench-rate bench-burst bench-admission"
+	@echo "other targets: venv services migrate demo prove-fallback bench-outbound bench-mix bench-rate bench-burst bench-clients bench-admission"
 
 venv: $(STAMP)
 
@@ -112,6 +112,7 @@ bench: venv services
 	$(MAKE) bench-mix
 	$(MAKE) bench-rate
 	$(MAKE) bench-burst
+	$(MAKE) bench-clients
 	$(MAKE) bench-admission
 
 # Issue 40, goals 1-3: 1,000 single-event signed deliveries from 8 clients through make run's processes, on a database
@@ -122,6 +123,14 @@ bench: venv services
 bench-burst: venv services
 	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench burst --deliveries 1000 \
 	  --clients 8 --phases cold,analyzed --check
+
+# Issue 40, goal 5: the burst at 1, 2, 4, 8 and 16 posting clients on the analyzed database (one run.py, one phase per
+# count), its JSON in bench/results/ and the chart docs/benchmarks.md shows (bench/burst_sweep.py). About 4 minutes.
+.PHONY: bench-clients
+bench-clients: venv services
+	$(LOAD_ENV); $(AS_ADMIN) DJANGO_SETTINGS_MODULE=$(RUN_SETTINGS) $(VPY) manage.py bench burst --deliveries 500 \
+	  --clients 1,2,4,8,16 --phases analyzed --json bench/results/burst-clients.json \
+	  --chart docs/benchmarks/burst-clients.svg
 
 # Issue 40, goal 4: admission only against the raw psycopg loop at 8 clients, --check against
 # bench/budgets.json "hot_account" admission_only_over_raw_floor (1.0, the goal). About 2 minutes.

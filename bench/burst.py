@@ -254,10 +254,13 @@ def _aware(ts: float):
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
-def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str | None, log_dir: Path,
-              say, phases: tuple[str, ...] = ("cold",)) -> dict:
+def run_burst(*, deliveries: int, clients: int | tuple[int, ...], timeout: float, redis_url: str | None,
+              log_dir: Path, say, phases: tuple[str, ...] = ("cold",)) -> dict:
     """Run the burst against the current `default`/`journal` databases (which hold the push demo world), with
-    run.py's processes bound to them. Returns the report dict."""
+    run.py's processes bound to them. Returns the report dict. `clients` as several counts is a sweep
+    (bench/burst_sweep.py): each phase of `phases` runs once per count, in that order."""
+    counts = (clients,) if isinstance(clients, int) else tuple(clients)
+    runs = [(phase, count) for phase in phases for count in counts]
     from django.conf import settings
     from django.db import connections
 
@@ -283,7 +286,8 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE") or "config.django.local",
         "PYTHONUNBUFFERED": "1"})
     connections.close_all()
-    report = {"bench": "burst", "deliveries": deliveries, "clients": clients, "machine": machine_facts(),
+    report = {"bench": "burst", "deliveries": deliveries, "clients": counts[0] if len(counts) == 1 else list(counts),
+              "machine": machine_facts(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average_before": list(os.getloadavg())}
     log_path = log_dir / f"burst-run-{int(time.time())}.log"
     say(f"starting scripts/run.py (web :{port}, workers, beat, demo receiver :{receiver_port}); log {log_path}")
@@ -309,17 +313,19 @@ def run_burst(*, deliveries: int, clients: int, timeout: float, redis_url: str |
         say(f"ready: web and {', '.join(sorted(run.ready))}; phases {', '.join(phases)}")
         url = f"http://127.0.0.1:{port}/api/v2/accounts/{account}/channels/{DEMO_CHANNEL}/receipts"
         report["phases"] = []
-        for phase in phases:
-            if phase == "analyzed":
+        analyzed = False
+        for phase, count in runs:
+            if phase == "analyzed" and not analyzed:
                 began = time.monotonic()
                 with connections["default"].cursor() as cursor:
                     cursor.execute("ANALYZE")
+                analyzed = True
                 say(f"ANALYZE of the database in {time.monotonic() - began:.1f} s; the analyzed burst")
             cpu = _cpu_window(run)
-            result = _phase(url=url, secret=secret, deliveries=deliveries, clients=clients, timeout=timeout,
+            result = _phase(url=url, secret=secret, deliveries=deliveries, clients=count, timeout=timeout,
                             receiver_port=receiver_port, cpu=cpu, say=say)
             cpu = None
-            result["phase"] = phase
+            result["phase"], result["clients"] = phase, count
             report["phases"].append(result)
         report.update({k: v for k, v in report["phases"][0].items() if k != "phase"})  # the first phase's figures
         by_phase = {p["phase"]: p for p in report["phases"]}
@@ -407,7 +413,14 @@ class Burst:
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--deliveries", type=int, default=2000, help="deliveries to post (default 2000)")
-        parser.add_argument("--clients", type=int, default=8, help="posting threads (default 8)")
+        parser.add_argument("--clients", default="8",
+                            help="posting threads (default 8); a list such as 1,2,4,8,16 runs each phase once per "
+                                 "count against the same processes: the sweep of docs/benchmarks.md's chart")
+        parser.add_argument("--chart", metavar="SVG",
+                            help="draw events/s and CPU per event against clients (bench/burst_sweep.py) to SVG")
+        parser.add_argument("--table", action="store_true", help="print the per-client table in Markdown")
+        parser.add_argument("--from-json", metavar="REPORT",
+                            help="run nothing: read a saved report and draw --chart / print --table from it")
         parser.add_argument("--timeout", type=float, default=900.0,
                             help="seconds to wait for every ApplicationResult, then for every finalized effect, "
                                  "after the burst (default 900)")
@@ -438,12 +451,25 @@ class Burst:
         from connector.demo import build_world
         from bench.databases import NAME_RE, ThrowawayDatabases
 
+        from bench.burst_sweep import draw, parse_clients, sweep_table
+
         say = command.progress
+        if options["from_json"]:
+            report = json.loads(Path(options["from_json"]).read_text(encoding="utf-8"))
+            if options["chart"]:
+                say(f"chart written to {draw(report, Path(options['chart']))}")
+            if options["table"] or not options["chart"]:
+                command.stdout.write(sweep_table(report))
+            return
+        try:
+            counts = parse_clients(options["clients"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         name = options["database_name"]
         if not NAME_RE.match(name) or not NAME_RE.match(f"{name}_journal"):
             raise CommandError(f"--database-name {name!r} must match {NAME_RE.pattern}")
-        if options["deliveries"] < 1 or options["clients"] < 1:
-            raise CommandError("--deliveries and --clients must be positive")
+        if options["deliveries"] < 1:
+            raise CommandError("--deliveries must be positive")
         phases = tuple(options["phases"].split(","))
         if not phases or any(p not in ("cold", "analyzed") for p in phases) or len(set(phases)) != len(phases):
             raise CommandError("--phases is cold, analyzed or cold,analyzed")
@@ -455,17 +481,21 @@ class Burst:
             say(f"database {name}: building the demo world (push=True) through the services")
             build_world("", push=True)
             try:
-                report = run_burst(deliveries=options["deliveries"], clients=options["clients"],
+                report = run_burst(deliveries=options["deliveries"], clients=counts[0] if len(counts) == 1 else counts,
                                    timeout=options["timeout"], redis_url=options["redis_url"], log_dir=log_dir,
                                    say=say, phases=phases)
             except RuntimeError as exc:
                 raise CommandError(str(exc)) from exc
         report["command"] = (f"manage.py bench burst --deliveries {options['deliveries']} "
-                             f"--clients {options['clients']} --phases {','.join(phases)}")
+                             f"--clients {','.join(map(str, counts))} --phases {','.join(phases)}")
         if options["json"]:
             Path(options["json"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             say(f"report written to {options['json']}")
         command.stdout.write(format_report(report))
+        if len(counts) > 1 or options["table"]:
+            command.stdout.write(sweep_table(report))
+        if options["chart"]:
+            say(f"chart written to {draw(report, Path(options['chart']))}")
         if options["check"]:
             from bench import load_budgets
 

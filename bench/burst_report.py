@@ -55,7 +55,8 @@ def format_report(report: dict) -> str:
               f"  each delivery, its 201 to its ApplicationResult: {_waits(report.get('delivery_wait_s'))}",
               f"  remote effects: {report.get('remote_effects')}"]
     for phase in report.get("phases") or [report]:
-        lines += [f"  phase {phase.get('phase', 'cold')}: {phase.get('admission', {}).get('accepted', 0)} accepted; "
+        lines += [f"  phase {phase.get('phase', 'cold')} ({phase.get('clients', report['clients'])} clients): "
+                  f"{phase.get('admission', {}).get('accepted', 0)} accepted; "
                   f"last finalized effect after the first 201: {s(phase.get('last_finalized_s'))} "
                   f"({phase.get('effects_finalized', 0)} finalized): "
                   f"**{phase.get('end_to_end_events_per_s')} events/s end to end**; receiver {phase.get('receiver')}; "
@@ -74,7 +75,7 @@ def check_burst(report: dict, goals: dict, *, deliveries: int, first_result_budg
     if first is None or first > first_result_budget:
         failures.append(f"first ApplicationResult {first} s after the first 201 (budget {first_result_budget} s)")
     for phase in report.get("phases") or []:
-        name = phase.get("phase")
+        name = phase.get("phase") + (f" at {phase['clients']} clients" if "clients" in phase else "")
         accepted = phase.get("admission", {}).get("accepted", 0)
         if accepted != deliveries:
             failures.append(f"{name}: only {accepted} of {deliveries} accepted")
