@@ -47,6 +47,7 @@ from urllib.parse import quote
 
 from bench.burst_cpu import per_event
 from bench.burst_report import check_burst, format_report, receiver_check
+from bench.burst_sweep import add_sweep_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE = "connector_bench_burst"
@@ -413,14 +414,9 @@ class Burst:
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--deliveries", type=int, default=2000, help="deliveries to post (default 2000)")
-        parser.add_argument("--clients", default="8",
-                            help="posting threads (default 8); a list such as 1,2,4,8,16 runs each phase once per "
-                                 "count against the same processes: the sweep of docs/benchmarks.md's chart")
-        parser.add_argument("--chart", metavar="SVG",
-                            help="draw events/s and CPU per event against clients (bench/burst_sweep.py) to SVG")
-        parser.add_argument("--table", action="store_true", help="print the per-client table in Markdown")
-        parser.add_argument("--from-json", metavar="REPORT",
-                            help="run nothing: read a saved report and draw --chart / print --table from it")
+        parser.add_argument("--clients", default="8", help="posting threads (default 8); a list (1,2,4,8,16) runs "
+                            "each phase once per count against the same processes: docs/benchmarks.md's chart")
+        add_sweep_arguments(parser)
         parser.add_argument("--timeout", type=float, default=900.0,
                             help="seconds to wait for every ApplicationResult, then for every finalized effect, "
                                  "after the burst (default 900)")
@@ -451,16 +447,11 @@ class Burst:
         from connector.demo import build_world
         from bench.databases import NAME_RE, ThrowawayDatabases
 
-        from bench.burst_sweep import draw, parse_clients, sweep_table
+        from bench.burst_sweep import draw, parse_clients, redraw, sweep_table
 
         say = command.progress
         if options["from_json"]:
-            report = json.loads(Path(options["from_json"]).read_text(encoding="utf-8"))
-            if options["chart"]:
-                say(f"chart written to {draw(report, Path(options['chart']))}")
-            if options["table"] or not options["chart"]:
-                command.stdout.write(sweep_table(report))
-            return
+            return redraw(command, options)
         try:
             counts = parse_clients(options["clients"])
         except ValueError as exc:

@@ -8,10 +8,28 @@ docs/benchmarks.md always matches the JSON committed beside it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 GOAL_EVENTS_PER_S = 200.0  # issue 40, goal 1
 GOAL_CPU_MS_PER_EVENT = 8.0  # issue 40, goal 2
+
+
+def add_sweep_arguments(parser) -> None:
+    parser.add_argument("--chart", metavar="SVG",
+                        help="draw events/s and CPU per event against clients (bench/burst_sweep.py) to SVG")
+    parser.add_argument("--table", action="store_true", help="print the per-client table in Markdown")
+    parser.add_argument("--from-json", metavar="REPORT",
+                        help="run nothing: read a saved report and draw --chart / print --table from it")
+
+
+def redraw(command, options: dict) -> None:
+    """`--from-json REPORT`: the chart (`--chart`) and/or the table (`--table`, or when no chart is asked for)."""
+    report = json.loads(Path(options["from_json"]).read_text(encoding="utf-8"))
+    if options["chart"]:
+        command.progress(f"chart written to {draw(report, Path(options['chart']))}")
+    if options["table"] or not options["chart"]:
+        command.stdout.write(sweep_table(report))
 
 
 def parse_clients(text: str) -> tuple[int, ...]:
