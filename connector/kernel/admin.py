@@ -32,6 +32,8 @@ from connector.actors import Actor
 from connector.canonical.decoding import decode
 from connector.canonical.encoding import CanonicalEncodingError, Record
 from connector.errors import ConnectorError, FenceStale, PermissionRefused
+from connector.selectors.poison import step_failures_of
+from connector.services.poison import STEP_FAILURE_REASONS
 
 EMPTY = "-"  # the admin's own empty_value_display
 
@@ -366,9 +368,6 @@ def step_failures(entity) -> SafeString:
     """The StepFailure rows of one item, newest first, then what each of their reasons asks the operator to do
     (CV2-13-001). Every app's held or quarantined item shows this panel; the rows come through the connector's
     poison selector."""
-    from connector.selectors.poison import step_failures_of
-    from connector.services.poison import STEP_FAILURE_REASONS
-
     rows = step_failures_of(entity, limit=STEP_FAILURES_PANEL_LIMIT)
     if not rows:
         return format_html('<span class="cv2-muted">{}</span>', "no step failures")
