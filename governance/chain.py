@@ -13,8 +13,11 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from connector.selectors import browse
-from connector.selectors.rows import Execution
-from effects.selectors import RemoteEffect, effect_links, effects_of_execution, link_get
+from connector.selectors.rows import Event, Execution
+from effects.selectors import RemoteEffect, RemoteLink, effect_links, effects_of_execution, link_get
+from effects.services.dispatch import RECONCILE_DECISIONS
+from effects.services.recovery import effect_recovery_outlook
+from effects.services.retry import schedule_view
 
 from .access import _audit, screen
 from .kept import Kept, kept_context
@@ -42,10 +45,6 @@ def effect_upstream(effect_: RemoteEffect) -> dict:
 
 def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
     """The effect page; with `kept`, the refused form as it was typed."""
-    from effects.services.dispatch import RECONCILE_DECISIONS
-    from effects.services.recovery import effect_recovery_outlook
-    from effects.services.retry import schedule_view
-
     from .offers import link_context, remote_call_context
 
     may_decide = request.user.has_perm("effects.reconcile_effect")
@@ -78,8 +77,6 @@ def execution_page(request, execution_: Execution, kept: Kept | None = None):
 @screen
 def event(request, pk: int):
     """One event: its receipt (upstream), its projection, lane and executions (downstream)."""
-    from connector.selectors.rows import Event
-
     try:
         event_ = browse.event_get(pk)
     except Event.DoesNotExist:
@@ -91,8 +88,6 @@ def event(request, pk: int):
 @screen
 def link(request, pk: int):
     """One RemoteLink: the effect that made it, and the effects whose updates addressed its remote identity."""
-    from effects.selectors import RemoteLink
-
     try:
         link_, addressed = link_get(link_pk=pk)
     except RemoteLink.DoesNotExist:

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
+from connector.selectors.browse import lane_executions
 from connector.selectors.rows import (
     GapDecision,
     LaneResumption,
@@ -150,8 +151,6 @@ def lane(request, pk: int):
 
 def _lane_page(request, lane_: OrderingLane, may_resume: bool, kept: Kept | None = None):
     """The lane page; with `kept`, the refused resume form as it was typed (issue 38 item 3)."""
-    from connector.selectors.browse import lane_executions
-
     halting = halting_execution(lane_)
     fact = lane_halt_fact(lane_)
     return render(request, "governance/lane.html", {

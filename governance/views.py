@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods
 from connector.actors import Actor
 from connector.errors import ConnectorError
 from connector.selectors import browse
+from connector.selectors.rows import Receipt
 from effects.delivery.contract import contract
 from effects.selectors import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
@@ -114,8 +115,6 @@ def overview(request):
 @screen
 def receipt(request, pk: int):
     """One receipt: what was admitted, under which epoch and fence, and why it has (not yet) materialized."""
-    from connector.selectors.rows import Receipt
-
     receipt_ = get_object_or_404(Receipt.objects.select_related("account", "epoch").defer("epoch__preimage",
                                                                                           "payload"), pk=pk)
     return render(request, "governance/receipt.html", {

@@ -28,6 +28,7 @@ import uuid
 from connector.errors import ConnectorError
 from connector.selectors import owners as owner_reads
 from connector.selectors.rows import ServingEpoch
+from cutover.errors import RestorePointInvalid
 from cutover.services import pg_snapshot, v2_artifacts
 
 SECONDS_PER_BACKLOG_ITEM = 0.05
@@ -91,8 +92,6 @@ def measure(attempt, owner, keys: list[str]):
 def rehearse(attempt_key: str) -> dict:
     """Dump the live database (candidate schema) from one snapshot, restore it into a scratch database, read it
     back and drop it. Returns the timed figures; raises RestorePointInvalid/Refused on any failure or mismatch."""
-    from cutover.errors import RestorePointInvalid
-
     live_schema = v2_artifacts.schema_digest()
     database = pg_snapshot._params()["dbname"]
     scratch = f"{database}_preflight_{uuid.uuid4().hex[:8]}"[:63]
