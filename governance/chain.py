@@ -22,6 +22,7 @@ from effects.services.retry import schedule_view
 from .access import _audit, screen
 from .kept import Kept, kept_context
 from .reasons import REASONS, reason
+from .offers import execution_context, link_context, remote_call_context
 
 EFFECT_FIELDS = {"decide": {"decision": "decision", "remote_id": "remote_id", "reason": "reason",
                             "evidence_ref": "evidence_ref", "changed_at": "decide-title"},
@@ -45,8 +46,6 @@ def effect_upstream(effect_: RemoteEffect) -> dict:
 
 def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
     """The effect page; with `kept`, the refused form as it was typed."""
-    from .offers import link_context, remote_call_context
-
     may_decide = request.user.has_perm("effects.reconcile_effect")
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
     return render(request, "governance/effect.html", {
@@ -62,8 +61,6 @@ def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
 
 def execution_page(request, execution_: Execution, kept: Kept | None = None):
     """The execution page: evidence and remediation, its chain both ways; with `kept`, the refused replay form."""
-    from .offers import execution_context
-
     chain = browse.execution_chain(execution_)
     return render(request, "governance/execution.html", {
         "execution": execution_, "result": chain["result"], "chain": chain,

@@ -37,6 +37,7 @@ from observability import readings
 from .items import Item
 from .poison import poison_items
 from .reasons import Remedy, reason
+from .attempts import in_flight
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
 
@@ -153,8 +154,6 @@ def waiting_deliveries() -> list[Item]:
 def v1_reconciliations() -> list[Item]:
     """V1 effect rows of an open service cutover in `v1_stopped` whose provider call may have started: each needs
     a fenced reconciliation with the provider's evidence before the shutdown certificate (CV2-12-040)."""
-    from .attempts import in_flight
-
     found = []
     for attempt in ServiceCutoverAttempt.objects.filter(outcome="open").select_related("configuration"):
         stopped = V1GenerationReceipt.objects.filter(attempt=attempt).order_by("pk").first()

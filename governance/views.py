@@ -21,12 +21,14 @@ from effects.services.delivery import reconciliation as delivery_reconciliation
 from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import effect_reconcile
 
-from . import selectors
+from . import bulk, selectors
 from .access import _audit, screen
 from .chain import EFFECT_FIELDS, effect_page, execution_or_404, execution_page
 from .forms import ApprovalRefusalForm, DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
 from .kept import Kept
 from .reasons import REASONS
+from .approval_context import certification_context, filed_requests
+from .words import word
 
 
 def _decide(request, call, *, success: str) -> bool:
@@ -76,8 +78,6 @@ def _chart(series, colours: dict[str, str]) -> dict:
 def _lines(series: dict[str, list[tuple[float, float]]], colours: dict[str, str], machine: str) -> dict:
     """Polyline geometry for several series over the same hour: x is the minute (0..60), y scaled to the peak; each
     line with its colour and its words (governance.words: label and explanation of the stage or series)."""
-    from .words import word
-
     peak = max([v for points in series.values() for _, v in points] + [1])
     lines = []
     for name, points in series.items():
@@ -126,8 +126,6 @@ def receipt(request, pk: int):
 
 @screen
 def queue(request):
-    from . import bulk
-
     items = selectors.queue()
     counts: dict[str, int] = {}
     for item in items:
@@ -140,8 +138,6 @@ def queue(request):
 
 @screen
 def board(request):
-    from . import bulk
-
     groups = selectors.board()
     offers = bulk.offers(groups)
     return render(request, "governance/board.html", {
@@ -227,8 +223,6 @@ def delivery(request, pk: int):
 
 @screen
 def attestations(request):
-    from .approval_context import filed_requests
-
     return render(request, "governance/attestations.html", {
         "pending": selectors.attestations(), "due": selectors.recertification_due(),
         "filed": filed_requests(), "nav": "attestations"})
@@ -263,8 +257,6 @@ def attestation(request, pk: int):
 
 
 def _attestation_page(request, cert, *, refusal: dict | None = None, status: int = 200):
-    from .approval_context import certification_context
-
     may_approve = request.user.has_perm("effects.approve_certification")
     digest = delivery_setup.certification_subject_digest(cert)
     approvals = list(cert.approvals.select_related("approver").order_by("pk"))
