@@ -66,7 +66,8 @@ from cutover.services import succession
 from cutover.services.fencing import check_holder  # one holder fence for both kinds of set (D-133)
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
 from cutover.services.restore_point import rehearsed_restore_point
-from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest, l2_frozen_by
+from cutover.services.preflight import attempt_get, evidence_digest, require_coordinator
+from cutover.services.v1_shutdown import l2_frozen_by
 
 __all__ = ["first_activation_acquire", "first_activation_hold", "first_activation_commit", "activation_evidence",
            "barrier_set_of", "default_holder", "check_holder"]
@@ -136,7 +137,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor, holder: str | No
     """Write the set `acquiring` and one fenced receipt per owner in one transaction (CV2-11-037, CV2-15-009).
     Idempotent for its holder; an open set of another holder refuses, and a concurrent acquisition loses to the
     partial unique index (one nonreleased set per activation scope)."""
-    _require(actor)
+    require_coordinator(actor)
     holder = holder or default_holder(attempt_key)
     attempt = attempt_get(attempt_key)
     decision = decisions.decision_read(attempt_key)
@@ -172,7 +173,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor, holder: str | No
 
 def first_activation_hold(*, attempt_key: str, actor: Actor, holder: str | None = None,
                           expected_fence: int | None = None) -> ServingPublicationBarrierSet:
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
     current = barrier_set_of(attempt)
     if current is None or current.state not in BARRIER_SET_OPEN:
@@ -301,7 +302,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
     """The activation, its readback, `v2_committed`, the release: continues from whatever state it finds. With a
     `holder`, every locked step first checks that it still holds the set (and `expected_fence`, when given,
     the fence the activation transaction finds)."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
     row = barrier_set_of(attempt)
     if row is None:
