@@ -19,7 +19,7 @@ from effects.services.dispatch import RECONCILE_DECISIONS
 from effects.services.recovery import effect_recovery_outlook
 from effects.services.retry import schedule_view
 
-from .access import _audit, screen
+from .access import audit_trail, screen
 from .kept import Kept, kept_context
 from .reasons import REASONS, reason
 from .offers import execution_context, link_context, remote_call_context
@@ -50,7 +50,7 @@ def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
     return render(request, "governance/effect.html", {
         "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None, "effect": effect_, "attempts": list(effect_.attempts.order_by("ordinal")), "permits": permits,
-        "audit": _audit(effect_), "nav": "effects",
+        "audit": audit_trail(effect_), "nav": "effects",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
         "command": effect_.command, "retry": schedule_view(effect_, timezone.now()),
         "reason": reason(effect_.quarantine_reason) if effect_.quarantine_reason else None,
@@ -66,7 +66,7 @@ def execution_page(request, execution_: Execution, kept: Kept | None = None):
         "execution": execution_, "result": chain["result"], "chain": chain,
         "reason": REASONS.get(execution_.quarantine_reason),
         "attempts": list(execution_.attempts.order_by("pk")) if hasattr(execution_, "attempts") else [],
-        "commands": effects_of_execution(execution_pk=execution_.pk), "audit": _audit(execution_),
+        "commands": effects_of_execution(execution_pk=execution_.pk), "audit": audit_trail(execution_),
         "nav": "executions", **execution_context(execution_, request.user), **kept_context(kept)},
         status=kept.status if kept else 200)
 

@@ -22,7 +22,7 @@ from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import effect_reconcile
 
 from . import bulk, selectors
-from .access import _audit, screen
+from .access import audit_trail, screen
 from .chain import EFFECT_FIELDS, effect_page, execution_or_404, execution_page
 from .forms import ApprovalRefusalForm, DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
 from .kept import Kept
@@ -216,7 +216,7 @@ def delivery(request, pk: int):
             ("execution", "remote effect", "acknowledgement", "verification", "checkpoint"), c.tuples[op.state])],
         "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
         "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
-        "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})
+        "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": audit_trail(op), "nav": "queue"})
 
 
 # -- dual-approval attestations -----------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _handoff_digest_of(values) -> bytes:
     return hashlib.sha256(_HANDOFF_JSON(body).encode()).digest()
 
 
-def _handoff_digest(h: OrderingHandoff) -> bytes:
+def digest_of_handoff(h: OrderingHandoff) -> bytes:
     return _handoff_digest_of([getattr(h, f) for f in HANDOFF_DIGEST_FIELDS])
 
 

@@ -93,7 +93,7 @@ def _cli_args(database: str) -> list[str]:
 _CAST = re.compile(r"::[a-z_ ]+(\[\])?")
 
 
-def _normalized(value: object) -> object:
+def normalized_value(value: object) -> object:
     """A definition as PostgreSQL deparses it, minus casts and parentheses: a restored `CHECK (x = ANY (ARRAY[..]))`
     deparses with different casts than the one created by the migration, with the same meaning."""
     if not isinstance(value, str):
@@ -118,7 +118,7 @@ def _digest_cursor(cursor) -> Digests:
     for label, sql in SCHEMA_SQL:
         cursor.execute(sql)
         for row in cursor.fetchall():
-            schema.update(repr((label, *map(_normalized, row))).encode())
+            schema.update(repr((label, *map(normalized_value, row))).encode())
             if label == "tables":
                 tables.append(row[0])
     content = hashlib.sha256(b"content.v1")

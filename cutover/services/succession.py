@@ -38,7 +38,7 @@ from cutover.services import barrier_receipts
 from cutover.services.fencing import check_fence as _fence
 from cutover.services.fencing import SUCCESSION_PERMISSION, check_holder
 from cutover.services.succession_drain import release_drain_of
-from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
+from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, digest_of_handoff,
                                               _same, _verify_handoff_digests)
 from effects.selectors import nonterminal_effects_of_epoch
 
@@ -364,7 +364,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder:
             route=lane.route, predecessor_route_version=lane.route_version,
             successor_route_version=new_route.version, partition=lane.partition, contract=lane.contract,
             contract_digest=old_digest, high_water=lane.high_water, high_water_tie=tie, derived_from=prior)
-        handoff.handoff_digest = _handoff_digest(handoff)
+        handoff.handoff_digest = digest_of_handoff(handoff)
         handoff.save()
         audit_record(actor=actor, entity=handoff, action="ordering_handoff", fence=frozen_fence,
                      evidence_digest=bytes(handoff.handoff_digest),
