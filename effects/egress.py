@@ -168,7 +168,7 @@ class Exchange:
     seconds: float = 0.0
 
 
-def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
+def permit_exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
     """The one HTTP call of a permit that won `granted -> sending` (committed), or its refusal before any byte."""
     refusal = _path_refusal(command)
     if refusal is not None:

@@ -124,7 +124,7 @@ def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, 
     if rows is None:
         rows = ([(g.account_id, g.pk, g.mode) for g in gates] if gates is not None
                 else _account_gates(account_gate_rows(attempt.configuration_id))[1])
-    owners = owners if owners is not None else succession._owner_receipts_digest(epoch)
+    owners = owners if owners is not None else succession.epoch_owner_receipts_digest(epoch)
     return evidence_digest("first_activation_evidence", {
         "owners": owners.hex(), "epoch": bytes(epoch.digest).hex(),
         "readiness": bytes(readiness).hex(), "shutdown": bytes(shutdown).hex(),
@@ -217,7 +217,7 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
                     and bytes(epoch_digest) == digest for mode, epoch_id, epoch_digest in gates))
 
 
-def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None,
+def activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None,
                             holder: str | None = None, expected_fence: int | None = None) -> None:
     """`rows`: the configuration's `account_gate_rows`, when the caller read them for the approval's digest."""
     # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
@@ -235,7 +235,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
     # The evidence computed before the locks too (D-287): its canonical encoding is linear Python (40% of the
     # transaction at 10,000 accounts). Under the locks it is used only if every input equals what the locks hold.
     candidate = attempt.candidate_epoch  # preimage deferred by attempt_get (D-285)
-    owners = succession._owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
+    owners = succession.epoch_owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
     try:
         certificates = _certificate_digests(attempt)
         early = (None if point is None else
@@ -318,7 +318,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
                                         rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
         activation_inventory.inventory_check(attempt, row)  # CV2-12-010: nothing uncovered, as frozen (D-320)
-        _activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
+        activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
         fault_point("activation.after_commit")
         row.refresh_from_db()
     if row.state == BarrierSetState.RELEASED and not _readback(attempt, epoch.pk):

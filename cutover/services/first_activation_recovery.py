@@ -106,7 +106,7 @@ def first_activation_recover(*, attempt_key: str, holder: str, actor: Actor, rel
                                            expected_fence=row.fence)
     else:  # activation won: only forward. The activation's approvals were required before the decision was won.
         if row.state == BarrierSetState.HELD:
-            fa._activation_transaction(attempt, row.pk, actor, holder=holder, expected_fence=row.fence)
+            fa.activation_transaction(attempt, row.pk, actor, holder=holder, expected_fence=row.fence)
         fa.first_activation_commit(attempt_key=attempt_key, actor=actor, holder=holder)
     row = ServingPublicationBarrierSet.objects.get(pk=row.pk)
     return Recovery(row.pk, row.holder, row.fence, row.state, decisions.decision_read(attempt_key).state)

@@ -119,8 +119,8 @@ def frozen_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
     return gates
 
 
-def gates_move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor, attempt: ServiceCutoverAttempt,
-          evidence: bytes | None) -> int:
+def gates_move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor,
+               attempt: ServiceCutoverAttempt, evidence: bytes | None) -> int:
     """Every frozen gate still in `source` takes `action`, set-based (one UPDATE, one audit INSERT;
     connector gates_advance, D-208); the edge is the django-fsm declaration's, which must start at `source`."""
     if fsm_edge(getattr(AccountServingGate, action))[0] != source:
