@@ -151,6 +151,69 @@ def test_no_module_re_exports_a_private_name():
     assert not found, f"import these from their owner (or make them public there): {found}"
 
 
+# A private name another product module uses: the module's own private shared inside one package, each listed with
+# its reason (D-513). Keys: "<path>: <module>.<name>"; a listed use that is gone must leave the list.
+PRIVATE_USES_ALLOWED = {
+    **{f"connector/canonical/decoding.py: connector.canonical.encoding.{name}": (
+        "the canonical encoding's internals, shared by the canonical package's decoder (one package, one format)")
+       for name in ("_BYTES_TYPES", "_I64", "_U32", "_check_domain")},
+    **{f"connector/canonical/shapes.py: connector.canonical.encoding.{name}": (
+        "the canonical encoding's internals, shared by the canonical package's shapes (one package, one format)")
+       for name in ("_ENCODED_TOKEN", "_freeze", "_write")},
+}
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    package = package[:len(package) - node.level + 1]
+    return ".".join((*package, *([node.module] if node.module else [])))
+
+
+def _private_uses(path: Path) -> list[str]:
+    """The `_private` names of other project modules that the module at `path` uses: imported by name
+    (`from m import _x`) or read through an imported module (`m._x`). Model attributes such as `_meta` are not
+    module names, so they are not counted."""
+    relative = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules, found = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(path, node)
+            if source.split(".")[0] not in LOCAL_IMPORT_ROOTS:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add(f"{relative}: {source}.{alias.name}")
+                elif _is_module(f"{source}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{source}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LOCAL_IMPORT_ROOTS and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.add(f"{relative}: {modules[node.value.id]}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_product_module_uses_another_modules_private_name():
+    """A name another product module uses is public in its owner: no product module imports or reads a `_private`
+    name of another project module, except the listed uses inside one package (issue 39 item 4, D-513)."""
+    found = [hit for path in _scoped_sources(LOCAL_IMPORT_SCOPE) for hit in _private_uses(path)]
+    extra = sorted(set(found) - set(PRIVATE_USES_ALLOWED))
+    assert not extra, f"make these names public in their owner (or stop using them from outside): {extra}"
+    stale = sorted(set(PRIVATE_USES_ALLOWED) - set(found))
+    assert not stale, f"remove these from PRIVATE_USES_ALLOWED, they are no longer used: {stale}"
+
+
 def _product_modules() -> dict[str, int]:
     sizes = {}
     for package in PRODUCT_PACKAGES:
