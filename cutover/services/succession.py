@@ -35,7 +35,6 @@ from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivati
                             SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import barrier_receipts
-from cutover.services.fencing import check_fence as _fence
 from cutover.services.fencing import SUCCESSION_PERMISSION, check_holder
 from cutover.services.succession_drain import release_drain_of
 from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, digest_of_handoff,
