@@ -26,7 +26,7 @@ share-locks every gate (O(N) per lane, O(K N^2) in all: 4,000 handoffs at 1,000 
 so the bench writes in one transaction exactly what `ordering_handoff` writes per lane: the predecessor lane frozen
 (`halted`, ORDERING_HANDOFF, fence + 1), the successor lane (baseline = high-water = the frozen high-water, origin
 `ordering_handoff`, the successor's route version), the OrderingHandoff with its digest computed by
-`succession._handoff_digest` and the contract digest by `succession.contract_digest`, and its `ordering_handoff`
+`handoff_digests.digest_of_handoff` and the contract digest by `succession.contract_digest`, and its `ordering_handoff`
 audit row. `successor_activate` then locks 2KN lanes and byte-checks every handoff against them. `--handoffs
 service` runs `handoff_all` instead (for when it is set-based; tests compare the two paths' rows).
 """
@@ -235,7 +235,7 @@ def _bulk_handoffs(barrier, predecessor, successor, actor_label: str, say: Progr
     from django.utils import timezone
 
     from cutover.models import OrderingHandoff
-    from cutover.services import succession
+    from cutover.services import handoff_digests, succession
 
     template = min(gate_fences(predecessor.configuration_id))
     old, new = _route_of(predecessor, template), _route_of(successor, template)
@@ -262,7 +262,7 @@ def _bulk_handoffs(barrier, predecessor, successor, actor_label: str, say: Progr
                 contract_digest=digest, high_water=high_water, high_water_tie=None if tie is None else bytes(tie),
                 derived_from_id=None)
             rows.append(tuple(getattr(handoff, c) for c in HANDOFF_COLUMNS[:-2])
-                        + (succession._handoff_digest(handoff), now))
+                        + (handoff_digests.digest_of_handoff(handoff), now))
         handoffs = _copy(cursor, "cutover_orderinghandoff", HANDOFF_COLUMNS, rows)
         cursor.execute(HANDOFF_AUDIT_SQL, {"actor": actor_label, "successor": successor.pk})
         audits = cursor.rowcount

@@ -3,7 +3,7 @@ which may not grow: tests/test_layout.py).
 
 Each scenario is one product call (`CALLS`): `first` is `connector.services.serving.epoch_activate_first`,
 `cutover` is `cutover.services.first_activation.first_activation_commit` (the coordinator's commit phase, also its
-resume: approval check, the barrier-set transaction `_activation_transaction`, readback, `v2_committed`, release),
+resume: approval check, the barrier-set transaction `activation_transaction`, readback, `v2_committed`, release),
 `successor` is `cutover.services.succession.successor_activate`.
 
 Timing only wraps product functions to take timestamps; nothing is replaced. Every wrapper tolerates a call that
@@ -12,7 +12,7 @@ never happens (another helper may make the gate UPDATE and its audit INSERT one 
 error. The marks, in order: the transaction's first lock (the epoch for `first`, the barrier set otherwise: its
 FIRST call, the commit phase locks it again to release it), the gate locks (`locks.gates_for_update`), the set-based
 gate move (`gates_bind_epoch`: one UPDATE and one audit INSERT, D-210), and the end of the transaction (the call's
-return, or `first_activation._activation_transaction`'s for `cutover`, whose COMMIT precedes the readback).
+return, or `first_activation.activation_transaction`'s for `cutover`, whose COMMIT precedes the readback).
 
 The child's kill points: `after_gate_locks` (gates_for_update returned) and `before_commit`: the product's own
 crash points `activation.before_commit` (cutover) and `succession.before_commit` (successor), instrumented to pause
@@ -122,7 +122,7 @@ def instrument(stack: ExitStack, scenario: str, marks: dict[str, float], *, on_g
     for module in (serving, gates_service):  # serving imported the name; succession calls it through the module
         wrap(module, "gates_bind_epoch", before=mark("bind_start"), after=gates_written)
     if scenario == "cutover":
-        wrap(first_activation, "_activation_transaction", after=mark("txn_end"))
+        wrap(first_activation, "activation_transaction", after=mark("txn_end"))
     if on_crash_point and scenario in CRASH_POINTS:
         module = first_activation if scenario == "cutover" else succession
         real_point = module.fault_point

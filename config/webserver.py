@@ -50,6 +50,7 @@ from gunicorn.http.wsgi import Response, default_environ
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from config.env import env_int
+from connector.api.exceptions import API_ERROR_CODES
 from connector.api.transport import RAW_IDEMPOTENCY_KEY
 
 _KEY_FIELD = b"idempotency-key:"
@@ -89,8 +90,6 @@ def body_refusal_code(req: Request, limit: int | None) -> str | None:
 def catalog_answers() -> dict[str, tuple[str, bytes]]:
     """code -> (status line, the whole HTTP/1.1 answer) of each server refusal: the catalog body, then the
     connection closes. Built once per worker, after Django is set up."""
-    from connector.api.exceptions import API_ERROR_CODES
-
     answers = {}
     for code in SERVER_CODES:
         status, meaning = API_ERROR_CODES[code]

@@ -13,7 +13,16 @@ from typing import NamedTuple
 
 from django.db import transaction
 
-from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
+from connector.models import (
+    AccountServingGate,
+    CredentialGenerationDispatchGate,
+    Execution,
+    ExecutionDependency,
+    OrderingLane,
+    ProjectionWindow,
+    Receipt,
+    ServingEpoch,
+)
 
 # Advisory-lock namespaces (one registry; STYLE R9). PostgreSQL grants a new row share lock even while a
 # FOR UPDATE waits on the same row, so under steady writes a gate transition could wait without bound. The
@@ -247,33 +256,23 @@ def _of_account(queryset, account_id: int | None):
 
 
 def lane_for_update(lane_pk: int, *, account_id: int | None = None):
-    from connector.models import OrderingLane
-
     return _of_account(OrderingLane.objects.select_for_update(of=("self",)), account_id).get(pk=lane_pk)
 
 
 def receipt_for_update(receipt_pk: int, *, account_id: int | None = None):
-    from connector.models import Receipt
-
     return _of_account(Receipt.objects.select_for_update(of=("self",)), account_id).get(pk=receipt_pk)
 
 
 def open_window_for_update(*, epoch_pk: int, route: str, grouping_key: str):
-    from connector.models import ProjectionWindow
-
     return (ProjectionWindow.objects.select_for_update(of=("self",))
             .filter(epoch_id=epoch_pk, route=route, grouping_key=grouping_key, state="open").first())
 
 
 def window_for_update(window_pk: int):
-    from connector.models import ProjectionWindow
-
     return ProjectionWindow.objects.select_for_update(of=("self",)).get(pk=window_pk)
 
 
 def execution_for_update(execution_pk: int, *, skip_locked: bool = False, account_id: int | None = None):
-    from connector.models import Execution
-
     return (_of_account(Execution.objects.select_for_update(of=("self",), skip_locked=skip_locked), account_id)
             .filter(pk=execution_pk).first())
 
@@ -281,8 +280,6 @@ def execution_for_update(execution_pk: int, *, skip_locked: bool = False, accoun
 def lanes_for_update(lane_pks: Iterable[int], *, account_ids: Iterable[int]) -> dict:
     """Several OrderingLanes FOR UPDATE in ascending pk, in one statement that names their accounts (the batched
     result recording, D-255: lanes before entity rows). Returns {pk: lane}; a pk of another account is absent."""
-    from connector.models import OrderingLane
-
     ordered = sorted(set(lane_pks))
     if not ordered:
         return {}
@@ -294,8 +291,6 @@ def account_receipts_for_update(receipt_pks: Iterable[int], *, account_id: int) 
     """The Receipts of one account FOR UPDATE in ascending pk, the columns materialization compares and reads, in
     one statement that names the account and joins no reference table (materialization, after the guard:
     concurrent materializers of a receipt serialize). A pk of another account is absent."""
-    from connector.models import Receipt
-
     ordered = sorted(set(receipt_pks))
     if not ordered:
         return []
@@ -308,8 +303,6 @@ def account_receipts_for_update(receipt_pks: Iterable[int], *, account_id: int) 
 def account_lanes_for_update(lane_pks: Iterable[int], *, account_id: int) -> list:
     """The OrderingLanes of one account FOR UPDATE in ascending pk, in one statement that names the account and
     joins no reference table (the lane advance, after the guard). A pk of another account is absent."""
-    from connector.models import OrderingLane
-
     ordered = sorted(set(lane_pks))
     if not ordered:
         return []
@@ -320,8 +313,6 @@ def account_lanes_for_update(lane_pks: Iterable[int], *, account_id: int) -> lis
 def executions_for_update(execution_pks: Iterable[int], *, account_ids: Iterable[int]) -> dict:
     """Several Executions FOR UPDATE in ascending pk (entity rows, after the guard and the lanes), in one statement
     that names their accounts (D-255). Returns {pk: execution}; a pk of another account is absent."""
-    from connector.models import Execution
-
     ordered = sorted(set(execution_pks))
     if not ordered:
         return {}
@@ -330,8 +321,6 @@ def executions_for_update(execution_pks: Iterable[int], *, account_ids: Iterable
 
 
 def dependency_for_update(dependency_pk: int):
-    from connector.models import ExecutionDependency
-
     return ExecutionDependency.objects.select_for_update(of=("self",)).get(pk=dependency_pk)
 
 

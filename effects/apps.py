@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from connector import hooks
+
 
 class EffectsConfig(AppConfig):
     name = "effects"
@@ -7,7 +9,7 @@ class EffectsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from connector import hooks
+        # ready(): these modules read the models, which Django loads only after every apps.py (app loading)
         from connector.services import approvals
         from effects import selectors
         from effects.services import dispatch, identity, intents, runtime_bridge

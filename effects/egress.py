@@ -26,8 +26,11 @@ from connector.faults import fault_point
 from connector.interpreters import callout as callout_paths
 from connector.services.secrets import read_secret
 from effects.choices import AttemptOutcome, HolderState, PermitState
+from effects.delivery.protocol import Answer, read_poll, read_submit
 from effects.errors import EgressRefused
-from effects.models import DispatchPermit
+from effects.models import DeliveryOperation, DispatchPermit
+from effects.services.delivery import execution
+from effects.services.delivery.setup import current_secret_ref
 from effects.services.outbound import frozen_path_template
 
 log = logging.getLogger(__name__)
@@ -165,7 +168,7 @@ class Exchange:
     seconds: float = 0.0
 
 
-def _exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
+def permit_exchange(*, permit_pk: int, command, base_url: str | None) -> Exchange:
     """The one HTTP call of a permit that won `granted -> sending` (committed), or its refusal before any byte."""
     refusal = _path_refusal(command)
     if refusal is not None:
@@ -265,10 +268,6 @@ def _delivery_timeout(profile) -> httpx.Timeout:
 
 def delivery_send(*, attempt_pk: int):
     """Send one delivery attempt: commit io_may_have_started, then the one request; record what came back."""
-    from effects.delivery.protocol import Answer, read_submit
-    from effects.services.delivery import execution
-    from effects.services.delivery.setup import current_secret_ref
-
     attempt = execution.attempt_start_io(attempt_pk)
     fault_point("delivery.after_io_marked")
     op = attempt.operation
@@ -302,11 +301,6 @@ def delivery_send(*, attempt_pk: int):
 
 def delivery_poll(*, operation_pk: int):
     """The poll_receipt continuation: one GET of the job receipt (reads only; no mutation is sent)."""
-    from effects.delivery.protocol import Answer, read_poll
-    from effects.models import DeliveryOperation
-    from effects.services.delivery import execution
-    from effects.services.delivery.setup import current_secret_ref
-
     op = DeliveryOperation.objects.select_related("binding", "profile").get(pk=operation_pk)
     if op.state not in ("accepted", "waiting") or not op.remote_receipt_id:
         return op

@@ -1,6 +1,6 @@
 """The one send path of the sole egress adapter (issue 20, D-349; issue 39): a batch of `granted` permits (one
 permit is a batch of one) wins its `granted -> sending` markers in ONE committed transaction before any byte
-leaves (`win_sending_batch`); then the adapter makes each permit's one HTTP exchange (`egress._exchange`,
+leaves (`win_sending_batch`); then the adapter makes each permit's one HTTP exchange (`egress.permit_exchange`,
 sequentially, on the process's kept client) and the answers are settled (`_settle`): the `remote_confirmed`
 answers and their finalizations in one transaction (`dispatch_batch.permits_settle_confirmed`), every other answer
 by `dispatch.permit_settle`. A settlement PostgreSQL cannot take now is tried again until it lands, or the holder
@@ -164,7 +164,7 @@ def _effects(permits: list[BatchPermit]) -> dict[int, RemoteEffect]:
 
 
 def _exchange(p: BatchPermit, effects: dict[int, RemoteEffect], base_url: str | None) -> egress.Exchange:
-    return egress._exchange(permit_pk=p.permit_pk, command=effects[p.effect_pk].command, base_url=base_url)
+    return egress.permit_exchange(permit_pk=p.permit_pk, command=effects[p.effect_pk].command, base_url=base_url)
 
 
 def _send(p: BatchPermit, effects: dict[int, RemoteEffect], base_url: str | None) -> egress.Exchange:

@@ -3,7 +3,14 @@ order: entity rows come last, effect before destination limiter before permit be
 from __future__ import annotations
 
 from connector.selectors.locks import share_one
-from effects.models import DeliveryOperation, DestinationLimiter, DispatchPermit, ProcessGeneration, RemoteEffect
+from effects.models import (
+    DeliveryOperation,
+    DestinationLimiter,
+    DispatchPermit,
+    ProcessGeneration,
+    RemoteEffect,
+    RemoteLink,
+)
 
 
 # `account_id` / `effect_id`, where the caller already read them: the lock names the row's distribution column
@@ -69,6 +76,4 @@ def delivery_operation_for_update(operation_pk: int) -> DeliveryOperation | None
 
 
 def links_for_update(link_pks):
-    from effects.models import RemoteLink
-
     return list(RemoteLink.objects.filter(pk__in=set(link_pks)).order_by("pk").select_for_update(of=("self",)))

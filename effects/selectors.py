@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.db import connection
 
+from connector.selectors.poison import held_receipts, lanes_step_failed
 from effects.choices import EFFECT_TERMINAL, PermitState
 from effects.models import (
     DeliveryOperation,
@@ -166,8 +167,6 @@ def poison_held(*, code: str, account_key: str | None = None) -> list[int]:
     """The pks of the items held with `code` that a release lifts (RELEASABLE_KINDS), of one account when
     `account_key` is given (a delivery operation belongs to no account: the filter keeps none of them). Reads only;
     each release re-checks its item's hold under the item's lock. Raises KeyError for another code."""
-    from connector.selectors.poison import held_receipts, lanes_step_failed
-
     kind = RELEASABLE_KINDS[code]
     if kind == "receipt":
         return held_receipts(account_key=account_key)

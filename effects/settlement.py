@@ -29,6 +29,8 @@ from django.db import InterfaceError, OperationalError, connection
 
 from connector import stage_metrics
 from connector.actors import Actor
+from effects.models import DispatchPermit
+from effects.services import dispatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,9 +88,6 @@ def give_up(holder_id: str, *, evidence: str) -> list[int]:
     """Give up this process's holder generation (see the module): from now on the process never sends under it,
     and, tried again until PostgreSQL takes it, the generation is terminated with `evidence` and each of its open
     permits abandoned with the proof. Returns the effects whose permits were abandoned."""
-    from effects.models import DispatchPermit
-    from effects.services import dispatch
-
     _GIVEN_UP.add(holder_id)
     evidence = f"egress process gave up its generation: {evidence}"
     log.warning("holder generation %s given up: %s", holder_id, evidence)

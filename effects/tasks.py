@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from effects.services import worker
+from connector.services import poison
+from effects.services import recovery, worker
+from effects.services.delivery import journal, runner, setup
 
 
 @shared_task(name="effects.tasks.effect_dispatch", acks_late=True, ignore_result=True)
@@ -30,8 +32,6 @@ def effects_sweep() -> dict[str, int]:
 def uncertain_sweep() -> dict[str, int]:
     """Uncertain effects whose frozen idempotency contract proves a repeat safe, found in PostgreSQL: the due ones
     go back to `prepared` (effects.services.recovery, D-430); the egress is woken when any did."""
-    from effects.services import recovery
-
     report = recovery.uncertain_sweep()
     if report["recovered"]:
         effect_dispatch.delay()
@@ -42,8 +42,6 @@ def uncertain_sweep() -> dict[str, int]:
 def delivery_step(operation_pk: int) -> str:
     """Advance one delivery operation by one step (queue `delivery`); the service re-reads and claims it. A
     deterministic failure holds the operation (DELIVERY_STEP_FAILED) instead of failing the worker."""
-    from effects.services.delivery import runner
-
     return runner.step_isolated(operation_pk)
 
 
@@ -52,9 +50,6 @@ def delivery_sweep() -> dict:
     """Find due delivery work in PostgreSQL (a lost broker message only delays), recover orphans by attempt ID,
     expire certifications due for recertification, and audit the journal (blocking the gate on a finding). Each
     part is isolated: a failure of one is logged with its traceback and never keeps the others from running."""
-    from connector.services import poison
-    from effects.services.delivery import journal, runner, setup
-
     findings = []
     with poison.isolated(step="delivery_sweep", item="certification expiry"):
         setup.certification_expire_due()

@@ -32,5 +32,5 @@ def screen(view):
     return wrapped
 
 
-def _audit(entity) -> list[AuditRecord]:
+def audit_trail(entity) -> list[AuditRecord]:
     return list(AuditRecord.objects.filter(entity_type=entity._meta.label, entity_id=str(entity.pk)).order_by("pk"))

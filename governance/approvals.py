@@ -27,6 +27,8 @@ from .access import screen
 from .approval_context import approval_context
 from .kept import Kept, kept_context
 from .forms import ApprovalRefusalForm, ApprovalRequestForm, DigestApprovalForm, parse
+from . import bulk
+from .console import cutover_page
 
 GIVE = approvals.PERMISSION
 
@@ -46,8 +48,6 @@ def request_approval(request):
                                          reason=form["reason"], evidence_ref=form["evidence_ref"])
     except ConnectorError as error:
         if kind == ApprovalKind.ACTIVATION_DECISION:
-            from .console import cutover_page
-
             return cutover_page(request, status=error.http_status, refused={
                 "subject_key": key, "reason": form["reason"], "evidence_ref": form["evidence_ref"],
                 "error": f"{error.code}: {error.detail}"})
@@ -63,8 +63,6 @@ SET_FIELDS = {"reason": "apply-reason", "evidence_ref": "apply-evidence", "item"
 
 def _apply_set(request, pk: int):
     """Apply an approved set of relinks: each member with the change time the page showed, one by one (D-494)."""
-    from . import bulk
-
     row = get_object_or_404(DualApprovalRequest.objects.select_related("requested_by", "refused_by"), pk=pk)
     if row.kind != ApprovalKind.REMOTE_IDENTITY_CHANGE_SET:
         raise PermissionDenied("only a set of relinks is applied here")

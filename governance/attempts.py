@@ -24,6 +24,7 @@ from cutover.ports import v1_owner
 from cutover.services import cutover_phases
 from cutover.services import decision as decisions
 from cutover.services import first_activation, v1_shutdown
+from cutover.services.preflight import attempt_account_keys
 
 from .forms import AttemptActionForm, parse
 from .access import screen
@@ -46,7 +47,7 @@ def in_flight(attempt: ServiceCutoverAttempt) -> list:
     """The V1 effect rows whose provider call may have started (reconcilable in v1_stopped)."""
     if attempt.outcome != "open":
         return []
-    return [b for b in v1_owner().inventory(v1_shutdown._keys(attempt)).blocking
+    return [b for b in v1_owner().inventory(attempt_account_keys(attempt)).blocking
             if b.kind == "io_may_have_started" and b.table == "v1_v1outboundeffect"]
 
 

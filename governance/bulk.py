@@ -35,6 +35,7 @@ from django.views.decorators.http import require_http_methods
 from connector import statetokens
 from connector.actors import Actor
 from connector.errors import ConnectorError, FormInvalid, TransitionRefused
+from connector.selectors.lanes import execution_remedy
 from connector.selectors.rows import Execution, OrderingLane, Receipt
 from connector.services import lanes, replay
 from effects.selectors import RELEASABLE_KINDS, DeliveryOperation, RemoteEffect, poison_held
@@ -108,8 +109,6 @@ def _held(code: str, account_key: str | None) -> list[Candidate]:
 
 
 def _quarantined_executions(code: str, account_key: str | None) -> list[Candidate]:
-    from connector.selectors.lanes import execution_remedy
-
     rows = Execution.objects.filter(state="quarantined", quarantine_reason=code).select_related(
         "projection", "account").order_by("pk")
     if account_key is not None:

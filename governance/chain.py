@@ -13,12 +13,16 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from connector.selectors import browse
-from connector.selectors.rows import Execution
-from effects.selectors import RemoteEffect, effect_links, effects_of_execution, link_get
+from connector.selectors.rows import Event, Execution
+from effects.selectors import RemoteEffect, RemoteLink, effect_links, effects_of_execution, link_get
+from effects.services.dispatch import RECONCILE_DECISIONS
+from effects.services.recovery import effect_recovery_outlook
+from effects.services.retry import schedule_view
 
-from .access import _audit, screen
+from .access import audit_trail, screen
 from .kept import Kept, kept_context
 from .reasons import REASONS, reason
+from .offers import execution_context, link_context, remote_call_context
 
 EFFECT_FIELDS = {"decide": {"decision": "decision", "remote_id": "remote_id", "reason": "reason",
                             "evidence_ref": "evidence_ref", "changed_at": "decide-title"},
@@ -42,17 +46,11 @@ def effect_upstream(effect_: RemoteEffect) -> dict:
 
 def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
     """The effect page; with `kept`, the refused form as it was typed."""
-    from effects.services.dispatch import RECONCILE_DECISIONS
-    from effects.services.recovery import effect_recovery_outlook
-    from effects.services.retry import schedule_view
-
-    from .offers import link_context, remote_call_context
-
     may_decide = request.user.has_perm("effects.reconcile_effect")
     permits = list(effect_.permits.order_by("pk")) if hasattr(effect_, "permits") else []
     return render(request, "governance/effect.html", {
         "recovery": effect_recovery_outlook(effect_) if effect_.state == "uncertain" else None, "effect": effect_, "attempts": list(effect_.attempts.order_by("ordinal")), "permits": permits,
-        "audit": _audit(effect_), "nav": "effects",
+        "audit": audit_trail(effect_), "nav": "effects",
         "decisions": RECONCILE_DECISIONS if effect_.state == "uncertain" else (), "may_decide": may_decide,
         "command": effect_.command, "retry": schedule_view(effect_, timezone.now()),
         "reason": reason(effect_.quarantine_reason) if effect_.quarantine_reason else None,
@@ -63,14 +61,12 @@ def effect_page(request, effect_: RemoteEffect, kept: Kept | None = None):
 
 def execution_page(request, execution_: Execution, kept: Kept | None = None):
     """The execution page: evidence and remediation, its chain both ways; with `kept`, the refused replay form."""
-    from .offers import execution_context
-
     chain = browse.execution_chain(execution_)
     return render(request, "governance/execution.html", {
         "execution": execution_, "result": chain["result"], "chain": chain,
         "reason": REASONS.get(execution_.quarantine_reason),
         "attempts": list(execution_.attempts.order_by("pk")) if hasattr(execution_, "attempts") else [],
-        "commands": effects_of_execution(execution_pk=execution_.pk), "audit": _audit(execution_),
+        "commands": effects_of_execution(execution_pk=execution_.pk), "audit": audit_trail(execution_),
         "nav": "executions", **execution_context(execution_, request.user), **kept_context(kept)},
         status=kept.status if kept else 200)
 
@@ -78,8 +74,6 @@ def execution_page(request, execution_: Execution, kept: Kept | None = None):
 @screen
 def event(request, pk: int):
     """One event: its receipt (upstream), its projection, lane and executions (downstream)."""
-    from connector.selectors.rows import Event
-
     try:
         event_ = browse.event_get(pk)
     except Event.DoesNotExist:
@@ -91,8 +85,6 @@ def event(request, pk: int):
 @screen
 def link(request, pk: int):
     """One RemoteLink: the effect that made it, and the effects whose updates addressed its remote identity."""
-    from effects.selectors import RemoteLink
-
     try:
         link_, addressed = link_get(link_pk=pk)
     except RemoteLink.DoesNotExist:

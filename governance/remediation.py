@@ -13,6 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from connector.actors import Actor
 from connector.errors import ConnectorError
+from connector.selectors.browse import lane_executions
 from connector.selectors.rows import (
     GapDecision,
     LaneResumption,
@@ -31,7 +32,7 @@ from connector.services import lanes, replay
 from effects.selectors import RemoteEffect
 from effects.services import identity, intents
 
-from .access import _audit, screen
+from .access import audit_trail, screen
 from .chain import EFFECT_FIELDS, REPLAY_FIELDS, effect_page, execution_or_404, execution_page
 from .kept import Kept, kept_context
 from .reasons import reason
@@ -150,8 +151,6 @@ def lane(request, pk: int):
 
 def _lane_page(request, lane_: OrderingLane, may_resume: bool, kept: Kept | None = None):
     """The lane page; with `kept`, the refused resume form as it was typed (issue 38 item 3)."""
-    from connector.selectors.browse import lane_executions
-
     halting = halting_execution(lane_)
     fact = lane_halt_fact(lane_)
     return render(request, "governance/lane.html", {
@@ -164,7 +163,7 @@ def _lane_page(request, lane_: OrderingLane, may_resume: bool, kept: Kept | None
         "resumptions": list(LaneResumption.objects.filter(lane=lane_).order_by("-pk")[:10]),
         "modes": (("missing_arrived", "skip_with_evidence") if lane_.halt_reason == lanes.GAP_DEADLINE else
                   ("skip_with_evidence",) if halting is not None else ()),
-        "may_resume": may_resume and lane_.state == "halted", "audit": _audit(lane_), "nav": "board",
+        "may_resume": may_resume and lane_.state == "halted", "audit": audit_trail(lane_), "nav": "board",
         **kept_context(kept)}, status=kept.status if kept else 200)
 
 

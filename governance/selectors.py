@@ -14,6 +14,7 @@ from django.db.models.functions import TruncMinute
 from django.urls import reverse
 from django.utils import timezone
 
+from connector.selectors.lanes import execution_remedy, lane_halt_fact, replay_outlook
 from connector.selectors.rows import (
     AccountServingGate,
     ApplicationResult,
@@ -21,16 +22,22 @@ from connector.selectors.rows import (
     CredentialGenerationDispatchGate,
     DualApprovalRequest,
     Execution,
+    MaterializationDue,
     OrderingLane,
+    Projection,
     Receipt,
     ReceiptComponent,
 )
+from cutover.selectors import ServiceCutoverAttempt, V1GenerationReceipt
 from effects.selectors import DeliveryOperation, DispatchPermit, MutationGate, ReceiverCertification, RemoteEffect
 from effects.services.delivery.setup import certification_subject_digest
+from effects.services.recovery import NO_PROOF, effect_recovery_outlook
+from observability import readings
 
 from .items import Item
 from .poison import poison_items
 from .reasons import Remedy, reason
+from .attempts import in_flight
 
 WAITING_DELIVERY = r"^(final_unknown|final_partial|final_full_unverified|reconciling_)"
 
@@ -51,8 +58,6 @@ def uncertain_effects() -> list[Item]:
     """Uncertain effects: waiting for a person (EFFECT_UNCERTAIN without the proof of a safe repeat, or the hold
     of a stopped automatic recovery), or on the board only while the product repeats them itself under their
     frozen idempotency contract (UNCERTAIN_REPEAT_SCHEDULED, with the time the repeat is due; D-430)."""
-    from effects.services.recovery import NO_PROOF, effect_recovery_outlook
-
     items = []
     for e in RemoteEffect.objects.select_related("command").filter(state="uncertain"):
         outlook = effect_recovery_outlook(e)
@@ -88,8 +93,6 @@ def ended_effects() -> list[Item]:
 def quarantined_executions() -> list[Item]:
     """Quarantined executions still waiting for their remedy (one already replayed, or passed by a lane resume,
     is followed through its successor fact instead), each with whether a replay would run now."""
-    from connector.selectors.lanes import execution_remedy, replay_outlook
-
     items = []
     for x in Execution.objects.select_related("projection", "lane").filter(state="quarantined"):
         if execution_remedy(x):
@@ -104,8 +107,6 @@ def quarantined_executions() -> list[Item]:
 
 def halted_lanes() -> list[Item]:
     """Halted lanes, timed by the fact that halted them (gap decision or quarantined execution)."""
-    from connector.selectors.lanes import lane_halt_fact
-
     items = []
     for lane in OrderingLane.objects.filter(state="halted"):
         fact = lane_halt_fact(lane)
@@ -153,10 +154,6 @@ def waiting_deliveries() -> list[Item]:
 def v1_reconciliations() -> list[Item]:
     """V1 effect rows of an open service cutover in `v1_stopped` whose provider call may have started: each needs
     a fenced reconciliation with the provider's evidence before the shutdown certificate (CV2-12-040)."""
-    from cutover.selectors import ServiceCutoverAttempt, V1GenerationReceipt
-
-    from .attempts import in_flight
-
     found = []
     for attempt in ServiceCutoverAttempt.objects.filter(outcome="open").select_related("configuration"):
         stopped = V1GenerationReceipt.objects.filter(attempt=attempt).order_by("pk").first()
@@ -265,8 +262,6 @@ def pipeline(now: datetime | None = None) -> dict:
     throughput per stage and minute, and the stuck items (older than their stage's budget)."""
     from django.conf import settings
 
-    from observability import readings
-
     now = now or timezone.now()
     since = now - timedelta(hours=1)
     start = since.replace(second=0, microsecond=0)
@@ -276,8 +271,6 @@ def pipeline(now: datetime | None = None) -> dict:
         found = dict(queryset.filter(**{f"{field}__gte": since}).annotate(m=TruncMinute(field))
                      .values_list("m").annotate(n=Count("pk")).order_by())
         return [found.get(m, 0) for m in minutes]
-
-    from connector.selectors.rows import Projection
 
     throughput = {
         "admitted": per_minute(Receipt.objects.all(), "created_at"),
@@ -301,8 +294,6 @@ class ReceiptStatus:
 def receipt_status(receipt: Receipt, *, now: datetime | None = None) -> ReceiptStatus:
     """Why a receipt has (not yet) materialized, from its work-queue row, its account's gate and its stage budget."""
     from django.conf import settings
-
-    from connector.selectors.rows import MaterializationDue
 
     now = now or timezone.now()
     due = MaterializationDue.objects.filter(receipt=receipt).first()

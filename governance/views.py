@@ -14,18 +14,21 @@ from django.views.decorators.http import require_http_methods
 from connector.actors import Actor
 from connector.errors import ConnectorError
 from connector.selectors import browse
+from connector.selectors.rows import Receipt
 from effects.delivery.contract import contract
 from effects.selectors import DeliveryOperation, ReceiverCertification, RemoteEffect
 from effects.services.delivery import reconciliation as delivery_reconciliation
 from effects.services.delivery import setup as delivery_setup
 from effects.services.dispatch import effect_reconcile
 
-from . import selectors
-from .access import _audit, screen
+from . import bulk, selectors
+from .access import audit_trail, screen
 from .chain import EFFECT_FIELDS, effect_page, execution_or_404, execution_page
 from .forms import ApprovalRefusalForm, DeliveryDecisionForm, DigestApprovalForm, EffectDecisionForm, FormRefused, parse
 from .kept import Kept
 from .reasons import REASONS
+from .approval_context import certification_context, filed_requests
+from .words import word
 
 
 def _decide(request, call, *, success: str) -> bool:
@@ -75,8 +78,6 @@ def _chart(series, colours: dict[str, str]) -> dict:
 def _lines(series: dict[str, list[tuple[float, float]]], colours: dict[str, str], machine: str) -> dict:
     """Polyline geometry for several series over the same hour: x is the minute (0..60), y scaled to the peak; each
     line with its colour and its words (governance.words: label and explanation of the stage or series)."""
-    from .words import word
-
     peak = max([v for points in series.values() for _, v in points] + [1])
     lines = []
     for name, points in series.items():
@@ -114,8 +115,6 @@ def overview(request):
 @screen
 def receipt(request, pk: int):
     """One receipt: what was admitted, under which epoch and fence, and why it has (not yet) materialized."""
-    from connector.selectors.rows import Receipt
-
     receipt_ = get_object_or_404(Receipt.objects.select_related("account", "epoch").defer("epoch__preimage",
                                                                                           "payload"), pk=pk)
     return render(request, "governance/receipt.html", {
@@ -127,8 +126,6 @@ def receipt(request, pk: int):
 
 @screen
 def queue(request):
-    from . import bulk
-
     items = selectors.queue()
     counts: dict[str, int] = {}
     for item in items:
@@ -141,8 +138,6 @@ def queue(request):
 
 @screen
 def board(request):
-    from . import bulk
-
     groups = selectors.board()
     offers = bulk.offers(groups)
     return render(request, "governance/board.html", {
@@ -221,15 +216,13 @@ def delivery(request, pk: int):
             ("execution", "remote effect", "acknowledgement", "verification", "checkpoint"), c.tuples[op.state])],
         "attempts": list(op.attempts.order_by("ordinal")), "observations": list(op.observations.order_by("ordinal")),
         "reconciliations": list(op.reconciliations.select_related("approved_by")), "moves": moves,
-        "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": _audit(op), "nav": "queue"})
+        "error": c.errors.get(op.last_code), "may_decide": may_decide, "audit": audit_trail(op), "nav": "queue"})
 
 
 # -- dual-approval attestations -----------------------------------------------------------------------------------
 
 @screen
 def attestations(request):
-    from .approval_context import filed_requests
-
     return render(request, "governance/attestations.html", {
         "pending": selectors.attestations(), "due": selectors.recertification_due(),
         "filed": filed_requests(), "nav": "attestations"})
@@ -264,8 +257,6 @@ def attestation(request, pk: int):
 
 
 def _attestation_page(request, cert, *, refusal: dict | None = None, status: int = 200):
-    from .approval_context import certification_context
-
     may_approve = request.user.has_perm("effects.approve_certification")
     digest = delivery_setup.certification_subject_digest(cert)
     approvals = list(cert.approvals.select_related("approver").order_by("pk"))

@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 
 from config.env import BASE_DIR
+from effects.delivery.contract import contract
 
 GLOSSARY = BASE_DIR / "docs" / "glossary.md"
 SECTION = "## States and modes in words"
@@ -54,8 +55,6 @@ def parse(text: str) -> dict[str, dict[str, Word]]:
 
 
 def _delivery_words() -> dict[str, Word]:
-    from effects.delivery.contract import contract
-
     return {state: Word(state, state.replace("_", " ").capitalize(),
                         "; ".join(f"{axis}: {value.lower().replace('_', ' ')}" for axis, value in zip(AXES, axes)))
             for state, axes in contract().tuples.items()}

@@ -13,6 +13,8 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from connector.selectors.rows import AccountServingGate
+
 DATABASES = ("default", "journal")
 
 
@@ -78,8 +80,6 @@ def _durability() -> str:
 
 
 def _serving() -> str:
-    from connector.selectors.rows import AccountServingGate
-
     return f"{AccountServingGate.objects.count()} gates"
 
 

@@ -21,6 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from connector.stage_metrics import COLLECTORS
+from observability.admission import ADMISSION
+
 from . import readings
 
 
@@ -103,9 +106,6 @@ def _registry() -> CollectorRegistry:
 def counted_collectors() -> tuple:
     """Every metric counted in process memory: the admission histogram (web) and the stage latencies, egress and
     deferrals counted where the work happens (connector.stage_metrics, workers)."""
-    from connector.stage_metrics import COLLECTORS
-    from observability.admission import ADMISSION
-
     return (ADMISSION, *COLLECTORS)
 
 

@@ -23,6 +23,7 @@ from connector.selectors.rows import (
     ServingEpoch,
 )
 from effects.selectors import RECONCILIATION_WAITING, DeliveryOperation, DispatchPermit, RemoteEffect
+from .models import StageSample
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,6 @@ def stuck(budgets: dict[str, int], *, now: datetime | None = None, limit: int = 
 
 def stage_history(*, since: datetime) -> dict[str, list[tuple[datetime, int, float]]]:
     """The stored samples (observability.services.stage_samples_record) since `since`, per stage, oldest first."""
-    from .models import StageSample
-
     history: dict[str, list[tuple[datetime, int, float]]] = {stage.name: [] for stage in STAGES}
     for taken_at, stage, count, age in (StageSample.objects.filter(taken_at__gte=since)
                                         .values_list("taken_at", "stage", "count", "oldest_age_seconds")):

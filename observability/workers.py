@@ -13,6 +13,8 @@ import time
 
 from django.conf import settings
 
+from observability import tracing
+
 log = logging.getLogger(__name__)
 _served: dict[str, object] = {}
 
@@ -54,6 +56,7 @@ def serve_metrics(**_signal) -> int | None:
     from prometheus_client import start_http_server
     from prometheus_client.registry import CollectorRegistry
 
+    # local (layout allow-list): config.celery imports this module before settings load; metrics reads the models
     from observability.metrics import add_counted
 
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -68,8 +71,6 @@ def serve_metrics(**_signal) -> int | None:
 
 def connect(signals) -> None:
     """Connect the liveness and tracing hooks to Celery's signals (config/celery.py)."""
-    from observability import tracing
-
     signals.worker_ready.connect(beat, weak=False, dispatch_uid="observability.workers.ready")
     signals.worker_ready.connect(serve_metrics, weak=False, dispatch_uid="observability.workers.metrics")
     signals.heartbeat_sent.connect(beat, weak=False, dispatch_uid="observability.workers.heartbeat")

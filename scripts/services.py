@@ -875,7 +875,7 @@ def _dbroles():
     """connector/dbroles.py (stdlib only at import): the role names, their attributes and the setup SQL."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from connector import dbroles  # noqa: PLC0415
+    from connector import dbroles  # noqa: PLC0415 - local: the checkout root joins sys.path just above
 
     return dbroles
 

@@ -4,6 +4,7 @@ the product packages, one thread-race helper for the tests, and migrations that 
 needs the database."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -61,6 +62,156 @@ BARRIER_ALLOWED = {
                                                     "same two workers in turn (tests.concurrency.start, a Gate), and "
                                                     "the assertions read both workers' error and result",
 }
+
+
+# Function-local imports of project modules (issue 39 item 4, D-513): product code imports at module top. The
+# imports below stay inside their function, each for the reason given; a new one fails the test unless it is
+# listed here with its reason, and a listed one that moved to the top (or is gone) must leave the list.
+# Keys: "<path>: from <module> import <names>", the statement as written (names sorted as written).
+LOCAL_IMPORT_ROOTS = ("connector", "effects", "cutover", "governance", "observability", "v1", "config", "demo",
+                      "bench")
+LOCAL_IMPORT_SCOPE = ("connector", "effects", "cutover", "governance", "observability", "v1", "config", "scripts")
+APP_LOADING = ("app loading: Django imports every apps.py before the model registry is ready, and these modules "
+               "read the models, so AppConfig.ready() imports them")
+LOCAL_IMPORTS_ALLOWED = {
+    "connector/apps.py: from connector import identity": APP_LOADING,
+    "effects/apps.py: from connector.services import approvals": APP_LOADING,
+    "effects/apps.py: from effects import selectors": APP_LOADING,
+    "effects/apps.py: from effects.services import dispatch, identity, intents, runtime_bridge": APP_LOADING,
+    "cutover/apps.py: from connector.services import approvals": APP_LOADING,
+    "cutover/apps.py: from cutover import selectors": APP_LOADING,
+    "cutover/apps.py: from cutover.services import approval_subjects, first_activation, v1_shutdown": APP_LOADING,
+    "governance/apps.py: from governance.roles import sync_roles_after_migrate": APP_LOADING,
+    "observability/workers.py: from observability.metrics import add_counted": (
+        "settings read at import: the config package imports config.celery, which imports this module before "
+        "Django's settings are configured; observability.metrics imports observability.readings, which reads the "
+        "models"),
+    "scripts/services.py: from connector import dbroles": (
+        "the script runs from any directory without the checkout on sys.path: _dbroles() puts the root on it first"),
+}
+
+
+def _local_project_imports(path: Path, roots: tuple[str, ...]) -> list[str]:
+    """Every `import` or `from ... import` of a project module (a relative import counts) inside a function of the
+    module at `path`, as "<path>: <statement>"."""
+    relative = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = {}
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module.split(".")[0] in roots):
+                names = ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in node.names)
+                found[id(node)] = f"{relative}: from {'.' * node.level}{node.module or ''} import {names}"
+            elif isinstance(node, ast.Import) and any(a.name.split(".")[0] in roots for a in node.names):
+                found[id(node)] = f"{relative}: import {', '.join(a.name for a in node.names)}"
+    return list(found.values())
+
+
+def _scoped_sources(packages: tuple[str, ...]):
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "/migrations/" not in path.relative_to(ROOT).as_posix():
+                yield path
+
+
+def test_no_function_local_import_of_a_project_module_outside_the_allow_list():
+    """Product code (the apps, config and scripts; not migrations, tests or the benches) imports the project's
+    modules at module top: a function-local import is allowed only where app loading or settings read at import
+    forbid the top, and each such import is listed with its reason (issue 39 item 4, D-513). A listed import that
+    is gone must leave the list."""
+    found = [line for path in _scoped_sources(LOCAL_IMPORT_SCOPE)
+             for line in _local_project_imports(path, LOCAL_IMPORT_ROOTS)]
+    extra = sorted(set(found) - set(LOCAL_IMPORTS_ALLOWED))
+    assert not extra, ("move these imports to the module top, or list them in LOCAL_IMPORTS_ALLOWED with the cycle "
+                       f"or app-loading reason that keeps them local: {extra}")
+    stale = sorted(set(LOCAL_IMPORTS_ALLOWED) - set(found))
+    assert not stale, f"remove these from LOCAL_IMPORTS_ALLOWED, they are no longer function-local: {stale}"
+
+
+def _private_reexports(path: Path) -> list[str]:
+    """The `_private` names a module imports under `# noqa: F401` (an import kept though unused: a re-export)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if not any("noqa" in line and "F401" in line for line in lines[node.lineno - 1:node.end_lineno]):
+            continue
+        found += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: {a.name}" for a in node.names
+                  if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_re_exports_a_private_name():
+    """No product module re-exports a `_private` name (an import kept under `noqa: F401`): a caller imports a name
+    from the module that owns it, and a name other modules use is public in its owner (issue 39 item 4, D-513)."""
+    found = [hit for path in _scoped_sources((*PRODUCT_PACKAGES, "scripts")) for hit in _private_reexports(path)]
+    assert not found, f"import these from their owner (or make them public there): {found}"
+
+
+# A private name another product module uses: the module's own private shared inside one package, each listed with
+# its reason (D-513). Keys: "<path>: <module>.<name>"; a listed use that is gone must leave the list.
+PRIVATE_USES_ALLOWED = {
+    **{f"connector/canonical/decoding.py: connector.canonical.encoding.{name}": (
+        "the canonical encoding's internals, shared by the canonical package's decoder (one package, one format)")
+       for name in ("_BYTES_TYPES", "_I64", "_U32", "_check_domain")},
+    **{f"connector/canonical/shapes.py: connector.canonical.encoding.{name}": (
+        "the canonical encoding's internals, shared by the canonical package's shapes (one package, one format)")
+       for name in ("_ENCODED_TOKEN", "_freeze", "_write")},
+}
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    package = package[:len(package) - node.level + 1]
+    return ".".join((*package, *([node.module] if node.module else [])))
+
+
+def _private_uses(path: Path) -> list[str]:
+    """The `_private` names of other project modules that the module at `path` uses: imported by name
+    (`from m import _x`) or read through an imported module (`m._x`). Model attributes such as `_meta` are not
+    module names, so they are not counted."""
+    relative = path.relative_to(ROOT).as_posix()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules, found = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(path, node)
+            if source.split(".")[0] not in LOCAL_IMPORT_ROOTS:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add(f"{relative}: {source}.{alias.name}")
+                elif _is_module(f"{source}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{source}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LOCAL_IMPORT_ROOTS and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.add(f"{relative}: {modules[node.value.id]}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_product_module_uses_another_modules_private_name():
+    """A name another product module uses is public in its owner: no product module imports or reads a `_private`
+    name of another project module, except the listed uses inside one package (issue 39 item 4, D-513)."""
+    found = [hit for path in _scoped_sources(LOCAL_IMPORT_SCOPE) for hit in _private_uses(path)]
+    extra = sorted(set(found) - set(PRIVATE_USES_ALLOWED))
+    assert not extra, f"make these names public in their owner (or stop using them from outside): {extra}"
+    stale = sorted(set(PRIVATE_USES_ALLOWED) - set(found))
+    assert not stale, f"remove these from PRIVATE_USES_ALLOWED, they are no longer used: {stale}"
 
 
 def _product_modules() -> dict[str, int]:

@@ -95,7 +95,7 @@ def generation_start(*, started_by: str, release_id: str = RELEASE_ID) -> V1Proc
                                                   release_id=release_id, started_by=started_by)
 
 
-def _running(generation_id: str) -> V1ProcessGeneration:
+def generation_running(generation_id: str) -> V1ProcessGeneration:
     generation = V1ProcessGeneration.objects.filter(generation_id=generation_id).first()
     if generation is None or generation.state != GenerationState.RUNNING:
         raise V1GenerationRefused(f"generation {generation_id} is not running")
@@ -110,7 +110,7 @@ def _effect_body(item: V1WorkItem) -> bytes:
 def claim_next(generation_id: str) -> V1WorkItem | None:
     """Claim the oldest accepted item (SKIP LOCKED) and author its continuation effect, in one transaction."""
     with transaction.atomic():
-        _running(generation_id)
+        generation_running(generation_id)
         item = (V1WorkItem.objects.select_for_update(skip_locked=True).filter(state=WorkState.ACCEPTED)
                 .order_by("pk").first())
         if item is None:
@@ -128,7 +128,7 @@ def claim_next(generation_id: str) -> V1WorkItem | None:
 def dispatch(effect_pk: int, generation_id: str) -> V1OutboundEffect:
     """Commit the pre-I/O marker, make the one provider call, record its outcome."""
     with transaction.atomic():
-        _running(generation_id)
+        generation_running(generation_id)
         effect = V1OutboundEffect.objects.select_for_update().get(pk=effect_pk)
         if effect.state != EffectState.INTENT:
             return effect

@@ -16,11 +16,11 @@ from connector.choices import (
     GateMode,
 )
 from connector.errors import TransitionRefused
+from connector.kernel.admin import as_bytes, transition_message
 from connector.models import AccountServingGate, CredentialGenerationDispatchGate, ServingEpoch
 from connector.services import gates as gate_services
 from connector.services import serving as serving_services
 from connector.admin.base import *  # noqa: F401,F403
-from connector.admin.base import _bytes, _transition_message  # noqa: F401
 
 
 @admin.register(ServingEpoch)
@@ -109,7 +109,7 @@ class ServingEpochAdmin(TransitionViewMixin, FactAdmin):
     def _outcome(before: str, after: ServingEpoch, action: str):
         """A verification or activation that ends in `rejected` succeeded as a call but is reported as a warning
         with the reason code the service recorded."""
-        message = _transition_message(f"epoch {after.epoch_id}", action, before, after, state_attr="state")
+        message = transition_message(f"epoch {after.epoch_id}", action, before, after, state_attr="state")
         if after.state == EpochState.REJECTED and action != "reject":
             return f"{message} ({after.rejection_code}: {after.rejection_detail})", messages.WARNING
         return message
@@ -208,7 +208,7 @@ class AccountServingGateAdmin(TransitionViewMixin, FactAdmin):
     def epoch_digest_check(self, obj):
         if obj.epoch is None:
             return EMPTY
-        same = bytes(obj.epoch.digest) == _bytes(obj.epoch_digest)
+        same = bytes(obj.epoch.digest) == as_bytes(obj.epoch_digest)
         return format_html('<span class="cv2-badge cv2-tone-{}">{}</span>', "ok" if same else "bad",
                            "yes" if same else "MISMATCH")
 
@@ -249,7 +249,7 @@ class AccountServingGateAdmin(TransitionViewMixin, FactAdmin):
         before = gate.mode
         after = gate_services.gate_transition(account_id=gate.account_id, action=action, expected_fence=fence,
                                               actor=actor, reason=reason)
-        return _transition_message(f"gate {gate.account}", action, before, after)
+        return transition_message(f"gate {gate.account}", action, before, after)
 
     def transition_panel(self, request, obj):
         available = {t.name for t in obj.get_available_mode_transitions()}
@@ -320,7 +320,7 @@ class CredentialGenerationDispatchGateAdmin(TransitionViewMixin, FactAdmin):
         after = gate_services.credential_gate_transition(
             generation_id=gate.credential_generation.generation_id, action=action, expected_fence=fence,
             actor=Actor.for_user(request.user), reason=reason)
-        return _transition_message(f"credential gate {gate.credential_generation.generation_id}", action, before,
+        return transition_message(f"credential gate {gate.credential_generation.generation_id}", action, before,
                                    after)
 
     @admin.action(description="Revoke dispatch")

@@ -32,6 +32,8 @@ from connector.actors import Actor
 from connector.canonical.decoding import decode
 from connector.canonical.encoding import CanonicalEncodingError, Record
 from connector.errors import ConnectorError, FenceStale, PermissionRefused
+from connector.selectors.poison import step_failures_of
+from connector.services.poison import STEP_FAILURE_REASONS
 
 EMPTY = "-"  # the admin's own empty_value_display
 
@@ -45,7 +47,8 @@ def register_tones(tones: Mapping[str, str]) -> None:
 
 # -- rendering ------------------------------------------------------------------------------------------------
 
-def _bytes(value: Any) -> bytes | None:
+def as_bytes(value: Any) -> bytes | None:
+    """A bytea column as bytes (None stays None): the admin compares digests this way."""
     return None if value is None else bytes(value)
 
 
@@ -57,19 +60,19 @@ def badge(value: str | None) -> SafeString | str:
 
 def hex_digest(value: Any) -> SafeString | str:
     """A digest in full, lowercase hex."""
-    data = _bytes(value)
+    data = as_bytes(value)
     return EMPTY if data is None else format_html('<code class="cv2-hex">{}</code>', data.hex())
 
 
 def hex_short(value: Any, nbytes: int = 6) -> SafeString | str:
-    data = _bytes(value)
+    data = as_bytes(value)
     return EMPTY if data is None else format_html('<code class="cv2-hex" title="{}">{}</code>',
                                                    data.hex(), data[:nbytes].hex())
 
 
 def hex_preview(value: Any, nbytes: int = 16) -> SafeString | str:
     """A receipt or preimage truncated for lists."""
-    data = _bytes(value)
+    data = as_bytes(value)
     if data is None:
         return EMPTY
     more = "…" if len(data) > nbytes else ""
@@ -79,7 +82,7 @@ def hex_preview(value: Any, nbytes: int = 16) -> SafeString | str:
 
 def hex_block(value: Any) -> SafeString | str:
     """Full hex in a monospace block (detail pages)."""
-    data = _bytes(value)
+    data = as_bytes(value)
     if data is None:
         return EMPTY
     return format_html('<pre class="cv2-hex">{}</pre><div class="cv2-muted">{} bytes</div>', data.hex(), len(data))
@@ -87,7 +90,7 @@ def hex_block(value: Any) -> SafeString | str:
 
 def hex_expandable(value: Any) -> SafeString | str:
     """Truncated, expandable to the full hex (receipts inside inline rows)."""
-    data = _bytes(value)
+    data = as_bytes(value)
     if data is None:
         return EMPTY
     return format_html('<details class="cv2-details"><summary>{}</summary><pre class="cv2-hex">{}</pre></details>',
@@ -125,7 +128,7 @@ def tree_lines(value: Any, indent: int = 0, label: str | None = None) -> list[st
 def decoded_tree(value: Any) -> SafeString | str:
     """The canonical preimage decoded as (domain, value) and rendered as a tree; a value that does not decode
     says why instead."""
-    data = _bytes(value)
+    data = as_bytes(value)
     if data is None:
         return EMPTY
     try:
@@ -138,7 +141,7 @@ def decoded_tree(value: Any) -> SafeString | str:
 
 def json_block(value: Any) -> SafeString | str:
     """Canonical JSON bytes pretty-printed (pack payloads, definitions)."""
-    data = _bytes(value)
+    data = as_bytes(value)
     if data is None:
         return EMPTY
     try:
@@ -344,7 +347,7 @@ class TransitionViewMixin:
                 "buttons": buttons, "fence": fence, "reason_hint": reason_hint, "notes": list(notes)}
 
 
-def _transition_message(label: str, action: str, before: str, row, state_attr: str = "mode") -> str:
+def transition_message(label: str, action: str, before: str, row, state_attr: str = "mode") -> str:
     fence = getattr(row, "fence", None)
     after = getattr(row, state_attr)
     return f"{label}: {action} applied, {before} → {after}" + (f", fence now {fence}" if fence is not None else "")
@@ -366,9 +369,6 @@ def step_failures(entity) -> SafeString:
     """The StepFailure rows of one item, newest first, then what each of their reasons asks the operator to do
     (CV2-13-001). Every app's held or quarantined item shows this panel; the rows come through the connector's
     poison selector."""
-    from connector.selectors.poison import step_failures_of
-    from connector.services.poison import STEP_FAILURE_REASONS
-
     rows = step_failures_of(entity, limit=STEP_FAILURES_PANEL_LIMIT)
     if not rows:
         return format_html('<span class="cv2-muted">{}</span>', "no step failures")

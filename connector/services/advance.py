@@ -42,7 +42,7 @@ DEFAULT_SETTLE_SECONDS = 0
 DEFAULT_GAP_DEADLINE_SECONDS = 300
 
 
-def _lane_row(lane: OrderingLane):
+def lane_row(lane: OrderingLane):
     """The locked lane's row for a compare-and-set, named with its account too (single-shard on the scale-out path,
     D-241)."""
     return OrderingLane.objects.filter(pk=lane.pk, account_id=lane.account_id)
@@ -206,12 +206,12 @@ def apply_contract(lane: OrderingLane, pending: list[Projection], route) -> Proj
             # A gap exists only while a later position waits for the missing one; stale duplicates alone
             # never open (or keep open) a gap.
             if waiting and lane.gap_since is None:
-                _lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
+                lane_row(lane).update(gap_since=timezone.now(), fence=lane.fence + 1)
             elif not waiting and lane.gap_since is not None:
-                _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
+                lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
             return None
     if chosen is None:
-        _lane_row(lane).update(fence=lane.fence + 1)
+        lane_row(lane).update(fence=lane.fence + 1)
     return chosen
 
 
@@ -235,16 +235,16 @@ def lane_gap_deadline(*, lane_pk: int) -> str | None:
         nxt = (Projection.objects.filter(lane=lane, lane_status="pending", position__gt=expected)
                .order_by("position").values_list("position", flat=True).first())
         if nxt is None:  # nothing waits beyond the gap any more: there is no gap to decide
-            _lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
+            lane_row(lane).update(gap_since=None, fence=lane.fence + 1)
             return None
         disposition = route.ordering.get("gap_disposition", "quarantine_partition")
         GapDecision.objects.create(lane=lane, expected_position=expected, next_available=nxt, disposition=disposition)
         audit_record(actor=CLAIMANT, entity=lane, action="lane_gap_deadline", fence=lane.fence + 1,
                      reason=f"{disposition}: expected {expected}, next available {nxt}")
         if disposition == "skip_with_evidence" and nxt is not None:
-            _lane_row(lane).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
+            lane_row(lane).update(high_water=nxt - 1, gap_since=None, fence=lane.fence + 1)
         else:
-            _lane_row(lane).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
+            lane_row(lane).update(state=LaneState.HALTED, halt_reason="GAP_DEADLINE",
                                                            fence=lane.fence + 1)
         return disposition
 

@@ -34,15 +34,13 @@ log = logging.getLogger(__name__)
 from connector.services.advance import (  # noqa: E402,F401
     DEFAULT_GAP_DEADLINE_SECONDS,
     DEFAULT_SETTLE_SECONDS,
-    _lane_row,
     lane_advance,
-    lanes_advance,
     lane_gap_deadline,
+    lane_row,
+    lanes_advance,
     window_seal_due,
 )
 from connector.services.claims import (  # noqa: E402,F401
-    _CLAIM_CANDIDATES,
-    _ROTATION,
     CLAIMANT,
     ClaimToken,
     execution_claim,
@@ -185,11 +183,11 @@ def execution_record_result(*, execution_pk: int, command_id: str, execution_ref
             position = execution.projection.position
             if execution.state == ExecutionState.COMPLETED:
                 high = position if lane.high_water is None or position > lane.high_water else lane.high_water
-                _lane_row(lane).update(
+                lane_row(lane).update(
                     high_water=high, high_water_tie=execution.projection.tie_breaker, active_execution=None,
                     fence=lane.fence + 1)
             else:
-                _lane_row(lane).update(active_execution=None, state=LaneState.HALTED,
+                lane_row(lane).update(active_execution=None, state=LaneState.HALTED,
                                                                halt_reason=execution.quarantine_reason,
                                                                fence=lane.fence + 1)
         fault_point("result.before_commit")

@@ -13,9 +13,12 @@ from connector import hooks
 from connector.actors import Actor
 from connector.canonical.encoding import encode
 from connector.choices import ComponentDisposition, ReceiptKind, ReplayMode
-from connector.errors import ConnectorError, roots_closed
-from connector.models import MaterializationDue, Receipt, ReceiptComponent, ReplayRequest
+from connector.errors import ConnectorError, FenceStale, PermissionRefused, roots_closed
+from connector.models import Execution, MaterializationDue, Receipt, ReceiptComponent, ReplayRequest
 from connector.receipts import rec
+from connector.selectors.replay import remediation_request_id
+from connector.selectors.serving import gate_get
+from connector.services import execution, materialize
 from connector.services.admission import account_get
 from connector.services.audit import audit_record
 from connector.services.guard import lock_serving
@@ -150,8 +153,6 @@ def replay_request_settle(*, request_pk: int) -> bool:
     disposition known at once). A ConnectorError (the gate moved, say) leaves the rest to the sweeper, which finds
     the Receipt through MaterializationDue and the lane through its pending projection. Returns whether the
     Receipt is materialized."""
-    from connector.services import execution, materialize
-
     row = Receipt.objects.filter(replay_request_id=request_pk).values_list("pk", "account_id").first()
     if row is None:
         return False
@@ -179,11 +180,6 @@ def execution_replay(*, execution_pk: int, reason: str, actor: Actor, expected_c
 
     Raises PermissionRefused, FenceStale (the page showed another state), ReplayRequestInvalid (not quarantined, a
     window execution) and every `replay_request_admit` refusal."""
-    from connector.errors import FenceStale, PermissionRefused
-    from connector.models import Execution
-    from connector.selectors.replay import remediation_request_id
-    from connector.selectors.serving import gate_get
-
     if actor.user is not None and not actor.user.has_perm(REMEDIATION_PERMISSION):
         raise PermissionRefused(f"{actor} lacks the {REMEDIATION_PERMISSION} permission")
     if not reason.strip():

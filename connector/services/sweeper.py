@@ -14,8 +14,9 @@ from functools import partial
 from connector.actors import Actor
 from connector.choices import SweepStep
 from connector.errors import OwnerUnavailable
+from connector.models import Execution, MaterializationDue, OrderingLane, Projection, ProjectionWindow
 from connector.selectors.serving import prepared_epoch_pks
-from connector.services import poison
+from connector.services import dependencies, execution, materialize, poison
 from connector.services.serving import epoch_verify
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,6 @@ def inbound_sweep(*, grace_seconds: int = 2, limit: int = 200,
 
     from django.db.models import Q
     from django.utils import timezone
-
-    from connector.models import Execution, MaterializationDue, OrderingLane, Projection, ProjectionWindow
-    from connector.services import dependencies, execution, materialize
 
     report = InboundSweep()
     now = timezone.now()

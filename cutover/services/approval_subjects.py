@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from django.db import connection
 
+from config.routers import JOURNAL_DB
 from connector.canonical.encoding import Record
 from connector.canonical.encoding import digest as canonical_digest
 from connector.canonical.shapes import text_list
 from connector.errors import EpochNotFound, TransitionRefused
 from connector.selectors.rows import (AccountServingGate, ConnectorAccount, ServiceConfigurationAccount,
                                       ServingEpoch)
+from connector.services import approvals
+from cutover.models import CutoverReadinessCertificate, RestorePointRehearsal, V1RestorePoint
 
 DOMAIN = "nexuscrm.cutover.approval-subject.v1"
 
@@ -62,8 +65,6 @@ def activation_decision(subject_key: str, *, rows=None) -> tuple[bytes, str]:
 
 
 def readiness_certificate(subject_key: str) -> tuple[bytes, str]:
-    from cutover.models import CutoverReadinessCertificate
-
     row = CutoverReadinessCertificate.objects.filter(attempt__attempt_key=subject_key).first()
     if row is None:
         raise TransitionRefused(f"attempt {subject_key!r} has no readiness certificate")
@@ -74,9 +75,6 @@ def readiness_certificate(subject_key: str) -> tuple[bytes, str]:
 
 
 def restore_point(subject_key: str) -> tuple[bytes, str]:
-    from config.routers import JOURNAL_DB
-    from cutover.models import RestorePointRehearsal, V1RestorePoint
-
     point = V1RestorePoint.objects.using(JOURNAL_DB).filter(attempt_key=subject_key).first()
     rehearsal = (RestorePointRehearsal.objects.using(JOURNAL_DB).filter(restore_point=point).order_by("-pk").first()
                  if point else None)
@@ -107,7 +105,5 @@ SUBJECTS = {"activation_decision": activation_decision, "readiness_certificate":
 
 def require(kind: str, subject_key: str) -> None:
     """Pass only if the subject's current digest has its dual approval (connector.services.approvals)."""
-    from connector.services import approvals
-
     digest, _ = SUBJECTS[kind](subject_key)
     approvals.approval_require(kind=kind, subject_key=subject_key, digest=digest)

@@ -35,6 +35,7 @@ from cutover.services import first_activation as fa
 from cutover.services import first_activation_recovery as fa_recovery
 from cutover.services import restore, restore_point
 from cutover.services import v1_shutdown as sd
+from cutover.services.preflight import attempt_account_keys
 
 PERMISSION = sd.PERMISSION
 DEFAULT_BUDGETS = {"barrier_closure": 120, "drain": 1800, "baseline_capture": 300, "recovery_point_capture": 1800,
@@ -110,7 +111,7 @@ def attempt_phases(attempt: ServiceCutoverAttempt) -> list[Phase]:
     if _reached(modes, GateMode.V1_STOPPED):
         p.status = "done"
     elif _reached(modes, GateMode.HALTING_V1) and not closed:
-        blocking = [b for b in v1_owner().inventory(sd._keys(attempt)).blocking if b.kind != sd.IN_FLIGHT]
+        blocking = [b for b in v1_owner().inventory(attempt_account_keys(attempt)).blocking if b.kind != sd.IN_FLIGHT]
         p.blockers = [f"{b.kind}: {b.table}#{b.row_id} {b.detail}" for b in blocking[:20]]
         p.actions = [("remeasure", "Remeasure against the certificate"), ("stop", "Stop V1 (terminate, isolate)"),
                      ("abort", "Abort: back to v1_serving")]
@@ -124,7 +125,7 @@ def attempt_phases(attempt: ServiceCutoverAttempt) -> list[Phase]:
     if shutdown:
         p.status = "done"
     elif _reached(modes, GateMode.V1_STOPPED) and not closed:
-        inventory = v1_owner().inventory(sd._keys(attempt)).blocking
+        inventory = v1_owner().inventory(attempt_account_keys(attempt)).blocking
         p.blockers = [f"{b.kind}: {b.table}#{b.row_id} {b.detail}" for b in inventory[:20]]
         p.actions = [("export", "Export tombstones and ordering baselines")]
     phases.append(p)

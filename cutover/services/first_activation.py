@@ -66,7 +66,8 @@ from cutover.services import succession
 from cutover.services.fencing import check_holder  # one holder fence for both kinds of set (D-133)
 from cutover.services.approval_subjects import account_gate_rows, activation_decision
 from cutover.services.restore_point import rehearsed_restore_point
-from cutover.services.v1_shutdown import _require, attempt_get, evidence_digest, l2_frozen_by
+from cutover.services.preflight import attempt_get, evidence_digest, require_coordinator
+from cutover.services.v1_shutdown import l2_frozen_by
 
 __all__ = ["first_activation_acquire", "first_activation_hold", "first_activation_commit", "activation_evidence",
            "barrier_set_of", "default_holder", "check_holder"]
@@ -123,7 +124,7 @@ def activation_evidence(attempt: ServiceCutoverAttempt, epoch: ServingEpoch, *, 
     if rows is None:
         rows = ([(g.account_id, g.pk, g.mode) for g in gates] if gates is not None
                 else _account_gates(account_gate_rows(attempt.configuration_id))[1])
-    owners = owners if owners is not None else succession._owner_receipts_digest(epoch)
+    owners = owners if owners is not None else succession.epoch_owner_receipts_digest(epoch)
     return evidence_digest("first_activation_evidence", {
         "owners": owners.hex(), "epoch": bytes(epoch.digest).hex(),
         "readiness": bytes(readiness).hex(), "shutdown": bytes(shutdown).hex(),
@@ -136,7 +137,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor, holder: str | No
     """Write the set `acquiring` and one fenced receipt per owner in one transaction (CV2-11-037, CV2-15-009).
     Idempotent for its holder; an open set of another holder refuses, and a concurrent acquisition loses to the
     partial unique index (one nonreleased set per activation scope)."""
-    _require(actor)
+    require_coordinator(actor)
     holder = holder or default_holder(attempt_key)
     attempt = attempt_get(attempt_key)
     decision = decisions.decision_read(attempt_key)
@@ -172,7 +173,7 @@ def first_activation_acquire(*, attempt_key: str, actor: Actor, holder: str | No
 
 def first_activation_hold(*, attempt_key: str, actor: Actor, holder: str | None = None,
                           expected_fence: int | None = None) -> ServingPublicationBarrierSet:
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
     current = barrier_set_of(attempt)
     if current is None or current.state not in BARRIER_SET_OPEN:
@@ -216,7 +217,7 @@ def _readback(attempt: ServiceCutoverAttempt, epoch_pk: int) -> bool:
                     and bytes(epoch_digest) == digest for mode, epoch_id, epoch_digest in gates))
 
 
-def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None,
+def activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: Actor, *, rows=None,
                             holder: str | None = None, expected_fence: int | None = None) -> None:
     """`rows`: the configuration's `account_gate_rows`, when the caller read them for the approval's digest."""
     # Before the CutoverDecision is won in the journal: activate_first_locked would refuse it after (D-210).
@@ -234,7 +235,7 @@ def _activation_transaction(attempt: ServiceCutoverAttempt, set_pk: int, actor: 
     # The evidence computed before the locks too (D-287): its canonical encoding is linear Python (40% of the
     # transaction at 10,000 accounts). Under the locks it is used only if every input equals what the locks hold.
     candidate = attempt.candidate_epoch  # preimage deferred by attempt_get (D-285)
-    owners = succession._owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
+    owners = succession.epoch_owner_receipts_digest(candidate)  # immutable proof rows (connector migration 0002)
     try:
         certificates = _certificate_digests(attempt)
         early = (None if point is None else
@@ -301,7 +302,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
     """The activation, its readback, `v2_committed`, the release: continues from whatever state it finds. With a
     `holder`, every locked step first checks that it still holds the set (and `expected_fence`, when given,
     the fence the activation transaction finds)."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
     row = barrier_set_of(attempt)
     if row is None:
@@ -317,7 +318,7 @@ def first_activation_commit(*, attempt_key: str, actor: Actor, holder: str | Non
                                         rows=rows if epoch.configuration_id == attempt.configuration_id else None)
         approvals.approval_require(kind="activation_decision", subject_key=epoch.epoch_id, digest=digest)
         activation_inventory.inventory_check(attempt, row)  # CV2-12-010: nothing uncovered, as frozen (D-320)
-        _activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
+        activation_transaction(attempt, row.pk, actor, rows=rows, holder=holder, expected_fence=expected_fence)
         fault_point("activation.after_commit")
         row.refresh_from_db()
     if row.state == BarrierSetState.RELEASED and not _readback(attempt, epoch.pk):

@@ -33,7 +33,7 @@ from cutover.services import decision as decisions
 from cutover.services import first_activation as fa
 from cutover.services import succession
 from cutover.services.fencing import barrier_set_takeover
-from cutover.services.v1_shutdown import _require, attempt_get
+from cutover.services.preflight import attempt_get, require_coordinator
 
 __all__ = ["Recovery", "first_activation_release", "first_activation_recover"]
 
@@ -65,7 +65,7 @@ def first_activation_release(*, attempt_key: str, holder: str | None, expected_f
     """Explicit fenced release of an `acquiring` or `held` set while the activation has not won (rollback open,
     or restore won). Once activation won, only forward: `first_activation_commit` reads back, then releases
     (CV2-11-040). A stale holder or fence is refused and changes nothing (CV2-11-045)."""
-    _require(actor)
+    require_coordinator(actor)
     if not reason.strip():
         raise BarrierSetRefused("a release needs a reason")
     current = _open_set(attempt_key)
@@ -85,7 +85,7 @@ def first_activation_recover(*, attempt_key: str, holder: str, actor: Actor, rel
                              reason: str = "") -> Recovery:
     """Take over the attempt's open set as `holder` and continue as the CutoverDecision says (module docstring).
     `release=True` asks for the explicit release while rollback is still open."""
-    _require(actor)
+    require_coordinator(actor)
     decision = decisions.decision_read(attempt_key)
     if decision is None:
         raise CutoverPhaseRefused(f"attempt {attempt_key} has no CutoverDecision; nothing to recover")
@@ -106,7 +106,7 @@ def first_activation_recover(*, attempt_key: str, holder: str, actor: Actor, rel
                                            expected_fence=row.fence)
     else:  # activation won: only forward. The activation's approvals were required before the decision was won.
         if row.state == BarrierSetState.HELD:
-            fa._activation_transaction(attempt, row.pk, actor, holder=holder, expected_fence=row.fence)
+            fa.activation_transaction(attempt, row.pk, actor, holder=holder, expected_fence=row.fence)
         fa.first_activation_commit(attempt_key=attempt_key, actor=actor, holder=holder)
     row = ServingPublicationBarrierSet.objects.get(pk=row.pk)
     return Recovery(row.pk, row.holder, row.fence, row.state, decisions.decision_read(attempt_key).state)

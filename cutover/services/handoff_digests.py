@@ -18,7 +18,7 @@ from cutover.errors import SuccessorActivationRefused
 from cutover.models import OrderingHandoff
 
 
-def _same(a, b) -> bool:
+def same_digest(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return hmac.compare_digest(bytes(a), bytes(b))
@@ -43,7 +43,7 @@ def _handoff_digest_of(values) -> bytes:
     return hashlib.sha256(_HANDOFF_JSON(body).encode()).digest()
 
 
-def _handoff_digest(h: OrderingHandoff) -> bytes:
+def digest_of_handoff(h: OrderingHandoff) -> bytes:
     return _handoff_digest_of([getattr(h, f) for f in HANDOFF_DIGEST_FIELDS])
 
 
@@ -81,7 +81,7 @@ def handoff_digests_from_parts(rows) -> list[tuple[int, bytes, bytes]]:
             for pk, stored, head, route, versions, partition, contract, tail in rows]
 
 
-def _verify_handoff_digests(queryset) -> int:
+def verify_handoff_digests(queryset) -> int:
     """Recompute each handoff's digest from its columns; refuse on a difference. Returns how many were verified.
     Handoff rows are append-only (trigger `cutover_orderinghandoff_append_only`), so a digest verified before the
     activation transaction still holds inside it (D-280). PostgreSQL recomputes and compares every digest it can
@@ -99,7 +99,7 @@ def _verify_handoff_digests(queryset) -> int:
             cursor.execute(HANDOFF_PREIMAGE_PARTS_SQL.format(rows=table) + " WHERE h.id = ANY(%s) ORDER BY h.id",
                            [unconfirmed])
             for pk, stored, digest in handoff_digests_from_parts(cursor.fetchall()):
-                if not _same(stored, digest):
+                if not same_digest(stored, digest):
                     raise SuccessorActivationRefused(f"OrderingHandoff #{pk} does not byte-match its recomputed "
                                                      "digest")
     return len(rows)

@@ -61,7 +61,7 @@ def binary(name: str) -> str:
     return path
 
 
-def _params(database: str | None = None) -> dict:
+def connection_params(database: str | None = None) -> dict:
     """The `default` server, as the database owner when DATABASE_OWNER_URL names one (docs/security.md): the
     application role cannot `pg_restore --clean` (it owns no table) nor create a scratch database."""
     s = connections["default"].settings_dict
@@ -72,28 +72,28 @@ def _params(database: str | None = None) -> dict:
             "user": user, "password": password, "dbname": database or s["NAME"]}
 
 
-def _connect(database: str | None = None, **kwargs) -> psycopg.Connection:
-    params = {k: v for k, v in _params(database).items() if v}
+def snapshot_connect(database: str | None = None, **kwargs) -> psycopg.Connection:
+    params = {k: v for k, v in connection_params(database).items() if v}
     return psycopg.connect(**params, **kwargs)
 
 
 def _env() -> dict:
     env = dict(os.environ)
-    params = _params()
+    params = connection_params()
     if params["password"]:
         env["PGPASSWORD"] = params["password"]
     return env
 
 
 def _cli_args(database: str) -> list[str]:
-    p = _params(database)
+    p = connection_params(database)
     return ["-h", p["host"], "-p", p["port"], "-U", p["user"], "-d", database]
 
 
 _CAST = re.compile(r"::[a-z_ ]+(\[\])?")
 
 
-def _normalized(value: object) -> object:
+def normalized_value(value: object) -> object:
     """A definition as PostgreSQL deparses it, minus casts and parentheses: a restored `CHECK (x = ANY (ARRAY[..]))`
     deparses with different casts than the one created by the migration, with the same meaning."""
     if not isinstance(value, str):
@@ -111,14 +111,14 @@ GOVERNANCE_TABLES = frozenset({
     "axes_accessattempt", "axes_accesslog", "axes_accessfailurelog"})
 
 
-def _digest_cursor(cursor) -> Digests:
+def digest_cursor(cursor) -> Digests:
     cursor.execute("SET LOCAL TimeZone = 'UTC'")
     schema = hashlib.sha256(b"schema.v1")
     tables: list[str] = []
     for label, sql in SCHEMA_SQL:
         cursor.execute(sql)
         for row in cursor.fetchall():
-            schema.update(repr((label, *map(_normalized, row))).encode())
+            schema.update(repr((label, *map(normalized_value, row))).encode())
             if label == "tables":
                 tables.append(row[0])
     content = hashlib.sha256(b"content.v1")
@@ -137,10 +137,10 @@ def _digest_cursor(cursor) -> Digests:
 def digests_of(database: str | None = None) -> Digests:
     """Schema and content digests of `database` (default: the `default` database), in one REPEATABLE READ
     snapshot."""
-    with _connect(database) as conn:
+    with snapshot_connect(database) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction(), conn.cursor() as cursor:
-            return _digest_cursor(cursor)
+            return digest_cursor(cursor)
 
 
 def file_sha256(path: str) -> tuple[bytes, int]:
@@ -156,7 +156,7 @@ def file_sha256(path: str) -> tuple[bytes, int]:
 @contextmanager
 def exported_snapshot() -> Iterator[tuple[str, object]]:
     """A REPEATABLE READ transaction on `default` whose snapshot is exported; yields (snapshot id, cursor)."""
-    with _connect() as conn:
+    with snapshot_connect() as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction(), conn.cursor() as cursor:
             cursor.execute("SELECT pg_export_snapshot()")
@@ -183,8 +183,8 @@ def snapshot_and_dump(path: str, check=None) -> tuple[Digests, object]:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with exported_snapshot() as (snapshot_id, cursor):
         facts = check(cursor, snapshot_id) if check else None
-        digests = _digest_cursor(cursor)
-        database = _params()["dbname"]
+        digests = digest_cursor(cursor)
+        database = connection_params()["dbname"]
         proc = subprocess.run([pg_dump, "-Fc", f"--snapshot={snapshot_id}", "-f", path, *_cli_args(database)],
                               env=_env(), capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -193,7 +193,7 @@ def snapshot_and_dump(path: str, check=None) -> tuple[Digests, object]:
 
 
 def create_scratch(name: str) -> None:
-    with _connect("postgres", autocommit=True) as conn:
+    with snapshot_connect("postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
 
@@ -208,7 +208,7 @@ def drop_database(name: str) -> None:
     deadline = time.monotonic() + DROP_WAIT_SECONDS
     while True:
         try:
-            with _connect("postgres", autocommit=True) as conn:
+            with snapshot_connect("postgres", autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             return
         except psycopg.errors.InsufficientPrivilege:
@@ -263,9 +263,9 @@ def restore_into(path: str, database: str) -> None:
 def restore_default(path: str) -> str:
     """Replace the `default` database's contents with the dump, atomically. Django's connections are closed and
     every other session of that database terminated first (V1 and V2 are offline: none may be writing)."""
-    database = _params()["dbname"]
+    database = connection_params()["dbname"]
     connections.close_all()
-    with _connect("postgres", autocommit=True) as conn:
+    with snapshot_connect("postgres", autocommit=True) as conn:
         # A role that is not a superuser may not terminate a superuser's session (an administrator's console,
         # or the test suite's own connections): those are left alone. They hold no lock the restore needs unless
         # they are inside a transaction, and then the single-transaction restore waits for them, never half-runs.

@@ -69,7 +69,7 @@ def evidence_digest(kind: str, value) -> tuple[bytes, bytes]:
     return payload, hashlib.sha256(payload).digest()
 
 
-def _require(actor: Actor) -> None:
+def require_coordinator(actor: Actor) -> None:
     if actor.user is not None and not actor.user.has_perm(PERMISSION):
         raise PermissionRefused(f"{actor} lacks the {PERMISSION} permission")
 
@@ -85,7 +85,7 @@ def attempt_get(attempt_key: str, *, lock: bool = False) -> ServiceCutoverAttemp
     return attempt
 
 
-def _open(attempt: ServiceCutoverAttempt) -> None:
+def require_open(attempt: ServiceCutoverAttempt) -> None:
     if attempt.outcome != AttemptOutcome.OPEN:
         raise CutoverPhaseRefused(f"attempt {attempt.attempt_key} is closed ({attempt.outcome})")
 
@@ -99,7 +99,7 @@ def account_set_digest(configuration: ServiceConfigurationGeneration) -> bytes:
     return evidence_digest("account_set", [[i, k] for i, k in account_set(configuration)])[1]
 
 
-def _keys(attempt: ServiceCutoverAttempt) -> list[str]:
+def attempt_account_keys(attempt: ServiceCutoverAttempt) -> list[str]:
     return [k for _, k in account_set(attempt.configuration)]
 
 
@@ -119,8 +119,8 @@ def frozen_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
     return gates
 
 
-def _move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor, attempt: ServiceCutoverAttempt,
-          evidence: bytes | None) -> int:
+def gates_move(gates: list[AccountServingGate], *, source: str, action: str, actor: Actor,
+               attempt: ServiceCutoverAttempt, evidence: bytes | None) -> int:
     """Every frozen gate still in `source` takes `action`, set-based (one UPDATE, one audit INSERT;
     connector gates_advance, D-208); the edge is the django-fsm declaration's, which must start at `source`."""
     if fsm_edge(getattr(AccountServingGate, action))[0] != source:
@@ -129,11 +129,11 @@ def _move(gates: list[AccountServingGate], *, source: str, action: str, actor: A
                              reason=f"service cutover {attempt.attempt_key}"))
 
 
-def _modes(gates) -> set[str]:
+def modes_of(gates) -> set[str]:
     return {g.mode for g in gates}
 
 
-def _verify_receipt(receipt: OwnerReceipt, attempt: ServiceCutoverAttempt, kind: str, subject: str) -> None:
+def receipt_verify(receipt: OwnerReceipt, attempt: ServiceCutoverAttempt, kind: str, subject: str) -> None:
     if (receipt.attempt_key != attempt.attempt_key or receipt.kind != kind or receipt.subject != subject
             or not hmac.compare_digest(hashlib.sha256(receipt.payload).digest(), receipt.digest)):
         raise CutoverPhaseRefused(f"owner receipt {receipt.kind}/{receipt.subject} does not name attempt "
@@ -158,7 +158,7 @@ def cutover_open(*, attempt_key: str, configuration_generation_id: str, candidat
                  actor: Actor) -> ServiceCutoverAttempt:
     """Open the attempt: the exact configuration, the verified candidate epoch, the running V1 generation and the
     exhaustive account set. Idempotent for the same inputs; another open attempt refuses."""
-    _require(actor)
+    require_coordinator(actor)
     existing = ServiceCutoverAttempt.objects.filter(attempt_key=attempt_key).first()
     if existing is not None:
         return existing
@@ -192,9 +192,9 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
     """Preflight and the immutable CutoverReadinessCertificate (CV2-12-012..017, CV2-12-087/088). Refuses an
     `unsupported` route, a route without a lossless halt contract or remediation owner, an unsupported egress
     manifest, a missing or non-positive budget, and any projection over its budget."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     existing = CutoverReadinessCertificate.objects.filter(attempt=attempt).first()
     if existing is not None:
         return existing
@@ -220,7 +220,7 @@ def cutover_certify(*, attempt_key: str, budgets: dict[str, float], actor: Actor
     if missing:
         problems.append(("budget_missing", "budgets missing or not positive: " + ", ".join(missing)))
     _refuse(problems)  # before anything is measured or rehearsed
-    workload, problems = measure(attempt, owner, _keys(attempt))
+    workload, problems = measure(attempt, owner, attempt_account_keys(attempt))
     problems = [(OWNER_UNREADABLE, p) for p in problems]
     try:
         rehearsal = rehearse(attempt.attempt_key)

@@ -28,6 +28,7 @@ import uuid
 from connector.errors import ConnectorError
 from connector.selectors import owners as owner_reads
 from connector.selectors.rows import ServingEpoch
+from cutover.errors import RestorePointInvalid
 from cutover.services import pg_snapshot, v2_artifacts
 
 SECONDS_PER_BACKLOG_ITEM = 0.05
@@ -91,10 +92,8 @@ def measure(attempt, owner, keys: list[str]):
 def rehearse(attempt_key: str) -> dict:
     """Dump the live database (candidate schema) from one snapshot, restore it into a scratch database, read it
     back and drop it. Returns the timed figures; raises RestorePointInvalid/Refused on any failure or mismatch."""
-    from cutover.errors import RestorePointInvalid
-
     live_schema = v2_artifacts.schema_digest()
-    database = pg_snapshot._params()["dbname"]
+    database = pg_snapshot.connection_params()["dbname"]
     scratch = f"{database}_preflight_{uuid.uuid4().hex[:8]}"[:63]
     with tempfile.TemporaryDirectory(prefix="preflight-rehearsal-") as directory:
         path = os.path.join(directory, f"{attempt_key}.dump")
@@ -108,7 +107,7 @@ def rehearse(attempt_key: str) -> dict:
             pg_snapshot.restore_into(path, scratch)
             restore_s = time.perf_counter() - started
             restored = pg_snapshot.digests_of(scratch)
-            with pg_snapshot._connect(scratch) as conn, conn.cursor() as cursor:
+            with pg_snapshot.snapshot_connect(scratch) as conn, conn.cursor() as cursor:
                 restored_v2 = v2_artifacts.schema_digest(cursor)
         finally:
             pg_snapshot.drop_database(scratch)

@@ -144,7 +144,7 @@ def restore_point_capture(*, attempt_key: str, actor: str) -> V1RestorePoint:
     dump_sha, dump_bytes = pg_snapshot.file_sha256(path)
     release = port["release"]
     values = {
-        "attempt_key": attempt_key, "database_name": pg_snapshot._params()["dbname"],
+        "attempt_key": attempt_key, "database_name": pg_snapshot.connection_params()["dbname"],
         "v1_release_id": release.release_id, "v1_binary_digest": release.binary_digest,
         "v1_schema_digest": release.schema_digest, "v1_configuration_digest": release.configuration_digest,
         "configuration_digest": bytes(certificate.configuration_digest),
@@ -194,7 +194,7 @@ def recompute_digests(point: V1RestorePoint) -> dict[str, tuple[bytes, bytes]]:
     account_ids = attempt_account_ids(attempt)
     with pg_snapshot.exported_snapshot() as (snapshot_id, cursor):
         facts = _snapshot_facts(attempt, account_ids, certificate)(cursor, snapshot_id)
-        digests = pg_snapshot._digest_cursor(cursor)
+        digests = pg_snapshot.digest_cursor(cursor)
     port = facts["port"]
     gates = _sha("gates", *(frame(a, facts["keys"][a], m, f) for a, m, f in facts["gates"]))
     now = {"schema": digests.schema, "content": digests.content, "cursors": port["cursors"],
@@ -228,7 +228,7 @@ def restore_point_rehearse(*, attempt_key: str, actor: str) -> RestorePointRehea
                 point.v1_release_id, bytes(point.v1_binary_digest), bytes(point.v1_schema_digest),
                 bytes(point.v1_configuration_digest)):
             raise RestorePointInvalid("the V1 release offered for the rehearsal is not the frozen release tuple")
-        params = pg_snapshot._params(scratch)
+        params = pg_snapshot.connection_params(scratch)
         url = f"postgres://{params['user']}@{params['host']}:{params['port']}/{scratch}"
         boot = port.boot_check(url, release, attempt_key)
         if boot.attempt_key != attempt_key:

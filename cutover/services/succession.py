@@ -35,11 +35,10 @@ from cutover.errors import (BarrierSetRefused, HandoffRefused, SuccessorActivati
                             SuccessorDrifted)
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services import barrier_receipts
-from cutover.services.fencing import check_fence as _fence
 from cutover.services.fencing import SUCCESSION_PERMISSION, check_holder
 from cutover.services.succession_drain import release_drain_of
-from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, _handoff_digest,
-                                              _same, _verify_handoff_digests)
+from cutover.services.handoff_digests import (HANDOFF_LANE_COMPARISON_SQL, LANES_WITHOUT_HANDOFF_SQL, digest_of_handoff,
+                                              same_digest, verify_handoff_digests)
 from effects.selectors import nonterminal_effects_of_epoch
 
 PERMISSION = SUCCESSION_PERMISSION
@@ -48,19 +47,19 @@ PERMISSION = SUCCESSION_PERMISSION
 CONTRACT_KEYS = ("partition", "position", "position_kind", "tie_breaker", "first_position")
 
 
-def _require_perm(actor: Actor) -> None:
+def require_succession_perm(actor: Actor) -> None:
     if actor.user is not None and not actor.user.has_perm(PERMISSION):
         raise PermissionRefused(f"{actor} lacks {PERMISSION}")
 
 
-def _epoch(epoch_id: str) -> ServingEpoch:
+def succession_epoch_get(epoch_id: str) -> ServingEpoch:
     epoch = ServingEpoch.objects.select_related("configuration").filter(epoch_id=epoch_id).first()
     if epoch is None:
         raise EpochNotFound(f"no epoch {epoch_id}")
     return epoch
 
 
-def _accounts(epoch: ServingEpoch) -> list[int]:
+def epoch_account_ids(epoch: ServingEpoch) -> list[int]:
     configuration = ServiceConfigurationGeneration(pk=epoch.configuration_id)
     return sorted(configuration.accounts.values_list("account_id", flat=True))
 
@@ -81,7 +80,7 @@ ORDER BY 1, 2
 """
 
 
-def _owner_receipts_digest(epoch: ServingEpoch) -> bytes:
+def epoch_owner_receipts_digest(epoch: ServingEpoch) -> bytes:
     """The frozen owner receipts of the successor: configuration, every binding and credential proof, in order
     (both proof lists in one statement, their digests as hex from PostgreSQL: encode(..., 'hex') is bytes.hex(),
     D-289)."""
@@ -105,10 +104,10 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
     if successor_class not in SUPPORTED_SUCCESSOR_CLASSES:
         raise SuccessorClassUnsupported(f"successor class {successor_class!r} is not authorized; only "
                                         f"requires_drain is (compatibility evidence is not considered)")
-    _require_perm(actor)
+    require_succession_perm(actor)
     if not holder or holder != holder.strip():
         raise BarrierSetRefused("a barrier set needs a canonical holder identity")
-    predecessor, successor = _epoch(predecessor_epoch_id), _epoch(successor_epoch_id)
+    predecessor, successor = succession_epoch_get(predecessor_epoch_id), succession_epoch_get(successor_epoch_id)
     # Lock both epochs FOR SHARE (ascending pk) and decide on the locked rows' state.
     locked = {pk: connector_locks.epoch_for_share(pk) for pk in sorted({predecessor.pk, successor.pk})}
     pred_state, succ_state = locked[predecessor.pk].state, locked[successor.pk].state
@@ -124,8 +123,8 @@ def barrier_set_acquire(*, predecessor_epoch_id: str, successor_epoch_id: str, h
         raise BarrierSetRefused(f"predecessor {predecessor.epoch_id} is {pred_state}, not active")
     if succ_state != EpochState.VERIFIED:
         raise SuccessorDrifted(f"successor {successor.epoch_id} is {succ_state}, not verified")
-    serving.activation_cardinality_check(accounts=len(_accounts(successor)))  # before the set exists (D-210)
-    if _accounts(predecessor) != _accounts(successor):
+    serving.activation_cardinality_check(accounts=len(epoch_account_ids(successor)))  # before the set exists (D-210)
+    if epoch_account_ids(predecessor) != epoch_account_ids(successor):
         raise SuccessorDrifted("the successor's account set differs from the predecessor's gate set; this "
                                "succession moves the same gates only")
     try:
@@ -148,7 +147,7 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
     epoch (FOR SHARE), reread every owner of the successor under those locks (the final reread, D-285), require the
     same verified bytes and no owner drift, and freeze the owner receipts digest (CV2-11-013/035). Drift raises
     SuccessorDrifted and writes nothing. Idempotent on a set already held."""
-    _require_perm(actor)
+    require_succession_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.HELD:
         check_holder(current, holder, None)
@@ -159,7 +158,7 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
         if row.state != BarrierSetState.ACQUIRING:
             raise BarrierSetRefused(f"{row} is {row.state}, not acquiring")
         successor = connector_locks.epoch_for_share(row.successor_epoch_id)
-        if successor.state != EpochState.VERIFIED or not _same(successor.digest, row.successor_digest):
+        if successor.state != EpochState.VERIFIED or not same_digest(successor.digest, row.successor_digest):
             raise SuccessorDrifted(f"successor {successor.epoch_id} is {successor.state} or not the bound bytes")
         # The final owner reread, under the held fences (CV2-11-013, CV2-02-039, D-285): the activation does not.
         drift = serving.epoch_owner_drift(epoch_pk=row.successor_epoch_id)
@@ -168,7 +167,7 @@ def barrier_set_hold(*, barrier_set_pk: int, expected_fence: int | None, actor: 
         missing = barrier_receipts.owner_receipt_problems(row, successor)
         if missing:
             raise SuccessorDrifted("the set's owner receipts are not the successor's owners: " + "; ".join(missing))
-        row.hold(owner_receipts_digest=_owner_receipts_digest(successor))
+        row.hold(owner_receipts_digest=epoch_owner_receipts_digest(successor))
         row.save()
         audit_record(actor=actor, entity=row, action="barrier_set_hold", from_state=BarrierSetState.ACQUIRING,
                      to_state=row.state, fence=row.fence, evidence_digest=bytes(row.owner_receipts_digest))
@@ -199,7 +198,7 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
     - `activation_committed -> released`: only after readback shows the successor `active`, the predecessor
       `draining` and every gate `v2_serving` naming the successor's exact ID and digest (CV2-11-025/044).
     """
-    _require_perm(actor)
+    require_succession_perm(actor)
     if not reason.strip():
         raise BarrierSetRefused("a release needs a reason")
     row = locks.barrier_set_for_update(barrier_set_pk)
@@ -208,7 +207,7 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
     if from_state == BarrierSetState.RELEASED:
         raise BarrierSetRefused(f"{row} is already released (terminal)")
     predecessor = ServingEpoch.objects.select_related("configuration").get(pk=row.predecessor_epoch_id)
-    accounts = _accounts(predecessor)
+    accounts = epoch_account_ids(predecessor)
     if from_state == BarrierSetState.HELD:
         handoff = OrderingHandoff.objects.filter(predecessor_epoch_id=row.predecessor_epoch_id).first()
         if handoff is not None:
@@ -224,9 +223,9 @@ def barrier_set_release(*, barrier_set_pk: int, expected_fence: int | None, reas
         successor = ServingEpoch.objects.get(pk=row.successor_epoch_id)
         gates = list(AccountServingGate.objects.filter(account_id__in=accounts))
         if (successor.state != EpochState.ACTIVE or predecessor.state != EpochState.DRAINING
-                or not _same(successor.digest, row.successor_digest) or len(gates) != len(accounts)
+                or not same_digest(successor.digest, row.successor_digest) or len(gates) != len(accounts)
                 or any(g.mode != GateMode.V2_SERVING or g.epoch_id != successor.pk
-                       or not _same(g.epoch_digest, row.successor_digest) for g in gates)):
+                       or not same_digest(g.epoch_digest, row.successor_digest) for g in gates)):
             raise BarrierSetRefused("activation readback does not show the exact successor serving every gate")
     return record_release(row, reason + (" (replacement)" if replacement else ""), actor)
 
@@ -269,9 +268,9 @@ def handoff_epochs_for_share(row: ServingPublicationBarrierSet, holder: str | No
     epochs = {pk: connector_locks.epoch_for_share(pk)
               for pk in sorted({row.predecessor_epoch_id, row.successor_epoch_id})}
     pred, succ = epochs[row.predecessor_epoch_id], epochs[row.successor_epoch_id]
-    if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
+    if pred.state != EpochState.ACTIVE or not same_digest(pred.digest, row.predecessor_digest):
         raise HandoffRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
-    if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
+    if succ.state != EpochState.VERIFIED or not same_digest(succ.digest, row.successor_digest):
         raise HandoffRefused(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
     return pred, succ
 
@@ -290,7 +289,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder:
     nonterminal work left to settle. A lane already frozen for a successor that was since rejected is not
     touched again: the replacement successor's handoff copies the frozen high-water and fence and cites the
     earlier handoff (`derived_from`). Idempotent: an existing handoff for the lane is returned."""
-    _require_perm(actor)
+    require_succession_perm(actor)
     row = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch", "successor_epoch").get(
         pk=barrier_set_pk)
     existing = OrderingHandoff.objects.filter(successor_epoch_id=row.successor_epoch_id,
@@ -308,7 +307,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder:
     if old_digest != new_digest:
         raise HandoffRefused("the successor changes the comparator or partition derivation of route "
                              f"{lane.route}; no total L1 transformation with a snapshot barrier exists")
-    accounts = _accounts(predecessor)
+    accounts = epoch_account_ids(predecessor)
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
         pred, succ = handoff_epochs_for_share(row, holder)
@@ -364,7 +363,7 @@ def ordering_handoff(*, barrier_set_pk: int, lane_pk: int, actor: Actor, holder:
             route=lane.route, predecessor_route_version=lane.route_version,
             successor_route_version=new_route.version, partition=lane.partition, contract=lane.contract,
             contract_digest=old_digest, high_water=lane.high_water, high_water_tie=tie, derived_from=prior)
-        handoff.handoff_digest = _handoff_digest(handoff)
+        handoff.handoff_digest = digest_of_handoff(handoff)
         handoff.save()
         audit_record(actor=actor, entity=handoff, action="ordering_handoff", fence=frozen_fence,
                      evidence_digest=bytes(handoff.handoff_digest),
@@ -391,7 +390,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
     naming the successor with a new fence (one statement moves every gate and writes their audit rows, D-210,
     D-279), with audit rows. Any refusal moves nothing. Idempotent once committed (returns the active
     successor)."""
-    _require_perm(actor)
+    require_succession_perm(actor)
     current = ServingPublicationBarrierSet.objects.get(pk=barrier_set_pk)
     if current.state == BarrierSetState.ACTIVATION_COMMITTED:
         check_holder(current, holder, None)
@@ -400,15 +399,15 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         raise SuccessorClassUnsupported()
     # No owner reread (D-285: the hold's, under its locks, is final); the frozen receipts are compared again.
     successor = ServingEpoch.objects.defer("preimage").get(pk=current.successor_epoch_id)
-    frozen = _owner_receipts_digest(successor)
+    frozen = epoch_owner_receipts_digest(successor)
     try:  # an order_independent route needs no lane handoff, only its conformance proof, checked again (D-310)
         epoch_ordering_proofs(epoch_pk=successor.pk, epoch_digest=bytes(successor.digest))
     except ConnectorError as exc:
         raise SuccessorActivationRefused(f"successor {successor.epoch_id}: {exc.code}: {exc.detail}") from exc
     predecessor = ServingEpoch.objects.defer("preimage").get(pk=current.predecessor_epoch_id)
-    accounts = _accounts(predecessor)
+    accounts = epoch_account_ids(predecessor)
     serving.activation_cardinality_check(accounts=len(accounts))
-    verified = _verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch_id=current.successor_epoch_id))
+    verified = verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch_id=current.successor_epoch_id))
     with transaction.atomic():
         row = locks.barrier_set_for_update(barrier_set_pk)
         check_holder(row, holder, expected_fence)
@@ -417,16 +416,16 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
         epochs = {e.pk: e for e in connector_locks.epochs_for_update([row.predecessor_epoch_id,
                                                                       row.successor_epoch_id])}
         pred, succ = epochs[row.predecessor_epoch_id], epochs[row.successor_epoch_id]
-        if pred.state != EpochState.ACTIVE or not _same(pred.digest, row.predecessor_digest):
+        if pred.state != EpochState.ACTIVE or not same_digest(pred.digest, row.predecessor_digest):
             raise SuccessorActivationRefused(f"predecessor {pred.epoch_id} is {pred.state} or not the bound bytes")
-        if succ.state != EpochState.VERIFIED or not _same(succ.digest, row.successor_digest):
+        if succ.state != EpochState.VERIFIED or not same_digest(succ.digest, row.successor_digest):
             raise SuccessorDrifted(f"successor {succ.epoch_id} is {succ.state} or not the bound bytes")
-        if row.owner_receipts_digest is None or not _same(frozen, row.owner_receipts_digest):
+        if row.owner_receipts_digest is None or not same_digest(frozen, row.owner_receipts_digest):
             raise SuccessorDrifted(f"successor {succ.epoch_id}: owner receipts differ from those frozen when the "
                                    "barrier set was held")
         gates = connector_locks.gates_for_update(accounts)
         bad = [g for g in gates if g.mode != GateMode.V2_HALTED or g.epoch_id != pred.pk
-               or not _same(g.epoch_digest, pred.digest)]
+               or not same_digest(g.epoch_digest, pred.digest)]
         if bad or len(gates) != len(accounts):
             raise SuccessorActivationRefused("every gate must be v2_halted on the predecessor; not halted: "
                                              + ", ".join(f"{g.account_id}={g.mode}" for g in bad[:10]))
@@ -457,7 +456,7 @@ def successor_activate(*, barrier_set_pk: int, expected_fence: int | None, actor
                     f"{predecessor_lanes - handoff_count} predecessor lane(s) have no OrderingHandoff: "
                     + ", ".join(map(str, missing)))
         if handoff_count != verified:  # one written after the check above: all verified again, under the locks
-            _verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch=succ))
+            verify_handoff_digests(OrderingHandoff.objects.filter(successor_epoch=succ))
         if mismatched:
             raise SuccessorActivationRefused("OrderingHandoff " + ", ".join(f"#{pk}" for pk in mismatched)
                                              + " does not byte-match its lanes")

@@ -33,9 +33,9 @@ from cutover.errors import HandoffRefused
 from cutover.models import OrderingHandoff, ServingPublicationBarrierSet
 from cutover.services.succession import (
     HANDOFF_HALT_REASON,
-    _accounts,
-    _handoff_digest,
-    _require_perm,
+    epoch_account_ids,
+    digest_of_handoff,
+    require_succession_perm,
     contract_digest,
     handoff_epochs_for_share,
 )
@@ -209,11 +209,11 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor,
     successor lanes, as `succession.ordering_handoff` does for each, in one transaction: the locks of the module
     docstring, then ONE UPDATE freezing the lanes (`halted`, ORDERING_HANDOFF, fence + 1), ONE INSERT of the
     successor lanes (baseline = high-water = the frozen high-water), ONE INSERT of the handoffs (digest
-    `succession._handoff_digest`) and ONE audit INSERT. A lane frozen for a rejected successor is not touched: its
-    handoff cites the earlier one (`derived_from`). A lane already handed off to this successor is returned as
-    done; a lane failing a lane check is refused and listed; a failed succession check raises HandoffRefused and
-    writes nothing. Statements per chunk do not grow with the chunk (a test pins them)."""
-    _require_perm(actor)
+    `handoff_digests.digest_of_handoff`) and ONE audit INSERT. A lane frozen for a rejected successor is not
+    touched: its handoff cites the earlier one (`derived_from`). A lane already handed off to this successor is
+    returned as done; a lane failing a lane check is refused and listed; a failed succession check raises
+    HandoffRefused and writes nothing. Statements per chunk do not grow with the chunk (a test pins them)."""
+    require_succession_perm(actor)
     out = HandoffChunk()
     row = ServingPublicationBarrierSet.objects.select_related("predecessor_epoch__configuration",
                                                               "successor_epoch").get(pk=barrier_set_pk)
@@ -225,7 +225,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor,
             out.refused[lane["pk"]] = (f"lane {lane['pk']} belongs to another epoch than the predecessor "
                                        f"{predecessor.epoch_id}")
     contracts = _contracts([lane for lane in lanes if lane["pk"] not in out.refused], predecessor, successor, out)
-    accounts = _accounts(predecessor)
+    accounts = epoch_account_ids(predecessor)
     with transaction.atomic():
         row = locks.barrier_set_for_share(barrier_set_pk)
         pred, succ = _succession_locked(row, accounts, sorted({lane["account_id"] for lane in lanes}), holder)
@@ -255,7 +255,7 @@ def handoff_chunk(*, barrier_set_pk: int, lane_pks: list[int], actor: Actor,
                 successor_route_version=contracts[lane.pk][1], partition=lane.partition, contract=lane.contract,
                 contract_digest=contracts[lane.pk][0], high_water=lane.high_water, high_water_tie=ties[lane.pk],
                 derived_from=prior)
-            handoff.handoff_digest = _handoff_digest(handoff)
+            handoff.handoff_digest = digest_of_handoff(handoff)
             handoffs.append(handoff)
         _insert_handoffs(handoffs)
         audit_records_each(actor=actor, model=OrderingHandoff, action="ordering_handoff", rows=[

@@ -49,7 +49,7 @@ class Resumed:
 
 
 def _open_set(predecessor_epoch_id: str) -> ServingPublicationBarrierSet:
-    predecessor = succession._epoch(predecessor_epoch_id)
+    predecessor = succession.succession_epoch_get(predecessor_epoch_id)
     row = (ServingPublicationBarrierSet.objects.filter(predecessor_epoch=predecessor, state__in=BARRIER_SET_OPEN)
            .first())
     if row is None:

@@ -44,7 +44,7 @@ from cutover.models import (
     V1TableRemoval,
 )
 from cutover.ports import v1_owner
-from cutover.services.preflight import _keys, _require, evidence_digest
+from cutover.services.preflight import attempt_account_keys, evidence_digest, require_coordinator
 
 DEFAULT_RETENTION_SECONDS = 90 * 24 * 3600
 SAMPLE = 10
@@ -121,7 +121,7 @@ def _present(tables: tuple[str, ...]) -> list[str]:
 def _v1_rows(attempt: ServiceCutoverAttempt) -> dict[str, list]:
     """The V1 work-item identities and drained high-waters of the attempt's accounts, read by the V1 owner port
     (the only reader of V1 tables), as the check queries' array parameters."""
-    owner, keys = v1_owner(), _keys(attempt)
+    owner, keys = v1_owner(), attempt_account_keys(attempt)
     items = owner.transport_identities(keys)
     waters = owner.high_waters(keys)
     return {"w_ref": [i.predecessor_ref for i in items], "w_account": [i.account_key for i in items],
@@ -185,7 +185,7 @@ def _removed(tables: tuple[str, ...]) -> V1TableRemoval | None:
 def v1_tables_remove(*, reason: str, actor: Actor) -> V1TableRemoval:
     """Drop every V1 table in one transaction once no dependency holds them; idempotent (the record is returned
     when the tables are already gone)."""
-    _require(actor)
+    require_coordinator(actor)
     if not reason.strip():
         raise V1RemovalRefused("a removal needs a reason", reasons=["reason_missing"])
     tables = v1_owner().tables()

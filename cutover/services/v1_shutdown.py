@@ -54,28 +54,28 @@ from cutover.services.preflight import (  # noqa: F401  (phase 1 and the shared 
     PERMISSION,
     SAFETY_FACTOR,
     SECONDS_PER_BACKLOG_ITEM,
-    _keys,
-    _modes,
-    _move,
-    _open,
-    _require,
-    _verify_receipt,
     account_set,
+    attempt_account_keys,
     attempt_get,
     certificate_locked,
     cutover_certify,
     cutover_open,
     evidence_digest,
     frozen_gates,
+    gates_move,
     measure,
+    modes_of,
     project,
+    receipt_verify,
+    require_coordinator,
+    require_open,
 )
 
 
 # -- 2./3. barriers, halt, remeasure, abort -------------------------------------------------------------------
 
 def _barrier_receipt(attempt, kind: BarrierKind, action: str, receipt: OwnerReceipt) -> None:
-    _verify_receipt(receipt, attempt, f"barrier.{kind.value}.{'closed' if action == 'closed' else 'open'}",
+    receipt_verify(receipt, attempt, f"barrier.{kind.value}.{'closed' if action == 'closed' else 'open'}",
                     kind.value)
     MaintenanceBarrierReceipt.objects.get_or_create(
         attempt=attempt, barrier=kind.value, action=action,
@@ -97,9 +97,9 @@ def l2_frozen_by() -> str | None:
 def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
     """Requires the dual approval of the readiness certificate. Close every owner barrier (each close waits for the transactions crossing it), store the receipts, then
     halt every frozen gate `v1_serving -> halting_v1`. Returns the gates moved now."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     approval_subjects.require("readiness_certificate", attempt.attempt_key)  # fail fast, before any barrier
     # Offline, before any barrier closes: the V2 schema, binary, epoch and configuration are exactly the
     # certificate's and V2 is disabled (CV2-12-019); a mismatch refuses with nothing changed.
@@ -118,20 +118,20 @@ def maintenance_close(*, attempt_key: str, actor: Actor) -> int:
         approval_subjects.require("readiness_certificate", attempt.attempt_key)  # held until the gates moved
         gates = frozen_gates(attempt)
         v2_artifacts.offline_verify(attempt, certificate)  # again, under the certificate and gate locks
-        if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
+        if modes_of(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
             raise CutoverPhaseRefused("every frozen gate must be v1_serving or halting_v1 to halt")
-        return _move(gates, source=GateMode.V1_SERVING, action="halt_v1", actor=actor, attempt=attempt,
+        return gates_move(gates, source=GateMode.V1_SERVING, action="halt_v1", actor=actor, attempt=attempt,
                      evidence=bytes(certificate.digest))
 
 
 def maintenance_remeasure(*, attempt_key: str, actor: Actor) -> list[str]:
     """Remeasure the actual workload against the certificate's budgets (after the barriers closed). Returns the
     breaches; a breach takes the fenced abort at once (CV2-12-033/089)."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     certificate = CutoverReadinessCertificate.objects.get(attempt=attempt)
-    workload, unreadable = measure(attempt, v1_owner(), _keys(attempt))
+    workload, unreadable = measure(attempt, v1_owner(), attempt_account_keys(attempt))
     now = project(workload, certificate.budgets, certificate.measurements["rehearsal"])
     breaches = [f"{p}: projected {now[p]:.1f}s > budget {certificate.budgets[p]}s" for p in BUDGET_PHASES
                 if now[p] > certificate.budgets[p]] + unreadable
@@ -154,9 +154,9 @@ def v2_stopped_proof(attempt: ServiceCutoverAttempt) -> list[str]:
 def cutover_abort(*, attempt_key: str, reason: str, actor: Actor) -> int:
     """The fenced abort `halting_v1 -> v1_serving`, only before termination/isolation receipts exist, after proving
     V2 stopped and reopening the owner barriers; closes the attempt `aborted` (CV2-12-034)."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     if V1GenerationReceipt.objects.filter(attempt=attempt).exists():
         raise CutoverPhaseRefused("V1 was terminated or isolated: the halting abort is no longer allowed "
                                   "(cold abort after v1_drained, or restore)")
@@ -171,9 +171,9 @@ def cutover_abort(*, attempt_key: str, reason: str, actor: Actor) -> int:
     with transaction.atomic():
         locked = attempt_get(attempt_key, lock=True)
         gates = frozen_gates(locked)
-        if _modes(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
+        if modes_of(gates) - {GateMode.V1_SERVING, GateMode.HALTING_V1}:
             raise CutoverPhaseRefused("only halting_v1 gates can take the abort")
-        moved = _move(gates, source=GateMode.HALTING_V1, action="abort_halt_v1", actor=actor, attempt=locked,
+        moved = gates_move(gates, source=GateMode.HALTING_V1, action="abort_halt_v1", actor=actor, attempt=locked,
                       evidence=None)
         locked.outcome, locked.closed_at = AttemptOutcome.ABORTED, timezone.now()
         locked.save(update_fields=["outcome", "closed_at"])
@@ -188,18 +188,18 @@ def v1_stop(*, attempt_key: str, actor: Actor) -> int:
     """After the live V1 inventory first reaches zero: terminate and isolate the exact V1 generation (receipts),
     then move every frozen gate `halting_v1 -> v1_stopped` binding both receipts (CV2-12-037..039). Refuses with
     DRAIN_BLOCKED (retryable) while anything blocks."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     owner = v1_owner()
     with transaction.atomic():
-        if _modes(frozen_gates(attempt)) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
+        if modes_of(frozen_gates(attempt)) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
             raise CutoverPhaseRefused("stop needs every frozen gate halting_v1 (close the barriers first)")
     done = {r.kind for r in V1GenerationReceipt.objects.filter(attempt=attempt)}
     if not done:
         # Zero accepted work left for V1 to do; a provider call in flight is interrupted by the termination and
         # becomes `v1_stopped` reconciliation work (CV2-12-040/080, decision D-137).
-        blocking = [b for b in owner.inventory(_keys(attempt)).blocking if b.kind != IN_FLIGHT]
+        blocking = [b for b in owner.inventory(attempt_account_keys(attempt)).blocking if b.kind != IN_FLIGHT]
         if blocking:
             raise DrainBlocked(f"{len(blocking)} V1 rows block the drain: " + ", ".join(
                 f"{b.kind} {b.table}#{b.row_id}" for b in blocking[:10]))
@@ -208,7 +208,7 @@ def v1_stop(*, attempt_key: str, actor: Actor) -> int:
         if kind in done:
             continue
         receipt = call(attempt.v1_generation_id, attempt.attempt_key)
-        _verify_receipt(receipt, attempt, owner_kind, attempt.v1_generation_id)
+        receipt_verify(receipt, attempt, owner_kind, attempt.v1_generation_id)
         with transaction.atomic():
             V1GenerationReceipt.objects.get_or_create(attempt=attempt, kind=kind, defaults={
                 "generation_id": attempt.v1_generation_id, "payload": receipt.payload, "digest": receipt.digest})
@@ -216,16 +216,16 @@ def v1_stop(*, attempt_key: str, actor: Actor) -> int:
                                                  V1GenerationReceipt.objects.filter(attempt=attempt).order_by("kind")])
     with transaction.atomic():
         gates = frozen_gates(attempt)
-        if _modes(gates) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
+        if modes_of(gates) - {GateMode.HALTING_V1, GateMode.V1_STOPPED}:
             raise CutoverPhaseRefused("every frozen gate must be halting_v1 to stop")
-        return _move(gates, source=GateMode.HALTING_V1, action="stop_v1", actor=actor, attempt=attempt,
+        return gates_move(gates, source=GateMode.HALTING_V1, action="stop_v1", actor=actor, attempt=attempt,
                      evidence=receipts[1])
 
 
 def _stopped_gates(attempt: ServiceCutoverAttempt) -> list[AccountServingGate]:
     gates = frozen_gates(attempt)
-    if _modes(gates) != {GateMode.V1_STOPPED}:
-        raise CutoverPhaseRefused("every frozen gate must be v1_stopped; modes: " + ", ".join(sorted(_modes(gates))))
+    if modes_of(gates) != {GateMode.V1_STOPPED}:
+        raise CutoverPhaseRefused("every frozen gate must be v1_stopped; modes: " + ", ".join(sorted(modes_of(gates))))
     return gates
 
 
@@ -240,11 +240,11 @@ def v1_reconcile(*, attempt_key: str, effect_row_id: str, outcome: str, evidence
     """A fenced `v1_stopped` reconciliation (CV2-12-040..042/092): lock the same gate rows certification locks,
     require them `v1_stopped` at the fences the caller saw, and append the evidence while the V1 owner
     terminalizes its row in this same transaction. No V1 execution or restart happens here."""
-    _require(actor)
+    require_coordinator(actor)
     if not evidence or not reason.strip():
         raise CutoverPhaseRefused("a reconciliation needs evidence bytes and a reason")
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     with transaction.atomic():
         gates = _stopped_gates(attempt)
         fences = gate_fences_digest(gates)
@@ -266,11 +266,11 @@ def v1_export(*, attempt_key: str, actor: Actor) -> tuple[int, int]:
     """Export every accepted V1 transport identity as a ReceiptAdmissionKey tombstone (byte-compared) and every
     order-dependent route's OrderingBaseline from the drained V1 high-water. Idempotent. Returns (tombstones,
     baselines) created now."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     owner = v1_owner()
-    keys = _keys(attempt)
+    keys = attempt_account_keys(attempt)
     identities = owner.transport_identities(keys)
     waters = owner.high_waters(keys)
     accounts = dict(ConnectorAccount.objects.filter(account_key__in=keys).values_list("account_key", "pk"))
@@ -315,7 +315,7 @@ def coverage(attempt: ServiceCutoverAttempt) -> tuple[list[str], bytes, bytes]:
     """(gaps, tombstone coverage digest, baseline coverage digest): every transport identity has its tombstone with
     the same digest and predecessor; every drained high-water of a v1_high_water route has its baseline."""
     owner = v1_owner()
-    keys = _keys(attempt)
+    keys = attempt_account_keys(attempt)
     gaps: list[str] = []
     tombstones = {(t.account.account_key, t.channel, t.transport_key): t for t in
                   V1AcceptanceTombstone.objects.filter(account__account_key__in=keys).select_related("account")}
@@ -346,9 +346,9 @@ def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertifica
     same gate rows a reconciliation locks and takes the second authoritative inventory inside it
     (CV2-12-043..049, CV2-12-091/092). Any blocking row, live or egress-capable generation, missing receipt,
     tombstone or baseline refuses and writes nothing."""
-    _require(actor)
+    require_coordinator(actor)
     attempt = attempt_get(attempt_key)
-    _open(attempt)
+    require_open(attempt)
     existing = V1ShutdownCertificate.objects.filter(attempt=attempt).first()
     if existing is not None:
         return existing
@@ -360,7 +360,7 @@ def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertifica
         gates = _stopped_gates(attempt)
         ordering_plan.plan_revalidate(attempt, certificate)  # reverified before the shutdown certificate (D-312)
         problems: list[str] = []
-        inventory = owner.inventory(_keys(attempt))
+        inventory = owner.inventory(attempt_account_keys(attempt))
         problems += [f"{b.kind} {b.table}#{b.row_id}" for b in inventory.blocking[:10]]
         generation = owner.current_generation()
         if generation is None or generation.generation_id != attempt.v1_generation_id or \
@@ -402,7 +402,7 @@ def v1_certify_drained(*, attempt_key: str, actor: Actor) -> V1ShutdownCertifica
             tombstone_coverage_digest=tombstone_digest, baseline_coverage_digest=baseline_digest,
             termination_receipt_digest=bytes(receipts["terminated"].digest),
             isolation_receipt_digest=bytes(receipts["isolated"].digest), payload=payload, digest=digest)
-        _move(gates, source=GateMode.V1_STOPPED, action="certify_drained", actor=actor, attempt=attempt,
+        gates_move(gates, source=GateMode.V1_STOPPED, action="certify_drained", actor=actor, attempt=attempt,
               evidence=digest)
         fault_point("cutover.certify_before_commit")
     return shutdown

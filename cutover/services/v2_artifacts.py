@@ -29,7 +29,7 @@ from connector.choices import EpochState, GateMode
 from connector.selectors.rows import AccountServingGate, Receipt, ServingEpoch
 from cutover.errors import OrderingPlanDrifted, V2ArtifactMismatch
 from cutover.services import ordering_plan
-from cutover.services.pg_snapshot import _normalized
+from cutover.services.pg_snapshot import normalized_value
 
 V2_APPS = ("connector", "effects", "cutover", "governance", "observability")
 CODE_DIRS = ("connector", "effects", "cutover", "governance", "observability", "config", "templates")
@@ -72,7 +72,7 @@ def schema_digest(cursor=None) -> bytes:
     for label, sql in SCHEMA_SQL:
         cursor.execute(sql, params)
         for row in cursor.fetchall():
-            h.update(repr((label, *map(_normalized, row))).encode() + b"\n")
+            h.update(repr((label, *map(normalized_value, row))).encode() + b"\n")
     return h.digest()
 
 

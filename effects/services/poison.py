@@ -14,6 +14,7 @@ from django.utils import timezone
 from connector.actors import Actor
 from connector.choices import StepFailureReason
 from connector.errors import TransitionRefused
+from connector.services import poison
 from connector.services.audit import audit_record
 from connector.services.poison import step_failure_record
 from effects import locks
@@ -91,8 +92,6 @@ def poison_release_item(*, code: str, pk: int, actor: Actor, reason: str) -> boo
     writes its audit row in its own transaction. The bulk release (governance, `manage.py poison_release --all`)
     calls it once per item (D-490). Returns whether this call released it (False: not held any more, e.g. an
     other operator released it first). Raises TransitionRefused for a blank reason, KeyError for another code."""
-    from connector.services import poison
-
     kind = RELEASABLE_KINDS[code]
     if kind == "receipt":
         return poison.materialization_release(receipt_pk=pk, actor=actor, reason=reason)

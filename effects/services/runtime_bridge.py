@@ -14,6 +14,7 @@ from connector.errors import ConnectorError
 from connector.services.materialize import COMMAND_ID_LENGTH
 from effects.models import CommandTrace, OutboundCommand
 from effects.services.outbound import frozen_binding, outbound_commands_author
+from effects.tasks import effect_dispatch
 
 
 def _author_call(*, ctx, account_key: str, route_definition: dict, command_id: str, record_key: str, fields: dict,
@@ -59,8 +60,6 @@ def _wake_dispatch() -> None:
     """Wake a dispatch worker after the application transaction commits. Redis only wakes: if the broker is
     down, the sweeper finds the prepared effect in PostgreSQL a few seconds later."""
     try:
-        from effects.tasks import effect_dispatch
-
         effect_dispatch.delay()
     except Exception as exc:  # noqa: BLE001 - a broker outage must never fail the application transaction
         logging.getLogger(__name__).warning("dispatch wake-up not sent; the sweeper will find the effect",

@@ -247,7 +247,7 @@ def test_a_cardinality_that_cannot_be_measured_is_reported_not_dropped(tmp_path,
 def test_successor_scenario_runs_end_to_end():
     """`--scenario successor` at 24 accounts: the first-activation world activated with 4 lanes per account, a
     successor verified over the same accounts, every gate halted through halt_all, the barrier set held, every lane
-    handed off (bulk, digests by succession._handoff_digest: successor_activate byte-checks each one); a killed
+    handed off (bulk, digests by handoff_digests.digest_of_handoff: successor_activate byte-checks each one); a killed
     successor_activate leaves nothing partial (successor verified, gates v2_halted, no successor audit rows, no row
     locks), the retry commits, every gate names the successor with its fence advanced by one, and the raw shape
     locked the same lanes. Proves: CV2-14-005, CV2-14-006, CV2-14-007"""
@@ -443,13 +443,13 @@ def _handoff_facts(world, prefix: str) -> list[tuple]:
     key without the world's prefix (so two worlds compare)."""
     from connector.models import OrderingLane
     from cutover.models import OrderingHandoff
-    from cutover.services.succession import _handoff_digest
+    from cutover.services.handoff_digests import digest_of_handoff
 
     facts = []
     for h in OrderingHandoff.objects.filter(successor_epoch_id=world.epoch_pk).select_related("account"):
         old, new = OrderingLane.objects.get(pk=h.predecessor_lane_id), OrderingLane.objects.get(pk=h.successor_lane_id)
         audit = AuditRecord.objects.get(entity_type="cutover.OrderingHandoff", entity_id=str(h.pk))
-        assert bytes(h.handoff_digest) == _handoff_digest(h) == bytes(audit.evidence_digest)
+        assert bytes(h.handoff_digest) == digest_of_handoff(h) == bytes(audit.evidence_digest)
         assert audit.reason == f"lane {old.pk} frozen at high-water {old.high_water}"
         facts.append((h.account.account_key.removeprefix(prefix), h.route, h.partition, h.predecessor_lane_fence,
                       h.high_water, h.high_water_tie, h.contract, bytes(h.contract_digest),
@@ -465,7 +465,7 @@ def _handoff_facts(world, prefix: str) -> list[tuple]:
 def test_bulk_handoffs_write_exactly_what_handoff_all_writes():
     """The successor world's bulk handoffs (D-275) and `succession_phases.handoff_all` (one ordering_handoff per
     lane), each on its own 6-account world with 2 lanes per account: the same handoffs (digest recomputed by
-    succession._handoff_digest), the same frozen predecessor and staged successor lanes, the same audit rows; and
+    handoff_digests.digest_of_handoff), the same frozen predecessor and staged successor lanes, the same audit rows; and
     successor_activate, which byte-checks every handoff against its lanes, accepts the bulk ones.
     Proves: CV2-14-005, CV2-14-006"""
     from bench.activation_coord import build_successor_world

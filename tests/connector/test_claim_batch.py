@@ -14,7 +14,7 @@ from django.utils import timezone
 from connector.choices import GateMode
 from connector.errors import FenceStale
 from connector.models import AccountServingGate, ApplicationResult, Execution, ExecutionAttempt
-from connector.services import execution, gates, runtime
+from connector.services import claims, execution, gates, runtime
 from tests.concurrency import start
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import ACTOR, advance_lanes, build_inbound_world, deliver, webhook_body, \
@@ -29,7 +29,7 @@ def later(seconds: int):
 @pytest.fixture(autouse=True)
 def _fresh_rotation():
     """Each test starts the process's rotation cursors at the lowest account."""
-    execution._ROTATION.update(start=0)
+    claims._ROTATION.update(start=0)
 
 
 def _ready(world, account, count: int, tag: str) -> list[Execution]:
@@ -184,7 +184,6 @@ def test_a_candidate_bound_to_another_epoch_is_not_leased(three_accounts):
     """The claim leases only candidates bound to the epoch the account's guard locked (the check before the CAS;
     the CAS repeats it under the row lock): a candidate read with another epoch is not leased (no Attempt), the
     rest are. Proves: CV2-03-017, CV2-07-018"""
-    from connector.services import claims
 
     account = three_accounts.accounts[0]
     stale, fresh = _ready(three_accounts, account, 2, "ep")

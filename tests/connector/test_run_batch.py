@@ -19,7 +19,7 @@ from connector.models import (
     OrderingLane,
 )
 from connector.receipts import rec
-from connector.services import execution, gates, runtime
+from connector.services import claims, execution, gates, runtime
 from tests.concurrency import raised, run_concurrently
 from tests.conformance.packs import PACK_A
 from tests.connector.inbound_helpers import ACTOR, advance_lanes, build_inbound_world, deliver, webhook_body, \
@@ -28,7 +28,7 @@ from tests.connector.inbound_helpers import ACTOR, advance_lanes, build_inbound_
 
 @pytest.fixture(autouse=True)
 def _fresh_rotation():
-    execution._ROTATION["start"] = 0
+    claims._ROTATION["start"] = 0
 
 
 @pytest.fixture

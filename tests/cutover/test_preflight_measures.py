@@ -37,7 +37,7 @@ def _refused(budgets) -> CutoverPreflightRefused:
 
 
 def _scratch_databases() -> list[str]:
-    with pg_snapshot._connect("postgres") as conn:
+    with pg_snapshot.snapshot_connect("postgres") as conn:
         return [r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
                                            [connection.settings_dict["NAME"] + "_preflight_%"]).fetchall()]
 
@@ -76,7 +76,8 @@ def test_preflight_measures_deadlines_and_owner_latencies_and_rehearses_a_restor
 
     def lossy_restore(path, database):  # the restored copy loses a table: the readback must see it
         original(path, database)
-        with psycopg.connect(**{k: v for k, v in pg_snapshot._params(database).items() if v}, autocommit=True) as c:
+        params = {k: v for k, v in pg_snapshot.connection_params(database).items() if v}
+        with psycopg.connect(**params, autocommit=True) as c:
             c.execute("DROP TABLE cutover_orderingbaseline CASCADE")
 
     monkeypatch.setattr(pg_snapshot, "restore_into", lossy_restore)

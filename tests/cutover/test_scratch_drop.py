@@ -34,8 +34,8 @@ def test_a_scratch_database_is_dropped_once_a_session_the_owner_cannot_end_leave
         waited = time.monotonic() - began
         leaves.join()
         assert waited >= 0.5, "the session was still there: the drop must have waited for it"
-        with pg_snapshot._connect("postgres", autocommit=True) as conn:
+        with pg_snapshot.snapshot_connect("postgres", autocommit=True) as conn:
             assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name]).fetchone()[0] == 0
     finally:
-        with pg_snapshot._connect("postgres", autocommit=True) as conn:
+        with pg_snapshot.snapshot_connect("postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}"')

@@ -126,14 +126,14 @@ def test_a_handoff_written_after_the_reread_is_verified_under_the_locks(db, monk
     """The digests are checked before the transaction; a handoff the reread did not see (written in between) is
     checked inside it, under the lane locks, so a bad one still refuses. (CV2-11-023, D-280)"""
     world, barrier = _ready("late-", 1)
-    real = succession._verify_handoff_digests
+    real = succession.verify_handoff_digests
     calls = []
 
     def reread_sees_none(queryset):
         calls.append(queryset)
         return 0 if len(calls) == 1 else real(queryset)
 
-    monkeypatch.setattr(succession, "_verify_handoff_digests", reread_sees_none)
+    monkeypatch.setattr(succession, "verify_handoff_digests", reread_sees_none)
     handoff = OrderingHandoff.objects.order_by("pk").first()
     with _triggers_off() as cursor:
         cursor.execute("UPDATE cutover_orderinghandoff SET handoff_digest = %s WHERE id = %s",

@@ -21,7 +21,7 @@ from connector.services import execution, serving
 from connector.services import gates as gate_services
 from cutover.errors import HandoffRefused
 from cutover.models import OrderingHandoff
-from cutover.services import succession, succession_handoffs, succession_phases
+from cutover.services import handoff_digests, succession, succession_handoffs, succession_phases
 from tests.connector.inbound_helpers import advance_lanes
 from tests.cutover.succession_helpers import ACTOR, build_succession_world, drain, held_barrier, send
 
@@ -76,7 +76,7 @@ def _both_ways(barrier, lane_pk: int) -> tuple[dict, dict]:
                                                                actor=ACTOR)
                     assert result.refused == {}
                     handoff = OrderingHandoff.objects.get(pk=result.done[lane_pk].pk)
-                assert bytes(handoff.handoff_digest) == succession._handoff_digest(handoff)
+                assert bytes(handoff.handoff_digest) == handoff_digests.digest_of_handoff(handoff)
                 raise _Rollback(handoff, _rows(handoff))
         except _Rollback as done:
             found.append(done.args)
@@ -85,7 +85,7 @@ def _both_ways(barrier, lane_pk: int) -> tuple[dict, dict]:
     assert chunk_rows["audit_evidence"] == bytes(chunk.handoff_digest)
     same_keys = copy.copy(chunk)
     same_keys.successor_lane_id = single.successor_lane_id
-    assert succession._handoff_digest(same_keys) == bytes(single.handoff_digest)
+    assert handoff_digests.digest_of_handoff(same_keys) == bytes(single.handoff_digest)
     return {k: v for k, v in single_rows.items() if k != "audit_evidence"}, {
         k: v for k, v in chunk_rows.items() if k != "audit_evidence"}
 

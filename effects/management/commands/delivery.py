@@ -29,6 +29,9 @@ from connector.errors import ConnectorError
 from effects.delivery.contract import contract
 from effects.delivery.errors import DeliveryError
 from effects.models import DeliveryOperation, DeliveryParent, DeliveryProfile, ReceiverBinding
+from effects.services.delivery import journal, runner
+from effects.services.delivery.planning import PlanRequest, parent_plan_and_admit
+from effects.services.delivery.reconciliation import reconcile_open, reconcile_resolve
 
 
 class Command(BaseCommand):
@@ -72,8 +75,6 @@ class Command(BaseCommand):
     # -- actions ----------------------------------------------------------------------------------------------
 
     def do_plan(self, options):
-        from effects.services.delivery.planning import PlanRequest, parent_plan_and_admit
-
         spec = json.loads(open(options["file"], encoding="utf-8").read())
         profile = DeliveryProfile.objects.get(name=spec["profile"])
         parse = date.fromisoformat if profile.scope_kind == "date" else datetime.fromisoformat
@@ -89,8 +90,6 @@ class Command(BaseCommand):
                           f"plan {bytes(parent.parent_plan_digest).hex()[:16]}")
 
     def do_run(self, options):
-        from effects.services.delivery import runner
-
         parent = self._parent(options["parent_key"])
         total = parent.children.count()
         states = runner.drive_parent(parent.pk, poll_interval=0.5)
@@ -129,16 +128,12 @@ class Command(BaseCommand):
         self.stdout.write(f"{waiting.count()} operation(s) wait for reconciliation")
 
     def do_reconcile_open(self, options):
-        from effects.services.delivery.reconciliation import reconcile_open
-
         op = reconcile_open(actor=self._actor(options["user"]), operation_pk=options["operation"],
                             reconciliation_id=options["reconciliation_id"], note=options["note"],
                             expected_revision=options["revision"])
         self.stdout.write(f"#{op.pk} {op.state}")
 
     def do_reconcile_resolve(self, options):
-        from effects.services.delivery.reconciliation import reconcile_resolve
-
         try:
             proof = json.loads(options["proof"])
         except ValueError as exc:
@@ -149,8 +144,6 @@ class Command(BaseCommand):
         self.stdout.write(f"#{op.pk} {op.state}")
 
     def do_gate(self, options):
-        from effects.services.delivery import journal
-
         gate = journal.gate_row()
         self.stdout.write(f"mutation gate {gate.state} at journal epoch {gate.journal_epoch} (attested "
                           f"{journal.attested_epoch()}) {gate.blocked_reason}")

@@ -24,6 +24,7 @@ from django.utils import timezone
 from connector.choices import SweepStep
 from connector.faults import fault_point
 from connector.services import poison
+from effects import egress
 from effects.delivery.errors import DeliveryError
 from effects.delivery.protocol import Answer
 from effects.models import DeliveryAttempt, DeliveryOperation, DeliveryParent
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 
 def step(operation_pk: int) -> str:
     """Advance one operation by at most one step; returns its state afterwards."""
-    from effects import egress  # noqa: PLC0415 - the sole egress adapter, called from the driver only
-
     op = DeliveryOperation.objects.get(pk=operation_pk)
     if op.held_reason:
         return op.state  # held for an operator after a step failed (decision D-168)

@@ -11,7 +11,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from connector.actors import Actor
-from connector.errors import StateTokenInvalid
+from connector.errors import ApprovalReasonMissing, StateTokenInvalid
 from connector.services.secrets import put_secret
 from connector.services.audit import audit_record
 from connector.services.identity import approver_require_independent
@@ -211,8 +211,6 @@ def certification_refuse(*, actor: Actor, certification: ReceiverCertification, 
     binding stays uncertified by it; a new certification request starts again. No independence check: a refusal
     only stops. Raises StateTokenInvalid, ApprovalReasonMissing, DeliveryRequestInvalid or
     DeliveryPermissionDenied."""
-    from connector.errors import ApprovalReasonMissing
-
     if not isinstance(digest_seen, (bytes, bytearray, memoryview)) or len(bytes(digest_seen)) != 32:
         raise StateTokenInvalid("a refusal carries the 32-byte subject digest the approver was shown")
     _require_perm(actor, "effects.approve_certification")

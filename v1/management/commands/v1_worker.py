@@ -21,13 +21,13 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         generation = options["generation"]
         try:
-            runtime._running(generation)
+            runtime.generation_running(generation)
         except V1GenerationRefused as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         self.stdout.write(f"v1 worker: generation {generation} running")
         while True:
             try:
-                runtime._running(generation)  # a terminated generation stops at once, even when idle
+                runtime.generation_running(generation)  # a terminated generation stops at once, even when idle
                 sent = runtime.drain(generation, limit=50)
             except V1GenerationRefused as exc:
                 self.stdout.write(f"v1 worker: {exc.detail}; exiting")
