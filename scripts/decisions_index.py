@@ -210,6 +210,22 @@ def page_topic(path: Path) -> str | None:
     return stem if stem in TOPICS else None
 
 
+def strays(text: str) -> list[str]:
+    """Text below the marker that is neither a "## " heading nor a decision (`D-NNN. **Title.** ...`): refused, so
+    that nothing written there is dropped when the page is rewritten."""
+    found = []
+    for block in re.split(r"\n(?=D-\d+\. \*\*|## )", text):
+        body = block.split("\n", 1)[1] if block.startswith("## ") else block
+        if block.startswith("## ") and re.match(r"## +D-\d+", block):
+            found.append(f"{block.splitlines()[0].strip()!r}: a decision begins with its own line "
+                         "`D-NNN. **Title.** text` under the ## heading, not in the heading")
+        elif body.strip() and not ENTRY.match(body.strip() if block.startswith("## ") else block) \
+                and MARKER not in body and not body.strip().startswith("<!--"):
+            found.append(f"text below the marker of docs/decisions.md is not a decision (each begins "
+                         f"`D-NNN. **Title.**`): {body.strip()[:80]!r}")
+    return found
+
+
 def read_record(paths: Paths) -> tuple[list[Decision], list[Decision], list[str]]:
     """(decisions on the topic pages, decisions still in decisions.md, problems)."""
     filed, pending, found = [], [], []
@@ -227,6 +243,7 @@ def read_record(paths: Paths) -> tuple[list[Decision], list[Decision], list[str]
                      "scripts/decisions_index.py): take its head from the branch that split the record, and keep "
                      "the new decisions below it")
     topics = Topics(filed) if filed else None
+    found += strays(main[head_end(main):])  # (the other side of a merge conflict is an old record: prose is fine)
     for _, text in [b for part in [main[head_end(main):], *theirs] for b in blocks(part)]:
         number, title = _head(text)
         decision = Decision(number, title, NUMBERS.get(number, ""), rebase(text), how="number")

@@ -250,3 +250,26 @@ def test_every_code_symbol_the_docs_name_exists():
                     if not symbol_exists(name)]
     assert missing == []
     assert not symbol_exists("connector.services.signatures.no_such_function")
+
+
+@pytest.mark.parametrize("appended", [
+    "## D-997. A title in the heading\n\nThe decision's text.\n",
+    "## A heading\n\nProse that is not a decision.\n",
+])
+def test_text_below_the_marker_that_is_not_a_decision_is_refused_not_dropped(tmp_path, appended):
+    """A decision written with its number in the "## " heading, or prose below the marker, would be lost when the
+    page is rewritten: the command refuses, names it, and writes nothing. Proves: issue 41 item 4."""
+    import shutil
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copytree(DOCS / "decisions", docs / "decisions")
+    for name in ("decisions.md", "decisions-index.md"):
+        shutil.copy(DOCS / name, docs / name)
+    (docs / "decisions.md").write_text((docs / "decisions.md").read_text() + "\n" + appended)
+    snapshot = {p: p.read_text() for p in docs.rglob("*.md")}
+    run = decisions_script("--root", str(tmp_path))
+    assert run.returncode == 1, run.stderr
+    named = "D-997" if "D-997" in appended else "Prose that is not a decision"
+    assert named in run.stderr and ("not a decision" in run.stderr or "not in the heading" in run.stderr)
+    assert {p: p.read_text() for p in docs.rglob("*.md")} == snapshot
