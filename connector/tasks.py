@@ -40,10 +40,10 @@ def serving_epoch_sweep() -> dict[str, list[int]]:
 
 @shared_task(name="connector.tasks.statistics_sweep", acks_late=True, ignore_result=True)
 def statistics_sweep() -> list[str]:
-    """Planner statistics for the tables that have none yet (connector.services.statistics)."""
-    analyzed = statistics.statistics_first_analyze()
+    """Planner statistics for the tables that have none yet or outgrew theirs (connector.services.statistics)."""
+    analyzed = statistics.statistics_analyze_stale()
     if analyzed:
-        log.info("first planner statistics", extra={"tables": analyzed})
+        log.info("planner statistics refreshed", extra={"tables": analyzed})
     return analyzed
 
 
