@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from connector.models import Execution, OrderingLane
 from effects.models import RemoteEffect, RemoteLink
 from tests.faults.pushes import post, wait_for
 
@@ -30,10 +31,19 @@ def test_a_new_record_changed_within_a_second_finalizes_every_push(product):
             post(product, account, f"po-{record}-{sequence}", record, sequence)
 
     def settled():
+        # Every position decided on both records' lanes and no Execution left to run (an effect exists only once
+        # its Execution ran: an early look can see the push of 10 settled while 11 has not run yet), then every
+        # push out of prepared/dispatching.
+        lanes = list(OrderingLane.objects.filter(partition__in=records).values_list("high_water", flat=True))
+        if len(lanes) != len(records) or any(water is None or int(water) < 11 for water in lanes):
+            return None
+        if Execution.objects.filter(lane__partition__in=records,
+                                    state__in=("ready", "waiting_dependency")).exists():
+            return None
         rows = list(RemoteEffect.objects.values_list("state", "quarantine_reason"))
         return rows if rows and all(state not in ("prepared", "dispatching") for state, _ in rows) else None
 
-    wait_for(settled, 120, "every push to settle")
+    wait_for(settled, 120, "every position executed and every push settled")
     wait_for(lambda: not RemoteEffect.objects.exclude(state="finalized").exists()
              or RemoteEffect.objects.exclude(quarantine_reason="").exists(), 30, "finalization")
     effects = list(RemoteEffect.objects.order_by("pk").values_list("pk", "state", "quarantine_reason",
