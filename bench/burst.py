@@ -255,13 +255,12 @@ def _aware(ts: float):
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
-def run_burst(*, deliveries: int, clients: int | tuple[int, ...], timeout: float, redis_url: str | None,
+def run_burst(*, deliveries: int, clients: tuple[int, ...], timeout: float, redis_url: str | None,
               log_dir: Path, say, phases: tuple[str, ...] = ("cold",)) -> dict:
     """Run the burst against the current `default`/`journal` databases (which hold the push demo world), with
-    run.py's processes bound to them. Returns the report dict. `clients` as several counts is a sweep
+    run.py's processes bound to them. Returns the report dict. Several client counts are a sweep
     (bench/burst_sweep.py): each phase of `phases` runs once per count, in that order."""
-    counts = (clients,) if isinstance(clients, int) else tuple(clients)
-    runs = [(phase, count) for phase in phases for count in counts]
+    runs = [(phase, count) for phase in phases for count in clients]
     from django.conf import settings
     from django.db import connections
 
@@ -287,7 +286,7 @@ def run_burst(*, deliveries: int, clients: int | tuple[int, ...], timeout: float
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE") or "config.django.local",
         "PYTHONUNBUFFERED": "1"})
     connections.close_all()
-    report = {"bench": "burst", "deliveries": deliveries, "clients": counts[0] if len(counts) == 1 else list(counts),
+    report = {"bench": "burst", "deliveries": deliveries, "clients": clients[0] if len(clients) == 1 else list(clients),
               "machine": machine_facts(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average_before": list(os.getloadavg())}
     log_path = log_dir / f"burst-run-{int(time.time())}.log"
@@ -472,7 +471,7 @@ class Burst:
             say(f"database {name}: building the demo world (push=True) through the services")
             build_world("", push=True)
             try:
-                report = run_burst(deliveries=options["deliveries"], clients=counts[0] if len(counts) == 1 else counts,
+                report = run_burst(deliveries=options["deliveries"], clients=counts,
                                    timeout=options["timeout"], redis_url=options["redis_url"], log_dir=log_dir,
                                    say=say, phases=phases)
             except RuntimeError as exc:
